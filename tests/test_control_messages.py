@@ -1,0 +1,181 @@
+"""Control message codec and stream framing: round trips and strict rejection."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wanxport.control.framing import (
+    MAX_FRAME_BYTES,
+    Ack,
+    Attach,
+    Attached,
+    FrameDecoder,
+    MsgFrame,
+    Refused,
+    encode_frame,
+)
+from wanxport.control.messages import (
+    CIPHERS,
+    DIRECTIONS,
+    ROLES,
+    SHARD_STATUSES,
+    Bye,
+    ControlProtocolError,
+    Hello,
+    Keys,
+    KeyUpdate,
+    Message,
+    PathStatus,
+    ShardAnnounce,
+    ShardComplete,
+    Welcome,
+    answer_hello,
+    decode_message,
+    encode_message,
+    message_to_dict,
+)
+
+u32 = st.integers(0, 2**32 - 1)
+u62 = st.integers(0, 2**62 - 1)
+text = st.text(max_size=20)
+name = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=20)
+endpoint = st.builds(
+    lambda host, port: f"{host}:{port}",
+    st.sampled_from(["127.0.0.1", "gw-a.example", "[::1]", "10.0.0.7"]),
+    st.integers(1, 65535),
+)
+
+messages: st.SearchStrategy[Message] = st.one_of(
+    st.builds(Hello, version=st.integers(1, 255), role=st.sampled_from(ROLES), gateway=name,
+              endpoints=st.lists(endpoint, min_size=1, max_size=8),
+              ciphers=st.lists(st.sampled_from(CIPHERS), min_size=1, max_size=2), conn_id=u32),
+    st.builds(Welcome, version=st.integers(1, 255), gateway=name, cipher=st.sampled_from(CIPHERS),
+              paths=st.lists(st.lists(endpoint, min_size=2, max_size=2), min_size=1, max_size=8),
+              conn_id=u32, peer_conn_id=u32),
+    st.builds(Keys, direction=st.sampled_from(DIRECTIONS), key_phase=u62,
+              cipher=st.sampled_from(CIPHERS), key=st.binary(min_size=32, max_size=32),
+              iv=st.binary(min_size=12, max_size=12)),
+    st.builds(KeyUpdate, direction=st.sampled_from(DIRECTIONS), key_phase=u62),
+    st.builds(ShardAnnounce, shard_id=u32, size_bytes=u62,
+              sha256=st.text("0123456789abcdef", min_size=64, max_size=64), step=u62,
+              name=st.none() | text, dtype=st.none() | st.sampled_from(["float32", "bfloat16"]),
+              shape=st.none() | st.lists(st.integers(0, 2**20), max_size=4)),
+    st.builds(ShardComplete, shard_id=u32, status=st.sampled_from(SHARD_STATUSES)),
+    st.builds(PathStatus, path_id=st.integers(0, 65535), up=st.booleans(), reason=text),
+    st.builds(Bye, reason=text),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages)
+def test_message_round_trip(msg: Message) -> None:
+    assert decode_message(encode_message(msg)) == msg
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=5), st.integers(1, 50))
+def test_frames_reassemble_from_any_split(msgs: list[Message], chunk: int) -> None:
+    frames = [MsgFrame(seq=i + 1, ack=i, body=message_to_dict(m)) for i, m in enumerate(msgs)]
+    frames += [Ack(3), Attach("ab" * 16, 2, resume=True), Attached("cd" * 16, 0, new=False),
+               Refused("no")]
+    stream = b"".join(encode_frame(f) for f in frames)
+    decoder = FrameDecoder()
+    out = []
+    for start in range(0, len(stream), chunk):
+        out += decoder.feed(stream[start:start + chunk])
+    assert out == frames
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_crash(data: bytes) -> None:
+    for parse in (decode_message, lambda d: FrameDecoder().feed(struct.pack("!I", len(d)) + d)):
+        try:
+            parse(data)
+        except ControlProtocolError:
+            pass
+
+
+GOOD_HELLO = {"type": "hello", "version": 1, "role": "initiator", "gateway": "gw-a",
+              "endpoints": ["127.0.0.1:9000"], "ciphers": ["aes-256-gcm"], "conn_id": 5}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"type": "nope"}, r"message\.type: 'nope' is not valid"),
+    ({"conn_id": None}, r"hello\.conn_id: missing required field"),
+    ({"conn_id": "5"}, r"hello\.conn_id: expected an integer, got str"),
+    ({"conn_id": True}, r"hello\.conn_id: expected an integer, got bool"),
+    ({"conn_id": 2**32}, r"hello\.conn_id: 4294967296 is out of range"),
+    ({"endpoints": "127.0.0.1:9000"}, r"hello\.endpoints: expected a list"),
+    ({"endpoints": ["127.0.0.1"]}, r"hello\.endpoints\[0\]: '127\.0\.0\.1' is not a valid"),
+    ({"role": "boss"}, r"hello\.role: 'boss' is not valid"),
+    ({"extra": 1}, r"hello: unknown field\(s\) \['extra'\]"),
+])
+def test_malformed_hello_is_rejected_with_the_field_named(change: dict, expected: str) -> None:
+    obj = dict(GOOD_HELLO)
+    for key, value in change.items():
+        if value is None:
+            del obj[key]
+        else:
+            obj[key] = value
+    with pytest.raises(ControlProtocolError, match=expected):
+        decode_message(json.dumps(obj).encode())
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b"\xff\xfe", "not valid UTF-8 JSON"),
+    (b"[1, 2]", "expected a JSON object"),
+    (b"[" * 100_000, "not valid UTF-8 JSON"),
+    (b'{"type": "keys", "direction": "initiator->responder", "key_phase": 0, '
+     b'"cipher": "aes-256-gcm", "key": "00", "iv": "' + b"00" * 12 + b'"}',
+     r"keys\.key: must be 32 bytes"),
+    (b'{"type": "bye", "reason": 1.5}', r"bye\.reason: expected str, got float"),
+])
+def test_malformed_bytes_are_rejected(data: bytes, expected: str) -> None:
+    with pytest.raises(ControlProtocolError, match=expected):
+        decode_message(data)
+
+
+def test_keys_repr_hides_secrets() -> None:
+    keys = Keys("initiator->responder", 0, "aes-256-gcm", b"\x11" * 32, b"\x22" * 12)
+    assert "11" not in repr(keys) and "key=" not in repr(keys)
+
+
+def test_frame_size_cap() -> None:
+    with pytest.raises(ControlProtocolError, match="exceeds"):
+        FrameDecoder().feed(struct.pack("!I", MAX_FRAME_BYTES + 1))
+    with pytest.raises(ControlProtocolError, match="exceeds"):
+        encode_frame(MsgFrame(1, 0, {"type": "bye", "reason": "x" * MAX_FRAME_BYTES}))
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b'{"k": "msg", "seq": 1, "ack": 0}', r"frame\.m"),
+    (b'{"k": "msg", "seq": -1, "ack": 0, "m": {}}', r"frame\.seq"),
+    (b'{"k": "attach", "session": "zz", "ack": 0, "resume": false}', r"frame\.session"),
+    (b'{"k": "attach", "session": "' + b"a" * 32 + b'", "ack": 0}', r"frame\.resume"),
+    (b'{"k": "what"}', r"frame\.k"),
+])
+def test_malformed_frames(body: bytes, expected: str) -> None:
+    with pytest.raises(ControlProtocolError, match=expected):
+        FrameDecoder().feed(struct.pack("!I", len(body)) + body)
+
+
+def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
+    hello = Hello(1, "initiator", "gw-a", ["10.0.0.1:9000", "10.0.1.1:9000", "10.0.2.1:9000"],
+                  ["chacha20-poly1305", "aes-256-gcm"], 7)
+    welcome = answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000", "10.0.1.2:9000"],
+                           ciphers=["aes-256-gcm"], conn_id=9)
+    assert welcome.cipher == "aes-256-gcm"
+    assert welcome.paths == [["10.0.0.1:9000", "10.0.0.2:9000"], ["10.0.1.1:9000", "10.0.1.2:9000"]]
+    assert (welcome.conn_id, welcome.peer_conn_id) == (9, 7)
+    with pytest.raises(ControlProtocolError, match="hello.ciphers"):
+        answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=[], conn_id=9)
+    with pytest.raises(ControlProtocolError, match="hello.version: 2 is not supported"):
+        answer_hello(Hello(2, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
+                     gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
+                     conn_id=9)

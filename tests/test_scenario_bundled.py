@@ -1,0 +1,40 @@
+"""Every bundled scenario parses and is sized for a 5-20 s ideal transfer."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from wanxport.sim.ideal import ideal_time_s
+from wanxport.sim.scenario import load_scenario
+
+SCENARIOS = sorted((Path(__file__).parent.parent / "emulation" / "scenarios").glob("*.toml"))
+
+
+def test_the_expected_scenarios_are_bundled() -> None:
+    names = {p.stem for p in SCENARIOS}
+    assert {
+        "clean-2path",
+        "hetero-8path",
+        "lossy-long-2path",
+        "failover-4path",
+        "ack-loss-jitter",
+        "wide-256path",
+        "east-west-us",
+    } <= names
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_bundled_scenario_parses_and_is_sized(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.name == path.stem and scenario.description
+    ideal = ideal_time_s(scenario)
+    assert not math.isinf(ideal) and 5.0 <= ideal <= 20.0
+
+
+def test_wide_scenario_shape() -> None:
+    wide = load_scenario(SCENARIOS[[p.stem for p in SCENARIOS].index("wide-256path")])
+    assert len(wide.paths) == 256 and wide.transfer.size_bytes == 2 << 40
+    rtts = [p.forward.rtt_ms for p in wide.paths]
+    assert min(rtts) == 20.0 and max(rtts) == 150.0
+    assert {p.forward.bandwidth_mbps for p in wide.paths} == {10_000.0}

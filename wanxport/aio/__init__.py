@@ -1,0 +1,1 @@
+"""wanxport.aio layer (see DESIGN.md section 2)."""

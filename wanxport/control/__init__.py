@@ -1,0 +1,57 @@
+"""wanxport.control layer (see DESIGN.md section 2): the authenticated control channel.
+
+QUIC + TLS 1.3 with certificates on both sides (aioquic), over which two
+gateways agree on paths, ciphers, keys and shards. See docs/notes/control.md.
+"""
+
+from .certs import CertificateError, load_identity, make_test_pki
+from .channel import connect_control, connect_control_any, serve_control
+from .keys import KeySchedule, RotationLimits
+from .link import ControlClosed, ControlConnectError, ControlConnectionLost, SessionRefused
+from .messages import (
+    PROTOCOL_VERSION,
+    Bye,
+    ControlProtocolError,
+    Hello,
+    Keys,
+    KeyUpdate,
+    Message,
+    PathStatus,
+    ShardAnnounce,
+    ShardComplete,
+    Welcome,
+    answer_hello,
+)
+from .resilient import ResilientControl
+from .server import ControlServer
+from .session import ControlChannel
+
+__all__ = [
+    "Bye",
+    "CertificateError",
+    "ControlChannel",
+    "ControlClosed",
+    "ControlConnectError",
+    "ControlConnectionLost",
+    "ControlProtocolError",
+    "ControlServer",
+    "Hello",
+    "KeySchedule",
+    "KeyUpdate",
+    "Keys",
+    "Message",
+    "PROTOCOL_VERSION",
+    "PathStatus",
+    "ResilientControl",
+    "RotationLimits",
+    "SessionRefused",
+    "ShardAnnounce",
+    "ShardComplete",
+    "Welcome",
+    "answer_hello",
+    "connect_control",
+    "connect_control_any",
+    "load_identity",
+    "make_test_pki",
+    "serve_control",
+]

@@ -1,0 +1,200 @@
+"""Control server: listens on every path's address, keeps sessions across links.
+
+A gateway listens on one control address per path so that the peer can reach
+it while any path works. Sessions live in one registry shared by all
+listeners: a client whose path died re-attaches on another address with its
+session id and its acknowledgement, and the session goes on. A session whose
+client does not come back within ``resume_window_s`` ends with
+``ControlConnectionLost``.
+
+Connections refused for their certificate never reach ``on_session``; they
+are logged, counted in ``rejected_total`` and kept in ``rejections``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aioquic.asyncio.server import QuicServer
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+from .certs import CertificateError
+from .framing import Attach, Attached, Frame, Refused
+from .link import APP_REFUSED, ControlConnectionLost, Link
+from .messages import ControlProtocolError
+from .session import ControlChannel
+from .tlsauth import install_client_auth
+
+log = logging.getLogger(__name__)
+
+SessionCallback = Callable[[ControlChannel], Awaitable[None] | None]
+
+
+class _ServerChannel(ControlChannel):
+    """Server side of a session: waits for the client to re-attach after a loss."""
+
+    def __init__(self, server: ControlServer, session_id: str, peer_name: str) -> None:
+        super().__init__(session_id, peer_name, window=server.window)
+        self._server = server
+        self._expiry: asyncio.TimerHandle | None = None
+
+    def _attach(self, link: Link, peer_ack: int) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        super()._attach(link, peer_ack)
+
+    def _link_lost(self, exc: Exception) -> None:
+        window = self._server.resume_window_s
+        self._expiry = self._loop.call_later(
+            window,
+            self._finish,
+            ControlConnectionLost(f"gateway {self.peer_name!r} did not reconnect within {window}s"),
+        )
+
+    def _finish(self, exc: Exception) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self._server._forget(self)
+        super()._finish(exc)
+
+
+class ControlServer:
+    """Accepts mutually authenticated control sessions on one or more addresses."""
+
+    def __init__(
+        self,
+        *,
+        config: QuicConfiguration,
+        ca: Path,
+        on_session: SessionCallback,
+        keepalive_s: float,
+        resume_window_s: float,
+        window: int,
+        on_reject: Callable[[Exception], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.resume_window_s = resume_window_s
+        self.window = window
+        self.addresses: list[tuple[str, int]] = []
+        self.sessions: dict[str, ControlChannel] = {}
+        self.rejected_total = 0
+        self.rejections: deque[Exception] = deque(maxlen=64)
+        self._ca = ca
+        self._on_session = on_session
+        self._on_reject = on_reject
+        self._keepalive_s = keepalive_s
+        self._transports: list[asyncio.DatagramTransport | None] = []
+        self._listeners: list[QuicServer] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Add a listening address (port 0: pick one); returns the bound address."""
+        loop = asyncio.get_running_loop()
+        where = [f"control listener {host}:{port}"]  # port known once bound
+
+        def create_protocol(quic: QuicConnection, stream_handler: Any = None) -> Link:
+            install_client_auth(quic, self._ca)
+            link = Link(quic, where=where[0], keepalive_s=self._keepalive_s)
+            link.on_frame = self._on_setup_frame
+            link.on_lost = self._on_setup_lost
+            return link
+
+        transport, listener = await loop.create_datagram_endpoint(
+            lambda: QuicServer(configuration=self.config, create_protocol=create_protocol),
+            local_addr=(host, port),
+        )
+        bound = transport.get_extra_info("sockname")
+        address = (str(bound[0]), int(bound[1]))
+        where[0] = f"control listener {address[0]}:{address[1]}"
+        self.addresses.append(address)
+        self._transports.append(transport)
+        self._listeners.append(listener)
+        log.info("control server listening on %s:%d", *address)
+        return address
+
+    def kill_listener(self, index: int) -> None:
+        """Test hook: the listening socket vanishes without a word to anyone,
+        as when a path's link goes dark. Connections on it die by idle timeout."""
+        transport = self._transports[index]
+        if transport is not None:
+            transport.close()
+            self._transports[index] = None
+
+    def close(self) -> None:
+        """End every session (orderly) and stop listening."""
+        for channel in list(self.sessions.values()):
+            channel.close()
+        for task in self._tasks:
+            task.cancel()
+        for index, listener in enumerate(self._listeners):
+            if self._transports[index] is not None:
+                listener.close()
+        self._transports = [None] * len(self._transports)
+
+    # -- session setup -----------------------------------------------------------
+
+    def _on_setup_frame(self, link: Link, frame: Frame) -> None:
+        if not isinstance(frame, Attach):
+            link.abort(ControlProtocolError(f"{link.where}: expected attach, got a "
+                                            f"{type(frame).__name__} frame"))
+            return
+        channel = self.sessions.get(frame.session)
+        if not frame.resume:
+            if channel is not None:
+                self._refuse(link, "session id already in use")
+                return
+            channel = _ServerChannel(self, frame.session, link.peer_name)
+            self.sessions[frame.session] = channel
+            link.send_frame(Attached(frame.session, 0, new=True))
+            channel._attach(link, frame.ack)
+            log.info("control session from %r accepted", link.peer_name)
+            self._start_session(channel)
+            return
+        if channel is None:
+            self._refuse(link, "unknown or expired session")
+        elif channel.peer_name != link.peer_name:
+            self._refuse(link, "session belongs to another gateway")
+        else:
+            link.send_frame(Attached(frame.session, channel._state.consumed, new=False))
+            channel._attach(link, frame.ack)
+            log.info("control session from %r resumed", link.peer_name)
+
+    def _refuse(self, link: Link, reason: str) -> None:
+        log.warning("%s: refused session from %r: %s", link.where, link.peer_name, reason)
+        link.send_frame(Refused(reason))
+        link.shutdown(APP_REFUSED, reason)
+
+    def _on_setup_lost(self, link: Link, exc: Exception, resumable: bool) -> None:
+        if isinstance(exc, CertificateError):
+            self.rejected_total += 1
+            self.rejections.append(exc)
+            log.warning("%s", exc)
+            if self._on_reject is not None:
+                self._on_reject(exc)
+        else:
+            log.info("control connection ended before a session: %s", exc)
+
+    def _start_session(self, channel: ControlChannel) -> None:
+        result = self._on_session(channel)
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._tasks.add(task)
+            task.add_done_callback(self._session_done)
+
+    def _session_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("on_session handler failed: %r", task.exception())
+
+    def _forget(self, channel: ControlChannel) -> None:
+        if self.sessions.get(channel.session_id) is channel:
+            del self.sessions[channel.session_id]

@@ -1,0 +1,1 @@
+"""wanxport.core layer (see DESIGN.md section 2)."""

@@ -1,0 +1,56 @@
+"""Session configuration: everything tunable about a session, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wanxport.wire.frames import DATA_OVERHEAD
+from wanxport.wire.header import HEADER_LEN
+
+IP_UDP_OVERHEAD = 28  # IPv4 + UDP headers
+
+
+@dataclass(frozen=True)
+class PathConfig:
+    name: str
+    mtu: int = 1500
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Both gateways of a session must agree on ``paths`` (same order) and the credits."""
+
+    paths: tuple[PathConfig, ...]
+    congestion_control: str = "bbr"
+    cc_options: dict[str, object] = field(default_factory=dict)
+    scheduler: str = "earliest-arrival"
+    chunk_bytes: int | None = None  # payload per data packet; None: as much as the MTU allows
+    tag_bytes: int = 16  # AEAD tag per packet (0 with null protection)
+    initial_rtt_s: float = 0.1
+    max_ack_delay_s: float = 0.005
+    ack_threshold: int = 8
+    receive_budget_bytes: int = 1 << 30  # our receive memory bound; granted to the peer
+    peer_credit_bytes: int = 1 << 30  # the peer's budget, agreed at setup
+    pacing_horizon_s: float = 0.002
+    hedge: bool = True
+    max_probe_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ValueError("a session needs at least one path")
+        for path in self.paths:
+            if self.data_payload(path) <= 0:
+                raise ValueError(f"path {path.name!r}: mtu {path.mtu} leaves no room for data")
+        if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
+            raise ValueError("chunk_bytes must be between 1 and 1 GiB")
+        if self.ack_threshold < 1:
+            raise ValueError("ack_threshold must be >= 1")
+
+    def data_payload(self, path: PathConfig) -> int:
+        """Data bytes per DATA datagram on a path."""
+        if self.chunk_bytes is not None:
+            return self.chunk_bytes
+        return min(path.mtu - IP_UDP_OVERHEAD - HEADER_LEN - self.tag_bytes - DATA_OVERHEAD, 0xFFFF)
+
+    def packet_overhead(self) -> int:
+        return HEADER_LEN + self.tag_bytes

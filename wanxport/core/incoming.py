@@ -1,0 +1,62 @@
+"""Receiver's shards: open within the memory budget, place chunks, verify, release."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from wanxport.core.flow import ReceiveBudget
+from wanxport.core.ranges import RangeSet
+from wanxport.core.shards import IncomingShard
+from wanxport.wire.frames import STATUS_INTEGRITY_FAILURE, STATUS_VERIFIED, ShardOpenFrame
+
+Allocator = Callable[[int, int, bytes], memoryview | None]
+
+
+def allocate_bytearray(shard_id: int, size: int, meta: bytes) -> memoryview | None:
+    """Default allocator: a fresh zeroed buffer per shard."""
+    return memoryview(bytearray(size))
+
+
+class IncomingData:
+    """Shards the peer has opened towards us."""
+
+    def __init__(self, budget: ReceiveBudget, allocator: Allocator) -> None:
+        self.budget = budget
+        self.allocator = allocator
+        self.shards: dict[int, IncomingShard] = {}
+        self.finished = RangeSet()  # ids of shards already verified and handed over
+        self.protocol_errors = 0
+
+    def open(self, frame: ShardOpenFrame) -> bool:
+        """Allocate a destination for a newly announced shard; False if refused."""
+        existing = self.shards.get(frame.shard_id)
+        if existing is not None or self.finished.contains_point(frame.shard_id):
+            if existing is not None and (existing.size != frame.size or existing.digest != frame.digest):
+                self.protocol_errors += 1
+                return False
+            return True
+        if not self.budget.try_open(frame.size):
+            self.protocol_errors += 1
+            return False
+        buffer = self.allocator(frame.shard_id, frame.size, frame.meta)
+        if buffer is not None and len(buffer) != frame.size:
+            raise ValueError(f"allocator returned {len(buffer)} bytes for a {frame.size}-byte shard")
+        self.shards[frame.shard_id] = IncomingShard(frame.shard_id, frame.size, frame.digest, frame.meta,
+                                                    buffer)
+        return True
+
+    def accepts(self, shard_id: int, offset: int, length: int) -> bool | None:
+        """True: place it; None: a finished shard (ack, discard); False: unknown or out of bounds."""
+        shard = self.shards.get(shard_id)
+        if shard is None:
+            return None if self.finished.contains_point(shard_id) else False
+        return offset + length <= shard.size
+
+    def finish(self, shard: IncomingShard, now: float) -> int:
+        """Verify a complete shard and release its budget; return the SHARD_DONE status."""
+        ok = shard.verify()
+        shard.completed_at = now
+        del self.shards[shard.shard_id]
+        self.finished.add(shard.shard_id, shard.shard_id + 1)
+        self.budget.release(shard.size)
+        return STATUS_VERIFIED if ok else STATUS_INTEGRITY_FAILURE

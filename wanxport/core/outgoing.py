@@ -1,0 +1,112 @@
+"""Sender's data selection: what the next chunk is, across shards and retransmissions.
+
+Lost data goes to the front (retransmissions before new data); new data is
+taken from shards in submission order, opened only as far as receive credit
+allows; at the tail, chunks still in flight on slow paths are offered for
+hedging on faster ones.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from wanxport.core.flow import SendCredit
+from wanxport.core.sent_packets import Chunk
+from wanxport.core.shards import OutgoingShard
+
+
+class OutgoingData:
+    """Shards being sent and the queue of data to re-send."""
+
+    def __init__(self, credit: SendCredit) -> None:
+        self.credit = credit
+        self.shards: dict[int, OutgoingShard] = {}
+        self.waiting: deque[OutgoingShard] = deque()  # submitted, not yet opened (no credit)
+        self.sending: deque[OutgoingShard] = deque()  # opened, with unsent bytes
+        self.retransmit: deque[Chunk] = deque()
+        self.retransmit_bytes = 0
+        self.unsent_bytes = 0  # in opened and waiting shards
+        self.unfinished = 0  # shards without a SHARD_DONE yet
+
+    def submit(self, shard: OutgoingShard) -> None:
+        if shard.shard_id in self.shards:
+            raise ValueError(f"shard id {shard.shard_id} is already in use in this session")
+        self.shards[shard.shard_id] = shard
+        self.waiting.append(shard)
+        self.unsent_bytes += shard.size
+        self.unfinished += 1
+
+    def open_ready(self) -> list[OutgoingShard]:
+        """Open waiting shards as far as credit allows; return the newly opened ones."""
+        opened = []
+        while self.waiting and self.credit.can_open(self.waiting[0].size):
+            shard = self.waiting.popleft()
+            self.credit.open(shard.size)
+            shard.opened = True
+            self.sending.append(shard)
+            opened.append(shard)
+        return opened
+
+    @property
+    def remaining_bytes(self) -> int:
+        return self.unsent_bytes + self.retransmit_bytes
+
+    def requeue(self, chunks: list[Chunk]) -> None:
+        for shard_id, offset, length in chunks:
+            shard = self.shards.get(shard_id)
+            if shard is None or shard.done_status is not None:
+                continue
+            for start, end in shard.acked.gaps(offset, offset + length):
+                self.retransmit.append((shard_id, start, end - start))
+                self.retransmit_bytes += end - start
+
+    def next_chunk(self, max_len: int) -> tuple[Chunk, bool] | None:
+        """The next chunk to send and whether it is a retransmission."""
+        while self.retransmit:
+            shard_id, offset, length = self.retransmit[0]
+            shard = self.shards[shard_id]
+            if shard.done_status is not None or shard.acked.contains(offset, offset + length):
+                self.retransmit.popleft()
+                self.retransmit_bytes -= length
+                continue
+            take = min(length, max_len)
+            if take == length:
+                self.retransmit.popleft()
+            else:
+                self.retransmit[0] = (shard_id, offset + take, length - take)
+            self.retransmit_bytes -= take
+            return (shard_id, offset, take), True
+        while self.sending:
+            shard = self.sending[0]
+            if shard.next_offset >= shard.size:
+                self.sending.popleft()
+                continue
+            offset = shard.next_offset
+            take = min(max_len, shard.size - offset)
+            shard.next_offset += take
+            self.unsent_bytes -= take
+            return (shard.shard_id, offset, take), False
+        return None
+
+    def on_acked(self, chunks: list[Chunk]) -> None:
+        for shard_id, offset, length in chunks:
+            shard = self.shards.get(shard_id)
+            if shard is not None:
+                shard.acked.add(offset, offset + length)
+
+    def is_acked(self, chunk: Chunk) -> bool:
+        shard = self.shards.get(chunk[0])
+        return shard is None or shard.done_status is not None or shard.acked.contains(
+            chunk[1], chunk[1] + chunk[2])
+
+    def on_done(self, shard_id: int, status: int) -> OutgoingShard | None:
+        shard = self.shards.get(shard_id)
+        if shard is None or shard.done_status is not None:
+            return None
+        shard.done_status = status
+        shard.acked.add(0, shard.size)
+        self.unfinished -= 1
+        if shard.next_offset < shard.size:
+            self.unsent_bytes -= shard.size - shard.next_offset
+            shard.next_offset = shard.size
+        return shard

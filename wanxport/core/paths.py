@@ -1,0 +1,167 @@
+"""Per-path state: estimators, congestion control, pacing, sent packets, path health.
+
+A path is one long-haul route between the two gateways. Both directions of a
+session use it: the sending side keeps the sent packets, RTT and congestion
+state here; the receiving side keeps the packet numbers it must acknowledge.
+Packet numbers are per path and never reused.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from wanxport.core.cc import CongestionController
+from wanxport.core.delivery_rate import DeliveryRateEstimator
+from wanxport.core.ranges import RangeSet
+from wanxport.core.rtt import RttEstimator
+from wanxport.core.sent_packets import SentPacket
+from wanxport.wire.frames import Frame
+
+MAX_ACK_RANGES = 64
+
+
+class PathState(StrEnum):
+    PROBING = "probing"  # readmitted, ramping up again
+    ACTIVE = "active"
+    DEGRADED = "degraded"  # probe timeout fired: no new data until it answers
+    FAILED = "failed"  # several probe timeouts: only probes until it answers
+
+
+class PathStats:
+    """Counters for reports and metrics."""
+
+    __slots__ = (
+        "payload_bytes",
+        "retransmitted_bytes",
+        "hedged_bytes",
+        "packets_sent",
+        "packets_lost",
+        "spurious_losses",
+        "bytes_sent",
+        "failures",
+    )
+
+    def __init__(self) -> None:
+        self.payload_bytes = 0
+        self.retransmitted_bytes = 0
+        self.hedged_bytes = 0
+        self.packets_sent = 0
+        self.packets_lost = 0
+        self.spurious_losses = 0
+        self.bytes_sent = 0
+        self.failures = 0
+
+
+class Path:
+    """Sender and receiver state of one path."""
+
+    def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
+                 initial_rtt_s: float) -> None:
+        self.path_id = path_id
+        self.name = name
+        self.mss = mss
+        self.state = PathState.ACTIVE
+        self.rtt = RttEstimator(initial_rtt_s=initial_rtt_s)
+        self.rate = DeliveryRateEstimator()
+        self.cc = cc
+        self.stats = PathStats()
+        # sender side
+        self.next_pn = 0
+        self.sent: dict[int, SentPacket] = {}  # insertion order == packet-number order
+        self.bytes_in_flight = 0
+        self.largest_acked = -1
+        self.next_send_at = 0.0  # pacing: earliest departure of the next packet
+        self.last_ack_at = 0.0
+        self.pto_count = 0
+        self.reorder_threshold = 3
+        self.time_threshold = 9 / 8
+        self.recently_lost: dict[int, float] = {}  # pn -> declared-lost time (spurious detection)
+        self.bandwidth_bps = 0.0  # max-filtered delivery rate, for the scheduler
+        self._bw_round_at = 0.0
+        self.probe_token = 0
+        self.next_probe_at: float | None = None
+        self.needs_open: set[int] = set()  # shards whose SHARD_OPEN this path has not carried
+        self.pending_control: list[Frame] = []  # path-specific frames: probes, probe answers
+        self.probe_misses = 0
+        self.pacing_wake: float | None = None  # set while data waits for the pacing horizon
+        # receiver side
+        self.recv_pns = RangeSet()
+        self.recv_largest = -1
+        self.recv_largest_at = 0.0
+        self.unacked_eliciting = 0
+        self.ack_at: float | None = None
+        self.ack_now = False
+
+    # -- sender -------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        return self.state in (PathState.ACTIVE, PathState.PROBING)
+
+    @property
+    def cwnd_space(self) -> int:
+        return self.cc.cwnd_bytes - self.bytes_in_flight
+
+    @property
+    def one_way_s(self) -> float:
+        return self.rtt.smoothed_s / 2
+
+    def send_rate_Bps(self) -> float:
+        """Bytes per second the scheduler expects this path to move."""
+        if self.bandwidth_bps > 0 and not self.cc.in_startup:
+            return self.bandwidth_bps / 8
+        return self.cc.pacing_rate_bps / 8
+
+    def note_bandwidth(self, rate_bps: float, now: float) -> None:
+        """Max filter over roughly the last few round trips."""
+        if rate_bps >= self.bandwidth_bps or now - self._bw_round_at > 4 * self.rtt.smoothed_s:
+            self.bandwidth_bps = rate_bps
+            self._bw_round_at = now
+
+    def pto_s(self, max_ack_delay_s: float) -> float:
+        return self.rtt.pto_s(max_ack_delay_s) * (2 ** min(self.pto_count, 6))
+
+    def pto_deadline(self, max_ack_delay_s: float) -> float | None:
+        if self.bytes_in_flight <= 0:
+            return None
+        return max(self.last_ack_at, self._oldest_sent_at()) + self.pto_s(max_ack_delay_s)
+
+    def _oldest_sent_at(self) -> float:
+        for packet in self.sent.values():
+            return packet.sent_at
+        return 0.0
+
+    def take_pn(self) -> int:
+        pn = self.next_pn
+        self.next_pn += 1
+        return pn
+
+    # -- receiver -----------------------------------------------------------
+
+    def on_packet_received(self, pn: int, ack_eliciting: bool, now: float, ack_threshold: int,
+                           max_ack_delay_s: float) -> None:
+        """Record ``pn`` for acknowledgement and decide when to send the ACK."""
+        if pn != self.recv_largest + 1 and pn > self.recv_largest - 3 * MAX_ACK_RANGES:
+            self.ack_now = True  # a gap or reordering: tell the sender promptly
+        self.recv_pns.add(pn, pn + 1)
+        if len(self.recv_pns) > MAX_ACK_RANGES * 2:
+            highest = self.recv_pns.last(MAX_ACK_RANGES)
+            self.recv_pns.discard_below(highest[-1][0])
+        if pn > self.recv_largest:
+            self.recv_largest = pn
+            self.recv_largest_at = now
+        if ack_eliciting:
+            self.unacked_eliciting += 1
+            if self.unacked_eliciting >= ack_threshold:
+                self.ack_now = True
+            elif self.ack_at is None:
+                self.ack_at = now + max_ack_delay_s
+
+    def ack_ranges(self) -> tuple[tuple[int, int], ...]:
+        """Inclusive packet-number ranges, highest first, for an ACK frame."""
+        return tuple((lo, hi - 1) for lo, hi in self.recv_pns.last(MAX_ACK_RANGES))
+
+    def ack_sent(self) -> None:
+        self.unacked_eliciting = 0
+        self.ack_at = None
+        self.ack_now = False

@@ -1,0 +1,133 @@
+"""Per-path round-trip time estimation (RFC 9002 section 5).
+
+One :class:`RttEstimator` lives on each path. The loss detector reads
+``smoothed_s``/``latest_s`` for its time threshold, the probe timer reads
+:meth:`RttEstimator.pto_s`, and the congestion controllers read ``min_s`` and
+``min_recent_s``.
+
+Besides the RFC's path-lifetime ``min_s`` the estimator keeps a *windowed*
+minimum (``min_recent_s``) over the last ``min_window_s`` seconds. A lifetime
+minimum never forgets a route that has since changed; a windowed one follows
+the path. It is Kathleen Nichols' three-sample running-min filter (as in
+Linux ``lib/minmax.c``): constant work per sample and no allocation, exact to
+within a quarter of the window, which is all a BBR-style model needs.
+
+Time is an argument (``now``, seconds); the estimator never reads a clock.
+"""
+
+from __future__ import annotations
+
+#: RFC 9002 kInitialRtt: what the estimates are before the first sample.
+INITIAL_RTT_S = 0.333
+#: RFC 9002 kGranularity: floor of the variance term of the probe timeout.
+GRANULARITY_S = 0.001
+#: Window of ``min_recent_s``; BBR's min-RTT filter length.
+MIN_WINDOW_S = 10.0
+
+
+class RttEstimator:
+    """Smoothed RTT, RTT variation, lifetime and windowed minimum RTT of one path."""
+
+    __slots__ = (
+        "latest_s",
+        "smoothed_s",
+        "rttvar_s",
+        "min_s",
+        "has_sample",
+        "initial_rtt_s",
+        "min_window_s",
+        "_t0",
+        "_v0",
+        "_t1",
+        "_v1",
+        "_t2",
+        "_v2",
+    )
+
+    def __init__(self, initial_rtt_s: float = INITIAL_RTT_S, min_window_s: float = MIN_WINDOW_S) -> None:
+        if not initial_rtt_s > 0.0:
+            raise ValueError(f"initial_rtt_s must be > 0 seconds, got {initial_rtt_s!r}")
+        if not min_window_s > 0.0:
+            raise ValueError(f"min_window_s must be > 0 seconds, got {min_window_s!r}")
+        self.initial_rtt_s = float(initial_rtt_s)
+        self.min_window_s = float(min_window_s)
+        self.has_sample = False
+        # Before the first sample every estimate is the initial RTT (RFC 9002 6.2.2),
+        # so callers never have to special-case "unknown".
+        self.latest_s = self.initial_rtt_s
+        self.smoothed_s = self.initial_rtt_s
+        self.rttvar_s = self.initial_rtt_s / 2.0
+        self.min_s = self.initial_rtt_s
+        self._reset_window(0.0, self.initial_rtt_s)
+
+    @property
+    def min_recent_s(self) -> float:
+        """Minimum RTT over roughly the last ``min_window_s`` seconds."""
+        return self._v0
+
+    def update(self, latest_rtt_s: float, ack_delay_s: float, now: float) -> None:
+        """Take one RTT sample (RFC 9002 5.3).
+
+        ``ack_delay_s`` is the peer's reported delay, already limited to its
+        max_ack_delay by the caller; it is subtracted only when that does not
+        take the sample below the minimum RTT, and never from ``min_s``.
+        Non-positive samples (clock trouble, a confused peer) are ignored.
+        """
+        if not latest_rtt_s > 0.0:
+            return
+        self.latest_s = latest_rtt_s
+        if not self.has_sample:
+            self.has_sample = True
+            self.min_s = latest_rtt_s
+            self.smoothed_s = latest_rtt_s
+            self.rttvar_s = latest_rtt_s / 2.0
+            self._reset_window(now, latest_rtt_s)
+            return
+        if latest_rtt_s < self.min_s:
+            self.min_s = latest_rtt_s
+        self._update_window(now, latest_rtt_s)
+        adjusted = latest_rtt_s
+        if latest_rtt_s >= self.min_s + ack_delay_s:
+            adjusted = latest_rtt_s - ack_delay_s
+        self.rttvar_s = 0.75 * self.rttvar_s + 0.25 * abs(self.smoothed_s - adjusted)
+        self.smoothed_s = 0.875 * self.smoothed_s + 0.125 * adjusted
+
+    def pto_s(self, max_ack_delay_s: float) -> float:
+        """Probe timeout duration (RFC 9002 6.2.1), before any exponential backoff."""
+        return self.smoothed_s + max(4.0 * self.rttvar_s, GRANULARITY_S) + max_ack_delay_s
+
+    def _reset_window(self, now: float, value: float) -> None:
+        self._t0 = self._t1 = self._t2 = now
+        self._v0 = self._v1 = self._v2 = value
+
+    def _update_window(self, now: float, value: float) -> None:
+        # Three (time, value) pairs: the best, second-best and third-best minimum
+        # of successive sub-windows. A new overall minimum, or the whole window
+        # having expired, resets all three.
+        window = self.min_window_s
+        if value <= self._v0 or now - self._t2 > window:
+            self._reset_window(now, value)
+            return
+        if value <= self._v1:
+            self._t1 = self._t2 = now
+            self._v1 = self._v2 = value
+        elif value <= self._v2:
+            self._t2 = now
+            self._v2 = value
+        elapsed = now - self._t0
+        if elapsed > window:
+            # The best sample aged out: promote the others.
+            self._t0, self._v0 = self._t1, self._v1
+            self._t1, self._v1 = self._t2, self._v2
+            self._t2, self._v2 = now, value
+            if now - self._t0 > window:
+                self._t0, self._v0 = self._t1, self._v1
+                self._t1, self._v1 = self._t2, self._v2
+                self._t2, self._v2 = now, value
+        elif self._t1 == self._t0 and elapsed > window / 4.0:
+            # A quarter of the window passed without a second choice: take one.
+            self._t1 = self._t2 = now
+            self._v1 = self._v2 = value
+        elif self._t2 == self._t1 and elapsed > window / 2.0:
+            self._t2 = now
+            self._v2 = value

@@ -1,0 +1,484 @@
+"""The sans-IO multipath session: one object per peer, driven by time and packets.
+
+The shape follows aioquic's ``QuicConnection``: the driver (the simulator or
+the asyncio adapter) hands in received packets with ``now``, asks for packets
+to send, asks when the next timer is due and fires it, and pops events. The
+session never reads a clock, opens a socket or draws randomness; it composes
+the parts that do the thinking (paths, recovery, scheduler, outgoing and
+incoming data, credits), each in its own module.
+
+Packets cross this boundary *opened*: header fields plus frames. DATA frames
+going out carry ``data=None`` for virtual shards, or a view of the shard
+buffer; sealing and opening datagrams is the data path's job
+(``wanxport.wire.datapath`` or the native one).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from wanxport.core import recovery
+from wanxport.core.cc import CongestionController, create_congestion_control
+from wanxport.core.config import SessionConfig
+from wanxport.core.events import Event, PathChanged, SessionClosed, ShardAcknowledged, ShardReceived
+from wanxport.core.flow import ReceiveBudget, SendCredit
+from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
+from wanxport.core.outgoing import OutgoingData
+from wanxport.core.paths import Path, PathState
+from wanxport.core.scheduler import create_scheduler
+from wanxport.core.sent_packets import Chunk, SentPacket
+from wanxport.core.shards import OutgoingShard, sha256
+from wanxport.wire.frames import (
+    AckFrame,
+    CloseFrame,
+    CreditFrame,
+    DataFrame,
+    Frame,
+    PaddingFrame,
+    ProbeAckFrame,
+    ProbeFrame,
+    ShardAckFrame,
+    ShardDoneFrame,
+    ShardOpenFrame,
+)
+
+MAX_CONTROL_PAYLOAD = 1200
+
+
+@dataclass(slots=True)
+class Transmit:
+    """A packet to send on ``path_id`` no earlier than ``not_before`` (the pacing schedule)."""
+
+    path_id: int
+    packet_number: int
+    frames: list[Frame]
+    size: int  # datagram bytes: header + frames + tag
+    not_before: float
+
+
+class Session:
+    """Both directions of one multipath session with one peer."""
+
+    def __init__(self, config: SessionConfig, allocator: Allocator | None = None) -> None:
+        self.config = config
+        self.paths = [
+            Path(i, p.name, config.data_payload(p), self._make_cc(config, i), config.initial_rtt_s)
+            for i, p in enumerate(config.paths)
+        ]
+        self.scheduler = create_scheduler(config.scheduler)
+        self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
+        self.incoming = IncomingData(ReceiveBudget(config.receive_budget_bytes),
+                                     allocator or allocate_bytearray)
+        self._control: list[Frame] = []
+        self._events: list[Event] = []
+        self._timers: list[tuple[float, int]] = []
+        self._timer_at = [float("inf")] * len(self.paths)
+        self._dirty: set[int] = set(range(len(self.paths)))
+        self._hedged: set[tuple[int, int]] = set()
+        self._hedge_queue: list[tuple[float, Chunk, int]] = []
+        self._hedge_built_at = -1.0
+        self.closed: SessionClosed | None = None
+        self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
+        self.hedged_bytes = 0
+
+    @staticmethod
+    def _make_cc(config: SessionConfig, index: int) -> CongestionController:
+        options: dict[str, object] = {"initial_rtt_s": config.initial_rtt_s}
+        if config.congestion_control == "bbr":
+            options["seed"] = index  # paths start their gain cycles out of phase
+        options.update(config.cc_options)
+        mss = config.data_payload(config.paths[index]) + config.packet_overhead()
+        return create_congestion_control(config.congestion_control, mss_bytes=mss, **options)
+
+    # -- application side ----------------------------------------------------
+
+    def submit(self, shard_id: int, data: bytes | bytearray | memoryview | None, now: float, *,
+               size: int | None = None, meta: bytes = b"", digest: bytes | None = None) -> None:
+        """Queue a shard. ``data=None`` makes it virtual: ``size`` bytes tracked, none moved."""
+        if self.closed is not None:
+            raise RuntimeError("session is closed")
+        if not 0 <= shard_id < 1 << 32:
+            raise ValueError("shard_id must fit in 32 bits")
+        view = memoryview(data).cast("B") if data is not None else None
+        length = len(view) if view is not None else size
+        if length is None or length <= 0:
+            raise ValueError("a shard needs data or a positive size")
+        if digest is None:
+            digest = sha256(view) if view is not None else bytes(32)
+        shard = OutgoingShard(shard_id, length, view, digest, meta, submitted_at=now)
+        self.outgoing.submit(shard)
+        self._dirty.update(range(len(self.paths)))
+
+    @property
+    def sending_done(self) -> bool:
+        return self.outgoing.unfinished == 0
+
+    def events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def close(self, now: float, code: int = 0, reason: str = "") -> None:
+        """Tell the peer we are done (best effort) and stop."""
+        if self.closed is None:
+            self._control.append(CloseFrame(code, reason))
+            self.closed = SessionClosed(code, reason, now)
+
+    # -- receive -------------------------------------------------------------
+
+    def receive_packet(self, path_id: int, packet_number: int, frames: list[Frame], now: float) -> None:
+        """An authenticated, de-duplicated packet arrived on ``path_id``."""
+        if not 0 <= path_id < len(self.paths):
+            self.data_dropped += 1
+            return
+        path = self.paths[path_id]
+        eliciting = False
+        accept = True
+        for frame in frames:
+            if isinstance(frame, DataFrame):
+                eliciting = True
+                accept = self._on_data(frame, now) and accept
+            elif isinstance(frame, AckFrame):
+                self._on_ack(frame, now)
+            elif isinstance(frame, PaddingFrame):
+                continue
+            else:
+                eliciting = True
+                self._on_control(path, frame, now)
+        if not accept:
+            return  # not acknowledged: the sender will re-send it once the shard is open
+        path.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
+                                self.config.max_ack_delay_s)
+        self._touch(path)
+
+    def _on_data(self, frame: DataFrame, now: float) -> bool:
+        verdict = self.incoming.accepts(frame.shard_id, frame.offset, frame.length)
+        if verdict is None:
+            return True
+        if not verdict:
+            self.data_dropped += 1
+            return False
+        shard = self.incoming.shards[frame.shard_id]
+        shard.place(frame.offset, frame.data, frame.length, now)
+        if shard.complete:
+            status = self.incoming.finish(shard, now)
+            self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
+                                              shard.verified is True, now))
+            self._control.append(ShardDoneFrame(shard.shard_id, status))
+            self._control.append(CreditFrame(self.incoming.budget.limit))
+        return True
+
+    def _on_control(self, path: Path, frame: Frame, now: float) -> None:
+        if isinstance(frame, ShardOpenFrame):
+            self.incoming.open(frame)
+        elif isinstance(frame, ShardDoneFrame):
+            shard = self.outgoing.on_done(frame.shard_id, frame.status)
+            if shard is not None:
+                self._events.append(ShardAcknowledged(shard.shard_id, frame.status == 0, now))
+        elif isinstance(frame, CreditFrame):
+            self.outgoing.credit.update(frame.max_bytes)
+            self._dirty.update(range(len(self.paths)))
+        elif isinstance(frame, ShardAckFrame):
+            shard = self.outgoing.shards.get(frame.shard_id)
+            if shard is not None:
+                for start, end in frame.ranges:
+                    shard.acked.add(start, min(end, shard.size))
+        elif isinstance(frame, ProbeFrame):
+            self._control_on(path, ProbeAckFrame(frame.token))
+        elif isinstance(frame, CloseFrame):
+            if self.closed is None:
+                self.closed = SessionClosed(frame.code, frame.reason, now)
+                self._events.append(self.closed)
+
+    def _control_on(self, path: Path, frame: Frame) -> None:
+        path.pending_control.append(frame)
+
+    def _on_ack(self, frame: AckFrame, now: float) -> None:
+        if not 0 <= frame.path_id < len(self.paths):
+            return
+        path = self.paths[frame.path_id]
+        delay = min(frame.ack_delay_us / 1e6, self.config.max_ack_delay_s)
+        acked, lost = recovery.on_ack(path, frame.ranges, delay, now)
+        if acked:
+            for packet in acked:
+                if packet.chunks:
+                    self.outgoing.on_acked(packet.chunks)
+            if path.state is not PathState.ACTIVE:
+                self._readmit(path, now)
+        if lost:
+            self._requeue(lost)
+        self._dirty.add(path.path_id)
+        self._touch(path)
+
+    # -- send ----------------------------------------------------------------
+
+    def poll_transmit(self, now: float) -> list[Transmit]:
+        """Everything that should leave now or within the pacing horizon."""
+        out: list[Transmit] = []
+        for path in self.paths:
+            if path.ack_now or path.pending_control or (path.ack_at is not None and path.ack_at <= now):
+                self._emit_path_control(path, now, out)
+        if self._control:
+            self._emit_control(now, out)
+        for shard in self.outgoing.open_ready():
+            for path in self.paths:
+                path.needs_open.add(shard.shard_id)
+        self._emit_data(now, out)
+        return out
+
+    def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
+        frames: list[Frame] = []
+        if path.recv_largest >= 0 and (path.unacked_eliciting or path.ack_now):
+            delay_us = int(max(0.0, now - path.recv_largest_at) * 1e6)
+            frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), path.ack_ranges()))
+            path.ack_sent()
+        frames.extend(path.pending_control)
+        eliciting = bool(path.pending_control)
+        path.pending_control = []
+        path.ack_now = False
+        if frames:
+            self._send(path, frames, now, now, out, in_flight=False, eliciting=eliciting)
+
+    def _emit_control(self, now: float, out: list[Transmit]) -> None:
+        path = self._best_path(now)
+        if path is None:
+            return
+        frames, size = [], 0
+        for frame in self._control:
+            if frames and size + frame.wire_size > MAX_CONTROL_PAYLOAD:
+                self._send(path, frames, now, now, out, control=frames)
+                frames, size = [], 0
+            frames.append(frame)
+            size += frame.wire_size
+        if frames:
+            self._send(path, frames, now, now, out, control=frames)
+        self._control = []
+
+    def _best_path(self, now: float) -> Path | None:
+        usable = [p for p in self.paths if p.usable]
+        if not usable:
+            return None
+        return min(usable, key=lambda p: p.rtt.smoothed_s)
+
+    def _emit_data(self, now: float, out: list[Transmit]) -> None:
+        remaining = self.outgoing.remaining_bytes
+        usable = [p for p in self.paths if p.usable]
+        if not usable:
+            return
+        in_tail = remaining < self._tail_threshold(usable)
+        if in_tail:
+            candidates = usable
+            cutoff = self.scheduler.cutoff(usable, now, remaining) if remaining else 0.0
+        else:
+            candidates = [self.paths[i] for i in self._dirty if self.paths[i].usable]
+            cutoff = float("inf")
+        self._dirty.clear()
+        horizon = now + self.config.pacing_horizon_s
+        for path in self.scheduler.order(candidates, now):
+            if path.cwnd_space <= 0 or path.next_send_at > horizon:
+                continue
+            if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
+                continue
+            self._fill(path, now, horizon, out, hedge=in_tail and self.config.hedge)
+
+    def _tail_threshold(self, usable: list[Path]) -> float:
+        """Bytes the paths move in one of the longest round trips: below it, schedule carefully."""
+        longest = max(p.rtt.smoothed_s for p in usable)
+        return sum(p.send_rate_Bps() for p in usable) * longest * 1.5
+
+    def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit], hedge: bool) -> None:
+        overhead = self.config.packet_overhead()
+        path.pacing_wake = None
+        while path.cwnd_space > 0:
+            if path.next_send_at > horizon:
+                path.pacing_wake = path.next_send_at - self.config.pacing_horizon_s
+                self._touch(path)
+                return
+            picked = self.outgoing.next_chunk(path.mss)
+            retransmission = False
+            if picked is not None:
+                chunk, retransmission = picked
+            else:
+                hedged = self._next_hedge(path, now) if hedge else None
+                if hedged is None:
+                    path.rate.on_app_limited(path.bytes_in_flight)
+                    return
+                chunk = hedged
+            shard_id, offset, length = chunk
+            if shard_id in path.needs_open:
+                path.needs_open.discard(shard_id)
+                shard = self.outgoing.shards[shard_id]
+                frame = ShardOpenFrame(shard_id, shard.size, shard.digest, shard.meta)
+                self._send(path, [frame], now, max(now, path.next_send_at), out, control=[frame])
+            data = self.outgoing.shards[shard_id].data
+            view = data[offset:offset + length] if data is not None else None
+            frames: list[Frame] = [DataFrame(shard_id, offset, length, view)]
+            not_before = max(now, path.next_send_at)
+            self._send(path, frames, now, not_before, out, chunks=[chunk])
+            stats = path.stats
+            stats.payload_bytes += length
+            if retransmission:
+                stats.retransmitted_bytes += length
+            elif picked is None:
+                stats.hedged_bytes += length
+            rate = path.cc.pacing_rate_bps / 8
+            path.next_send_at = not_before + (length + overhead) / rate
+
+    def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
+              out: list[Transmit], *, chunks: list[Chunk] | None = None,
+              control: list[Frame] | None = None, in_flight: bool = True, eliciting: bool = True) -> None:
+        pn = path.take_pn()
+        size = self.config.packet_overhead() + sum(f.wire_size for f in frames)
+        if in_flight or eliciting:
+            rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
+            recovery.on_packet_sent(path, SentPacket(pn, not_before, size, chunks, control,
+                                                     eliciting, in_flight, rate_state))
+        out.append(Transmit(path.path_id, pn, frames, size, not_before))
+        self._touch(path)
+
+    # -- hedging -------------------------------------------------------------
+
+    def _next_hedge(self, path: Path, now: float) -> Chunk | None:
+        """A chunk in flight on a slower path that this path would deliver sooner."""
+        if now - self._hedge_built_at > max(0.001, path.rtt.min_s / 4):
+            self._build_hedge_queue(now)
+        arrival = max(now, path.next_send_at) + path.one_way_s
+        while self._hedge_queue:
+            eta, chunk, owner = self._hedge_queue[-1]
+            if owner == path.path_id or self.outgoing.is_acked(chunk):
+                self._hedge_queue.pop()
+                continue
+            if eta <= arrival:
+                return None  # the latest remaining chunk is already due sooner elsewhere
+            self._hedge_queue.pop()
+            self._hedged.add((chunk[0], chunk[1]))
+            self.hedged_bytes += chunk[2]
+            return chunk
+        return None
+
+    def _build_hedge_queue(self, now: float) -> None:
+        """Outstanding chunks ordered so the one expected latest is hedged first."""
+        items: list[tuple[float, Chunk, int]] = []
+        for path in self.paths:
+            for packet in path.sent.values():
+                if packet.chunks:
+                    for chunk in packet.chunks:
+                        if (chunk[0], chunk[1]) not in self._hedged:
+                            items.append((packet.sent_at + path.one_way_s, chunk, path.path_id))
+        items.sort(key=lambda item: item[0])
+        self._hedge_queue = items
+        self._hedge_built_at = now
+
+    # -- loss, failure, readmission -----------------------------------------
+
+    def _requeue(self, lost: list[SentPacket]) -> None:
+        for packet in lost:
+            if packet.chunks:
+                self.outgoing.requeue(packet.chunks)
+            if packet.control:
+                self._control.extend(packet.control)
+        self._dirty.update(range(len(self.paths)))
+
+    def _set_state(self, path: Path, state: PathState, now: float) -> None:
+        if path.state is not state:
+            self._events.append(PathChanged(path.path_id, path.name, path.state.value, state.value, now))
+            path.state = state
+
+    def _readmit(self, path: Path, now: float) -> None:
+        if path.state is PathState.FAILED:
+            path.cc.on_path_reset(now)
+            path.next_send_at = now
+            self._set_state(path, PathState.PROBING, now)
+        elif path.state is PathState.DEGRADED:
+            self._set_state(path, PathState.ACTIVE, now)
+        elif path.state is PathState.PROBING and not path.cc.in_startup:
+            self._set_state(path, PathState.ACTIVE, now)
+        path.next_probe_at = None
+        path.probe_misses = 0
+        self._dirty.add(path.path_id)
+
+    def _on_probe_timeout(self, path: Path, now: float) -> None:
+        """No acknowledgement for a probe timeout: suspect the path, move its data elsewhere."""
+        path.pto_count += 1
+        lost = recovery.declare_all_lost(path, now)
+        if lost:
+            self._requeue(lost)
+        if path.state in (PathState.ACTIVE, PathState.PROBING):
+            self._set_state(path, PathState.DEGRADED, now)
+        self._send_probe(path, now)
+
+    def _send_probe(self, path: Path, now: float) -> None:
+        path.probe_token += 1
+        path.pending_control.append(ProbeFrame(path.probe_token))
+        path.next_probe_at = now + min(path.pto_s(self.config.max_ack_delay_s),
+                                       self.config.max_probe_interval_s)
+
+    def _on_probe_due(self, path: Path, now: float) -> None:
+        path.probe_misses += 1
+        if path.probe_misses >= 2 and path.state is not PathState.FAILED:
+            path.stats.failures += 1
+            self._set_state(path, PathState.FAILED, now)
+        lost = recovery.declare_all_lost(path, now)
+        if lost:
+            self._requeue(lost)
+        path.pto_count += 1
+        self._send_probe(path, now)
+
+    # -- timers --------------------------------------------------------------
+
+    def _touch(self, path: Path) -> None:
+        """Recompute the path's next deadline after its state changed."""
+        at = self._path_deadline(path)
+        if at != self._timer_at[path.path_id]:
+            self._timer_at[path.path_id] = at
+            if at != float("inf"):
+                heapq.heappush(self._timers, (at, path.path_id))
+
+    def _path_deadline(self, path: Path) -> float:
+        at = float("inf")
+        if path.ack_at is not None:
+            at = path.ack_at
+        loss = recovery.loss_deadline(path)
+        if loss is not None and loss < at:
+            at = loss
+        if path.usable:
+            pto = path.pto_deadline(self.config.max_ack_delay_s)
+            if pto is not None and pto < at:
+                at = pto
+        if path.next_probe_at is not None and path.next_probe_at < at:
+            at = path.next_probe_at
+        if path.pacing_wake is not None and path.pacing_wake < at:
+            at = path.pacing_wake
+        return at
+
+    def next_deadline(self) -> float | None:
+        timers = self._timers
+        while timers and timers[0][0] != self._timer_at[timers[0][1]]:
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+    def on_deadline(self, now: float) -> None:
+        timers = self._timers
+        due: set[int] = set()
+        while timers and timers[0][0] <= now:
+            at, path_id = heapq.heappop(timers)
+            if at == self._timer_at[path_id]:
+                due.add(path_id)
+                self._timer_at[path_id] = float("inf")
+        for path_id in sorted(due):
+            self._fire(self.paths[path_id], now)
+
+    def _fire(self, path: Path, now: float) -> None:
+        if path.ack_at is not None and path.ack_at <= now:
+            path.ack_now = True
+        lost = recovery.detect_losses(path, now)
+        if lost:
+            self._requeue(lost)
+        pto = path.pto_deadline(self.config.max_ack_delay_s) if path.usable else None
+        if pto is not None and pto <= now:
+            self._on_probe_timeout(path, now)
+        elif path.next_probe_at is not None and path.next_probe_at <= now:
+            self._on_probe_due(path, now)
+        path.pacing_wake = None
+        self._dirty.add(path.path_id)
+        self._touch(path)

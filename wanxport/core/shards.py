@@ -1,0 +1,86 @@
+"""Shards: the unit of transfer (DESIGN.md section 3, "Shards, not streams").
+
+A shard has an id, a size, a SHA-256 digest and free-form metadata (dtype,
+shape, step, file name). The sender keeps a reference to the caller's buffer
+(no copy); the receiver writes each DATA frame straight to its offset in a
+preallocated buffer and reports the shard only after every byte is there and
+the digest matches. A shard with no buffer is *virtual*: the simulator moves
+terabytes that way, tracking ranges only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from wanxport.core.ranges import RangeSet
+
+Buffer = bytearray | memoryview
+
+
+def sha256(data: bytes | bytearray | memoryview) -> bytes:
+    """Digest of a shard; hashlib releases the GIL for large buffers."""
+    return hashlib.sha256(data).digest()
+
+
+@dataclass(slots=True)
+class OutgoingShard:
+    """Sender-side state of one shard."""
+
+    shard_id: int
+    size: int
+    data: memoryview | None
+    digest: bytes
+    meta: bytes = b""
+    acked: RangeSet = field(default_factory=RangeSet)
+    next_offset: int = 0  # first byte never sent
+    opened: bool = False  # SHARD_OPEN sent and credit consumed
+    open_acked: bool = False
+    done_status: int | None = None  # receiver's SHARD_DONE status
+    submitted_at: float = 0.0
+
+    @property
+    def fully_acked(self) -> bool:
+        return self.acked.total >= self.size
+
+    @property
+    def unsent(self) -> int:
+        return self.size - self.next_offset
+
+
+@dataclass(slots=True)
+class IncomingShard:
+    """Receiver-side state of one shard: destination buffer and received ranges."""
+
+    shard_id: int
+    size: int
+    digest: bytes
+    meta: bytes
+    buffer: memoryview | None
+    received: RangeSet = field(default_factory=RangeSet)
+    verified: bool | None = None  # None until complete
+    first_byte_at: float | None = None
+    completed_at: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.received.total >= self.size
+
+    def place(self, offset: int, data: bytes | memoryview | None, length: int, now: float) -> int:
+        """Write a chunk at its offset; return the number of new bytes (duplicates are free)."""
+        end = offset + length
+        if self.first_byte_at is None:
+            self.first_byte_at = now
+        if self.buffer is not None and data is not None:
+            if self.received.contains(offset, end):
+                return 0
+            self.buffer[offset:end] = data
+        return self.received.add(offset, end)
+
+    def verify(self) -> bool:
+        """Check the digest once every byte is in (virtual shards verify by coverage)."""
+        if self.buffer is None:
+            self.verified = self.complete
+        else:
+            self.verified = sha256(self.buffer) == self.digest
+        return self.verified

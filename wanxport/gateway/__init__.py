@@ -1,0 +1,1 @@
+"""wanxport.gateway layer (see DESIGN.md section 2)."""

@@ -1,0 +1,73 @@
+"""Run reports, contract v1 (DESIGN.md section 5): one JSON object per run.
+
+Every runner (simulator, loopback bench, emulation, baselines) builds its
+report here so the required fields keep one meaning everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "wanxport.report/1"
+MODES = ("sim", "emulated", "loopback", "network")
+TRANSPORTS = ("wanxport", "tcp", "tcp-parallel", "mptcp", "aioquic")
+
+
+@dataclass
+class PathReport:
+    name: str
+    payload_bytes: int
+    retransmitted_bytes: int
+    srtt_s: float | None
+    state: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "payload_bytes": self.payload_bytes,
+                "retransmitted_bytes": self.retransmitted_bytes, "srtt_s": self.srtt_s,
+                "state": self.state, **self.extra}
+
+
+def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int,
+                 completion_s: float, ideal_s: float | None, intact: bool, wall_s: float,
+                 paths: list[PathReport], delivered_bytes: int | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """The v1 report; ``extra`` fields are added after the required ones.
+
+    ``goodput_bps`` is the payload delivered intact divided by the completion time,
+    so an incomplete run reports what actually arrived.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}")
+    delivered = payload_bytes if delivered_bytes is None else delivered_bytes
+    goodput = delivered * 8 / completion_s if completion_s > 0 else 0.0
+    efficiency = (ideal_s / completion_s) if ideal_s and completion_s > 0 and math.isfinite(ideal_s) else None
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "scenario": scenario,
+        "mode": mode,
+        "transport": transport,
+        "payload_bytes": payload_bytes,
+        "completion_s": _round(completion_s),
+        "ideal_s": _round(ideal_s) if ideal_s is not None and math.isfinite(ideal_s) else None,
+        "efficiency": _round(efficiency) if efficiency is not None else None,
+        "goodput_bps": _round(goodput),
+        "intact": intact,
+        "wall_s": _round(wall_s),
+        "paths": [p.to_dict() for p in paths],
+    }
+    report.update(extra)
+    return report
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.6g}")
+
+
+def dumps(report: dict[str, Any]) -> str:
+    return json.dumps(report, sort_keys=False)

@@ -1,0 +1,1 @@
+"""wanxport.sim layer (see DESIGN.md section 2)."""

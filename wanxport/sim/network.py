@@ -1,0 +1,355 @@
+"""Seeded discrete-event model of a scenario's WAN (DESIGN.md section 4 semantics).
+
+The same scenario files drive netem and the C impairment engine, so one
+direction of one path behaves like this, in order:
+
+1. ``down``: the packet is dropped (``dropped_down``).
+2. Bottleneck: FIFO serialization at ``bandwidth_mbps`` behind a drop-tail
+   queue holding at most ``queue_ms`` worth of bytes at the current rate; the
+   packet being serialized does not count against the queue. A packet that does
+   not fit is dropped (``dropped_queue``).
+3. Random loss of the serialized packet (a lost packet used its bandwidth,
+   which is why the ideal bound multiplies rate by ``1 - loss``): i.i.d.
+   ``loss``, or Gilbert-Elliott ``burst_loss`` stepped once per packet (loss
+   drawn with the current state's probability, then the state transition).
+   A packet's fate (loss, delay) is drawn when it enters service, in FIFO order.
+4. Propagation: ``rtt_ms/2 + normal(0, jitter_ms)`` clipped at 0. With
+   ``reorder = false`` a packet never arrives before the previous one on the
+   same link (it waits); with ``reorder = true`` jitter may reorder.
+
+A link going down drops what is queued and what is being serialized; packets
+already propagating still arrive. A rate change applies from the next packet
+to start serialization. Packet sizes are not checked against ``mtu``: the
+simulator may move aggregate "packets" for speed, and loss applies per packet.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+
+from wanxport.sim.eventloop import EventLoop
+from wanxport.sim.scenario import LinkParams, Scenario
+
+__all__ = ["EventLoop", "Link", "Network", "link_rng"]
+
+Deliver = Callable[[object, float], None]
+
+
+def link_rng(seed: int, path_index: int, direction: str) -> random.Random:
+    """Independent RNG per (seed, path, direction): adding a path changes no other path."""
+    return random.Random(f"wanxport.sim/{seed}/{path_index}/{direction}")
+
+
+class Link:
+    """One direction of one path. ``deliver(packet, now)`` is called on arrival."""
+
+    __slots__ = (
+        "params",
+        "_rng",
+        "_deliver",
+        "_loop",
+        "_duplicate",
+        "_corrupt",
+        "_queue",
+        "_queued_bytes",
+        "_capacity_bytes",
+        "_s_per_byte",
+        "_busy_until",
+        "_in_service",
+        "_handles",
+        "_flight",
+        "_flight_gen",
+        "_fifo_last",
+        "_epoch",
+        "_last_arrival",
+        "_delay_s",
+        "_jitter_s",
+        "_bad_state",
+        "sent",
+        "bytes_sent",
+        "dropped_queue",
+        "dropped_loss",
+        "dropped_down",
+        "delivered",
+        "bytes_delivered",
+        "duplicated",
+        "corrupted",
+    )
+
+    def __init__(
+        self,
+        params: LinkParams,
+        rng: random.Random,
+        deliver: Deliver,
+        loop: EventLoop,
+        duplicate: float = 0.0,
+        corrupt: float = 0.0,
+    ) -> None:
+        """``duplicate``/``corrupt`` are test-only impairments beyond the scenario format:
+        the probability that a delivered packet arrives twice, or with one bit flipped
+        (``bytes``/``bytearray`` packets only)."""
+        self._rng = rng
+        self._deliver = deliver
+        self._loop = loop
+        self._duplicate = duplicate
+        self._corrupt = corrupt
+        self._queue: deque[tuple[object, int]] = deque()
+        self._queued_bytes = 0
+        self._busy_until = loop.now  # when the packet in service has been serialized
+        self._in_service = 0  # copies of the packet in service that will arrive (0-2)
+        self._handles = [-1, -1]  # reorder links: the last two arrival events
+        # reorder = false links: arrivals are monotonic, so they wait in a FIFO with
+        # only its head on the loop's heap; the heap stays small and fast.
+        self._flight: deque[tuple[float, object, int]] = deque()
+        self._flight_gen = 0  # invalidates the head event when the FIFO is emptied
+        self._fifo_last = True  # whether the newest arrival went through the FIFO
+        self._epoch = 0  # bumped when the link goes down: cancels a pending _next
+        self._last_arrival = 0.0
+        self._bad_state = False  # Gilbert-Elliott state, starts good
+        self.sent = self.bytes_sent = 0
+        self.dropped_queue = self.dropped_loss = self.dropped_down = 0
+        self.delivered = self.bytes_delivered = 0
+        self.duplicated = self.corrupted = 0
+        self.set_params(params)
+
+    def set_params(self, params: LinkParams) -> None:
+        """Apply new parameters now (a timeline event)."""
+        self.params = params
+        bytes_per_s = params.bandwidth_mbps * 125_000.0
+        self._s_per_byte = 1.0 / bytes_per_s
+        self._capacity_bytes = params.queue_ms / 1000.0 * bytes_per_s
+        self._delay_s = params.rtt_ms / 2000.0
+        self._jitter_s = params.jitter_ms / 1000.0
+        if params.down:
+            self._drop_backlog()
+
+    def _drop_backlog(self) -> None:
+        """Going down: drop the queue and the packet in service (cancel its arrival)."""
+        loop = self._loop
+        self.dropped_down += len(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._epoch += 1  # invalidates a pending _next
+        if self._busy_until > loop.now:
+            if self._in_service:
+                self.dropped_down += 1
+                self._cancel_last(self._in_service)
+            self._in_service = 0
+            self._busy_until = loop.now
+
+    def _cancel_last(self, copies: int) -> None:
+        """Take back the ``copies`` most recently propagated arrivals."""
+        flight = self._flight
+        if self._fifo_last:  # they are the newest FIFO entries
+            for _ in range(copies):
+                flight.pop()
+            if not flight:
+                self._flight_gen += 1
+                self._last_arrival = self._loop.now
+        else:
+            for handle in self._handles[2 - copies :]:
+                self._loop.cancel(handle)
+
+    def send(self, packet: object, size_bytes: int) -> None:
+        """Offer a packet to the link at ``loop.now``."""
+        self.sent += 1
+        self.bytes_sent += size_bytes
+        if self.params.down:
+            self.dropped_down += 1
+            return
+        now = self._loop.now
+        queue = self._queue
+        if not queue and now >= self._busy_until:
+            self._start(packet, size_bytes, now)
+            return
+        if self._queued_bytes + size_bytes > self._capacity_bytes:
+            self.dropped_queue += 1
+            return
+        if not queue:
+            self._loop.call_at(self._busy_until, self._next, self._epoch)
+        queue.append((packet, size_bytes))
+        self._queued_bytes += size_bytes
+
+    def backlog_bytes(self) -> int:
+        """Bytes waiting in the bottleneck queue (not counting the one in service)."""
+        return self._queued_bytes
+
+    def _next(self, epoch: int) -> None:
+        """The packet in service has left: serialize the head of the queue."""
+        if epoch != self._epoch:
+            return  # the link went down meanwhile; the queue was dropped
+        packet, size_bytes = self._queue.popleft()
+        self._queued_bytes -= size_bytes
+        self._start(packet, size_bytes, self._loop.now)
+        if self._queue:
+            self._loop.call_at(self._busy_until, self._next, epoch)
+
+    def _start(self, packet: object, size_bytes: int, now: float) -> None:
+        """Serialize a packet from ``now``; its fate (loss, delay) is drawn here, in FIFO
+        order, so an idle link costs one event per packet (the arrival) instead of two."""
+        end = now + size_bytes * self._s_per_byte
+        self._busy_until = end
+        if self._lost():
+            self.dropped_loss += 1
+            self._in_service = 0
+            return
+        rng = self._rng
+        if self._corrupt and isinstance(packet, bytes | bytearray) and packet:
+            if rng.random() < self._corrupt:
+                damaged = bytearray(packet)
+                bit = rng.randrange(len(damaged) * 8)
+                damaged[bit >> 3] ^= 1 << (bit & 7)
+                packet = bytes(damaged)
+                self.corrupted += 1
+        self._propagate(packet, size_bytes, end)
+        self._in_service = 1
+        if self._duplicate and rng.random() < self._duplicate:
+            self.duplicated += 1
+            self._propagate(packet, size_bytes, end)
+            self._in_service = 2
+
+    def _lost(self) -> bool:
+        params = self.params
+        burst = params.burst_loss
+        if burst is None:
+            return params.loss > 0.0 and self._rng.random() < params.loss
+        rng = self._rng
+        loss = burst.loss_bad if self._bad_state else burst.loss_good
+        lost = loss > 0.0 and rng.random() < loss
+        if self._bad_state:
+            if rng.random() < burst.r:
+                self._bad_state = False
+        elif rng.random() < burst.p:
+            self._bad_state = True
+        return lost
+
+    def _propagate(self, packet: object, size_bytes: int, departure: float) -> None:
+        delay = self._delay_s
+        if self._jitter_s:
+            delay += self._rng.gauss(0.0, self._jitter_s)
+            if delay < 0.0:
+                delay = 0.0
+        arrival = departure + delay
+        if self.params.reorder:
+            handles = self._handles
+            handles[0] = handles[1]
+            handles[1] = self._loop.call_at(arrival, self._arrive, packet, size_bytes)
+            self._fifo_last = False
+            return
+        self._fifo_last = True
+        if arrival < self._last_arrival:
+            arrival = self._last_arrival
+        self._last_arrival = arrival
+        flight = self._flight
+        flight.append((arrival, packet, size_bytes))
+        if len(flight) == 1:
+            self._loop.call_at(arrival, self._arrive_head, self._flight_gen)
+
+    def _arrive(self, packet: object, size_bytes: int) -> None:
+        self.delivered += 1
+        self.bytes_delivered += size_bytes
+        self._deliver(packet, self._loop.now)
+
+    def _arrive_head(self, generation: int) -> None:
+        if generation != self._flight_gen:
+            return  # the FIFO was emptied by a link failure; a newer event owns the head
+        flight = self._flight
+        _, packet, size_bytes = flight.popleft()
+        if flight:
+            self._loop.call_at(flight[0][0], self._arrive_head, generation)
+        self.delivered += 1
+        self.bytes_delivered += size_bytes
+        self._deliver(packet, self._loop.now)
+
+    def stats(self) -> dict[str, int]:
+        """Counters since creation."""
+        return {
+            "sent": self.sent,
+            "bytes_sent": self.bytes_sent,
+            "dropped_queue": self.dropped_queue,
+            "dropped_loss": self.dropped_loss,
+            "dropped_down": self.dropped_down,
+            "delivered": self.delivered,
+            "bytes_delivered": self.bytes_delivered,
+            "duplicated": self.duplicated,
+            "corrupted": self.corrupted,
+        }
+
+
+class Network:
+    """All paths of a scenario: ``forward[i]`` carries a->b, ``reverse[i]`` b->a.
+
+    ``deliver_b(path_index, packet, now)`` receives what arrives at side b (sent
+    on a forward link), ``deliver_a`` what arrives at side a. The links start
+    with the scenario's base parameters; ``start(t0)`` anchors the events
+    timeline (seconds from transfer start) at virtual time ``t0``.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        loop: EventLoop,
+        deliver_a: Callable[[int, object, float], None],
+        deliver_b: Callable[[int, object, float], None],
+        seed: int | None = None,
+        duplicate: float = 0.0,
+        corrupt: float = 0.0,
+    ) -> None:
+        self.scenario = scenario
+        self.loop = loop
+        self.seed = scenario.seed if seed is None else seed
+        self.forward: tuple[Link, ...] = tuple(
+            Link(
+                spec.forward,
+                link_rng(self.seed, i, "a->b"),
+                partial(deliver_b, i),
+                loop,
+                duplicate,
+                corrupt,
+            )
+            for i, spec in enumerate(scenario.paths)
+        )
+        self.reverse: tuple[Link, ...] = tuple(
+            Link(
+                spec.reverse,
+                link_rng(self.seed, i, "b->a"),
+                partial(deliver_a, i),
+                loop,
+                duplicate,
+                corrupt,
+            )
+            for i, spec in enumerate(scenario.paths)
+        )
+        self.started_at: float | None = None
+
+    def start(self, t0: float | None = None) -> None:
+        """Schedule the scenario's events relative to ``t0`` (default: ``loop.now``).
+
+        Events due at ``t0`` itself apply immediately, so a packet sent right
+        after ``start`` already sees them.
+        """
+        if self.started_at is not None:
+            raise RuntimeError("Network.start called twice")
+        t0 = self.loop.now if t0 is None else t0
+        self.started_at = t0
+        for i, spec in enumerate(self.scenario.paths):
+            for at_s in spec.change_times():
+                if t0 + at_s <= self.loop.now:
+                    self._apply(i, at_s)
+                else:
+                    self.loop.call_at(t0 + at_s, self._apply, i, at_s)
+
+    def _apply(self, index: int, at_s: float) -> None:
+        spec = self.scenario.paths[index]
+        self.forward[index].set_params(spec.params_at(at_s, "a->b"))
+        self.reverse[index].set_params(spec.params_at(at_s, "b->a"))
+
+    def stats(self) -> list[dict[str, object]]:
+        """Per path: name and both directions' counters."""
+        return [
+            {"name": spec.name, "a->b": fwd.stats(), "b->a": rev.stats()}
+            for spec, fwd, rev in zip(self.scenario.paths, self.forward, self.reverse, strict=True)
+        ]

@@ -1,0 +1,1 @@
+"""wanxport.wire layer (see DESIGN.md section 2)."""

@@ -1,0 +1,306 @@
+"""Frames: the plaintext content of a packet (docs/wire-format.md).
+
+``encode_frames`` and ``decode_frames`` are the pure-Python reference codec.
+A DATA frame may carry ``data=None``: the core describes *which* bytes to send
+(shard, offset, length) and the data path fills them in from the shard buffer,
+so the same decisions drive the reference codec, the native one and the
+simulator's byte-free mode.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from wanxport.wire.errors import WireError
+
+PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT = range(10)
+
+MAX_OFFSET = 1 << 62
+MAX_ACK_RANGES = 256
+MAX_SHARD_RANGES = 256
+DIGEST_LEN = 32
+
+DATA_OVERHEAD = 1 + 4 + 8 + 2
+STATUS_VERIFIED, STATUS_INTEGRITY_FAILURE, STATUS_ABORTED = 0, 1, 2
+
+_DATA = struct.Struct(">BIQH")
+_ACK = struct.Struct(">BHIH")
+_RANGE = struct.Struct(">QQ")
+_SHARD_ACK = struct.Struct(">BIH")
+_SHARD_OPEN = struct.Struct(">BIQ32sH")
+_SHARD_DONE = struct.Struct(">BIB")
+_TOKEN = struct.Struct(">BQ")
+_CLOSE = struct.Struct(">BHH")
+_CREDIT = struct.Struct(">BQ")
+
+Ranges = tuple[tuple[int, int], ...]
+
+
+@dataclass(slots=True)
+class DataFrame:
+    shard_id: int
+    offset: int
+    length: int
+    data: bytes | memoryview | None = None
+
+    @property
+    def wire_size(self) -> int:
+        return DATA_OVERHEAD + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class AckFrame:
+    """Acknowledges packet numbers of ``path_id``; ranges inclusive, highest first."""
+
+    path_id: int
+    ack_delay_us: int
+    ranges: Ranges
+
+    @property
+    def wire_size(self) -> int:
+        return _ACK.size + _RANGE.size * len(self.ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardAckFrame:
+    """Byte ranges [start, end) of a shard that the receiver holds, ascending."""
+
+    shard_id: int
+    ranges: Ranges
+
+    @property
+    def wire_size(self) -> int:
+        return _SHARD_ACK.size + _RANGE.size * len(self.ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardOpenFrame:
+    shard_id: int
+    size: int
+    digest: bytes
+    meta: bytes = b""
+
+    @property
+    def wire_size(self) -> int:
+        return _SHARD_OPEN.size + len(self.meta)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDoneFrame:
+    shard_id: int
+    status: int
+
+    @property
+    def wire_size(self) -> int:
+        return _SHARD_DONE.size
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeFrame:
+    token: int
+
+    @property
+    def wire_size(self) -> int:
+        return _TOKEN.size
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAckFrame:
+    token: int
+
+    @property
+    def wire_size(self) -> int:
+        return _TOKEN.size
+
+
+@dataclass(frozen=True, slots=True)
+class CloseFrame:
+    code: int
+    reason: str = ""
+
+    @property
+    def wire_size(self) -> int:
+        return _CLOSE.size + len(self.reason.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class CreditFrame:
+    """Cumulative bytes of shard payload the sender may have opened."""
+
+    max_bytes: int
+
+    @property
+    def wire_size(self) -> int:
+        return _CREDIT.size
+
+
+@dataclass(frozen=True, slots=True)
+class PaddingFrame:
+    length: int
+
+    @property
+    def wire_size(self) -> int:
+        return self.length
+
+
+Frame = (
+    DataFrame
+    | AckFrame
+    | ShardAckFrame
+    | ShardOpenFrame
+    | ShardDoneFrame
+    | ProbeFrame
+    | ProbeAckFrame
+    | CloseFrame
+    | CreditFrame
+    | PaddingFrame
+)
+
+
+def _check_ranges(ranges: Ranges, descending: bool, limit: int, minimum: int) -> None:
+    if not minimum <= len(ranges) <= limit:
+        raise WireError("ranges", f"{len(ranges)} ranges, valid {minimum}..{limit}")
+    prev: tuple[int, int] | None = None
+    for lo, hi in ranges:
+        if descending:
+            if lo > hi or hi >= MAX_OFFSET:
+                raise WireError("ranges", f"bad range {lo}..{hi}")
+            if prev is not None and hi + 1 >= prev[0]:
+                raise WireError("ranges", "not descending and disjoint")
+        else:
+            if lo >= hi or hi > MAX_OFFSET:
+                raise WireError("ranges", f"bad range [{lo}, {hi})")
+            if prev is not None and lo <= prev[1]:
+                raise WireError("ranges", "not ascending and disjoint")
+        prev = (lo, hi)
+
+
+def encode_frame(frame: Frame, out: bytearray) -> None:
+    """Append one frame's bytes to ``out`` (a DATA frame must carry its data)."""
+    if isinstance(frame, DataFrame):
+        if frame.data is None or len(frame.data) != frame.length:
+            raise ValueError("DATA frame without matching data")
+        out += _DATA.pack(DATA, frame.shard_id, frame.offset, frame.length)
+        out += frame.data
+    elif isinstance(frame, AckFrame):
+        out += _ACK.pack(ACK, frame.path_id, frame.ack_delay_us, len(frame.ranges))
+        for lo, hi in frame.ranges:
+            out += _RANGE.pack(lo, hi)
+    elif isinstance(frame, ShardAckFrame):
+        out += _SHARD_ACK.pack(SHARD_ACK, frame.shard_id, len(frame.ranges))
+        for lo, hi in frame.ranges:
+            out += _RANGE.pack(lo, hi)
+    elif isinstance(frame, ShardOpenFrame):
+        out += _SHARD_OPEN.pack(SHARD_OPEN, frame.shard_id, frame.size, frame.digest, len(frame.meta))
+        out += frame.meta
+    elif isinstance(frame, ShardDoneFrame):
+        out += _SHARD_DONE.pack(SHARD_DONE, frame.shard_id, frame.status)
+    elif isinstance(frame, ProbeFrame):
+        out += _TOKEN.pack(PROBE, frame.token)
+    elif isinstance(frame, ProbeAckFrame):
+        out += _TOKEN.pack(PROBE_ACK, frame.token)
+    elif isinstance(frame, CloseFrame):
+        reason = frame.reason.encode()
+        out += _CLOSE.pack(CLOSE, frame.code, len(reason))
+        out += reason
+    elif isinstance(frame, CreditFrame):
+        out += _CREDIT.pack(CREDIT, frame.max_bytes)
+    else:
+        out += bytes(frame.length)
+
+
+def encode_frames(frames: list[Frame]) -> bytes:
+    out = bytearray()
+    for frame in frames:
+        encode_frame(frame, out)
+    return bytes(out)
+
+
+def _need(buf: memoryview, pos: int, size: int) -> None:
+    if pos + size > len(buf):
+        raise WireError("truncated", f"frame needs {size} bytes at {pos}, have {len(buf) - pos}")
+
+
+def _read_ranges(buf: memoryview, pos: int, count: int) -> tuple[Ranges, int]:
+    _need(buf, pos, count * _RANGE.size)
+    ranges = tuple(_RANGE.unpack_from(buf, pos + i * _RANGE.size) for i in range(count))
+    return ranges, pos + count * _RANGE.size
+
+
+def decode_frames(payload: bytes | memoryview) -> list[Frame]:
+    """Parse and validate every frame; raises WireError for anything malformed."""
+    buf = memoryview(payload)
+    frames: list[Frame] = []
+    pos = 0
+    end = len(buf)
+    if end == 0:
+        raise WireError("empty", "packet has no frames")
+    while pos < end:
+        kind = buf[pos]
+        if kind == DATA:
+            _need(buf, pos, _DATA.size)
+            _, shard_id, offset, length = _DATA.unpack_from(buf, pos)
+            pos += _DATA.size
+            _need(buf, pos, length)
+            if offset + length > MAX_OFFSET:
+                raise WireError("offset", f"{offset}+{length}")
+            frames.append(DataFrame(shard_id, offset, length, buf[pos : pos + length]))
+            pos += length
+        elif kind == ACK:
+            _need(buf, pos, _ACK.size)
+            _, path_id, delay, count = _ACK.unpack_from(buf, pos)
+            ranges, pos = _read_ranges(buf, pos + _ACK.size, count)
+            _check_ranges(ranges, True, MAX_ACK_RANGES, 1)
+            frames.append(AckFrame(path_id, delay, ranges))
+        elif kind == SHARD_ACK:
+            _need(buf, pos, _SHARD_ACK.size)
+            _, shard_id, count = _SHARD_ACK.unpack_from(buf, pos)
+            ranges, pos = _read_ranges(buf, pos + _SHARD_ACK.size, count)
+            _check_ranges(ranges, False, MAX_SHARD_RANGES, 0)
+            frames.append(ShardAckFrame(shard_id, ranges))
+        elif kind == SHARD_OPEN:
+            _need(buf, pos, _SHARD_OPEN.size)
+            _, shard_id, size, digest, meta_len = _SHARD_OPEN.unpack_from(buf, pos)
+            pos += _SHARD_OPEN.size
+            _need(buf, pos, meta_len)
+            if size > MAX_OFFSET:
+                raise WireError("offset", f"shard size {size}")
+            frames.append(ShardOpenFrame(shard_id, size, bytes(digest), bytes(buf[pos : pos + meta_len])))
+            pos += meta_len
+        elif kind == SHARD_DONE:
+            _need(buf, pos, _SHARD_DONE.size)
+            _, shard_id, status = _SHARD_DONE.unpack_from(buf, pos)
+            if status > STATUS_ABORTED:
+                raise WireError("status", str(status))
+            frames.append(ShardDoneFrame(shard_id, status))
+            pos += _SHARD_DONE.size
+        elif kind in (PROBE, PROBE_ACK):
+            _need(buf, pos, _TOKEN.size)
+            _, token = _TOKEN.unpack_from(buf, pos)
+            frames.append(ProbeFrame(token) if kind == PROBE else ProbeAckFrame(token))
+            pos += _TOKEN.size
+        elif kind == CLOSE:
+            _need(buf, pos, _CLOSE.size)
+            _, code, reason_len = _CLOSE.unpack_from(buf, pos)
+            pos += _CLOSE.size
+            _need(buf, pos, reason_len)
+            try:
+                reason = bytes(buf[pos : pos + reason_len]).decode()
+            except UnicodeDecodeError as exc:
+                raise WireError("utf8", "CLOSE reason") from exc
+            frames.append(CloseFrame(code, reason))
+            pos += reason_len
+        elif kind == CREDIT:
+            _need(buf, pos, _CREDIT.size)
+            _, max_bytes = _CREDIT.unpack_from(buf, pos)
+            frames.append(CreditFrame(max_bytes))
+            pos += _CREDIT.size
+        elif kind == PADDING:
+            if any(buf[pos:end]):
+                raise WireError("padding", "non-zero padding")
+            frames.append(PaddingFrame(end - pos))
+            pos = end
+        else:
+            raise WireError("frame_type", f"0x{kind:02x}")
+    return frames
