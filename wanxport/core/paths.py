@@ -8,6 +8,7 @@ Packet numbers are per path and never reused.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from enum import StrEnum
 
 from wanxport.core.cc import CongestionController
@@ -17,7 +18,7 @@ from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
 from wanxport.wire.frames import Frame
 
-MAX_ACK_RANGES = 64
+MAX_ACK_RANGES = 32
 
 
 class PathState(StrEnum):
@@ -61,13 +62,16 @@ class Path:
         self.name = name
         self.mss = mss
         self.state = PathState.ACTIVE
+        self.usable = True  # may carry new data: active or probing
         self.rtt = RttEstimator(initial_rtt_s=initial_rtt_s)
         self.rate = DeliveryRateEstimator()
         self.cc = cc
         self.stats = PathStats()
         # sender side
         self.next_pn = 0
-        self.sent: dict[int, SentPacket] = {}  # insertion order == packet-number order
+        # Packet-number order; an OrderedDict finds its oldest entry in O(1) even after
+        # many removals at the front, which a plain dict does not.
+        self.sent: OrderedDict[int, SentPacket] = OrderedDict()
         self.bytes_in_flight = 0
         self.largest_acked = -1
         self.next_send_at = 0.0  # pacing: earliest departure of the next packet
@@ -94,9 +98,9 @@ class Path:
 
     # -- sender -------------------------------------------------------------
 
-    @property
-    def usable(self) -> bool:
-        return self.state in (PathState.ACTIVE, PathState.PROBING)
+    def set_state(self, state: PathState) -> None:
+        self.state = state
+        self.usable = state in (PathState.ACTIVE, PathState.PROBING)
 
     @property
     def cwnd_space(self) -> int:

@@ -95,13 +95,15 @@ def detect_losses(path: Path, now: float) -> list[SentPacket]:
     largest = path.largest_acked
     if largest < 0:
         return []
-    cutoff_time = now - loss_delay_s(path)
+    delay = loss_delay_s(path)
     cutoff_pn = largest - path.reorder_threshold
     lost: list[SentPacket] = []
     for pn, packet in path.sent.items():
         if pn >= largest:
             break
-        if pn <= cutoff_pn or packet.sent_at <= cutoff_time:
+        # Same expression as loss_deadline(), so a timer firing at that deadline always
+        # finds the packet lost (now - delay could round the other way).
+        if pn <= cutoff_pn or packet.sent_at + delay <= now:
             lost.append(packet)
         else:
             break  # later packets are newer and closer to the largest acknowledged

@@ -81,6 +81,12 @@ class Session:
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
         self.hedged_bytes = 0
+        self._in_tail = False
+        self._tail_checked_at = -1.0
+        self._cutoff = float("inf")
+        self._cutoff_stale = True
+        self._touched: set[int] = set()
+        self._needs_ack: set[int] = set()  # paths with an ACK or path control frames to send
 
     @staticmethod
     def _make_cc(config: SessionConfig, index: int) -> CongestionController:
@@ -146,10 +152,14 @@ class Session:
                 eliciting = True
                 self._on_control(path, frame, now)
         if not accept:
+            self._flush_timers()
             return  # not acknowledged: the sender will re-send it once the shard is open
         path.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
                                 self.config.max_ack_delay_s)
+        if path.ack_now or path.ack_at is not None:
+            self._needs_ack.add(path_id)
         self._touch(path)
+        self._flush_timers()
 
     def _on_data(self, frame: DataFrame, now: float) -> bool:
         verdict = self.incoming.accepts(frame.shard_id, frame.offset, frame.length)
@@ -192,6 +202,7 @@ class Session:
 
     def _control_on(self, path: Path, frame: Frame) -> None:
         path.pending_control.append(frame)
+        self._needs_ack.add(path.path_id)
 
     def _on_ack(self, frame: AckFrame, now: float) -> None:
         if not 0 <= frame.path_id < len(self.paths):
@@ -215,15 +226,19 @@ class Session:
     def poll_transmit(self, now: float) -> list[Transmit]:
         """Everything that should leave now or within the pacing horizon."""
         out: list[Transmit] = []
-        for path in self.paths:
-            if path.ack_now or path.pending_control or (path.ack_at is not None and path.ack_at <= now):
-                self._emit_path_control(path, now, out)
+        if self._needs_ack:
+            for path_id in sorted(self._needs_ack):
+                path = self.paths[path_id]
+                if path.ack_now or path.pending_control or (path.ack_at is not None and path.ack_at <= now):
+                    self._emit_path_control(path, now, out)
+                    self._needs_ack.discard(path_id)
         if self._control:
             self._emit_control(now, out)
         for shard in self.outgoing.open_ready():
             for path in self.paths:
                 path.needs_open.add(shard.shard_id)
         self._emit_data(now, out)
+        self._flush_timers()
         return out
 
     def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
@@ -261,25 +276,41 @@ class Session:
         return min(usable, key=lambda p: p.rtt.smoothed_s)
 
     def _emit_data(self, now: float, out: list[Transmit]) -> None:
-        remaining = self.outgoing.remaining_bytes
-        usable = [p for p in self.paths if p.usable]
-        if not usable:
+        """Fill the paths whose state changed (an ack, a timer, new data) since the last poll.
+
+        Every other path is either waiting for its window or pacing timer, or was
+        excluded by the tail cutoff, which only moves later when data is re-queued
+        (and then every path is marked changed).
+        """
+        if not self.outgoing.unfinished or not self._dirty:
             return
-        in_tail = remaining < self._tail_threshold(usable)
-        if in_tail:
-            candidates = usable
-            cutoff = self.scheduler.cutoff(usable, now, remaining) if remaining else 0.0
-        else:
-            candidates = [self.paths[i] for i in self._dirty if self.paths[i].usable]
-            cutoff = float("inf")
+        if now >= self._tail_checked_at + self.config.pacing_horizon_s or self._cutoff_stale:
+            self._update_cutoff(now)
+        cutoff = self._cutoff
+        candidates = [self.paths[i] for i in self._dirty if self.paths[i].usable]
         self._dirty.clear()
         horizon = now + self.config.pacing_horizon_s
-        for path in self.scheduler.order(candidates, now):
+        hedge = self._in_tail and self.config.hedge
+        if len(candidates) > 1:
+            candidates = self.scheduler.order(candidates, now)
+        for path in candidates:
             if path.cwnd_space <= 0 or path.next_send_at > horizon:
                 continue
             if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
                 continue
-            self._fill(path, now, horizon, out, hedge=in_tail and self.config.hedge)
+            self._fill(path, now, horizon, out, hedge)
+
+    def _update_cutoff(self, now: float) -> None:
+        """Enter or leave the tail, and water-fill the remaining bytes when in it."""
+        self._tail_checked_at = now
+        self._cutoff_stale = False
+        usable = [p for p in self.paths if p.usable]
+        remaining = self.outgoing.remaining_bytes
+        self._in_tail = bool(usable) and remaining < self._tail_threshold(usable)
+        if self._in_tail and remaining:
+            self._cutoff = self.scheduler.cutoff(usable, now, remaining)
+        else:
+            self._cutoff = float("inf")
 
     def _tail_threshold(self, usable: list[Path]) -> float:
         """Bytes the paths move in one of the longest round trips: below it, schedule carefully."""
@@ -378,11 +409,12 @@ class Session:
             if packet.control:
                 self._control.extend(packet.control)
         self._dirty.update(range(len(self.paths)))
+        self._cutoff_stale = True
 
     def _set_state(self, path: Path, state: PathState, now: float) -> None:
         if path.state is not state:
             self._events.append(PathChanged(path.path_id, path.name, path.state.value, state.value, now))
-            path.state = state
+            path.set_state(state)
 
     def _readmit(self, path: Path, now: float) -> None:
         if path.state is PathState.FAILED:
@@ -409,7 +441,7 @@ class Session:
 
     def _send_probe(self, path: Path, now: float) -> None:
         path.probe_token += 1
-        path.pending_control.append(ProbeFrame(path.probe_token))
+        self._control_on(path, ProbeFrame(path.probe_token))
         path.next_probe_at = now + min(path.pto_s(self.config.max_ack_delay_s),
                                        self.config.max_probe_interval_s)
 
@@ -427,12 +459,17 @@ class Session:
     # -- timers --------------------------------------------------------------
 
     def _touch(self, path: Path) -> None:
-        """Recompute the path's next deadline after its state changed."""
-        at = self._path_deadline(path)
-        if at != self._timer_at[path.path_id]:
-            self._timer_at[path.path_id] = at
-            if at != float("inf"):
-                heapq.heappush(self._timers, (at, path.path_id))
+        """The path's state changed: recompute its deadline before control returns."""
+        self._touched.add(path.path_id)
+
+    def _flush_timers(self) -> None:
+        for path_id in self._touched:
+            at = self._path_deadline(self.paths[path_id])
+            if at != self._timer_at[path_id]:
+                self._timer_at[path_id] = at
+                if at != float("inf"):
+                    heapq.heappush(self._timers, (at, path_id))
+        self._touched.clear()
 
     def _path_deadline(self, path: Path) -> float:
         at = float("inf")
@@ -467,10 +504,12 @@ class Session:
                 self._timer_at[path_id] = float("inf")
         for path_id in sorted(due):
             self._fire(self.paths[path_id], now)
+        self._flush_timers()
 
     def _fire(self, path: Path, now: float) -> None:
         if path.ack_at is not None and path.ack_at <= now:
             path.ack_now = True
+            self._needs_ack.add(path.path_id)
         lost = recovery.detect_losses(path, now)
         if lost:
             self._requeue(lost)

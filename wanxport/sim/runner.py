@@ -99,6 +99,7 @@ class SimRun:
         self.b = self._endpoint("b", config, 1)
         self.directions = ["a->b", "b->a"] if scenario.transfer.direction == "both" else ["a->b"]
         self.sent_digests: dict[tuple[str, int], bytes] = {}
+        self._shards_pending = len(self.shard_sizes) * len(self.directions)
 
     def _endpoint(self, name: str, config: SessionConfig, index: int) -> Endpoint:
         allocator = None if self.mode == "bytes" else (lambda shard_id, size, meta: None)
@@ -144,7 +145,7 @@ class SimRun:
         return [self.b if d == "a->b" else self.a for d in self.directions]
 
     def _finished(self) -> bool:
-        return all(len(e.received) >= len(self.shard_sizes) for e in self._receivers())
+        return self._shards_pending == 0
 
     def _deliver_a(self, path_index: int, packet: object, now: float) -> None:
         self._deliver(self.a, path_index, packet, now)
@@ -185,6 +186,7 @@ class SimRun:
         for event in session.events():
             if isinstance(event, ShardReceived):
                 endpoint.received.append(event)
+                self._shards_pending -= 1
         links = self.network.forward if endpoint is self.a else self.network.reverse
         sealer = endpoint.sealer
         for tx in session.poll_transmit(now):

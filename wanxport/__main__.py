@@ -1,0 +1,3 @@
+from wanxport.cli import main
+import sys
+sys.exit(main())

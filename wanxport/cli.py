@@ -1,0 +1,152 @@
+"""The ``wanxport`` command.
+
+Usage errors (bad arguments, a bad scenario file) print one line and exit 2;
+they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from wanxport import __version__
+from wanxport.units import format_rate, format_size, parse_size
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A mistake the user can fix; reported as one line with exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0 bytes")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError("must be between 0 and 2^63-1")
+    return value
+
+
+# -- sim ---------------------------------------------------------------------
+
+
+def _add_sim(sub: Any) -> None:
+    from wanxport.core.cc import available_congestion_controls
+    from wanxport.core.scheduler import available_schedulers
+
+    p = sub.add_parser("sim", help="run a scenario's transfer in the simulator (virtual time)",
+                       description="Run a scenario's transfer between two simulated gateways in "
+                                   "virtual time and print a summary or a run report.")
+    p.add_argument("scenario", metavar="SCENARIO.toml", help="scenario file (DESIGN.md section 4)")
+    p.add_argument("--size", type=_size, help="payload bytes per direction, e.g. 1GiB "
+                                              "(default: the scenario's [transfer] size)")
+    p.add_argument("--seed", type=_seed, help="randomness of loss and jitter (default: the scenario's)")
+    p.add_argument("--quantum", type=_size, metavar="BYTES",
+                   help="simulate packets of this payload size instead of the MTU, so very large "
+                        "scenarios finish quickly (implies --payload virtual)")
+    p.add_argument("--payload", choices=("auto", "bytes", "virtual"), default="auto",
+                   help="bytes: real data sealed with AES-GCM and checked byte for byte; virtual: "
+                        "sizes only (auto: bytes up to 256 MiB)")
+    p.add_argument("--cc", choices=available_congestion_controls(), default="bbr",
+                   help="congestion controller (default bbr)")
+    p.add_argument("--scheduler", choices=available_schedulers(), default="earliest-arrival")
+    p.add_argument("--deadline", type=float, metavar="S",
+                   help="give up after S virtual seconds (default max(60, 20 x ideal))")
+    p.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
+    p.set_defaults(func=_run_sim)
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    from wanxport.report import dumps
+    from wanxport.sim.runner import SimOptions, simulate
+    from wanxport.sim.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    if args.quantum is not None and args.payload == "bytes":
+        raise UsageError("--quantum simulates aggregate packets and needs --payload virtual or auto")
+    if args.deadline is not None and not args.deadline > 0:
+        raise UsageError("--deadline must be more than 0 seconds")
+    options = SimOptions(size_bytes=args.size, seed=args.seed, quantum=args.quantum,
+                         payload_mode="virtual" if args.quantum else args.payload,
+                         congestion_control=args.cc, scheduler=args.scheduler, deadline_s=args.deadline)
+    report = simulate(scenario, options)
+    if args.json:
+        print(dumps(report))
+    else:
+        print(_summary(report))
+    return 0 if report["intact"] else 1
+
+
+def _summary(report: dict[str, Any]) -> str:
+    lines = [
+        f"scenario {report['scenario']} ({report['mode']}, {report['transport']}, cc {report.get('cc')}, "
+        f"payload {report.get('payload_mode')}, seed {report.get('seed')})",
+        f"moved    {format_size(report['payload_bytes'])} in {report['completion_s']:.3f} s "
+        f"(ideal {report['ideal_s']:.3f} s, efficiency {report['efficiency']:.3f})"
+        if report["ideal_s"] and report["efficiency"] else
+        f"moved    {format_size(report['payload_bytes'])} in {report['completion_s']:.3f} s",
+        f"goodput  {format_rate(report['goodput_bps'])}   intact {'yes' if report['intact'] else 'NO'}   "
+        f"wall {report['wall_s']:.2f} s",
+        "",
+        f"{'path':<20} {'payload':>12} {'retransmit':>12} {'srtt':>9}  state",
+    ]
+    for path in report["paths"]:
+        srtt = f"{path['srtt_s'] * 1000:.1f} ms" if path["srtt_s"] is not None else "-"
+        lines.append(f"{path['name']:<20} {format_size(path['payload_bytes']):>12} "
+                     f"{format_size(path['retransmitted_bytes']):>12} {srtt:>9}  {path['state']}")
+    return "\n".join(lines)
+
+
+# -- entry point -------------------------------------------------------------
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_sim]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="wanxport", description="Multipath WAN transport for training shards.")
+    parser.add_argument("--version", action="version", version=f"wanxport {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.func(args)
+        return result
+    except UsageError as exc:
+        print(f"wanxport {args.command}: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("wanxport: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
