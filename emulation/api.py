@@ -1,0 +1,232 @@
+"""The Python API of the emulation, used by the CLI and by experiment runners.
+
+    from emulation.api import Emulation
+    with Emulation(load_scenario("s.toml"), backend=None) as emu:   # None: netem if present
+        emu.namespaces            # {"a": "wx-...-a", "b": "wx-...-b"}
+        emu.paths                 # [PathInfo(name, a_addr, b_addr, ifname)]
+        server = emu.popen("b", ["iperf3", "-s"])
+        emu.start_events()        # events timeline starts now (send at the first byte)
+        emu.run("a", ["ping", "-c", "3", emu.paths[0].b_addr])
+
+``Emulation.attach(scenario)`` gives the same object for a scenario that an
+earlier ``python -m emulation up`` built, so a runner can use either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from emulation import hostenv, topology
+from emulation.errors import EmulationError
+from emulation.naming import Plan, plan
+from emulation.params import path_timeline
+from wanxport.sim.scenario import Scenario
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("netem", "engine")
+READY_TIMEOUT_S = 20.0
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    """What a runner needs of one path: its addresses and the gateway interface."""
+
+    name: str
+    a_addr: str
+    b_addr: str
+    ifname: str
+
+
+def choose_backend(requested: str | None) -> str:
+    """``requested`` if given, else netem when the kernel has it, else the engine."""
+    if requested is not None:
+        if requested not in BACKENDS:
+            raise EmulationError(f"--backend: unknown backend {requested!r}; valid: netem, engine")
+        if requested == "netem":
+            from emulation.netem import netem_available
+
+            if not netem_available():
+                raise EmulationError(
+                    "--backend netem: this kernel has no netem qdisc (sch_netem); "
+                    "use --backend engine or load the module (modprobe sch_netem)"
+                )
+        return requested
+    from emulation.netem import netem_available
+
+    return "netem" if netem_available() else "engine"
+
+
+def check_namespaces_supported() -> None:
+    """One clear line when the kernel or the container forbids network namespaces."""
+    if not os.path.exists("/proc/self/ns/net"):
+        raise EmulationError("this kernel has no network namespace support (CONFIG_NET_NS)")
+
+
+class Emulation:
+    """One scenario's namespaces, links and impairment daemon."""
+
+    def __init__(self, scenario: Scenario, backend: str | None = None) -> None:
+        self.scenario = scenario
+        self.plan: Plan = plan(scenario)
+        self.requested_backend = backend
+        self.backend: str | None = None
+        self._daemon: subprocess.Popen[bytes] | None = None
+
+    # -- facts ------------------------------------------------------------
+
+    @property
+    def namespaces(self) -> dict[str, str]:
+        return {"a": self.plan.ns_a, "b": self.plan.ns_b}
+
+    @property
+    def paths(self) -> list[PathInfo]:
+        return [PathInfo(p.name, p.a_addr, p.b_addr, p.gw_ifname) for p in self.plan.paths]
+
+    def describe(self) -> dict[str, Any]:
+        """The ``up --json`` document."""
+        return {
+            "namespaces": self.namespaces,
+            "backend": self.backend,
+            "paths": [{"name": p.name, "a_addr": p.a_addr, "b_addr": p.b_addr}
+                      for p in self.paths],
+        }
+
+    def is_up(self) -> bool:
+        return bool(topology.existing_namespaces(self.plan.namespaces))
+
+    # -- life cycle -------------------------------------------------------
+
+    def up(self) -> None:
+        """Build everything; on any failure remove what this call built, then raise."""
+        hostenv.require_root()
+        check_namespaces_supported()
+        hostenv.require_tool("ethtool")
+        if self.is_up():
+            raise EmulationError(
+                f"scenario {self.scenario.name!r} is already up (namespace {self.plan.ns_a}); "
+                f"run 'python -m emulation down' on it first"
+            )
+        backend = choose_backend(self.requested_backend)
+        try:
+            os.makedirs(self.plan.state_dir, exist_ok=True)
+            topology.build(self.plan, bridge=backend == "netem")
+            self._start_daemon(backend)
+            self.backend = backend
+            with open(f"{self.plan.state_dir}/state.json", "w") as fh:
+                json.dump(self.describe(), fh)
+        except BaseException:
+            self.down()
+            raise
+        log.info("up: %s with %s", self.scenario.name, backend)
+
+    @classmethod
+    def attach(cls, scenario: Scenario) -> Emulation:
+        """An ``Emulation`` for a scenario already up (built by another process)."""
+        emu = cls(scenario)
+        try:
+            with open(f"{emu.plan.state_dir}/state.json") as fh:
+                emu.backend = json.load(fh)["backend"]
+        except (OSError, ValueError, KeyError):
+            raise EmulationError(
+                f"scenario {scenario.name!r} is not up; run 'python -m emulation up' first"
+            ) from None
+        return emu
+
+    def down(self) -> list[str]:
+        """Remove every namespace, link and process of the scenario; returns what was removed."""
+        removed = topology.teardown(self.plan)
+        if self._daemon is not None:
+            self._daemon.wait()  # our child: reap it (teardown already stopped it)
+            self._daemon = None
+        return removed
+
+    def __enter__(self) -> Emulation:
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def _spec(self, backend: str) -> dict[str, Any]:
+        return {
+            "backend": backend,
+            "netns": self.plan.ns_mid,
+            "seed": self.scenario.seed,
+            "paths": [
+                {"name": spec.name, "if_a": p.mid_a_ifname, "if_b": p.mid_b_ifname,
+                 **path_timeline(spec)}
+                for spec, p in zip(self.scenario.paths, self.plan.paths, strict=True)
+            ],
+        }
+
+    def _start_daemon(self, backend: str) -> None:
+        state = self.plan.state_dir
+        with open(f"{state}/spec.json", "w") as fh:
+            json.dump(self._spec(backend), fh)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+        read_fd, write_fd = os.pipe()
+        with open(f"{state}/engine.log", "ab") as logf:
+            self._daemon = subprocess.Popen(
+                [sys.executable, "-m", "emulation.engine", "--spec", f"{state}/spec.json",
+                 "--ready-fd", str(write_fd), "--pidfile", f"{state}/engine.pid",
+                 "--stats", f"{state}/stats.json"],
+                pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                start_new_session=True, env=env,
+            )
+        os.close(write_fd)
+        try:
+            ready = select.select([read_fd], [], [], READY_TIMEOUT_S)[0]
+            line = os.read(read_fd, 64) if ready else b""
+        finally:
+            os.close(read_fd)
+        if line.strip() != b"ready":
+            tail = Path(f"{state}/engine.log").read_text(errors="replace").strip().splitlines()
+            raise EmulationError(
+                f"the {backend} daemon did not start: {tail[-1] if tail else 'no output'} "
+                f"(log: {state}/engine.log)"
+            )
+
+    # -- use --------------------------------------------------------------
+
+    def _ns(self, side: str) -> str:
+        names = {"a": self.plan.ns_a, "b": self.plan.ns_b}
+        if side not in names:
+            raise ValueError(f"side must be 'a' or 'b', got {side!r}")
+        return names[side]
+
+    def popen(self, side: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` in gateway ``side`` ("a" or "b")."""
+        return hostenv.popen_in(self._ns(side), argv, **kwargs)
+
+    def run(self, side: str, argv: Sequence[str], timeout: float = 60.0,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in gateway ``side`` to completion, capturing its output."""
+        return hostenv.run_in(self._ns(side), argv, timeout=timeout, check=check)
+
+    def _daemon_pid(self) -> int:
+        try:
+            with open(f"{self.plan.state_dir}/engine.pid") as fh:
+                return int(fh.read().strip())
+        except (OSError, ValueError):
+            raise EmulationError(f"scenario {self.scenario.name!r} has no running daemon") from None
+
+    def start_events(self) -> None:
+        """Start (or restart) the events timeline now: call at the transfer's first byte."""
+        os.kill(self._daemon_pid(), signal.SIGUSR1)
+
+    def stats_path(self) -> str:
+        """Where the daemon writes its per-path counters (on SIGUSR2 and at exit)."""
+        return f"{self.plan.state_dir}/stats.json"

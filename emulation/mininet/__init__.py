@@ -1,0 +1,1 @@
+"""Mininet integration: ``wan.py`` (custom topology) and an example experiment."""

@@ -1,0 +1,129 @@
+"""Build and remove the namespaces and links of a scenario (pyroute2, netlink only).
+
+Per scenario: gateway namespaces ``<prefix>-a`` and ``<prefix>-b`` and a middle
+namespace ``<prefix>-m``. Path k is a veth pair ``wan<k>`` (in a) <-> ``a<k>``
+(in m) and a pair ``b<k>`` (in m) <-> ``wan<k>`` (in b). The middle joins
+``a<k>`` and ``b<k>``: the engine forwards between them, or, for netem, a Linux
+bridge ``br<k>`` does, with netem on the egress of ``b<k>`` (a->b) and ``a<k>``
+(b->a). So the gateways' own qdiscs stay free for the transport under test,
+and every kind of IP traffic crosses the same impaired path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shutil
+import signal
+from collections.abc import Iterable
+
+from pyroute2 import NetNS, netns
+
+from emulation.hostenv import NETNS_RUN_DIR, disable_offloads
+from emulation.naming import Plan
+
+log = logging.getLogger(__name__)
+
+
+def existing_namespaces(names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that exist now."""
+    return [n for n in names if os.path.exists(f"{NETNS_RUN_DIR}/{n}")]
+
+
+def build(plan: Plan, bridge: bool) -> None:
+    """Create namespaces, veths, addresses; with ``bridge``, join each path in the middle.
+
+    On failure the caller removes what exists (``teardown``); every name here is
+    derived from the plan, so nothing can be missed.
+    """
+    for name in plan.namespaces:
+        netns.create(name)
+    with NetNS(plan.ns_mid) as mid, NetNS(plan.ns_a) as nsa, NetNS(plan.ns_b) as nsb:
+        for ipr in (mid, nsa, nsb):
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        for p in plan.paths:
+            for mid_if, gw_ns, gw in (
+                (p.mid_a_ifname, plan.ns_a, nsa),
+                (p.mid_b_ifname, plan.ns_b, nsb),
+            ):
+                mid.link("add", ifname=mid_if, kind="veth", peer=p.gw_ifname)
+                peer = mid.link_lookup(ifname=p.gw_ifname)[0]
+                mid.link("set", index=peer, net_ns_fd=gw_ns)
+                index = mid.link_lookup(ifname=mid_if)[0]
+                mid.link("set", index=index, mtu=p.mtu, state="up")
+                gw_index = gw.link_lookup(ifname=p.gw_ifname)[0]
+                gw.link("set", index=gw_index, mtu=p.mtu, state="up")
+            nsa.addr("add", index=nsa.link_lookup(ifname=p.gw_ifname)[0], address=p.a_addr,
+                     prefixlen=30)
+            nsb.addr("add", index=nsb.link_lookup(ifname=p.gw_ifname)[0], address=p.b_addr,
+                     prefixlen=30)
+            if bridge:
+                br = f"br{p.index}"
+                mid.link("add", ifname=br, kind="bridge")
+                br_index = mid.link_lookup(ifname=br)[0]
+                for mid_if in (p.mid_a_ifname, p.mid_b_ifname):
+                    mid.link("set", index=mid.link_lookup(ifname=mid_if)[0], master=br_index)
+                mid.link("set", index=br_index, state="up")
+    for p in plan.paths:
+        disable_offloads(plan.ns_a, p.gw_ifname)
+        disable_offloads(plan.ns_b, p.gw_ifname)
+        disable_offloads(plan.ns_mid, p.mid_a_ifname)
+        disable_offloads(plan.ns_mid, p.mid_b_ifname)
+    log.info("built %s: %d paths", plan.prefix, len(plan.paths))
+
+
+def netns_pids(name: str) -> list[int]:
+    """Processes whose network namespace is ``name``."""
+    try:
+        target = os.stat(f"{NETNS_RUN_DIR}/{name}").st_ino
+    except FileNotFoundError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/net").st_ino == target:
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def terminate(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM ``pid``, wait for it to exit (pidfd, no polling), SIGKILL if it does not."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+            try:
+                signal.pidfd_send_signal(fd, sig)
+            except ProcessLookupError:
+                return
+            if select.select([fd], [], [], wait)[0]:
+                return
+        log.warning("process %d did not exit after SIGKILL", pid)
+    finally:
+        os.close(fd)
+
+
+def teardown(plan: Plan) -> list[str]:
+    """Stop every process in the scenario's namespaces, delete them and the state dir.
+
+    Deleting a namespace deletes its veths; a namespace still used by a process
+    would outlive its name, which is why processes go first. Returns what was removed.
+    """
+    removed = []
+    for name in existing_namespaces(plan.namespaces):
+        for pid in netns_pids(name):
+            terminate(pid)
+            removed.append(f"process {pid}")
+        netns.remove(name)
+        removed.append(f"namespace {name}")
+    if os.path.isdir(plan.state_dir):
+        shutil.rmtree(plan.state_dir, ignore_errors=True)
+        removed.append(f"state {plan.state_dir}")
+    return removed

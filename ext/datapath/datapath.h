@@ -1,0 +1,123 @@
+/*
+ * Shared declarations of the native data path (wanxport._native).
+ *
+ * The module is split by responsibility: aead.c (Protector: per-datagram
+ * AEAD), packet.c (segmentation + single control datagrams), receiver.c
+ * (open, validate, replay-check and place a batch), pacer.c (timed sender
+ * thread), udpio.c (batched receive). module.c ties them together.
+ */
+#ifndef WANXPORT_DATAPATH_H
+#define WANXPORT_DATAPATH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <openssl/evp.h>
+
+/* Wire format v1 constants (docs/wire-format.md). */
+#define WX_HEADER_LEN 16
+#define WX_MARKER 0x21
+#define WX_FLAG_KEY_PHASE 0x01
+#define WX_TAG_LEN 16
+#define WX_NONCE_LEN 12
+#define WX_KEY_LEN 32
+#define WX_FRAME_DATA 0x01
+#define WX_DATA_FRAME_HEADER_LEN 15 /* type u8, shard u32, offset u64, len u16 */
+#define WX_MAX_OFFSET (((uint64_t)1) << 62)
+#define WX_MAX_PN ((((uint64_t)1) << 62) - 1)
+#define WX_MAX_UDP_PAYLOAD 65507
+
+/* One descriptor of a datagram inside a batch buffer: three native int64s.
+ * recv_batch() produces these and Receiver.process() consumes them, so a
+ * received batch reaches the receiver without per-datagram Python objects. */
+typedef struct {
+    int64_t offset;
+    int64_t length;
+    int64_t rx_time_ns;
+} WxDesc;
+
+/* One placed DATA datagram, as returned by Receiver.process(): 32 bytes,
+ * native byte order; wanxport/wire/native.py gives the matching numpy dtype. */
+typedef struct {
+    uint64_t pn;
+    uint64_t offset;
+    int64_t rx_time_ns;
+    uint32_t shard_id;
+    uint16_t path_id;
+    uint16_t length;
+} WxRecord;
+
+static inline void wx_put_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+static inline void wx_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (24 - 8 * i));
+}
+static inline void wx_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+static inline uint16_t wx_get_u16(const uint8_t *p) {
+    return (uint16_t)((p[0] << 8) | p[1]);
+}
+static inline uint32_t wx_get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v = (v << 8) | p[i];
+    return v;
+}
+static inline uint64_t wx_get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- aead.c ---------------------------------------------------------- */
+
+enum wx_cipher_kind { WX_CIPHER_NULL = 0, WX_CIPHER_AES_GCM = 1, WX_CIPHER_CHACHA = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    size_t tag_len;
+    uint8_t iv[WX_NONCE_LEN];
+    EVP_CIPHER_CTX *enc;
+    EVP_CIPHER_CTX *dec;
+    /* The contexts are stateful; the GIL is released while they are used,
+     * so each seal/open holds this mutex. */
+    pthread_mutex_t lock;
+} WxProtector;
+
+extern PyTypeObject WxProtector_Type;
+
+/* The Protector behind obj, or NULL with TypeError/ValueError naming `name`. */
+WxProtector *wx_as_protector(PyObject *obj, const char *name);
+
+/* Seal header (AAD) + the concatenation of pt1 and pt2 into out, which
+ * receives n1 + n2 ciphertext bytes followed by the tag. Caller holds
+ * p->lock. Returns 0 on success, -1 on an OpenSSL failure. */
+int wx_seal(WxProtector *p, const uint8_t *header, const uint8_t *pt1, size_t n1,
+            const uint8_t *pt2, size_t n2, uint8_t *out);
+/* Open ct (n bytes including the tag) into out (n - tag_len bytes). Caller
+ * holds p->lock and guarantees n >= tag_len. Returns 0 if authentic. */
+int wx_open(WxProtector *p, const uint8_t *header, const uint8_t *ct, size_t n, uint8_t *out);
+
+/* ---- packet.c / receiver.c / pacer.c / udpio.c ------------------------- */
+
+extern PyTypeObject WxReceiver_Type;
+extern PyTypeObject WxPacer_Type;
+
+PyObject *wx_seal_packet(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *wx_open_packet(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *wx_seal_batch(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *wx_open_batch(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *wx_build_data_datagrams(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *wx_enable_timestamps(PyObject *self, PyObject *args);
+PyObject *wx_enable_gro(PyObject *self, PyObject *args);
+
+/* Parse an int argument into [lo, hi] or raise ValueError naming it. */
+int wx_int_in_range(PyObject *obj, const char *name, long long lo, long long hi, long long *out);
+
+#endif

@@ -1,0 +1,66 @@
+/*
+ * wanxport._native: the per-datagram work of the data path in C.
+ *
+ * Python decides per burst and per acknowledgement batch; this module does
+ * what has to happen per datagram (segment, seal, open, replay-check, place,
+ * pace, send, receive) over whole batches with the GIL released.
+ */
+#include "datapath.h"
+
+static PyMethodDef module_methods[] = {
+    {"seal_packet", (PyCFunction)(void (*)(void))wx_seal_packet, METH_VARARGS | METH_KEYWORDS,
+     "seal_packet(protector, header, plaintext) -> bytes: the sealed datagram."},
+    {"open_packet", (PyCFunction)(void (*)(void))wx_open_packet, METH_VARARGS | METH_KEYWORDS,
+     "open_packet(protector, datagram) -> bytes | None: the plaintext, None if not authentic."},
+    {"seal_batch", (PyCFunction)(void (*)(void))wx_seal_batch, METH_VARARGS | METH_KEYWORDS,
+     "seal_batch(protector, packets: [(header, plaintext)]) -> list[bytes]."},
+    {"open_batch", (PyCFunction)(void (*)(void))wx_open_batch, METH_VARARGS | METH_KEYWORDS,
+     "open_batch(protector, datagrams) -> list[bytes | None]."},
+    {"build_data_datagrams", (PyCFunction)(void (*)(void))wx_build_data_datagrams,
+     METH_VARARGS | METH_KEYWORDS,
+     "build_data_datagrams(protector, conn_id, path_id, first_pn, key_phase, shard_id, "
+     "shard_buffer, offset, length, max_payload) -> (bytearray, stride, count)."},
+    {"recv_batch", (PyCFunction)(void (*)(void))wx_recv_batch, METH_VARARGS | METH_KEYWORDS,
+     "recv_batch(fd, buffer, max_datagrams, want_addrs=False) -> "
+     "(count, descriptors: bytes, addrs | None, truncated)."},
+    {"enable_timestamps", (PyCFunction)wx_enable_timestamps, METH_VARARGS,
+     "enable_timestamps(fd): ask the kernel for SO_TIMESTAMPNS receive timestamps."},
+    {"enable_gro", (PyCFunction)wx_enable_gro, METH_VARARGS,
+     "enable_gro(fd) -> bool: turn on UDP GRO if the kernel supports it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "wanxport._native",
+    .m_doc = "Native data path: AEAD, segmentation, receive placement, pacer, batched UDP I/O.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+static int add_type(PyObject *m, PyTypeObject *t, const char *name) {
+    if (PyType_Ready(t) < 0) return -1;
+    Py_INCREF(t);
+    if (PyModule_AddObject(m, name, (PyObject *)t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL) return NULL;
+    if (add_type(m, &WxProtector_Type, "Protector") < 0 ||
+        add_type(m, &WxReceiver_Type, "Receiver") < 0 || add_type(m, &WxPacer_Type, "Pacer") < 0 ||
+        PyModule_AddIntConstant(m, "HEADER_LEN", WX_HEADER_LEN) < 0 ||
+        PyModule_AddIntConstant(m, "TAG_LEN", WX_TAG_LEN) < 0 ||
+        PyModule_AddIntConstant(m, "DATA_FRAME_HEADER_LEN", WX_DATA_FRAME_HEADER_LEN) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_SIZE", sizeof(WxRecord)) < 0 ||
+        PyModule_AddIntConstant(m, "DESC_SIZE", sizeof(WxDesc)) < 0 ||
+        PyModule_AddIntConstant(m, "REPLAY_WINDOW", 4096) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,548 @@
+/*
+ * Receiver: open, validate, replay-check and place a batch of datagrams.
+ *
+ * This is the receive half of the data path that runs without Python per
+ * datagram: a DATA datagram for a registered shard is copied straight to its
+ * absolute offset (no reorder buffer) and its byte range merged into the
+ * shard's received-ranges set. Everything else that authenticates goes back
+ * to Python as plaintext. Nothing reaches a shard buffer, and no replay
+ * state changes, unless the datagram authenticated.
+ */
+#include "datapath.h"
+
+#define WX_REPLAY_BITS 4096
+
+enum {
+    C_REJ_SHORT,
+    C_REJ_MARKER,
+    C_REJ_PATH,
+    C_REJ_CONN,
+    C_REJ_KEY,
+    C_REJ_AUTH,
+    C_REJ_REPLAY,
+    C_REJ_FRAME,
+    C_ACC_DATA,
+    C_ACC_CONTROL,
+    C_OPEN_PHASE0,
+    C_OPEN_PHASE1,
+    C_COUNT,
+};
+static const char *counter_names[C_COUNT] = {
+    "rejected_short",   "rejected_marker", "rejected_path", "rejected_conn",
+    "rejected_key",     "rejected_auth",   "rejected_replay", "rejected_frame",
+    "accepted_data",    "accepted_control", "opened_phase0", "opened_phase1",
+};
+
+/* Highest accepted packet number plus a ring bitmap of the 4096 numbers
+ * ending at it: bit (pn % 4096) is set when pn was accepted. */
+typedef struct {
+    uint64_t hi;
+    int has_hi;
+    uint64_t bits[WX_REPLAY_BITS / 64];
+} Replay;
+
+typedef struct {
+    uint64_t start, end;
+} Range;
+
+typedef struct {
+    uint32_t id;
+    Py_buffer view;
+    Range *ranges; /* sorted, disjoint, not touching */
+    size_t n, cap;
+    uint64_t received;
+} Shard;
+
+typedef struct {
+    PyObject_HEAD
+    uint32_t conn_id;
+    int n_paths;
+    int busy; /* set (under the GIL) while process() runs without it */
+    WxProtector *keys[2];
+    Replay *replay;
+    Shard **shards; /* sorted by id */
+    size_t n_shards, cap_shards;
+    uint64_t counters[C_COUNT];
+} Receiver;
+
+static int replay_fresh(const Replay *r, uint64_t pn) {
+    if (!r->has_hi || pn > r->hi) return 1;
+    if (r->hi - pn >= WX_REPLAY_BITS) return 0;
+    uint64_t b = pn % WX_REPLAY_BITS;
+    return !((r->bits[b / 64] >> (b % 64)) & 1);
+}
+
+static void replay_mark(Replay *r, uint64_t pn) {
+    if (!r->has_hi || pn > r->hi) {
+        if (!r->has_hi || pn - r->hi >= WX_REPLAY_BITS) {
+            memset(r->bits, 0, sizeof r->bits);
+        } else {
+            for (uint64_t k = r->hi + 1; k <= pn; k++) {
+                uint64_t b = k % WX_REPLAY_BITS;
+                r->bits[b / 64] &= ~((uint64_t)1 << (b % 64));
+            }
+        }
+        r->hi = pn;
+        r->has_hi = 1;
+    }
+    uint64_t b = pn % WX_REPLAY_BITS;
+    r->bits[b / 64] |= (uint64_t)1 << (b % 64);
+}
+
+/* Merge [a, b) into the shard's ranges. Returns -1 only if out of memory.
+ * Runs without the GIL, hence the raw allocator. */
+static int ranges_add(Shard *s, uint64_t a, uint64_t b) {
+    Range *r = s->ranges;
+    size_t n = s->n;
+    if (a >= b) return 0;
+    if (n && r[n - 1].end == a) { /* in-order arrival: the common case */
+        r[n - 1].end = b;
+        s->received += b - a;
+        return 0;
+    }
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (r[mid].end < a) lo = mid + 1;
+        else hi = mid;
+    }
+    size_t i = lo;
+    if (i == n || r[i].start > b) {
+        if (n == s->cap) {
+            size_t cap = s->cap ? s->cap * 2 : 8;
+            Range *nr = PyMem_RawRealloc(s->ranges, cap * sizeof(Range));
+            if (nr == NULL) return -1;
+            s->ranges = r = nr;
+            s->cap = cap;
+        }
+        memmove(r + i + 1, r + i, (n - i) * sizeof(Range));
+        r[i].start = a;
+        r[i].end = b;
+        s->n = n + 1;
+        s->received += b - a;
+        return 0;
+    }
+    uint64_t ns = r[i].start < a ? r[i].start : a, ne = b, covered = 0;
+    size_t j = i;
+    while (j < n && r[j].start <= b) {
+        covered += r[j].end - r[j].start;
+        if (r[j].end > ne) ne = r[j].end;
+        j++;
+    }
+    s->received += (ne - ns) - covered;
+    r[i].start = ns;
+    r[i].end = ne;
+    memmove(r + i + 1, r + j, (n - j) * sizeof(Range));
+    s->n = n - (j - i - 1);
+    return 0;
+}
+
+static Shard *find_shard(const Receiver *self, uint32_t id, size_t *pos) {
+    size_t lo = 0, hi = self->n_shards;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (self->shards[mid]->id < id) lo = mid + 1;
+        else hi = mid;
+    }
+    if (pos) *pos = lo;
+    return lo < self->n_shards && self->shards[lo]->id == id ? self->shards[lo] : NULL;
+}
+
+static int check_idle(Receiver *self) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Receiver.process() is running in another thread");
+        return -1;
+    }
+    return 0;
+}
+
+static int Receiver_init(Receiver *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"conn_id", "n_paths", NULL};
+    PyObject *o_conn, *o_paths;
+    long long conn_id, n_paths;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:Receiver", kwlist, &o_conn, &o_paths))
+        return -1;
+    if (wx_int_in_range(o_conn, "conn_id", 0, 0xFFFFFFFFLL, &conn_id) ||
+        wx_int_in_range(o_paths, "n_paths", 1, 65536, &n_paths))
+        return -1;
+    if (self->replay != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Receiver is already initialised");
+        return -1;
+    }
+    self->replay = PyMem_Calloc((size_t)n_paths, sizeof(Replay));
+    if (self->replay == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->conn_id = (uint32_t)conn_id;
+    self->n_paths = (int)n_paths;
+    return 0;
+}
+
+static void shard_free(Shard *s) {
+    PyBuffer_Release(&s->view);
+    PyMem_RawFree(s->ranges);
+    PyMem_Free(s);
+}
+
+static void Receiver_dealloc(Receiver *self) {
+    for (size_t i = 0; i < self->n_shards; i++) shard_free(self->shards[i]);
+    PyMem_Free(self->shards);
+    PyMem_Free(self->replay);
+    Py_XDECREF(self->keys[0]);
+    Py_XDECREF(self->keys[1]);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int ready(Receiver *self) {
+    if (self->replay == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Receiver was not initialised");
+        return -1;
+    }
+    return check_idle(self);
+}
+
+static PyObject *Receiver_set_key(Receiver *self, PyObject *args) {
+    PyObject *o_phase, *o_key;
+    long long phase;
+    if (!PyArg_ParseTuple(args, "OO:set_key", &o_phase, &o_key)) return NULL;
+    if (ready(self) || wx_int_in_range(o_phase, "phase", 0, 1, &phase)) return NULL;
+    WxProtector *key = NULL;
+    if (o_key != Py_None) {
+        key = wx_as_protector(o_key, "protector");
+        if (key == NULL) return NULL;
+        Py_INCREF(key);
+    }
+    Py_XSETREF(self->keys[phase], key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Receiver_add_shard(Receiver *self, PyObject *args) {
+    PyObject *o_id, *o_buf;
+    long long id;
+    size_t pos;
+    if (!PyArg_ParseTuple(args, "OO:add_shard", &o_id, &o_buf)) return NULL;
+    if (ready(self) || wx_int_in_range(o_id, "shard_id", 0, 0xFFFFFFFFLL, &id)) return NULL;
+    if (find_shard(self, (uint32_t)id, &pos)) {
+        PyErr_Format(PyExc_ValueError, "shard_id: %lld is already registered", id);
+        return NULL;
+    }
+    Shard *s = PyMem_Calloc(1, sizeof(Shard));
+    if (s == NULL) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(o_buf, &s->view, PyBUF_WRITABLE) != 0) {
+        PyMem_Free(s);
+        return NULL;
+    }
+    s->id = (uint32_t)id;
+    if (self->n_shards == self->cap_shards) {
+        size_t cap = self->cap_shards ? self->cap_shards * 2 : 8;
+        Shard **ns = PyMem_Realloc(self->shards, cap * sizeof(Shard *));
+        if (ns == NULL) {
+            shard_free(s);
+            return PyErr_NoMemory();
+        }
+        self->shards = ns;
+        self->cap_shards = cap;
+    }
+    memmove(self->shards + pos + 1, self->shards + pos, (self->n_shards - pos) * sizeof(Shard *));
+    self->shards[pos] = s;
+    self->n_shards++;
+    Py_RETURN_NONE;
+}
+
+static Shard *shard_arg(Receiver *self, PyObject *o_id, size_t *pos) {
+    long long id;
+    if (wx_int_in_range(o_id, "shard_id", 0, 0xFFFFFFFFLL, &id)) return NULL;
+    Shard *s = find_shard(self, (uint32_t)id, pos);
+    if (s == NULL) PyErr_Format(PyExc_KeyError, "shard_id %lld is not registered", id);
+    return s;
+}
+
+static PyObject *Receiver_remove_shard(Receiver *self, PyObject *o_id) {
+    size_t pos;
+    if (ready(self)) return NULL;
+    Shard *s = shard_arg(self, o_id, &pos);
+    if (s == NULL) return NULL;
+    memmove(self->shards + pos, self->shards + pos + 1,
+            (self->n_shards - pos - 1) * sizeof(Shard *));
+    self->n_shards--;
+    shard_free(s);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Receiver_ranges(Receiver *self, PyObject *o_id) {
+    if (ready(self)) return NULL;
+    Shard *s = shard_arg(self, o_id, NULL);
+    if (s == NULL) return NULL;
+    PyObject *list = PyList_New((Py_ssize_t)s->n);
+    if (list == NULL) return NULL;
+    for (size_t i = 0; i < s->n; i++) {
+        PyObject *t = Py_BuildValue("(KK)", (unsigned long long)s->ranges[i].start,
+                                    (unsigned long long)s->ranges[i].end);
+        if (t == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    return list;
+}
+
+static PyObject *Receiver_received_bytes(Receiver *self, PyObject *o_id) {
+    if (ready(self)) return NULL;
+    Shard *s = shard_arg(self, o_id, NULL);
+    return s ? PyLong_FromUnsignedLongLong(s->received) : NULL;
+}
+
+static PyObject *Receiver_is_complete(Receiver *self, PyObject *o_id) {
+    if (ready(self)) return NULL;
+    Shard *s = shard_arg(self, o_id, NULL);
+    return s ? PyBool_FromLong(s->received == (uint64_t)s->view.len) : NULL;
+}
+
+static PyObject *Receiver_highest_pn(Receiver *self, PyObject *o_path) {
+    long long path;
+    if (ready(self) || wx_int_in_range(o_path, "path_id", 0, self->n_paths - 1, &path))
+        return NULL;
+    const Replay *r = &self->replay[path];
+    if (!r->has_hi) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(r->hi);
+}
+
+static PyObject *Receiver_get_counters(Receiver *self, void *closure) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (int i = 0; i < C_COUNT; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(self->counters[i]);
+        if (v == NULL || PyDict_SetItemString(d, counter_names[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+/* A control datagram found during the GIL-free loop; turned into a Python
+ * tuple afterwards. */
+typedef struct {
+    uint64_t pn;
+    int64_t rx_time_ns;
+    size_t pt_offset, pt_len;
+    uint16_t path_id;
+} Control;
+
+/* The per-datagram pipeline, in the order of the reference
+ * (wanxport/wire/datapath.py PacketOpener): header checks, replay check
+ * (cheap, before any crypto), open, then placement. The replay window
+ * records the pn only once the datagram authenticated and was accepted.
+ * Returns 1 if a record was written, 2 if a control entry was written,
+ * 0 if the datagram was dropped (and counted). */
+static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
+                       uint8_t *scratch, WxRecord *rec, Control *ctl) {
+    if (len < WX_HEADER_LEN || len > WX_MAX_UDP_PAYLOAD) {
+        self->counters[C_REJ_SHORT]++;
+        return 0;
+    }
+    uint64_t pn = wx_get_u64(d + 8);
+    if (d[0] != WX_MARKER || (d[1] & ~WX_FLAG_KEY_PHASE) != 0 || pn > WX_MAX_PN) {
+        self->counters[C_REJ_MARKER]++;
+        return 0;
+    }
+    if (wx_get_u32(d + 4) != self->conn_id) {
+        self->counters[C_REJ_CONN]++;
+        return 0;
+    }
+    uint16_t path = wx_get_u16(d + 2);
+    if (path >= self->n_paths) {
+        self->counters[C_REJ_PATH]++;
+        return 0;
+    }
+    int phase = d[1] & WX_FLAG_KEY_PHASE;
+    WxProtector *key = self->keys[phase];
+    if (key == NULL) {
+        self->counters[C_REJ_KEY]++;
+        return 0;
+    }
+    if (len < WX_HEADER_LEN + key->tag_len) {
+        self->counters[C_REJ_SHORT]++;
+        return 0;
+    }
+    Replay *rp = &self->replay[path];
+    if (!replay_fresh(rp, pn)) {
+        self->counters[C_REJ_REPLAY]++;
+        return 0;
+    }
+    size_t pt_len = len - WX_HEADER_LEN - key->tag_len;
+    pthread_mutex_lock(&key->lock);
+    int rc = wx_open(key, d, d + WX_HEADER_LEN, len - WX_HEADER_LEN, scratch);
+    pthread_mutex_unlock(&key->lock);
+    if (rc != 0) {
+        self->counters[C_REJ_AUTH]++;
+        return 0;
+    }
+    self->counters[phase ? C_OPEN_PHASE1 : C_OPEN_PHASE0]++;
+    if (pt_len >= WX_DATA_FRAME_HEADER_LEN && scratch[0] == WX_FRAME_DATA) {
+        uint32_t shard_id = wx_get_u32(scratch + 1);
+        uint64_t off = wx_get_u64(scratch + 5);
+        uint16_t dlen = wx_get_u16(scratch + 13);
+        if (WX_DATA_FRAME_HEADER_LEN + (size_t)dlen > pt_len || off > WX_MAX_OFFSET ||
+            dlen > WX_MAX_OFFSET - off) {
+            self->counters[C_REJ_FRAME]++; /* runs past the payload or past 2^62 */
+            return 0;
+        }
+        Shard *s = WX_DATA_FRAME_HEADER_LEN + (size_t)dlen == pt_len
+                       ? find_shard(self, shard_id, NULL)
+                       : NULL;
+        if (s != NULL) {
+            if (off > (uint64_t)s->view.len || dlen > (uint64_t)s->view.len - off ||
+                ranges_add(s, off, off + dlen) != 0) {
+                self->counters[C_REJ_FRAME]++;
+                return 0;
+            }
+            replay_mark(rp, pn);
+            memcpy((uint8_t *)s->view.buf + off, scratch + WX_DATA_FRAME_HEADER_LEN, dlen);
+            rec->pn = pn;
+            rec->offset = off;
+            rec->rx_time_ns = rx;
+            rec->shard_id = shard_id;
+            rec->path_id = path;
+            rec->length = dlen;
+            self->counters[C_ACC_DATA]++;
+            return 1;
+        }
+    }
+    replay_mark(rp, pn);
+    ctl->pn = pn;
+    ctl->rx_time_ns = rx;
+    ctl->pt_len = pt_len;
+    ctl->path_id = path;
+    self->counters[C_ACC_CONTROL]++;
+    return 2;
+}
+
+static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"buffer", "descriptors", NULL};
+    Py_buffer buf = {0}, desc = {0};
+    PyObject *records = NULL, *controls = NULL, *res = NULL;
+    uint8_t *scratch = NULL;
+    Control *ctls = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*:process", kwlist, &buf, &desc))
+        return NULL;
+    if (ready(self)) goto done;
+    if (desc.len % (Py_ssize_t)sizeof(WxDesc) != 0) {
+        PyErr_Format(PyExc_ValueError, "descriptors: length %zd is not a multiple of %zu",
+                     desc.len, sizeof(WxDesc));
+        goto done;
+    }
+    Py_ssize_t n = desc.len / (Py_ssize_t)sizeof(WxDesc);
+    WxDesc *dv = PyMem_Malloc((n ? n : 1) * sizeof(WxDesc));
+    if (dv == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(dv, desc.buf, n * sizeof(WxDesc)); /* the source may be unaligned */
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (dv[i].offset < 0 || dv[i].length < 0 || dv[i].offset > buf.len ||
+            dv[i].length > buf.len - dv[i].offset) {
+            PyErr_Format(PyExc_ValueError,
+                         "descriptors[%zd]: offset %lld length %lld outside the %zd-byte buffer",
+                         i, (long long)dv[i].offset, (long long)dv[i].length, buf.len);
+            PyMem_Free(dv);
+            goto done;
+        }
+        total += (size_t)dv[i].length;
+    }
+    records = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(WxRecord));
+    scratch = PyMem_Malloc(total ? total : 1);
+    ctls = PyMem_Malloc((n ? n : 1) * sizeof(Control));
+    if (records == NULL || scratch == NULL || ctls == NULL) {
+        if (records != NULL) PyErr_NoMemory();
+        PyMem_Free(dv);
+        goto done;
+    }
+    Py_ssize_t n_rec = 0, n_ctl = 0;
+    WxRecord *rec = (WxRecord *)PyBytes_AS_STRING(records);
+    self->busy = 1; /* keys and shards cannot change until the loop ends */
+    Py_BEGIN_ALLOW_THREADS
+    size_t scratch_off = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *d = (const uint8_t *)buf.buf + dv[i].offset;
+        Control *c = &ctls[n_ctl];
+        int r = process_one(self, d, (size_t)dv[i].length, dv[i].rx_time_ns,
+                            scratch + scratch_off, &rec[n_rec], c);
+        if (r == 1) {
+            n_rec++;
+        } else if (r == 2) {
+            c->pt_offset = scratch_off;
+            scratch_off += c->pt_len;
+            n_ctl++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyMem_Free(dv);
+    if (_PyBytes_Resize(&records, n_rec * (Py_ssize_t)sizeof(WxRecord)) < 0) goto done;
+    controls = PyList_New(n_ctl);
+    if (controls == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n_ctl; i++) {
+        PyObject *t = Py_BuildValue("(HKy#L)", ctls[i].path_id, (unsigned long long)ctls[i].pn,
+                                    (const char *)scratch + ctls[i].pt_offset,
+                                    (Py_ssize_t)ctls[i].pt_len, (long long)ctls[i].rx_time_ns);
+        if (t == NULL) goto done;
+        PyList_SET_ITEM(controls, i, t);
+    }
+    res = PyTuple_Pack(2, records, controls);
+done:
+    Py_XDECREF(records);
+    Py_XDECREF(controls);
+    PyMem_Free(scratch);
+    PyMem_Free(ctls);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&desc);
+    return res;
+}
+
+static PyObject *Receiver_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    return type->tp_alloc(type, 0);
+}
+
+static PyMethodDef Receiver_methods[] = {
+    {"set_key", (PyCFunction)Receiver_set_key, METH_VARARGS,
+     "set_key(phase, protector | None): the key that opens datagrams of key phase 0 or 1."},
+    {"add_shard", (PyCFunction)Receiver_add_shard, METH_VARARGS,
+     "add_shard(shard_id, writable_buffer): DATA for this shard is placed into the buffer."},
+    {"remove_shard", (PyCFunction)Receiver_remove_shard, METH_O,
+     "remove_shard(shard_id): stop placing; releases the buffer."},
+    {"ranges", (PyCFunction)Receiver_ranges, METH_O,
+     "ranges(shard_id) -> list[(start, end)]: received byte ranges, sorted and merged."},
+    {"received_bytes", (PyCFunction)Receiver_received_bytes, METH_O,
+     "received_bytes(shard_id) -> int: distinct bytes received."},
+    {"is_complete", (PyCFunction)Receiver_is_complete, METH_O,
+     "is_complete(shard_id) -> bool: every byte of the buffer received."},
+    {"highest_pn", (PyCFunction)Receiver_highest_pn, METH_O,
+     "highest_pn(path_id) -> int | None: highest authenticated packet number."},
+    {"process", (PyCFunction)(void (*)(void))Receiver_process, METH_VARARGS | METH_KEYWORDS,
+     "process(buffer, descriptors) -> (records: bytes, controls: list[(path_id, pn, "
+     "plaintext, rx_time_ns)])"},
+    {NULL},
+};
+
+static PyGetSetDef Receiver_getset[] = {
+    {"counters", (getter)Receiver_get_counters, NULL, "dict of drop/accept counters", NULL},
+    {NULL},
+};
+
+PyTypeObject WxReceiver_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wanxport._native.Receiver",
+    .tp_basicsize = sizeof(Receiver),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Receiver(conn_id, n_paths): opens, validates and places batches of datagrams.",
+    .tp_new = Receiver_new,
+    .tp_init = (initproc)Receiver_init,
+    .tp_dealloc = (destructor)Receiver_dealloc,
+    .tp_methods = Receiver_methods,
+    .tp_getset = Receiver_getset,
+};

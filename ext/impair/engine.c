@@ -1,0 +1,730 @@
+/*
+ * emulation._engine: a link-impairment engine for hosts whose kernel has no
+ * sch_netem.
+ *
+ * The engine forwards frames between pairs of file descriptors (AF_PACKET
+ * sockets bound to the two veth ends of an emulated path, or any datagram
+ * sockets in tests).  Each direction of a path has its own parameters and
+ * state: loss (i.i.d. or Gilbert-Elliott), a down flag (blackhole), a
+ * bottleneck of `rate_bps` with a drop-tail queue of `queue_bytes`, one-way
+ * delay with normal jitter, and optional reordering.  Every admitted packet
+ * gets a release time; one thread keeps all packets of all paths in a binary
+ * heap ordered by (release time, arrival sequence) and sends each when due.
+ *
+ * The per-packet decision (`imp_admit`) is a pure function of the direction's
+ * state, the arrival time and the packet length, so it is exposed for tests in
+ * virtual time (`Engine.admit`) and used unchanged by the forwarding loop.
+ *
+ * `run()` releases the GIL; `set_params()` and `stop()` may be called from
+ * another thread while it runs (a mutex guards pending parameter changes and an
+ * eventfd wakes the loop).
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BATCH 64
+#define MAX_DIRS 2048
+
+enum { ADMIT_OK = 0, DROP_LOSS, DROP_QUEUE, DROP_DOWN };
+static const char *const DROP_NAMES[] = {"ok", "loss", "queue", "down"};
+
+typedef struct {
+    double rate_bps;    /* bottleneck rate; <= 0 means unlimited */
+    double delay_s;     /* one-way base delay */
+    double jitter_s;    /* standard deviation of the normal jitter */
+    int reorder;        /* 0: a packet never overtakes an earlier one */
+    double queue_bytes; /* drop-tail buffer in front of the bottleneck */
+    double loss;        /* i.i.d. loss probability (when ge == 0) */
+    int ge;             /* 1: Gilbert-Elliott loss instead of `loss` */
+    double ge_p, ge_r, ge_loss_bad, ge_loss_good;
+    int down; /* blackhole */
+} imp_params;
+
+typedef struct {
+    uint64_t rx_packets, rx_bytes, tx_packets, tx_bytes;
+    uint64_t drop_loss, drop_queue, drop_down, drop_nomem, drop_oversize, drop_txerr;
+} imp_counters;
+
+typedef struct {
+    imp_params p;
+    uint64_t rng;
+    int ge_bad;
+    int have_spare;
+    double spare_normal;
+    double tx_free_at;     /* when the bottleneck finishes the last admitted packet */
+    double last_departure; /* release time of the latest admitted packet */
+    imp_counters c;
+} imp_dir;
+
+/* ---- randomness: xorshift64* seeded through splitmix64 ---- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(imp_dir *d) {
+    uint64_t x = d->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    d->rng = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * 0x1.0p-53;
+}
+
+/* Box-Muller; the second value of each pair is kept for the next call. */
+static double rng_normal(imp_dir *d) {
+    if (d->have_spare) {
+        d->have_spare = 0;
+        return d->spare_normal;
+    }
+    double u1, u2;
+    do {
+        u1 = rng_uniform(d);
+    } while (u1 <= 0.0);
+    u2 = rng_uniform(d);
+    double mag = sqrt(-2.0 * log(u1));
+    d->spare_normal = mag * sin(2.0 * M_PI * u2);
+    d->have_spare = 1;
+    return mag * cos(2.0 * M_PI * u2);
+}
+
+static void dir_seed(imp_dir *d, uint64_t seed, int index) {
+    uint64_t s = seed ^ ((uint64_t)(index + 1) * 0xD1B54A32D192ED03ULL);
+    d->rng = splitmix64(&s);
+    if (d->rng == 0)
+        d->rng = 0x9E3779B97F4A7C15ULL;
+}
+
+/* ---- the per-packet decision ---- */
+
+static int lose_packet(imp_dir *d) {
+    const imp_params *p = &d->p;
+    if (!p->ge)
+        return p->loss > 0.0 && rng_uniform(d) < p->loss;
+    /* Like netem's gemodel: the loss draw uses the state the packet found,
+       then the chain steps once. */
+    double lp = d->ge_bad ? p->ge_loss_bad : p->ge_loss_good;
+    int lost = lp > 0.0 && rng_uniform(d) < lp;
+    if (d->ge_bad) {
+        if (rng_uniform(d) < p->ge_r)
+            d->ge_bad = 0;
+    } else if (rng_uniform(d) < p->ge_p) {
+        d->ge_bad = 1;
+    }
+    return lost;
+}
+
+/* Decide the fate of a packet of `len` bytes arriving at `now` (seconds);
+   on ADMIT_OK, *departure is its release time. */
+static int imp_admit(imp_dir *d, double now, double len, double *departure) {
+    const imp_params *p = &d->p;
+    if (p->down)
+        return DROP_DOWN;
+    if (lose_packet(d))
+        return DROP_LOSS;
+    double done = now;
+    if (p->rate_bps > 0.0) {
+        double backlog = d->tx_free_at > now ? (d->tx_free_at - now) * p->rate_bps / 8.0 : 0.0;
+        if (backlog > 0.0 && backlog + len > p->queue_bytes + 0.5) /* 0.5: float rounding */
+            return DROP_QUEUE;
+        double start = d->tx_free_at > now ? d->tx_free_at : now;
+        done = start + len * 8.0 / p->rate_bps;
+        d->tx_free_at = done;
+    }
+    double delay = p->delay_s;
+    if (p->jitter_s > 0.0) {
+        delay += p->jitter_s * rng_normal(d);
+        if (delay < 0.0)
+            delay = 0.0;
+    }
+    double dep = done + delay;
+    if (!p->reorder && dep < d->last_departure)
+        dep = d->last_departure;
+    if (dep > d->last_departure)
+        d->last_departure = dep;
+    *departure = dep;
+    return ADMIT_OK;
+}
+
+/* ---- packets and the release heap ---- */
+
+typedef struct pkt {
+    struct pkt *next_free;
+    double dep;
+    uint64_t seq;
+    uint32_t len;
+    uint16_t dir;
+    unsigned char data[];
+} pkt;
+
+static int pkt_before(const pkt *a, const pkt *b) {
+    return a->dep < b->dep || (a->dep == b->dep && a->seq < b->seq);
+}
+
+typedef struct {
+    PyObject_HEAD
+    int ndirs;
+    imp_dir dirs[MAX_DIRS];
+    int rx_fd[MAX_DIRS];
+    int tx_fd[MAX_DIRS];
+    imp_params pending[MAX_DIRS];
+    int pending_set[MAX_DIRS];
+    atomic_int any_pending;
+    pthread_mutex_t mu;
+    atomic_int stop_flag;
+    atomic_int running;
+    int efd;
+    uint64_t seed;
+    size_t header_bytes;
+    size_t frame_bytes;
+    size_t max_packets;
+    size_t allocated;
+    pkt *free_list;
+    pkt **heap;
+    size_t heap_len, heap_cap;
+    uint64_t seq;
+} Engine;
+
+static pkt *pkt_get(Engine *e) {
+    pkt *k = e->free_list;
+    if (k) {
+        e->free_list = k->next_free;
+        return k;
+    }
+    if (e->allocated >= e->max_packets)
+        return NULL;
+    k = malloc(sizeof(pkt) + e->frame_bytes);
+    if (k)
+        e->allocated++;
+    return k;
+}
+
+static void pkt_put(Engine *e, pkt *k) {
+    k->next_free = e->free_list;
+    e->free_list = k;
+}
+
+static int heap_push(Engine *e, pkt *k) {
+    if (e->heap_len == e->heap_cap) {
+        size_t cap = e->heap_cap ? e->heap_cap * 2 : 1024;
+        pkt **h = realloc(e->heap, cap * sizeof(pkt *));
+        if (!h)
+            return -1;
+        e->heap = h;
+        e->heap_cap = cap;
+    }
+    size_t i = e->heap_len++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!pkt_before(k, e->heap[parent]))
+            break;
+        e->heap[i] = e->heap[parent];
+        i = parent;
+    }
+    e->heap[i] = k;
+    return 0;
+}
+
+static pkt *heap_pop(Engine *e) {
+    pkt *top = e->heap[0];
+    pkt *last = e->heap[--e->heap_len];
+    size_t i = 0, n = e->heap_len;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const pkt *mk = last;
+        if (l < n && pkt_before(e->heap[l], mk)) {
+            m = l;
+            mk = e->heap[l];
+        }
+        if (r < n && pkt_before(e->heap[r], mk))
+            m = r;
+        if (m == i)
+            break;
+        e->heap[i] = e->heap[m];
+        i = m;
+    }
+    if (n)
+        e->heap[i] = last;
+    return top;
+}
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- parameters from Python ---- */
+
+static int get_double(PyObject *kw, const char *key, double dflt, double *out) {
+    PyObject *v = kw ? PyDict_GetItemString(kw, key) : NULL;
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    *out = PyFloat_AsDouble(v);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int get_bool(PyObject *kw, const char *key, int *out) {
+    PyObject *v = kw ? PyDict_GetItemString(kw, key) : NULL;
+    if (!v) {
+        *out = 0;
+        return 0;
+    }
+    int b = PyObject_IsTrue(v);
+    if (b < 0)
+        return -1;
+    *out = b;
+    return 0;
+}
+
+static const char *const PARAM_KEYS[] = {
+    "rate_bps", "delay_s", "jitter_s", "reorder", "queue_bytes", "loss", "ge",
+    "ge_p", "ge_r", "ge_loss_bad", "ge_loss_good", "down", NULL};
+
+static int parse_params(PyObject *kw, imp_params *p) {
+    if (kw) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kw, &pos, &key, &value)) {
+            const char *k = PyUnicode_AsUTF8(key);
+            if (!k)
+                return -1;
+            int known = 0;
+            for (int i = 0; PARAM_KEYS[i]; i++)
+                known |= strcmp(k, PARAM_KEYS[i]) == 0;
+            if (!known) {
+                PyErr_Format(PyExc_TypeError, "unknown impairment parameter %R", key);
+                return -1;
+            }
+        }
+    }
+    if (get_double(kw, "rate_bps", 0.0, &p->rate_bps) || get_double(kw, "delay_s", 0.0, &p->delay_s) ||
+        get_double(kw, "jitter_s", 0.0, &p->jitter_s) || get_bool(kw, "reorder", &p->reorder) ||
+        get_double(kw, "queue_bytes", 0.0, &p->queue_bytes) || get_double(kw, "loss", 0.0, &p->loss) ||
+        get_bool(kw, "ge", &p->ge) || get_double(kw, "ge_p", 0.0, &p->ge_p) ||
+        get_double(kw, "ge_r", 1.0, &p->ge_r) || get_double(kw, "ge_loss_bad", 1.0, &p->ge_loss_bad) ||
+        get_double(kw, "ge_loss_good", 0.0, &p->ge_loss_good) || get_bool(kw, "down", &p->down))
+        return -1;
+    if (p->delay_s < 0 || p->jitter_s < 0 || p->queue_bytes < 0 || p->loss < 0 || p->loss > 1) {
+        PyErr_SetString(PyExc_ValueError, "delay, jitter and queue must be >= 0 and loss in [0, 1]");
+        return -1;
+    }
+    return 0;
+}
+
+static int check_index(Engine *e, int idx) {
+    if (idx < 0 || idx >= e->ndirs) {
+        PyErr_Format(PyExc_IndexError, "no direction %d (have %d)", idx, e->ndirs);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the Engine type ---- */
+
+static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"seed", "header_bytes", "frame_bytes", "max_memory_bytes", NULL};
+    unsigned long long seed = 0;
+    Py_ssize_t header = 14, frame = 2048, max_mem = 512 << 20;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Knnn", kwlist, &seed, &header, &frame, &max_mem))
+        return -1;
+    if (header < 0 || frame < 64 || frame > 65536 || max_mem < frame) {
+        PyErr_SetString(PyExc_ValueError, "need header_bytes >= 0, 64 <= frame_bytes <= 65536");
+        return -1;
+    }
+    e->seed = seed;
+    e->header_bytes = (size_t)header;
+    e->frame_bytes = (size_t)frame;
+    e->max_packets = (size_t)max_mem / ((size_t)frame + sizeof(pkt));
+    e->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (e->efd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    return 0;
+}
+
+static void Engine_dealloc(Engine *e) {
+    while (e->heap_len)
+        pkt_put(e, heap_pop(e));
+    free(e->heap);
+    while (e->free_list) {
+        pkt *k = e->free_list;
+        e->free_list = k->next_free;
+        free(k);
+    }
+    if (e->efd > 0)
+        close(e->efd);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *Engine_add_direction(Engine *e, PyObject *args, PyObject *kw) {
+    int rx, tx;
+    if (!PyArg_ParseTuple(args, "ii", &rx, &tx))
+        return NULL;
+    if (atomic_load(&e->running)) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot add a direction while running");
+        return NULL;
+    }
+    if (e->ndirs >= MAX_DIRS) {
+        PyErr_Format(PyExc_ValueError, "at most %d directions", MAX_DIRS);
+        return NULL;
+    }
+    for (int i = 0; i < e->ndirs; i++)
+        if (e->rx_fd[i] == rx) {
+            PyErr_Format(PyExc_ValueError, "fd %d already receives for direction %d", rx, i);
+            return NULL;
+        }
+    imp_dir *d = &e->dirs[e->ndirs];
+    memset(d, 0, sizeof(*d));
+    if (parse_params(kw, &d->p) < 0)
+        return NULL;
+    dir_seed(d, e->seed, e->ndirs);
+    e->rx_fd[e->ndirs] = rx;
+    e->tx_fd[e->ndirs] = tx;
+    return PyLong_FromLong(e->ndirs++);
+}
+
+static PyObject *Engine_set_params(Engine *e, PyObject *args, PyObject *kw) {
+    int idx;
+    imp_params p;
+    memset(&p, 0, sizeof(p));
+    if (!PyArg_ParseTuple(args, "i", &idx) || check_index(e, idx) < 0 || parse_params(kw, &p) < 0)
+        return NULL;
+    pthread_mutex_lock(&e->mu);
+    e->pending[idx] = p;
+    e->pending_set[idx] = 1;
+    atomic_store(&e->any_pending, 1);
+    pthread_mutex_unlock(&e->mu);
+    if (!atomic_load(&e->running)) {
+        e->dirs[idx].p = p;
+        e->pending_set[idx] = 0;
+    } else {
+        uint64_t one = 1;
+        (void)!write(e->efd, &one, sizeof(one));
+    }
+    Py_RETURN_NONE;
+}
+
+static void apply_pending(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->ndirs; i++)
+        if (e->pending_set[i]) {
+            e->dirs[i].p = e->pending[i];
+            e->pending_set[i] = 0;
+        }
+    atomic_store(&e->any_pending, 0);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static PyObject *Engine_admit(Engine *e, PyObject *args) {
+    int idx;
+    double now, len, dep = 0.0;
+    if (!PyArg_ParseTuple(args, "idd", &idx, &now, &len) || check_index(e, idx) < 0)
+        return NULL;
+    if (atomic_load(&e->running)) {
+        PyErr_SetString(PyExc_RuntimeError, "admit() is for virtual time; the engine is running");
+        return NULL;
+    }
+    int r = imp_admit(&e->dirs[idx], now, len, &dep);
+    if (r != ADMIT_OK)
+        return Py_BuildValue("(Os)", Py_None, DROP_NAMES[r]);
+    return Py_BuildValue("(ds)", dep, DROP_NAMES[r]);
+}
+
+static PyObject *Engine_stats(Engine *e, PyObject *args) {
+    int idx;
+    if (!PyArg_ParseTuple(args, "i", &idx) || check_index(e, idx) < 0)
+        return NULL;
+    const imp_counters *c = &e->dirs[idx].c;
+    return Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsKsK}", "rx_packets", c->rx_packets, "rx_bytes", c->rx_bytes,
+        "tx_packets", c->tx_packets, "tx_bytes", c->tx_bytes, "drop_loss", c->drop_loss,
+        "drop_queue", c->drop_queue, "drop_down", c->drop_down, "drop_nomem", c->drop_nomem,
+        "drop_oversize", c->drop_oversize, "drop_txerr", c->drop_txerr);
+}
+
+static PyObject *Engine_stop(Engine *e, PyObject *unused) {
+    atomic_store(&e->stop_flag, 1);
+    uint64_t one = 1;
+    (void)!write(e->efd, &one, sizeof(one));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_now(PyObject *unused_self, PyObject *unused) {
+    return PyFloat_FromDouble(mono_now());
+}
+
+/* ---- the forwarding loop ---- */
+
+typedef struct {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    pkt *pkts[BATCH];
+    int n;
+} txbatch;
+
+static void tx_flush(Engine *e, int dir, txbatch *b) {
+    int off = 0;
+    while (off < b->n) {
+        int sent = sendmmsg(e->tx_fd[dir], b->msgs + off, (unsigned)(b->n - off), MSG_DONTWAIT);
+        if (sent <= 0) {
+            if (sent < 0 && errno == EINTR)
+                continue;
+            /* A full or failing transmit queue drops what is left, counted. */
+            e->dirs[dir].c.drop_txerr += (uint64_t)(b->n - off);
+            break;
+        }
+        for (int i = off; i < off + sent; i++) {
+            e->dirs[dir].c.tx_packets++;
+            e->dirs[dir].c.tx_bytes += b->pkts[i]->len;
+        }
+        off += sent;
+    }
+    for (int i = 0; i < b->n; i++)
+        pkt_put(e, b->pkts[i]);
+    b->n = 0;
+}
+
+static void release_due(Engine *e, txbatch *tx, double now) {
+    int touched[MAX_DIRS];
+    int ntouched = 0;
+    while (e->heap_len && e->heap[0]->dep <= now) {
+        pkt *k = heap_pop(e);
+        txbatch *b = &tx[k->dir];
+        if (b->n == 0)
+            touched[ntouched++] = k->dir;
+        b->iov[b->n].iov_base = k->data;
+        b->iov[b->n].iov_len = k->len;
+        memset(&b->msgs[b->n].msg_hdr, 0, sizeof(struct msghdr));
+        b->msgs[b->n].msg_hdr.msg_iov = &b->iov[b->n];
+        b->msgs[b->n].msg_hdr.msg_iovlen = 1;
+        b->pkts[b->n++] = k;
+        if (b->n == BATCH)
+            tx_flush(e, k->dir, b);
+    }
+    for (int i = 0; i < ntouched; i++)
+        if (tx[touched[i]].n)
+            tx_flush(e, touched[i], &tx[touched[i]]);
+}
+
+/* Receive one batch on direction `dir`; returns the number of frames read,
+   0 when the socket is drained, -1 on a fatal error (errno set). */
+static int rx_batch(Engine *e, int dir) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    pkt *bufs[BATCH];
+    int n = 0;
+    while (n < BATCH && (bufs[n] = pkt_get(e)) != NULL) {
+        iov[n].iov_base = bufs[n]->data;
+        iov[n].iov_len = e->frame_bytes;
+        memset(&msgs[n].msg_hdr, 0, sizeof(struct msghdr));
+        msgs[n].msg_hdr.msg_iov = &iov[n];
+        msgs[n].msg_hdr.msg_iovlen = 1;
+        n++;
+    }
+    imp_dir *d = &e->dirs[dir];
+    if (n == 0) {
+        /* Out of packet memory: read one frame into a scratch buffer and count it. */
+        unsigned char scratch[64];
+        ssize_t r = recv(e->rx_fd[dir], scratch, sizeof(scratch), MSG_DONTWAIT | MSG_TRUNC);
+        if (r < 0)
+            return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        d->c.rx_packets++;
+        d->c.drop_nomem++;
+        return 1;
+    }
+    int got = recvmmsg(e->rx_fd[dir], msgs, (unsigned)n, MSG_DONTWAIT, NULL);
+    int err = errno;
+    double now = mono_now();
+    for (int i = 0; i < (got > 0 ? got : 0); i++) {
+        pkt *k = bufs[i];
+        bufs[i] = NULL;
+        uint32_t len = msgs[i].msg_len;
+        d->c.rx_packets++;
+        d->c.rx_bytes += len;
+        if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
+            d->c.drop_oversize++;
+            pkt_put(e, k);
+            continue;
+        }
+        double l3 = len > e->header_bytes ? (double)(len - e->header_bytes) : 0.0;
+        double dep;
+        int r = imp_admit(d, now, l3, &dep);
+        if (r != ADMIT_OK) {
+            if (r == DROP_LOSS)
+                d->c.drop_loss++;
+            else if (r == DROP_QUEUE)
+                d->c.drop_queue++;
+            else
+                d->c.drop_down++;
+            pkt_put(e, k);
+            continue;
+        }
+        k->dep = dep;
+        k->seq = e->seq++;
+        k->len = len;
+        k->dir = (uint16_t)dir;
+        if (heap_push(e, k) < 0) {
+            d->c.drop_nomem++;
+            pkt_put(e, k);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (bufs[i])
+            pkt_put(e, bufs[i]);
+    if (got < 0)
+        return (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) ? 0 : (errno = err, -1);
+    return got;
+}
+
+static PyObject *Engine_run(Engine *e, PyObject *unused) {
+    if (atomic_exchange(&e->running, 1)) {
+        PyErr_SetString(PyExc_RuntimeError, "engine already running");
+        return NULL;
+    }
+    atomic_store(&e->stop_flag, 0);
+    txbatch *tx = calloc((size_t)(e->ndirs ? e->ndirs : 1), sizeof(txbatch));
+    struct pollfd *pfds = calloc((size_t)e->ndirs + 1, sizeof(struct pollfd));
+    if (!tx || !pfds) {
+        free(tx);
+        free(pfds);
+        atomic_store(&e->running, 0);
+        return PyErr_NoMemory();
+    }
+    for (int i = 0; i < e->ndirs; i++) {
+        pfds[i].fd = e->rx_fd[i];
+        pfds[i].events = POLLIN;
+    }
+    pfds[e->ndirs].fd = e->efd;
+    pfds[e->ndirs].events = POLLIN;
+    int fatal_errno = 0;
+
+    Py_BEGIN_ALLOW_THREADS
+    /* The default 50 us timer slack would add up to 50 us to every release. */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    while (!atomic_load(&e->stop_flag)) {
+        if (atomic_load(&e->any_pending))
+            apply_pending(e);
+        double now = mono_now();
+        release_due(e, tx, now);
+        struct timespec ts, *tsp = NULL;
+        if (e->heap_len) {
+            double wait = e->heap[0]->dep - mono_now();
+            if (wait < 0)
+                wait = 0;
+            ts.tv_sec = (time_t)wait;
+            ts.tv_nsec = (long)((wait - (double)ts.tv_sec) * 1e9);
+            tsp = &ts;
+        }
+        int ready = ppoll(pfds, (nfds_t)e->ndirs + 1, tsp, NULL);
+        if (ready < 0) {
+            if (errno == EINTR)
+                continue;
+            fatal_errno = errno;
+            break;
+        }
+        if (pfds[e->ndirs].revents & POLLIN) {
+            uint64_t v;
+            (void)!read(e->efd, &v, sizeof(v));
+        }
+        for (int i = 0; i < e->ndirs && !fatal_errno; i++) {
+            if (pfds[i].revents & (POLLERR | POLLNVAL)) {
+                fatal_errno = pfds[i].revents & POLLNVAL ? EBADF : EIO;
+                break;
+            }
+            if (!(pfds[i].revents & POLLIN))
+                continue;
+            /* A bounded number of batches per wake-up keeps releases on time. */
+            for (int b = 0; b < 4; b++) {
+                int got = rx_batch(e, i);
+                if (got < 0) {
+                    fatal_errno = errno;
+                    break;
+                }
+                if (got < BATCH)
+                    break;
+            }
+        }
+        if (fatal_errno)
+            break;
+    }
+    Py_END_ALLOW_THREADS
+
+    free(tx);
+    free(pfds);
+    atomic_store(&e->running, 0);
+    if (fatal_errno) {
+        errno = fatal_errno;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_queued(Engine *e, PyObject *unused) {
+    return PyLong_FromSize_t(e->heap_len);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"add_direction", (PyCFunction)(void (*)(void))Engine_add_direction, METH_VARARGS | METH_KEYWORDS,
+     "add_direction(rx_fd, tx_fd, **params) -> index: forward frames read on rx_fd to tx_fd."},
+    {"set_params", (PyCFunction)(void (*)(void))Engine_set_params, METH_VARARGS | METH_KEYWORDS,
+     "set_params(index, **params): replace a direction's parameters (thread-safe)."},
+    {"admit", (PyCFunction)Engine_admit, METH_VARARGS,
+     "admit(index, now_s, length) -> (release_s | None, reason): one decision in virtual time."},
+    {"stats", (PyCFunction)Engine_stats, METH_VARARGS, "stats(index) -> dict of counters."},
+    {"run", (PyCFunction)Engine_run, METH_NOARGS, "Forward until stop(); releases the GIL."},
+    {"stop", (PyCFunction)Engine_stop, METH_NOARGS, "Ask run() to return (thread-safe)."},
+    {"queued", (PyCFunction)Engine_queued, METH_NOARGS, "Packets waiting for release."},
+    {"now", (PyCFunction)Engine_now, METH_NOARGS | METH_STATIC, "The engine's clock (CLOCK_MONOTONIC, s)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "emulation._engine.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Link-impairment engine: Engine(seed=0, header_bytes=14, frame_bytes=2048, max_memory_bytes=512MiB)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+};
+
+static struct PyModuleDef engine_module = {
+    PyModuleDef_HEAD_INIT, "_engine", "Native link-impairment engine (see ext/impair/engine.c).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__engine(void) {
+    if (PyType_Ready(&EngineType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&engine_module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,163 @@
+"""The native impairment engine: per-packet decisions in virtual time, and real forwarding.
+
+Virtual-time tests drive ``Engine.admit`` (the same function the forwarding loop
+uses) with chosen arrival times, so they are exact and seeded. The forwarding
+tests use AF_UNIX datagram UDP sockets on loopback (no root needed) and assert ordering,
+counts and that no packet leaves before its delay, never a speed.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from emulation._engine import Engine
+
+BASE = {"rate_bps": 100e6, "delay_s": 0.010, "queue_bytes": 125_000.0}
+
+
+def make(seed: int = 1, **params: object) -> Engine:
+    """An engine with one direction, for virtual time only (its fds are never used)."""
+    eng = Engine(seed=seed, header_bytes=0)
+    eng.add_direction(1000, 1001, **{**BASE, **params})
+    return eng
+
+
+def test_delay_and_serialisation_are_exact() -> None:
+    eng = make()
+    release, reason = eng.admit(0, 1.0, 1250)  # 1250 B at 100 Mb/s = 100 us
+    assert reason == "ok"
+    assert release == pytest.approx(1.0 + 100e-6 + 0.010)
+
+
+def test_back_to_back_packets_are_spaced_by_the_rate() -> None:
+    eng = make()
+    releases = [eng.admit(0, 0.0, 1250)[0] for _ in range(5)]
+    gaps = [b - a for a, b in zip(releases, releases[1:], strict=False)]
+    assert gaps == pytest.approx([100e-6] * 4)
+
+
+def test_drop_tail_queue_holds_queue_bytes() -> None:
+    eng = make(queue_bytes=12_500.0)  # ten 1250-byte packets
+    reasons = [eng.admit(0, 0.0, 1250)[1] for _ in range(12)]
+    assert reasons.count("ok") == 10
+    assert reasons[10:] == ["queue", "queue"]
+    # Once the queue drains, packets are admitted again.
+    assert eng.admit(0, 1.0, 1250)[1] == "ok"
+
+
+def test_iid_loss_rate_and_seed_determinism() -> None:
+    n, p = 20_000, 0.02
+
+    def losses(seed: int) -> list[int]:
+        eng = make(seed=seed, loss=p, rate_bps=1e12, queue_bytes=1e12)
+        return [i for i in range(n) if eng.admit(0, i * 1e-3, 100)[1] == "loss"]
+
+    first = losses(7)
+    assert first == losses(7)
+    assert first != losses(8)
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(len(first) / n - p) < 4 * sigma
+
+
+def test_gilbert_elliott_loss_is_bursty_with_stationary_rate() -> None:
+    n, gp, gr = 50_000, 0.01, 0.25
+    eng = make(seed=3, ge=True, ge_p=gp, ge_r=gr, ge_loss_bad=1.0, ge_loss_good=0.0,
+               rate_bps=1e12, queue_bytes=1e12)
+    lost = [eng.admit(0, i * 1e-3, 100)[1] == "loss" for i in range(n)]
+    stationary = gp / (gp + gr)
+    assert abs(sum(lost) / n - stationary) < 0.01
+    bursts = sum(1 for a, b in zip(lost, lost[1:], strict=False) if b and not a)
+    assert sum(lost) / bursts == pytest.approx(1 / gr, rel=0.15)  # mean burst length 1/r
+
+
+def test_jitter_without_reorder_never_overtakes() -> None:
+    eng = make(seed=5, jitter_s=0.005, rate_bps=1e12, queue_bytes=1e12)
+    releases = [eng.admit(0, i * 1e-4, 100)[0] for i in range(5000)]
+    assert all(b >= a for a, b in zip(releases, releases[1:], strict=False))
+
+
+def test_jitter_with_reorder_is_normal_and_reorders() -> None:
+    eng = make(seed=5, jitter_s=0.002, reorder=True, rate_bps=1e12, queue_bytes=1e12)
+    arrivals = [i * 1e-4 for i in range(20_000)]
+    delays = [eng.admit(0, t, 100)[0] - t for t in arrivals]
+    mean = sum(delays) / len(delays)
+    std = math.sqrt(sum((d - mean) ** 2 for d in delays) / len(delays))
+    assert mean == pytest.approx(0.010, abs=1e-4)
+    assert std == pytest.approx(0.002, rel=0.05)
+    releases = [t + d for t, d in zip(arrivals, delays, strict=True)]
+    assert any(b < a for a, b in zip(releases, releases[1:], strict=False))
+
+
+def test_jitter_never_makes_delay_negative() -> None:
+    eng = make(seed=2, delay_s=0.001, jitter_s=0.01, reorder=True, rate_bps=1e12,
+               queue_bytes=1e12)
+    assert all(eng.admit(0, 5.0, 100)[0] >= 5.0 for _ in range(2000))
+
+
+def test_down_drops_everything_and_set_params_restores() -> None:
+    eng = make(down=True)
+    assert {eng.admit(0, 0.0, 100)[1] for _ in range(50)} == {"down"}
+    eng.set_params(0, **BASE)
+    assert eng.admit(0, 1.0, 100)[1] == "ok"
+
+
+def test_unknown_parameter_is_refused() -> None:
+    eng = Engine(header_bytes=0)
+    with pytest.raises(TypeError, match="rate_mbps"):
+        eng.add_direction(0, 1, rate_mbps=5)
+    with pytest.raises(IndexError):
+        eng.admit(3, 0.0, 100)
+
+
+@pytest.fixture
+def forwarding() -> Iterator[tuple[Engine, socket.socket, socket.socket]]:
+    """An engine forwarding loopback UDP src -> eng_in ~> eng_out -> dst, stopped afterwards."""
+    def udp() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        return sock
+
+    src, eng_in, eng_out, dst = udp(), udp(), udp(), udp()
+    src.connect(eng_in.getsockname())
+    eng_out.connect(dst.getsockname())
+    eng = Engine(seed=11, header_bytes=0)
+    eng.add_direction(eng_in.fileno(), eng_out.fileno(), rate_bps=1e9, delay_s=0.005,
+                      jitter_s=0.001, queue_bytes=1e7, loss=0.1)
+    thread = threading.Thread(target=eng.run)
+    thread.start()
+    try:
+        yield eng, src, dst
+    finally:
+        eng.stop()
+        thread.join()
+        for s in (src, eng_in, eng_out, dst):
+            s.close()
+
+
+def test_forwarding_in_order_after_the_delay_with_counted_loss(
+    forwarding: tuple[Engine, socket.socket, socket.socket],
+) -> None:
+    eng, src, dst = forwarding
+    n = 150  # fits the default socket buffers, so only the engine drops
+    sent_at = {}
+    for i in range(n):
+        sent_at[i] = time.monotonic()
+        src.send(i.to_bytes(4, "big") + bytes(60))
+    dst.settimeout(2.0)
+    got: list[int] = []
+    while True:
+        stats = eng.stats(0)
+        if len(got) == stats["rx_packets"] - stats["drop_loss"] and stats["rx_packets"] == n:
+            break
+        seq = int.from_bytes(dst.recv(4096)[:4], "big")
+        assert time.monotonic() - sent_at[seq] >= 0.005  # never before its one-way delay
+        got.append(seq)
+    assert got == sorted(got)  # reorder = false
+    stats = eng.stats(0)
+    assert stats["tx_packets"] == len(got) == n - stats["drop_loss"]
+    assert 0 < stats["drop_loss"] < n // 4

@@ -1,0 +1,383 @@
+"""Typed wrapper of the native data path, ``wanxport._native`` (ext/datapath/*.c).
+
+Why a wrapper: the C module works on raw buffers and packed descriptor arrays
+so that no Python object is created per datagram; this module gives those
+buffers names, types and numpy views, and lets callers check
+``NATIVE_AVAILABLE`` (and print ``import_error``, one line) instead of
+failing on import when the extension was not built.
+
+The contract is the same as the pure-Python reference in
+``wanxport/wire/datapath.py``; ``tests/test_native_cross.py`` holds the two to
+identical bytes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+BUILD_HINT = "WANXPORT_ONLY_EXT=wanxport._native python setup.py build_ext --inplace"
+
+_native: Any
+try:
+    _native = importlib.import_module("wanxport._native")
+    NATIVE_AVAILABLE = True
+    import_error: str | None = None
+except ImportError as exc:  # the extension is optional at import time
+    _native = None
+    NATIVE_AVAILABLE = False
+    import_error = f"native data path unavailable ({exc}); build it with: {BUILD_HINT}"
+
+HEADER_LEN = 16
+TAG_LEN = 16
+DATA_FRAME_HEADER_LEN = 15
+REPLAY_WINDOW = 4096
+
+#: One placed DATA datagram (Receiver.process records), native byte order.
+RECORD_DTYPE = np.dtype(
+    [
+        ("pn", "=u8"),
+        ("offset", "=u8"),
+        ("rx_time_ns", "=i8"),
+        ("shard_id", "=u4"),
+        ("path_id", "=u2"),
+        ("length", "=u2"),
+    ]
+)
+#: One datagram inside a batch buffer (recv_batch output, Receiver.process input).
+DESC_DTYPE = np.dtype([("offset", "=i8"), ("length", "=i8"), ("rx_time_ns", "=i8")])
+
+Buffer = bytes | bytearray | memoryview
+FdLike = int | socket.socket
+
+
+def _require() -> Any:
+    if _native is None:
+        raise RuntimeError(import_error)
+    return _native
+
+
+class Protector:
+    """One AEAD key + IV (one direction, one key phase); OpenSSL state kept per key.
+
+    ``cipher`` is "aes-256-gcm", "chacha20-poly1305" or "none" (no tag, tests
+    and simulator only).
+    """
+
+    __slots__ = ("_c",)
+
+    def __init__(self, cipher: str, key: bytes, iv: bytes) -> None:
+        self._c = _require().Protector(cipher, key, iv)
+
+    @property
+    def cipher(self) -> str:
+        return str(self._c.cipher)
+
+    @property
+    def tag_len(self) -> int:
+        return int(self._c.tag_len)
+
+    def seal(self, header: Buffer, plaintext: Buffer) -> bytes:
+        """The whole datagram: header || ciphertext || tag."""
+        return bytes(_native.seal_packet(self._c, header, plaintext))
+
+    def open(self, datagram: Buffer) -> bytes | None:
+        """The plaintext payload, or None when the datagram does not authenticate."""
+        out: bytes | None = _native.open_packet(self._c, datagram)
+        return out
+
+    def seal_batch(self, packets: Sequence[tuple[Buffer, Buffer]]) -> list[bytes]:
+        out: list[bytes] = _native.seal_batch(self._c, packets)
+        return out
+
+    def open_batch(self, datagrams: Sequence[Buffer]) -> list[bytes | None]:
+        out: list[bytes | None] = _native.open_batch(self._c, datagrams)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DataBurst:
+    """Sealed DATA datagrams laid out at a fixed ``stride`` in one buffer.
+
+    Datagram i starts at ``i * stride``, carries packet number ``first_pn + i``
+    and shard bytes ``[offset + i * max_payload, ...)``; all are ``stride``
+    bytes long except the last, which may be shorter. That is exactly the
+    layout of one UDP GSO send, so the pacer takes it without re-packing.
+    """
+
+    buffer: bytearray
+    stride: int
+    count: int
+    first_pn: int
+    shard_id: int
+    offset: int
+    length: int
+    max_payload: int
+
+    def datagram(self, i: int) -> memoryview:
+        if not 0 <= i < self.count:
+            raise IndexError(f"datagram index {i} outside [0, {self.count})")
+        return memoryview(self.buffer)[i * self.stride : min((i + 1) * self.stride, len(self.buffer))]
+
+    def chunk(self, i: int) -> tuple[int, int, int]:
+        """(packet_number, shard offset, data length) of datagram i."""
+        start = i * self.max_payload
+        return self.first_pn + i, self.offset + start, min(self.max_payload, self.length - start)
+
+    def lengths(self) -> list[int]:
+        return [len(self.datagram(i)) for i in range(self.count)]
+
+
+def build_data_datagrams(
+    protector: Protector,
+    conn_id: int,
+    path_id: int,
+    first_pn: int,
+    key_phase: int,
+    shard_id: int,
+    shard_buffer: Buffer | npt.NDArray[Any],
+    offset: int,
+    length: int,
+    max_payload: int,
+) -> DataBurst:
+    """Cut ``shard_buffer[offset:offset+length]`` into sealed DATA datagrams."""
+    buf, stride, count = _require().build_data_datagrams(
+        protector._c,
+        conn_id,
+        path_id,
+        first_pn,
+        key_phase,
+        shard_id,
+        shard_buffer,
+        offset,
+        length,
+        max_payload,
+    )
+    return DataBurst(buf, stride, count, first_pn, shard_id, offset, length, max_payload)
+
+
+def seal_packet(protector: Protector, header: Buffer, plaintext: Buffer) -> bytes:
+    """Seal one control datagram (header as associated data)."""
+    return protector.seal(header, plaintext)
+
+
+def open_packet(protector: Protector, datagram: Buffer) -> bytes | None:
+    """Open one control datagram; None if it is too short or not authentic."""
+    return protector.open(datagram)
+
+
+@dataclass(frozen=True, slots=True)
+class DatagramBatch:
+    """Datagrams inside one buffer, each described by (offset, length, rx_time_ns)."""
+
+    buffer: Buffer
+    descriptors: bytes
+    count: int
+    addrs: list[tuple[str, int] | None] | None = None
+    truncated: int = 0
+
+    @property
+    def table(self) -> npt.NDArray[Any]:
+        return np.frombuffer(self.descriptors, dtype=DESC_DTYPE, count=self.count)
+
+    def datagram(self, i: int) -> memoryview:
+        row = self.table[i]
+        start = int(row["offset"])
+        return memoryview(self.buffer)[start : start + int(row["length"])]
+
+    @classmethod
+    def from_datagrams(cls, datagrams: Sequence[Buffer], rx_time_ns: int = 0) -> DatagramBatch:
+        """Pack datagrams back to back (for tests and for Python-side receive loops)."""
+        table = np.zeros(len(datagrams), dtype=DESC_DTYPE)
+        lengths = np.fromiter((len(d) for d in datagrams), dtype=np.int64, count=len(datagrams))
+        table["length"] = lengths
+        if len(datagrams):
+            table["offset"][1:] = np.cumsum(lengths)[:-1]
+        table["rx_time_ns"] = rx_time_ns
+        return cls(b"".join(datagrams), table.tobytes(), len(datagrams))
+
+
+def recv_batch(
+    fd: FdLike, buffer: bytearray | memoryview, max_datagrams: int, want_addrs: bool = False
+) -> DatagramBatch:
+    """Drain up to ``max_datagrams`` messages (non-blocking; an empty batch on EAGAIN).
+
+    ``buffer`` is split into ``max_datagrams`` equal slots; with UDP GRO each
+    slot should hold 64 KiB, and coalesced messages are split back into
+    datagrams (so ``count`` may exceed ``max_datagrams``). Timestamps are the
+    kernel's CLOCK_REALTIME receive times when enable_timestamps() was called.
+    """
+    count, desc, addrs, truncated = _require().recv_batch(fd, buffer, max_datagrams, want_addrs)
+    return DatagramBatch(buffer, desc, count, addrs, truncated)
+
+
+def enable_timestamps(fd: FdLike) -> None:
+    _require().enable_timestamps(fd)
+
+
+def enable_gro(fd: FdLike) -> bool:
+    """Turn on UDP GRO; False when the kernel does not support it."""
+    return bool(_require().enable_gro(fd))
+
+
+@dataclass(frozen=True, slots=True)
+class ControlDatagram:
+    """An authenticated datagram that is not a placeable DATA datagram: Python parses it."""
+
+    path_id: int
+    packet_number: int
+    plaintext: bytes
+    rx_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    records: npt.NDArray[Any]  # RECORD_DTYPE, one row per placed DATA datagram
+    controls: list[ControlDatagram]
+
+
+class Receiver:
+    """Opens, replay-checks and places batches of datagrams of one session direction."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn_id: int, n_paths: int) -> None:
+        self._c = _require().Receiver(conn_id, n_paths)
+
+    def set_key(self, phase: int, protector: Protector | None) -> None:
+        self._c.set_key(phase, None if protector is None else protector._c)
+
+    def add_shard(self, shard_id: int, buffer: bytearray | memoryview | npt.NDArray[Any]) -> None:
+        """Place DATA for ``shard_id`` into ``buffer`` (held until remove_shard)."""
+        self._c.add_shard(shard_id, buffer)
+
+    def remove_shard(self, shard_id: int) -> None:
+        self._c.remove_shard(shard_id)
+
+    def ranges(self, shard_id: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = self._c.ranges(shard_id)
+        return out
+
+    def received_bytes(self, shard_id: int) -> int:
+        return int(self._c.received_bytes(shard_id))
+
+    def is_complete(self, shard_id: int) -> bool:
+        return bool(self._c.is_complete(shard_id))
+
+    def highest_pn(self, path_id: int) -> int | None:
+        out: int | None = self._c.highest_pn(path_id)
+        return out
+
+    @property
+    def counters(self) -> dict[str, int]:
+        out: dict[str, int] = self._c.counters
+        return out
+
+    def process(self, batch: DatagramBatch) -> ProcessResult:
+        records, controls = self._c.process(batch.buffer, batch.descriptors)
+        return ProcessResult(
+            np.frombuffer(records, dtype=RECORD_DTYPE),
+            [ControlDatagram(*c) for c in controls],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PathStats:
+    sent_datagrams: int
+    sent_bytes: int
+    send_errors: int
+    queue_depth: int
+    gso_sends: int
+    eagain: int
+    gso: bool
+
+
+class Pacer:
+    """Timed sender thread: per-path bounded FIFO rings released at pacing times.
+
+    The Python side owns the sockets; close() (or leaving the ``with`` block)
+    stops the thread before they may be closed.
+    """
+
+    __slots__ = ("_c",)
+
+    def __init__(
+        self,
+        n_paths: int,
+        *,
+        capacity: int = 4096,
+        slot_size: int = 2048,
+        max_batch: int = 64,
+        gso: bool = True,
+        gso_segments: int = 64,
+        spin_ns: int = 20_000,
+        burst_ns: int = 0,
+    ) -> None:
+        self._c = _require().Pacer(
+            n_paths, capacity, slot_size, max_batch, gso, gso_segments, spin_ns, burst_ns
+        )
+
+    @property
+    def name(self) -> str:
+        return str(self._c.name)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._c.closed)
+
+    def set_path(self, path_id: int, fd: FdLike | None, dest: tuple[str, int] | None = None) -> None:
+        """The socket of a path (None disables it); ``dest`` for unconnected sockets."""
+        self._c.set_path(path_id, fd, dest)
+
+    def set_rate(self, path_id: int, rate_bytes_per_s: float) -> None:
+        self._c.set_rate(path_id, float(rate_bytes_per_s))
+
+    def set_pps(self, path_id: int, pps: float) -> None:
+        self._c.set_pps(path_id, float(pps))
+
+    def enqueue(
+        self,
+        path_id: int,
+        buffer: Buffer,
+        *,
+        stride: int | None = None,
+        lengths: Sequence[int] | None = None,
+        not_before_ns: int = 0,
+    ) -> int:
+        """Copy datagrams into the path's ring; returns how many fit (a prefix)."""
+        return int(self._c.enqueue(path_id, buffer, stride, lengths, not_before_ns))
+
+    def enqueue_burst(self, path_id: int, burst: DataBurst, start: int = 0, not_before_ns: int = 0) -> int:
+        """Enqueue datagrams ``start..`` of a burst; returns how many were accepted."""
+        if start >= burst.count:
+            return 0
+        view = memoryview(burst.buffer)[start * burst.stride :]
+        return self.enqueue(path_id, view, stride=burst.stride, not_before_ns=not_before_ns)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block (without the GIL) until every queue is empty; False on timeout."""
+        return bool(self._c.wait_idle(timeout_s))
+
+    def stats(self) -> list[PathStats]:
+        return [PathStats(**s) for s in self._c.stats()]
+
+    def close(self) -> None:
+        self._c.close()
+
+    def __enter__(self) -> Pacer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
