@@ -1,3 +1,5 @@
-from wanxport.cli import main
 import sys
+
+from wanxport.cli import main
+
 sys.exit(main())

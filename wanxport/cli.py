@@ -7,6 +7,7 @@ they never show a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -119,9 +120,26 @@ def _summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# -- bench -------------------------------------------------------------------
+
+
+def _add_bench(sub: Any) -> None:
+    from wanxport.bench.cli import add_bench_arguments, bench_main
+
+    p = sub.add_parser("bench", help="loopback goodput and pacing benchmarks (native data path)",
+                       description="Loopback benchmarks: a multipath transfer between two processes, "
+                                   "or the pacer's precision.")
+    add_bench_arguments(p)
+    p.set_defaults(func=bench_main)
+
+
 # -- entry point -------------------------------------------------------------
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_sim]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_sim, _add_bench]
+# Other layers contribute subcommands through a module-level ``register(subparsers)``
+# that adds a parser with ``set_defaults(func=...)``; func returns the exit status
+# and raises ``UsageError`` for mistakes the user can fix.
+SUBCOMMAND_MODULES = ("wanxport.gateway.cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for add in SUBCOMMANDS:
         add(sub)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
     return parser
 
 

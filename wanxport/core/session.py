@@ -156,10 +156,35 @@ class Session:
             return  # not acknowledged: the sender will re-send it once the shard is open
         path.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
                                 self.config.max_ack_delay_s)
-        if path.ack_now or path.ack_at is not None:
-            self._needs_ack.add(path_id)
+        if path.ack_now:
+            self._needs_ack.add(path_id)  # otherwise the ack timer (ack_at) will add it
         self._touch(path)
         self._flush_timers()
+
+    def receive_data_run(self, path_id: int, first_pn: int, count: int, shard_id: int, offset: int,
+                         length: int, now: float) -> None:
+        """``count`` data datagrams, packet numbers ``first_pn...``, carried ``[offset, offset+length)``.
+
+        The native data path has already authenticated them and placed their bytes;
+        this records them for acknowledgement and reassembly in one call per run.
+        """
+        if not 0 <= path_id < len(self.paths) or count < 1:
+            self.data_dropped += 1
+            return
+        if self.incoming.accepts(shard_id, offset, length) is False:
+            self.data_dropped += 1  # not acknowledged: the sender re-sends once the shard is open
+            return
+        last = first_pn + count - 1
+        if count > 1:
+            path = self.paths[path_id]
+            if first_pn != path.recv_largest + 1:
+                path.ack_now = True  # a gap before the run: tell the sender promptly
+            path.recv_pns.add(first_pn, last)
+            if last - 1 > path.recv_largest:
+                path.recv_largest = last - 1
+                path.recv_largest_at = now
+            path.unacked_eliciting += count - 1
+        self.receive_packet(path_id, last, [DataFrame(shard_id, offset, length, None)], now)
 
     def _on_data(self, frame: DataFrame, now: float) -> bool:
         verdict = self.incoming.accepts(frame.shard_id, frame.offset, frame.length)
@@ -231,7 +256,7 @@ class Session:
                 path = self.paths[path_id]
                 if path.ack_now or path.pending_control or (path.ack_at is not None and path.ack_at <= now):
                     self._emit_path_control(path, now, out)
-                    self._needs_ack.discard(path_id)
+            self._needs_ack.clear()  # an ACK not yet due has its ack timer
         if self._control:
             self._emit_control(now, out)
         for shard in self.outgoing.open_ready():
@@ -278,9 +303,8 @@ class Session:
     def _emit_data(self, now: float, out: list[Transmit]) -> None:
         """Fill the paths whose state changed (an ack, a timer, new data) since the last poll.
 
-        Every other path is either waiting for its window or pacing timer, or was
-        excluded by the tail cutoff, which only moves later when data is re-queued
-        (and then every path is marked changed).
+        Every other path is waiting for its window (an ack will change it), its
+        pacing timer, or a re-check timer set when the tail cutoff excluded it.
         """
         if not self.outgoing.unfinished or not self._dirty:
             return
@@ -297,6 +321,9 @@ class Session:
             if path.cwnd_space <= 0 or path.next_send_at > horizon:
                 continue
             if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
+                # Not worth it now; look again shortly, as the cutoff moves with the tail.
+                path.pacing_wake = now + self.config.pacing_horizon_s
+                self._touch(path)
                 continue
             self._fill(path, now, horizon, out, hedge)
 
@@ -371,7 +398,9 @@ class Session:
 
     def _next_hedge(self, path: Path, now: float) -> Chunk | None:
         """A chunk in flight on a slower path that this path would deliver sooner."""
-        if now - self._hedge_built_at > max(0.001, path.rtt.min_s / 4):
+        if self.outgoing.remaining_bytes:
+            return None  # hedge only once everything has been sent at least once
+        if now - self._hedge_built_at > max(0.002, path.rtt.min_s / 2):
             self._build_hedge_queue(now)
         arrival = max(now, path.next_send_at) + path.one_way_s
         while self._hedge_queue:

@@ -1,0 +1,83 @@
+"""Wire numbering and send planning: pure logic under the asyncio endpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from wanxport.aio.numbering import WireNumbering
+from wanxport.aio.plan import ControlPlan, DataPlan, plan_transmits
+from wanxport.core.session import Transmit
+from wanxport.wire.frames import AckFrame, DataFrame, ProbeFrame
+
+
+def numbering_with(counts: list[int]) -> WireNumbering:
+    numbering = WireNumbering()
+    for core_pn, count in enumerate(counts):
+        numbering.allocate(core_pn, count)
+    return numbering
+
+
+def test_allocate_hands_out_contiguous_wire_numbers() -> None:
+    numbering = WireNumbering()
+    assert [numbering.allocate(pn, c) for pn, c in enumerate([3, 1, 4])] == [0, 3, 4]
+    assert numbering.next_wire == 8
+
+
+def test_allocate_refuses_out_of_order_core_numbers() -> None:
+    numbering = numbering_with([1])
+    with pytest.raises(ValueError, match="out of order"):
+        numbering.allocate(5, 1)
+
+
+@pytest.mark.parametrize(
+    ("wire_ranges", "core_ranges"),
+    [
+        (((0, 7),), ((0, 2),)),  # everything: packets 0 (0-2), 1 (3), 2 (4-7)
+        (((4, 7), (0, 2)), ((2, 2), (0, 0))),  # wire 3 missing: packet 1 is not acknowledged
+        (((1, 7),), ((1, 2),)),  # wire 0 missing: packet 0 is not
+        (((0, 5),), ((0, 1),)),  # packet 2 half acknowledged: not yet
+        (((5, 6),), ()),
+    ],
+)
+def test_ack_ranges_cover_whole_core_packets_only(wire_ranges: tuple[tuple[int, int], ...],
+                                                  core_ranges: tuple[tuple[int, int], ...]) -> None:
+    numbering = numbering_with([3, 1, 4])
+    assert numbering.core_ranges(wire_ranges) == core_ranges
+
+
+def test_translate_keeps_path_and_delay_and_drops_empty_acks() -> None:
+    numbering = numbering_with([2, 2])
+    assert numbering.translate(AckFrame(3, 250, ((0, 3),))) == AckFrame(3, 250, ((0, 1),))
+    assert numbering.translate(AckFrame(3, 250, ((1, 2),))) is None
+
+
+def tx(path: int, pn: int, frames: list, not_before: float = 0.0) -> Transmit:  # type: ignore[type-arg]
+    return Transmit(path, pn, frames, 0, not_before)
+
+
+def test_plan_merges_contiguous_whole_segment_transmits_into_one_burst() -> None:
+    buffers = {7: memoryview(bytes(100))}
+    numbering = [WireNumbering(), WireNumbering()]
+    transmits = [
+        tx(0, 0, [DataFrame(7, 0, 20)]),
+        tx(0, 1, [DataFrame(7, 20, 20)]),
+        tx(1, 0, [DataFrame(7, 40, 15)]),  # other path: its own plan
+        tx(0, 2, [DataFrame(7, 40, 5)]),  # contiguous on path 0: merged (20 % 10 == 0)
+        tx(0, 3, [DataFrame(7, 45, 10)]),  # previous one ends mid-segment: new burst
+        tx(0, 4, [ProbeFrame(1)]),
+        tx(0, 5, [DataFrame(7, 55, 10)]),  # after a control datagram: new burst
+    ]
+    plans = plan_transmits(transmits, numbering, [10, 10], buffers.__getitem__)
+    summary = [(type(p).__name__, p.path_id, p.first_pn if isinstance(p, DataPlan) else p.pn,
+                getattr(p, "offset", None), getattr(p, "length", None)) for p in plans]
+    assert summary == [
+        ("DataPlan", 0, 0, 0, 45),
+        ("DataPlan", 1, 0, 40, 15),
+        ("DataPlan", 0, 5, 45, 10),
+        ("ControlPlan", 0, 6, None, None),
+        ("DataPlan", 0, 7, 55, 10),
+    ]
+    assert isinstance(plans[3], ControlPlan)
+    # Path 0: core packets 0-1 are wire 0-3, packet 2 (5 bytes) wire 4, packet 3 wire 5.
+    assert numbering[0].core_ranges(((4, 4),)) == ((2, 2),)
+    assert numbering[0].core_ranges(((0, 7),)) == ((0, 5),)  # wire 6 is the probe, 7 the last

@@ -1,0 +1,67 @@
+"""``wanxport bench``: the CLI function returns well-formed run reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from wanxport.bench import add_bench_arguments, bench_main
+from wanxport.report import SCHEMA
+from wanxport.wire import native
+
+needs_native = pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
+    parser = argparse.ArgumentParser(prog="wanxport bench")
+    add_bench_arguments(parser)
+    status = bench_main(parser.parse_args([*argv, "--json"]))
+    out = capsys.readouterr().out
+    return status, json.loads(out)
+
+
+@needs_native
+def test_loopback_transfer_report(capsys: pytest.CaptureFixture[str]) -> None:
+    status, report = run(capsys, "--paths", "2", "--size", "4MiB", "--shards", "2")
+    assert status == 0
+    assert report["schema"] == SCHEMA and report["mode"] == "loopback"
+    assert report["transport"] == "wanxport" and report["intact"] is True
+    assert report["payload_bytes"] == 4 << 20
+    assert report["datapath"] == "native" and report["cipher"] == "aes-256-gcm"
+    assert isinstance(report["pacer"], str) and report["pacer"]
+    assert report["datagrams_rejected"] == 0
+    assert report["completion_s"] > 0 and report["goodput_bps"] > 0  # type: ignore[operator]
+    paths = report["paths"]
+    assert isinstance(paths, list) and [p["name"] for p in paths] == ["lo0", "lo1"]
+    assert sum(p["payload_bytes"] for p in paths) >= 4 << 20
+
+
+def test_python_datapath_report(capsys: pytest.CaptureFixture[str]) -> None:
+    status, report = run(capsys, "--paths", "2", "--size", "1MiB", "--python-datapath",
+                         "--cipher", "chacha20-poly1305")
+    assert status == 0 and report["intact"] is True
+    assert report["datapath"] == "python" and report["cipher"] == "chacha20-poly1305"
+    assert report["pacer"] is None
+
+
+@needs_native
+def test_pacing_report(capsys: pytest.CaptureFixture[str]) -> None:
+    status, report = run(capsys, "--pps", "20000", "--duration", "0.2")
+    assert status == 0 and report["intact"] is True
+    assert report["target_pps"] == 20000
+    assert report["datagrams_received"] == report["datagrams_sent"] == 4000
+    for key in ("achieved_pps", "gap_error_p50_us", "gap_error_p99_us"):
+        assert isinstance(report[key], float)
+
+
+@pytest.mark.parametrize(("argv", "field"), [(["--paths", "0"], "--paths"), (["--size", "1XB"], "--size"),
+                                             (["--mtu", "100"], "--mtu")])
+def test_usage_errors_exit_2_naming_the_field(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                              field: str) -> None:
+    parser = argparse.ArgumentParser(prog="wanxport bench")
+    add_bench_arguments(parser)
+    assert bench_main(parser.parse_args(argv)) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err

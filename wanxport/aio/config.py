@@ -1,0 +1,96 @@
+"""What an asyncio endpoint needs besides the session config: sockets and keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wanxport.core.config import IP_UDP_OVERHEAD, PathConfig, SessionConfig
+from wanxport.wire.frames import DATA_OVERHEAD
+from wanxport.wire.header import HEADER_LEN
+from wanxport.wire.protection import CIPHERS, IV_LEN, KEY_LEN
+
+DATAPATHS = ("auto", "native", "python")
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PathSocket:
+    """One UDP socket per path: ``local`` (port 0 = ephemeral) -> ``remote``.
+
+    ``device`` pins the socket to an interface (SO_BINDTODEVICE) so each
+    long-haul path leaves through its own link whatever the routing table says.
+    ``remote`` may be None until the peer's address is known (``Endpoint.connect``).
+    """
+
+    local: Address
+    remote: Address | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class DirectionKey:
+    """The AEAD key and IV of one direction (key phase 0), given by the control channel."""
+
+    cipher: str
+    key: bytes
+    iv: bytes
+
+    def __post_init__(self) -> None:
+        if self.cipher not in CIPHERS:
+            raise ValueError(f"cipher {self.cipher!r} is not supported; valid: {', '.join(CIPHERS)}")
+        if len(self.key) != KEY_LEN or len(self.iv) != IV_LEN:
+            raise ValueError(f"key must be {KEY_LEN} bytes and iv {IV_LEN} bytes")
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """One side of a session over real sockets.
+
+    ``local_conn_id`` is the id our receiver accepts; ``remote_conn_id`` the
+    one we write into headers (the peer's). ``send_key`` seals what we send,
+    ``recv_key`` opens what the peer sends (the peer's ``send_key``).
+    """
+
+    session: SessionConfig
+    sockets: tuple[PathSocket, ...]
+    send_key: DirectionKey
+    recv_key: DirectionKey
+    local_conn_id: int = 1
+    remote_conn_id: int = 1
+    datapath: str = "auto"  # "native", "python", or "auto" (native when the extension imports)
+    recv_buffer_bytes: int = 32 << 20
+    send_buffer_bytes: int = 8 << 20
+    pacer_capacity: int = 8192  # datagrams per path ring
+    # The pacer spins this long before a release (precision) and sends everything
+    # due within pacer_burst_ns in one sendmmsg/GSO call (fewer wake-ups): on a
+    # small, shared machine spinning costs more throughput than it buys.
+    pacer_spin_ns: int = 20_000
+    pacer_burst_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.sockets) != len(self.session.paths):
+            raise ValueError(f"sockets: {len(self.sockets)} given, the session has "
+                             f"{len(self.session.paths)} paths")
+        if self.datapath not in DATAPATHS:
+            raise ValueError(f"datapath {self.datapath!r} is not valid; valid: {', '.join(DATAPATHS)}")
+        if self.session.tag_bytes != 16:
+            raise ValueError("session.tag_bytes must be 16: every datagram is AEAD-protected")
+        for name in ("local_conn_id", "remote_conn_id"):
+            if not 0 <= getattr(self, name) < 1 << 32:
+                raise ValueError(f"{name} must fit in 32 bits")
+
+
+def segment_bytes(path: PathConfig, tag_bytes: int = 16) -> int:
+    """Data bytes per DATA datagram that fit the path's MTU."""
+    return min(path.mtu - IP_UDP_OVERHEAD - HEADER_LEN - tag_bytes - DATA_OVERHEAD, 0xFFFF)
+
+
+def offload_chunk_bytes(paths: tuple[PathConfig, ...], segments: int, tag_bytes: int = 16) -> int:
+    """``SessionConfig.chunk_bytes`` for core packets of ``segments`` datagrams each.
+
+    The smallest path MTU decides, so every path cuts a chunk into whole segments
+    (larger-MTU paths send a shorter last one).
+    """
+    if segments < 1:
+        raise ValueError("segments must be >= 1")
+    return segments * min(segment_bytes(p, tag_bytes) for p in paths)

@@ -1,0 +1,299 @@
+"""An asyncio endpoint: one sans-IO ``Session`` over one UDP socket per path.
+
+The endpoint is the runtime around the core, in the shape of aioquic's
+protocol around ``QuicConnection``: socket readiness and timers call the
+session with ``now``, and after every call ``_service`` pops events, turns
+what the session wants to send into datagrams and re-arms the one timer.
+
+Per-datagram work stays below Python: the native data path segments, seals
+and paces bursts (``native_path``), and receives, opens and places batches;
+Python runs per poll, per receive batch and per run of datagrams (``feed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wanxport.aio.config import EndpointConfig, segment_bytes
+from wanxport.aio.feed import feed_records, receive_control
+from wanxport.aio.numbering import WireNumbering
+from wanxport.aio.plan import plan_transmits
+from wanxport.aio.python_path import PythonDatapath
+from wanxport.aio.sockets import open_path_socket
+from wanxport.core.events import PathChanged, SessionClosed, ShardAcknowledged, ShardReceived
+from wanxport.core.session import Session
+from wanxport.wire import native
+from wanxport.wire.errors import WireError
+from wanxport.wire.frames import DATA_OVERHEAD, decode_frames
+
+log = logging.getLogger(__name__)
+
+Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
+BACKLOG_RETRY_S = 0.0005
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedShard:
+    """A shard that arrived; ``ok`` is False when its digest did not match."""
+
+    shard_id: int
+    data: memoryview
+    meta: bytes
+    ok: bool
+    at: float
+
+
+def resolve_datapath(requested: str) -> str:
+    """"native", "python", or "auto": native when the extension imports, else python (logged once)."""
+    if requested == "auto":
+        if native.NATIVE_AVAILABLE:
+            return "native"
+        log.warning("%s; using the Python data path", native.import_error)
+        return "python"
+    if requested == "native" and not native.NATIVE_AVAILABLE:
+        raise RuntimeError(native.import_error)
+    return requested
+
+
+class Endpoint:
+    """One gateway's side of a session. Create, ``start()`` inside the loop, ``close()``."""
+
+    def __init__(self, config: EndpointConfig, allocator: Allocator | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self._user_allocator = allocator
+        self.datapath_name = resolve_datapath(config.datapath)
+        self.session = Session(config.session, allocator=self._allocate)
+        paths = config.session.paths
+        self._segments = [segment_bytes(p, config.session.tag_bytes) for p in paths]
+        self._numbering = [WireNumbering() for _ in paths]
+        self._wire_factor = [self._pacing_factor(i) for i in range(len(paths))]
+        self.sockets = []
+        try:
+            for spec in config.sockets:
+                self.sockets.append(open_path_socket(spec, config.recv_buffer_bytes,
+                                                     config.send_buffer_bytes))
+            self.datapath: Any = self._make_datapath()
+        except BaseException:
+            for sock in self.sockets:
+                sock.close()
+            raise
+        self._rx_buffers: dict[int, memoryview] = {}
+        self._received: asyncio.Queue[ReceivedShard] | None = None
+        self._acks: dict[int, asyncio.Future[bool]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._retry: asyncio.TimerHandle | None = None
+        self._closed: asyncio.Future[SessionClosed] | None = None
+        self.malformed_controls = 0
+        self.data_runs = 0
+        self.data_records = 0
+
+    def _make_datapath(self) -> Any:
+        cfg = self.config
+        if self.datapath_name == "python":
+            return PythonDatapath(self.sockets, cfg.send_key, cfg.recv_key, cfg.remote_conn_id,
+                                  cfg.local_conn_id)
+        from wanxport.aio.native_path import NativeDatapath
+
+        slot = max(p.mtu for p in cfg.session.paths)
+        return NativeDatapath(self.sockets, cfg.send_key, cfg.recv_key, cfg.remote_conn_id,
+                              cfg.local_conn_id, slot_size=max(2048, slot), capacity=cfg.pacer_capacity,
+                              spin_ns=cfg.pacer_spin_ns, burst_ns=cfg.pacer_burst_ns)
+
+    def _pacing_factor(self, path_id: int) -> float:
+        """Wire bytes per core byte: a core packet leaves as several datagrams, each with its headers."""
+        cfg = self.config.session
+        chunk = cfg.data_payload(cfg.paths[path_id])
+        per_datagram = cfg.packet_overhead() + DATA_OVERHEAD
+        datagrams = -(-chunk // self._segments[path_id])
+        return (chunk + datagrams * per_datagram) / (chunk + per_datagram)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def local_addresses(self) -> list[tuple[str, int]]:
+        return [sock.getsockname()[:2] for sock in self.sockets]
+
+    def connect(self, remotes: list[tuple[str, int]]) -> None:
+        """Set the peer's address per path when it was not known at construction."""
+        for sock, remote in zip(self.sockets, remotes, strict=True):
+            sock.connect(remote)
+
+    def start(self) -> None:
+        """Register the sockets with the running loop and start sending."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._received = asyncio.Queue()
+        self._closed = loop.create_future()
+        for path_id, sock in enumerate(self.sockets):
+            self.datapath.attach(path_id)
+            loop.add_reader(sock.fileno(), self._on_readable, path_id)
+        self._service()
+
+    async def close(self, reason: str = "") -> None:
+        """Send CLOSE (best effort), let queued datagrams leave, release everything."""
+        try:
+            if self._loop is not None and self.session.closed is None:
+                self.session.close(self.clock(), 0, reason)
+                self._service()
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Release sockets, timers and the pacer now, without telling the peer."""
+        for handle in (self._timer, self._retry):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._retry = None
+        try:
+            self.datapath.close()
+        finally:
+            for sock in self.sockets:
+                if self._loop is not None and sock.fileno() >= 0:
+                    self._loop.remove_reader(sock.fileno())
+                sock.close()
+            for fut in self._acks.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError("endpoint closed"))
+            self._loop = None
+
+    async def __aenter__(self) -> Endpoint:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- application side ----------------------------------------------------
+
+    def submit(self, shard_id: int, data: Any, meta: bytes = b"", digest: bytes | None = None
+               ) -> asyncio.Future[bool]:
+        """Queue a shard; the future resolves to the receiver's verdict (True: verified)."""
+        assert self._loop is not None, "start() the endpoint first"
+        view = memoryview(data).cast("B")
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        self._acks[shard_id] = fut
+        self.session.submit(shard_id, view, self.clock(), meta=meta, digest=digest)
+        self._service()
+        return fut
+
+    async def send_shard(self, shard_id: int, data: Any, meta: bytes = b"") -> bool:
+        return await self.submit(shard_id, data, meta)
+
+    async def receive_shard(self) -> ReceivedShard:
+        assert self._received is not None, "start() the endpoint first"
+        return await self._received.get()
+
+    async def wait_closed(self) -> SessionClosed:
+        assert self._closed is not None, "start() the endpoint first"
+        return await self._closed
+
+    @property
+    def datagrams_rejected(self) -> int:
+        return int(self.datapath.rejected) + self.malformed_controls
+
+    def _allocate(self, shard_id: int, size: int, meta: bytes) -> memoryview:
+        # np.empty, not bytearray(size): zero-filling a large shard would stall the
+        # loop (and overflow the sockets) for tens of milliseconds; the pages are
+        # faulted in by the native placement instead, without the GIL.
+        buffer: Any = (self._user_allocator(shard_id, size, meta) if self._user_allocator
+                       else np.empty(size, dtype=np.uint8))
+        view = memoryview(buffer).cast("B")
+        if self.datapath_name == "native":
+            self.datapath.add_shard(shard_id, view)
+        self._rx_buffers[shard_id] = view
+        return view
+
+    # -- I/O callbacks -------------------------------------------------------
+
+    def _on_readable(self, path_id: int) -> None:
+        now = self.clock()
+        session = self.session
+        if self.datapath_name == "native":
+            records, controls = self.datapath.receive(path_id)
+            if len(records):
+                self.data_records += len(records)
+                self.data_runs += feed_records(session, records, now)
+            for pid, pn, plaintext in controls:
+                try:
+                    frames = decode_frames(plaintext)
+                except WireError:
+                    self.malformed_controls += 1
+                    continue
+                receive_control(session, self._numbering, pid, pn, frames, now)
+        else:
+            for pid, pn, frames in self.datapath.receive(path_id):
+                receive_control(session, self._numbering, pid, pn, frames, now)
+        self._service()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        session = self.session
+        session.on_deadline(self.clock())
+        self._service()
+
+    def _on_retry(self) -> None:
+        self._retry = None
+        self.datapath.flush()
+        self._service()
+
+    def _service(self) -> None:
+        """Events out, datagrams out, timer re-armed: after every call into the session."""
+        if self._loop is None:
+            return
+        session = self.session
+        now = self.clock()
+        for event in session.events():
+            self._on_event(event)
+        transmits = session.poll_transmit(now)
+        if transmits:
+            for path_id, path in enumerate(session.paths):
+                self.datapath.set_rate(path_id, path.cc.pacing_rate_bps / 8 * self._wire_factor[path_id])
+            plans = plan_transmits(transmits, self._numbering, self._segments, self._shard_buffer)
+            self.datapath.send(plans)
+        if self.datapath.backlogged and self._retry is None:
+            self._retry = self._loop.call_later(BACKLOG_RETRY_S, self._on_retry)
+        deadline = session.next_deadline()
+        self._arm(deadline, now)
+
+    def _shard_buffer(self, shard_id: int) -> memoryview:
+        data = self.session.outgoing.shards[shard_id].data
+        assert data is not None  # the endpoint only submits real buffers
+        return data
+
+    def _arm(self, deadline: float | None, now: float) -> None:
+        assert self._loop is not None
+        if deadline is None or deadline >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_later(max(0.0, deadline - now), self._on_timer)
+
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, ShardReceived):
+            view = self._rx_buffers.pop(event.shard_id)
+            if self.datapath_name == "native":
+                self.datapath.remove_shard(event.shard_id)
+            assert self._received is not None
+            self._received.put_nowait(ReceivedShard(event.shard_id, view, event.meta, event.ok, event.at))
+        elif isinstance(event, ShardAcknowledged):
+            fut = self._acks.pop(event.shard_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(event.ok)
+        elif isinstance(event, SessionClosed):
+            if self._closed is not None and not self._closed.done():
+                self._closed.set_result(event)
+        elif isinstance(event, PathChanged):
+            log.info("path %s: %s -> %s", event.name, event.old, event.new)

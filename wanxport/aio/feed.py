@@ -1,0 +1,73 @@
+"""Hand received packets to the core: placed DATA per run, control per packet.
+
+The native receiver has already opened, replay-checked and placed every DATA
+datagram; the core only has to learn *which* packet numbers arrived (to
+acknowledge them) and *which* bytes (received ranges, shard completion).
+Calling ``Session.receive_packet`` once per datagram would put a Python frame
+per datagram back on the hot path, so consecutive records — same path,
+consecutive packet numbers, same shard, contiguous offsets — are folded into
+one *run* and the core is told once per run.
+
+``receive_data_run`` is a stand-in for a batch entry point in the core
+(proposed: ``Session.receive_data_run(path_id, first_pn, count, shard_id,
+offset, length, now)``): it records the run's packet numbers on the path
+the way ``Path.on_packet_received`` would have one by one, then hands the
+last one to ``receive_packet`` with a DATA frame spanning the whole run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wanxport.aio.numbering import WireNumbering
+from wanxport.core.session import Session
+from wanxport.wire.frames import AckFrame, Frame
+
+
+def feed_records(session: Session, records: npt.NDArray[Any], now: float) -> int:
+    """Tell the core about placed DATA records (RECORD_DTYPE); return the number of runs."""
+    n = len(records)
+    if n == 0:
+        return 0
+    pn = records["pn"].astype(np.int64)
+    offset = records["offset"].astype(np.int64)
+    length = records["length"].astype(np.int64)
+    shard = records["shard_id"]
+    path = records["path_id"]
+    brk = np.ones(n, dtype=bool)
+    brk[1:] = ((path[1:] != path[:-1]) | (shard[1:] != shard[:-1]) | (pn[1:] != pn[:-1] + 1)
+               | (offset[1:] != offset[:-1] + length[:-1]))
+    starts = np.flatnonzero(brk)
+    counts = np.diff(np.append(starts, n)).tolist()
+    totals = np.add.reduceat(length, starts).tolist()
+    runs = zip(path[starts].tolist(), pn[starts].tolist(), counts, shard[starts].tolist(),
+               offset[starts].tolist(), totals, strict=True)
+    for path_id, first_pn, count, shard_id, first_offset, total in runs:
+        receive_data_run(session, path_id, first_pn, count, shard_id, first_offset, total, now)
+    return len(counts)
+
+
+def receive_data_run(session: Session, path_id: int, first_pn: int, count: int, shard_id: int,
+                     offset: int, length: int, now: float) -> None:
+    """``count`` datagrams with packet numbers ``first_pn..`` carried ``[offset, offset + length)``."""
+    session.receive_data_run(path_id, first_pn, count, shard_id, offset, length, now)
+
+
+def receive_control(session: Session, numbering: Sequence[WireNumbering], path_id: int, pn: int,
+                    frames: list[Frame], now: float) -> None:
+    """An opened packet; ACK frames are translated from wire to core packet numbers."""
+    translated: list[Frame] = []
+    for frame in frames:
+        if isinstance(frame, AckFrame):
+            if not 0 <= frame.path_id < len(numbering):
+                continue
+            ack = numbering[frame.path_id].translate(frame)
+            if ack is None:
+                continue
+            frame = ack
+        translated.append(frame)
+    session.receive_packet(path_id, pn, translated, now)

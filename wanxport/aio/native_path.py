@@ -1,0 +1,192 @@
+"""The native data path: sealed bursts into the C pacer, batches out of recvmmsg.
+
+Per call, not per datagram: one ``build_data_datagrams`` per data plan (it
+segments and seals the whole burst in C), one ``enqueue`` per plan into the
+pacer's ring, one ``recv_batch`` + ``Receiver.process`` per batch of up to 64
+messages (more with GRO), which open, replay-check and place DATA straight
+into the registered shard buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wanxport.aio.config import DirectionKey
+from wanxport.aio.plan import ControlPlan, DataPlan, Plan
+from wanxport.wire import native
+from wanxport.wire.frames import encode_frames
+from wanxport.wire.header import encode_header
+
+log = logging.getLogger(__name__)
+
+RECV_SLOTS = 64
+GRO_SLOT_BYTES = 65536
+MAX_BATCHES_PER_WAKE = 16
+EMPTY_RECORDS: npt.NDArray[Any] = np.zeros(0, dtype=native.RECORD_DTYPE)
+
+
+class _Pending:
+    """A plan's datagrams the pacer ring had no room for yet (backpressure)."""
+
+    __slots__ = ("buffer", "stride", "lengths", "not_before_ns")
+
+    def __init__(self, buffer: memoryview, stride: int | None, lengths: list[int] | None,
+                 not_before_ns: int) -> None:
+        self.buffer = buffer
+        self.stride = stride
+        self.lengths = lengths
+        self.not_before_ns = not_before_ns
+
+
+class NativeDatapath:
+    name = "native"
+
+    def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
+                 remote_conn_id: int, local_conn_id: int, slot_size: int, capacity: int,
+                 spin_ns: int, burst_ns: int) -> None:
+        n = len(sockets)
+        self._sockets = list(sockets)
+        self._seal = native.Protector(send_key.cipher, send_key.key, send_key.iv)
+        self._conn = remote_conn_id
+        self.receiver = native.Receiver(local_conn_id, n)
+        self.receiver.set_key(0, native.Protector(recv_key.cipher, recv_key.key, recv_key.iv))
+        self.pacer = native.Pacer(n, capacity=capacity, slot_size=slot_size, spin_ns=spin_ns,
+                                  burst_ns=burst_ns)
+        self.gro = [False] * n
+        for i, sock in enumerate(sockets):
+            native.enable_timestamps(sock)
+            self.gro[i] = native.enable_gro(sock)
+        slot = GRO_SLOT_BYTES if any(self.gro) else slot_size
+        self._rx_buffer = bytearray(RECV_SLOTS * slot)
+        self._pending: list[deque[_Pending]] = [deque() for _ in range(n)]
+        self._rates = [0.0] * n
+
+    def attach(self, path_id: int) -> None:
+        """Start sending on a path (its socket is connected)."""
+        self.pacer.set_path(path_id, self._sockets[path_id])
+
+    # -- send ----------------------------------------------------------------
+
+    def set_rate(self, path_id: int, rate_bytes_per_s: float) -> None:
+        old = self._rates[path_id]
+        if abs(rate_bytes_per_s - old) > 0.01 * old:
+            self._rates[path_id] = rate_bytes_per_s
+            self.pacer.set_rate(path_id, rate_bytes_per_s)
+
+    def send(self, plans: list[Plan]) -> None:
+        for plan in plans:
+            nb = int(plan.not_before * 1e9)
+            if isinstance(plan, DataPlan):
+                burst = native.build_data_datagrams(
+                    self._seal, self._conn, plan.path_id, plan.first_pn, 0, plan.shard_id, plan.buffer,
+                    plan.offset, plan.length, plan.segment)
+                self._enqueue(plan.path_id, _Pending(memoryview(burst.buffer), burst.stride, None, nb))
+            else:
+                self._send_control(plan.path_id, self._seal_control(plan), nb)
+
+    def _seal_control(self, plan: ControlPlan) -> bytes:
+        header = encode_header(plan.path_id, self._conn, plan.pn)
+        return self._seal.seal(header, encode_frames(plan.frames))
+
+    def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int) -> None:
+        """Control datagrams (ACKs, shard control) leave at once, ahead of queued data.
+
+        The core never paces them, and a trip through the pacer thread would add
+        its wake-up latency to every acknowledgement. Nothing depends on a
+        control datagram *following* data (SHARD_OPEN precedes its data anyway),
+        so overtaking the ring is safe; the ring is only the fallback when the
+        socket buffer is full.
+        """
+        if not self._pending[path_id]:
+            try:
+                self._sockets[path_id].send(datagram)
+                return
+            except (BlockingIOError, InterruptedError):
+                pass
+            except ConnectionRefusedError:
+                return  # the peer's socket is gone (ICMP): UDP semantics, the core repairs
+        self._enqueue(path_id, _Pending(memoryview(datagram), None, None, not_before_ns))
+
+    def _enqueue(self, path_id: int, item: _Pending) -> None:
+        queue = self._pending[path_id]
+        if queue or not self._push(path_id, item):
+            queue.append(item)
+
+    def _push(self, path_id: int, item: _Pending) -> bool:
+        """Enqueue as much as fits; True when all of it did."""
+        if item.stride is None:
+            lengths = item.lengths or [len(item.buffer)]
+            accepted = self.pacer.enqueue(path_id, item.buffer, lengths=lengths,
+                                          not_before_ns=item.not_before_ns)
+            if accepted == len(lengths):
+                return True
+            item.buffer = item.buffer[sum(lengths[:accepted]):]
+            item.lengths = lengths[accepted:]
+            return False
+        accepted = self.pacer.enqueue(path_id, item.buffer, stride=item.stride,
+                                      not_before_ns=item.not_before_ns)
+        item.buffer = item.buffer[accepted * item.stride:]
+        return len(item.buffer) == 0
+
+    @property
+    def backlogged(self) -> bool:
+        return any(self._pending)
+
+    def flush(self) -> None:
+        """Retry what backpressure held back, in order."""
+        for path_id, queue in enumerate(self._pending):
+            while queue and self._push(path_id, queue[0]):
+                queue.popleft()
+
+    # -- receive -------------------------------------------------------------
+
+    def add_shard(self, shard_id: int, buffer: memoryview) -> None:
+        self.receiver.add_shard(shard_id, buffer)
+
+    def remove_shard(self, shard_id: int) -> None:
+        self.receiver.remove_shard(shard_id)
+
+    def receive(self, path_id: int) -> tuple[npt.NDArray[Any], list[tuple[int, int, bytes]]]:
+        """Drain the path's socket: placed DATA records and opened control datagrams."""
+        sock = self._sockets[path_id]
+        records: list[npt.NDArray[Any]] = []
+        controls: list[tuple[int, int, bytes]] = []
+        for _ in range(MAX_BATCHES_PER_WAKE):
+            try:
+                batch = native.recv_batch(sock, self._rx_buffer, RECV_SLOTS)
+            except ConnectionRefusedError:
+                continue  # an ICMP error queued on the socket (peer not up yet): consumed
+            if batch.count == 0:
+                break
+            result = self.receiver.process(batch)
+            if len(result.records):
+                records.append(result.records)
+            for c in result.controls:
+                controls.append((c.path_id, c.packet_number, c.plaintext))
+        if not records:
+            return EMPTY_RECORDS, controls
+        return (records[0] if len(records) == 1 else np.concatenate(records)), controls
+
+    @property
+    def rejected(self) -> int:
+        return sum(v for k, v in self.receiver.counters.items() if k.startswith("rejected_"))
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.receiver.counters
+
+    def close(self, drain_s: float = 0.2) -> None:
+        """Let queued datagrams leave (bounded wait), then stop the pacer thread."""
+        if not self.pacer.closed:
+            deadline = time.monotonic() + drain_s
+            self.flush()
+            self.pacer.wait_idle(max(0.0, deadline - time.monotonic()))
+            self.pacer.close()

@@ -1,0 +1,76 @@
+"""Wire packet numbers for core packets that the data path splits into datagrams.
+
+Why: the sans-IO core spends Python time per *packet* (scheduling, sent-packet
+records, acknowledgement processing). Letting it decide per burst — a core
+packet of ``k`` MTU-sized segments, ``SessionConfig.chunk_bytes = k * segment``
+— and segmenting below it, the way a NIC does TSO, moves the per-datagram work
+into the native data path. Each datagram still gets its own packet number on
+the wire (the nonce and the replay window need that), so the sending side maps
+core packet ``P`` of a path to the wire numbers ``[start(P), start(P + 1))``
+and translates the peer's ACK ranges back: a core packet counts as
+acknowledged only when *all* of its datagrams are. The receiver needs no
+mapping — it acknowledges wire numbers — so the wire format is unchanged.
+
+With ``k = 1`` the mapping is the identity and the core sees exactly what it
+would see without this layer.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+
+from wanxport.wire.frames import AckFrame
+
+#: Keep at most this many core packets' mapping per path; older ones are no
+#: longer outstanding (an ACK that names them translates to nothing).
+MAX_TRACKED = 1 << 20
+
+
+class WireNumbering:
+    """Core packet number -> first wire packet number, for one path."""
+
+    __slots__ = ("_starts", "_base", "next_wire")
+
+    def __init__(self) -> None:
+        # _starts[i] is the first wire pn of core packet _base + i; the last
+        # element is next_wire (a sentinel), so packet P spans
+        # [_starts[P - _base], _starts[P - _base + 1]).
+        self._starts = array("q", [0])
+        self._base = 0
+        self.next_wire = 0
+
+    def allocate(self, core_pn: int, count: int) -> int:
+        """Reserve ``count`` wire numbers for ``core_pn``; return the first.
+
+        Core packet numbers of a path are taken in order, each exactly once.
+        """
+        expected = self._base + len(self._starts) - 1
+        if core_pn != expected:
+            raise ValueError(f"core packet {core_pn} out of order (expected {expected})")
+        first = self.next_wire
+        self.next_wire += count
+        self._starts.append(self.next_wire)
+        if len(self._starts) > MAX_TRACKED:
+            drop = MAX_TRACKED // 2
+            del self._starts[:drop]
+            self._base += drop
+        return first
+
+    def core_ranges(self, wire_ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        """Inclusive core-pn ranges fully covered by inclusive wire ranges (order kept)."""
+        starts, base = self._starts, self._base
+        out: list[tuple[int, int]] = []
+        for lo, hi in wire_ranges:
+            first = bisect_left(starts, lo)
+            last = bisect_right(starts, hi + 1) - 2
+            if first <= last:
+                out.append((base + first, base + last))
+        return tuple(out)
+
+    def translate(self, frame: AckFrame) -> AckFrame | None:
+        """The ACK in core numbers, or None when it covers no whole core packet."""
+        ranges = self.core_ranges(frame.ranges)
+        if not ranges:
+            return None
+        return AckFrame(frame.path_id, frame.ack_delay_us, ranges)

@@ -1,0 +1,97 @@
+"""The pure-Python data path: the reference sealer/opener and one syscall per datagram.
+
+It exists so the endpoint runs where the extension is not built, and as the
+reference the native path is compared against end to end. It does not pace
+below the core's pacing horizon (datagrams leave when the core releases
+them) and costs a Python frame per datagram, so expect a fraction of the
+native throughput.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+from wanxport.aio.config import DirectionKey
+from wanxport.aio.plan import DataPlan, Plan
+from wanxport.wire.datapath import PacketOpener, PacketSealer
+from wanxport.wire.frames import DataFrame, Frame
+from wanxport.wire.protection import AeadProtection
+
+MAX_DATAGRAM = 65535
+MAX_DATAGRAMS_PER_WAKE = 512
+
+OpenedPacket = tuple[int, int, list[Frame]]
+
+
+class PythonDatapath:
+    name = "python"
+
+    def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
+                 remote_conn_id: int, local_conn_id: int) -> None:
+        self._sockets = list(sockets)
+        self._attached = [False] * len(sockets)
+        self._sealer = PacketSealer(remote_conn_id, {0: AeadProtection(send_key.cipher, send_key.key,
+                                                                         send_key.iv)})
+        self.opener = PacketOpener(local_conn_id, len(sockets),
+                                   {0: AeadProtection(recv_key.cipher, recv_key.key, recv_key.iv)})
+        self.send_errors = 0
+
+    def attach(self, path_id: int) -> None:
+        self._attached[path_id] = True
+
+    def set_rate(self, path_id: int, rate_bytes_per_s: float) -> None:
+        """No pacer: the core's pacing horizon is the only spacing."""
+
+    def send(self, plans: list[Plan]) -> None:
+        for plan in plans:
+            if not self._attached[plan.path_id]:
+                continue
+            sock = self._sockets[plan.path_id]
+            if isinstance(plan, DataPlan):
+                for i in range(plan.count):
+                    start = plan.offset + i * plan.segment
+                    length = min(plan.segment, plan.offset + plan.length - start)
+                    frame = DataFrame(plan.shard_id, start, length, plan.buffer[start:start + length])
+                    self._send(sock, self._sealer.seal(plan.path_id, plan.first_pn + i, [frame]))
+            else:
+                self._send(sock, self._sealer.seal(plan.path_id, plan.pn, plan.frames))
+
+    def _send(self, sock: socket.socket, datagram: bytes) -> None:
+        try:
+            sock.send(datagram)
+        except (BlockingIOError, ConnectionRefusedError):
+            self.send_errors += 1  # UDP semantics: the core repairs the loss
+
+    @property
+    def backlogged(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        """Nothing is ever held back."""
+
+    def receive(self, path_id: int) -> list[OpenedPacket]:
+        sock = self._sockets[path_id]
+        out: list[OpenedPacket] = []
+        for _ in range(MAX_DATAGRAMS_PER_WAKE):
+            try:
+                datagram = sock.recv(MAX_DATAGRAM)
+            except BlockingIOError:
+                break
+            except ConnectionRefusedError:
+                continue  # an ICMP error queued on the socket (peer not up yet): consumed
+            opened = self.opener.open(datagram)
+            if opened is not None:
+                out.append((opened.header.path_id, opened.header.packet_number, opened.frames))
+        return out
+
+    @property
+    def rejected(self) -> int:
+        return self.opener.dropped
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return {f"rejected_{k}": v for k, v in self.opener.drops.items()}
+
+    def close(self, drain_s: float = 0.0) -> None:
+        """Nothing to stop."""

@@ -1,0 +1,46 @@
+"""UDP sockets for paths: bind, pin to a device, size the kernel buffers."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from wanxport.aio.config import PathSocket
+
+log = logging.getLogger(__name__)
+
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+
+
+def open_path_socket(spec: PathSocket, recv_buffer: int, send_buffer: int) -> socket.socket:
+    """A non-blocking UDP socket bound to ``spec.local``, connected when ``spec.remote`` is known.
+
+    Large receive buffers matter more than anything else here: the event
+    loop is busy for milliseconds at a time (shard verification hashes a whole
+    shard), and a datagram the kernel cannot queue is a loss the sender must
+    repair. The *FORCE options exceed ``net.core.rmem_max`` when we are root.
+    """
+    family = socket.AF_INET6 if ":" in spec.local[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        if spec.device:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, spec.device.encode())
+        _set_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, recv_buffer)
+        _set_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, send_buffer)
+        sock.bind(spec.local)
+        if spec.remote is not None:
+            sock.connect(spec.remote)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _set_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, plain, size)
+        log.debug("socket buffer capped by net.core.*mem_max (not root)")

@@ -1,0 +1,125 @@
+"""``wanxport bench``: the loopback transfer and pacing benchmarks from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from wanxport.units import format_rate, format_size, parse_size
+from wanxport.wire import native
+from wanxport.wire.protection import CIPHERS
+
+DEFAULT_SEGMENTS = 32
+SHARD_TARGET_BYTES = 64 << 20
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--paths", type=int, default=4, help="loopback paths (sockets per side)")
+    parser.add_argument("--size", default="1GiB", help="payload, e.g. 64MiB, 1GiB")
+    parser.add_argument("--mtu", type=int, default=1500, help="path MTU (datagram = MTU - 28)")
+    parser.add_argument("--cipher", choices=CIPHERS, default="aes-256-gcm")
+    parser.add_argument("--python-datapath", action="store_true",
+                        help="use the pure-Python data path instead of the native one")
+    parser.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS,
+                        help="datagrams per core packet (segmentation below the core)")
+    parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
+    parser.add_argument("--baseline", choices=("none", "iperf3"), default="none",
+                        help="also measure iperf3 -u (1472-byte datagrams) on loopback")
+    parser.add_argument("--pps", type=float, default=None,
+                        help="pacing precision mode: the native pacer at this packet rate")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds, with --pps")
+    parser.add_argument("--json", action="store_true", help="print the run report as JSON")
+
+
+def _usage_error(message: str) -> int:
+    print(f"wanxport bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args`` asks for; exit status (2 on usage errors)."""
+    if not native.NATIVE_AVAILABLE:
+        print(native.import_error, file=sys.stderr)
+        if args.pps is not None or not args.python_datapath:
+            return _usage_error("the native data path is required (or pass --python-datapath)")
+    try:
+        size = parse_size(args.size)
+    except ValueError as exc:
+        return _usage_error(f"--size: {exc}")
+    checks = [(args.paths >= 1, "--paths must be >= 1"), (size >= 1, "--size must be at least 1 byte"),
+              (576 <= args.mtu <= 65535, "--mtu must be between 576 and 65535"),
+              (args.segments >= 1, "--segments must be >= 1"),
+              (args.shards is None or args.shards >= 1, "--shards must be >= 1"),
+              (args.pps is None or args.pps > 0, "--pps must be > 0"),
+              (args.duration > 0, "--duration must be > 0")]
+    for ok, message in checks:
+        if not ok:
+            return _usage_error(message)
+    if args.baseline == "iperf3":
+        from wanxport.bench.iperf import iperf3_available
+
+        if not iperf3_available():
+            return _usage_error("--baseline iperf3: iperf3 is not installed")
+    try:
+        report = _run(args, size)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"wanxport bench: failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_summary(report)
+    return 0 if report["intact"] else 1
+
+
+def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
+    baseline = None
+    if args.baseline == "iperf3":
+        from wanxport.bench.iperf import run_iperf3_udp
+
+        baseline = run_iperf3_udp()
+    if args.pps is not None:
+        from wanxport.bench.pacing import run_pacing
+
+        report = run_pacing(args.pps, args.duration, args.mtu - 28)
+    else:
+        from wanxport.bench.transfer import TransferSpec, run_transfer
+
+        shards = args.shards or max(1, -(-size // SHARD_TARGET_BYTES))
+        timeout = args.timeout or max(60.0, size / 10e6)
+        spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
+                            "python" if args.python_datapath else "native", args.segments, shards,
+                            args.seed, timeout)
+        report = run_transfer(spec)
+    if baseline is not None:
+        report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)
+        report["baseline_iperf3_udp_sent_bps"] = round(baseline.sent_bps)
+        report["baseline_iperf3_udp_lost_percent"] = round(baseline.lost_percent, 2)
+        if args.pps is None and baseline.received_bps > 0:
+            report["goodput_vs_baseline"] = round(report["goodput_bps"] / baseline.received_bps, 3)
+    return report
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    if "target_pps" in report:
+        print(f"pacer {report['pacer']}: target {report['target_pps']:.0f} pps, achieved "
+              f"{report['achieved_pps']:.0f} pps, gap error p50 {report['gap_error_p50_us']} us, "
+              f"p99 {report['gap_error_p99_us']} us")
+    else:
+        print(f"{format_size(report['payload_bytes'])} over {len(report['paths'])} loopback paths "
+              f"({report['datapath']} data path, {report['cipher']}): {report['completion_s']:.3f} s, "
+              f"goodput {format_rate(report['goodput_bps'])}, intact {report['intact']}, "
+              f"{report['datagrams_rejected']} datagrams rejected")
+    if "baseline_iperf3_udp_bps" in report:
+        print(f"baseline iperf3 -u (1472 B): {format_rate(report['baseline_iperf3_udp_bps'])} received")
+
+
+def main_for_scripts(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (benchmarks/, before ``wanxport bench`` exists in the CLI)."""
+    parser = argparse.ArgumentParser(prog="wanxport bench")
+    add_bench_arguments(parser)
+    return bench_main(parser.parse_args(argv))

@@ -1,0 +1,254 @@
+"""Loopback transfer benchmark: a sender and a receiver process, K paths, AEAD on.
+
+The sender (this process) and the receiver (a spawned child) each run one
+``Endpoint`` on uvloop with one UDP socket per path on 127.0.0.1. The payload
+is random; the receiver hashes what it got and the sender compares with the
+hash of what it sent. Completion runs from the first submit to the last
+shard verified at the receiver (both processes read CLOCK_MONOTONIC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import IO, Any
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
+from wanxport.aio.endpoint import Endpoint, ReceivedShard
+from wanxport.aio.loop import run
+from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.report import PathReport, build_report
+
+SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
+CHILD_START_TIMEOUT_S = 30.0
+CLOSE_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class TransferSpec:
+    paths: int
+    size: int
+    mtu: int
+    cipher: str
+    datapath: str  # "native" | "python"
+    segments: int  # datagrams per core packet
+    shards: int
+    seed: int
+    timeout_s: float
+    pacer_spin_ns: int = 2_000
+    pacer_burst_ns: int = 100_000
+
+
+def shard_sizes(size: int, shards: int) -> list[int]:
+    count = max(1, min(shards, size))
+    base, extra = divmod(size, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def random_payload(size: int, seed: int) -> bytes:
+    """Seeded pseudo-random bytes at GB/s: the AES-CTR keystream of a key derived from the seed."""
+    key = hashlib.sha256(f"wanxport-bench:{seed}".encode()).digest()
+    encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    return encryptor.update(bytes(size)) + encryptor.finalize()
+
+
+def session_config(spec: TransferSpec) -> SessionConfig:
+    paths = tuple(PathConfig(f"lo{i}", spec.mtu) for i in range(spec.paths))
+    budget = max(1 << 30, 2 * max(shard_sizes(spec.size, spec.shards)))
+    chunk = offload_chunk_bytes(paths, spec.segments) if spec.segments > 1 else None
+    # Acknowledge about once per core packet's worth of datagrams, and within 1 ms
+    # otherwise: on loopback the default 5 ms delayed-ACK timer would *be* the
+    # round trip, and BBR's window (2 x bandwidth x min RTT) would follow it.
+    return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=budget,
+                         peer_credit_bytes=budget, ack_threshold=max(2, spec.segments),
+                         max_ack_delay_s=0.001)
+
+
+def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, local: int,
+                    remote: int) -> EndpointConfig:
+    sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in range(spec.paths))
+    return EndpointConfig(session_config(spec), sockets, send, recv, local_conn_id=local,
+                          remote_conn_id=remote, datapath=spec.datapath,
+                          pacer_spin_ns=spec.pacer_spin_ns, pacer_burst_ns=spec.pacer_burst_ns)
+
+
+# -- receiver process ----------------------------------------------------------
+
+
+def receiver_main() -> None:
+    """Child process entry (``python -m wanxport.bench.transfer``): one JSON line in, lines out.
+
+    In: the spec, both keys and the sender's addresses. Out: ``["ports", addrs]``,
+    then ``["ok", result]`` or ``["error", text]``. A plain subprocess instead of
+    multiprocessing: it does not re-import the caller's ``__main__``.
+    """
+    try:
+        job = json.loads(sys.stdin.readline())
+        spec = TransferSpec(**job["spec"])
+        send, recv = (DirectionKey(k["cipher"], bytes.fromhex(k["key"]), bytes.fromhex(k["iv"]))
+                      for k in (job["send"], job["recv"]))
+        addrs = [(str(h), int(p)) for h, p in job["sender"]]
+        _emit("ok", run(_receive(spec, send, recv, addrs)))
+    except BaseException as exc:  # the parent reports it; nothing may escape silently
+        _emit("error", f"receiver: {type(exc).__name__}: {exc}")
+
+
+def _emit(kind: str, value: Any) -> None:
+    sys.stdout.write(json.dumps([kind, value]) + "\n")
+    sys.stdout.flush()
+
+
+async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
+                   sender_addrs: list[tuple[str, int]]) -> dict[str, Any]:
+    endpoint = Endpoint(endpoint_config(spec, send, recv, RECEIVER_CONN_ID, SENDER_CONN_ID))
+    try:
+        endpoint.connect(sender_addrs)
+        _emit("ports", endpoint.local_addresses)
+        endpoint.start()
+        expected = len(shard_sizes(spec.size, spec.shards))
+        got: dict[int, ReceivedShard] = {}
+        while len(got) < expected:
+            shard = await asyncio.wait_for(endpoint.receive_shard(), spec.timeout_s)
+            got[shard.shard_id] = shard
+        done_at = max(s.at for s in got.values())
+        digest = hashlib.sha256()
+        for shard_id in sorted(got):
+            digest.update(got[shard_id].data)
+        try:  # stay until the sender has our SHARD_DONEs (it closes then)
+            await asyncio.wait_for(endpoint.wait_closed(), CLOSE_WAIT_S)
+        except TimeoutError:
+            pass
+        return {"done_at": done_at, "sha256": digest.hexdigest(), "ok": all(s.ok for s in got.values()),
+                "bytes": sum(len(s.data) for s in got.values()),
+                "rejected": endpoint.datagrams_rejected, "counters": dict(endpoint.datapath.counters),
+                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records}
+    finally:
+        await endpoint.close()
+
+
+# -- sender (this process) -----------------------------------------------------
+
+
+def run_transfer(spec: TransferSpec) -> dict[str, Any]:
+    """Run one transfer; return the v1 report (``intact`` False on timeout or mismatch)."""
+    wall_start = time.perf_counter()
+    a_to_b = DirectionKey(spec.cipher, os.urandom(32), os.urandom(12))
+    b_to_a = DirectionKey(spec.cipher, os.urandom(32), os.urandom(12))
+    payload = random_payload(spec.size, spec.seed)
+    sizes = shard_sizes(spec.size, spec.shards)
+    bounds = np.cumsum([0, *sizes]).tolist()
+    view = memoryview(payload)
+    shards = [view[bounds[i]:bounds[i + 1]] for i in range(len(sizes))]
+    digests = [hashlib.sha256(s).digest() for s in shards]
+    payload_sha = hashlib.sha256(payload).hexdigest()
+    endpoint = Endpoint(endpoint_config(spec, a_to_b, b_to_a, SENDER_CONN_ID, RECEIVER_CONN_ID))
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "wanxport.bench.transfer"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, bufsize=0)
+        job = {"spec": asdict(spec), "send": _key_json(b_to_a), "recv": _key_json(a_to_b),
+               "sender": endpoint.local_addresses}
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(json.dumps(job).encode() + b"\n")
+        child.stdin.close()
+        value = _expect(child.stdout, "ports", CHILD_START_TIMEOUT_S)
+        endpoint.connect([(str(h), int(p)) for h, p in value])
+        sent = run(_send(endpoint, shards, digests, spec.timeout_s))
+        result = _expect(child.stdout, "ok", spec.timeout_s)
+    finally:
+        endpoint.abort()
+        if child is not None:
+            _reap(child)
+    return _report(spec, endpoint, sent, result, payload_sha, time.perf_counter() - wall_start)
+
+
+def _key_json(key: DirectionKey) -> dict[str, str]:
+    return {"cipher": key.cipher, "key": key.key.hex(), "iv": key.iv.hex()}
+
+
+def _expect(stream: IO[bytes], kind: str, timeout_s: float) -> Any:
+    """The receiver's next message, which must be ``kind``; its error text otherwise.
+
+    The pipe is unbuffered, so select() sees every line not yet read.
+    """
+    ready, _, _ = select.select([stream], [], [], timeout_s)
+    if not ready:
+        raise TimeoutError(f"no word from the receiver process within {timeout_s:.0f} s")
+    line = stream.readline()
+    if not line:
+        raise RuntimeError("the receiver process exited without a result")
+    got, value = json.loads(line)
+    if got != kind:
+        raise RuntimeError(str(value))
+    return value
+
+
+def _reap(child: subprocess.Popen[bytes]) -> None:
+    try:
+        child.wait(CLOSE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    finally:
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[bytes],
+                timeout_s: float) -> dict[str, Any]:
+    endpoint.start()
+    try:
+        started = endpoint.clock()
+        futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
+                                                                                 strict=True))]
+        verdicts = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+        return {"started": started, "acked_at": endpoint.clock(), "verdicts": verdicts}
+    finally:
+        await endpoint.close()
+
+
+def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], received: dict[str, Any],
+            payload_sha: str, wall_s: float) -> dict[str, Any]:
+    session = endpoint.session
+    intact = (received["sha256"] == payload_sha and received["ok"] and all(sent["verdicts"])
+              and received["bytes"] == spec.size)
+    pacer_stats = endpoint.datapath.pacer.stats() if spec.datapath == "native" else None
+    paths = []
+    for i, path in enumerate(session.paths):
+        extra: dict[str, Any] = {"packets_lost": path.stats.packets_lost,
+                                 "spurious_losses": path.stats.spurious_losses,
+                                 "pacing_rate_bps": round(path.cc.pacing_rate_bps),
+                                 "cwnd_bytes": path.cc.cwnd_bytes, "min_rtt_s": path.rtt.min_s,
+                                 "cc_state": path.cc.state}
+        if pacer_stats is not None:
+            extra.update(datagrams_sent=pacer_stats[i].sent_datagrams, gso_sends=pacer_stats[i].gso_sends,
+                         send_eagain=pacer_stats[i].eagain)
+        paths.append(PathReport(path.name, path.stats.payload_bytes, path.stats.retransmitted_bytes,
+                                path.rtt.smoothed_s if path.rtt.has_sample else None, path.state.value,
+                                extra))
+    return build_report(
+        scenario=f"loopback-{spec.paths}x{spec.mtu}", mode="loopback", transport="wanxport",
+        payload_bytes=spec.size, completion_s=received["done_at"] - sent["started"], ideal_s=None,
+        intact=intact, wall_s=wall_s, paths=paths,
+        delivered_bytes=received["bytes"] if intact else 0,
+        pacer=endpoint.datapath.pacer.name if spec.datapath == "native" else None,
+        cipher=spec.cipher, datapath=spec.datapath,
+        datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
+        segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
+        mtu=spec.mtu, receiver_counters=received["counters"],
+        receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
+    )
+
+
+if __name__ == "__main__":
+    receiver_main()
