@@ -134,6 +134,10 @@ class Link(QuicConnectionProtocol):
         self.on_lost: Callable[[Link, Exception, bool], None] = _ignore_lost
         self.owns_transport = False
         self.ended = False
+        # Frames that arrived after the attach answer but before the session took
+        # the link over (``ControlChannel._attach`` replays them): dropping them
+        # would leave a gap in the message sequence.
+        self.backlog: list[Frame] = []
         self._handshake_done = False
         self._stream_id: int | None = None
         self._decoder = FrameDecoder()
@@ -285,6 +289,7 @@ async def dial(
 
     def on_frame(link: Link, frame: Frame) -> None:
         if result.done():
+            link.backlog.append(frame)
             return
         if isinstance(frame, Attached) and frame.session == attach.session:
             result.set_result(frame)

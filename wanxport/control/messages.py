@@ -79,9 +79,15 @@ class Hello(Message):
     endpoints: list[str]
     ciphers: list[str]
     conn_id: int
+    mtu: int | None = None  # data-plane MTU of every path (the session config both derive)
+    segments: int | None = None  # datagrams per core packet
 
     def validate(self) -> None:
         _check_range("hello.version", self.version, 1, 255)
+        if self.mtu is not None:
+            _check_range("hello.mtu", self.mtu, 576, 65535)
+        if self.segments is not None:
+            _check_range("hello.segments", self.segments, 1, 4096)
         _check_choice("hello.role", self.role, ROLES)
         if not self.gateway:
             raise ControlProtocolError("hello.gateway: must be a non-empty name")
@@ -108,9 +114,12 @@ class Welcome(Message):
     paths: list[list[str]]
     conn_id: int
     peer_conn_id: int
+    credit_bytes: int | None = None  # the responder's receive budget (its peer's credit)
 
     def validate(self) -> None:
         _check_range("welcome.version", self.version, 1, 255)
+        if self.credit_bytes is not None:
+            _check_range("welcome.credit_bytes", self.credit_bytes, 1, MAX_U62)
         _check_choice("welcome.cipher", self.cipher, CIPHERS)
         if not 1 <= len(self.paths) <= 256:
             raise ControlProtocolError("welcome.paths: give 1..256 path pairs")

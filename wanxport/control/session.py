@@ -134,6 +134,11 @@ class ControlChannel:
             return
         for frame in frames:
             link.send_frame(frame)
+        backlog, link.backlog = link.backlog, []
+        for frame in backlog:
+            if link.ended:
+                break
+            self._on_frame(link, frame)
         self._notify()
 
     def _link_lost(self, exc: Exception) -> None:

@@ -38,11 +38,11 @@ class SessionConfig:
     def __post_init__(self) -> None:
         if not self.paths:
             raise ValueError("a session needs at least one path")
+        if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
+            raise ValueError("chunk_bytes must be between 1 and 1 GiB (above 65535 only for virtual shards)")
         for path in self.paths:
             if self.data_payload(path) <= 0:
                 raise ValueError(f"path {path.name!r}: mtu {path.mtu} leaves no room for data")
-        if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
-            raise ValueError("chunk_bytes must be between 1 and 1 GiB")
         if self.ack_threshold < 1:
             raise ValueError("ack_threshold must be >= 1")
 

@@ -69,7 +69,15 @@ class OutgoingData:
                 self.retransmit.popleft()
                 self.retransmit_bytes -= length
                 continue
-            take = min(length, max_len)
+            # Bytes acknowledged since the requeue (a hedged copy arrived) are skipped.
+            start = shard.acked.first_gap_after(offset)
+            if start > offset:
+                self.retransmit[0] = (shard_id, start, offset + length - start)
+                self.retransmit_bytes -= start - offset
+                continue
+            end = offset + min(length, max_len)
+            gap_end = next(iter(shard.acked.gaps(offset, end)))[1]
+            take = gap_end - offset
             if take == length:
                 self.retransmit.popleft()
             else:
@@ -104,6 +112,7 @@ class OutgoingData:
         if shard is None or shard.done_status is not None:
             return None
         shard.done_status = status
+        shard.data = None  # the application's buffer is free again
         shard.acked.add(0, shard.size)
         self.unfinished -= 1
         if shard.next_offset < shard.size:

@@ -110,6 +110,9 @@ class Session:
         length = len(view) if view is not None else size
         if length is None or length <= 0:
             raise ValueError("a shard needs data or a positive size")
+        if length > self.config.peer_credit_bytes:
+            raise ValueError(f"shard {shard_id} has {length} bytes, more than the peer's whole receive "
+                             f"budget ({self.config.peer_credit_bytes} bytes); split it or raise the budget")
         if digest is None:
             digest = sha256(view) if view is not None else bytes(32)
         shard = OutgoingShard(shard_id, length, view, digest, meta, submitted_at=now)

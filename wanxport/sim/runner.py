@@ -34,6 +34,7 @@ from wanxport.wire.protection import AeadProtection, Protection
 from wanxport.wire.replay import ReplayWindow
 
 BYTES_MODE_LIMIT = 256 * 1024 * 1024
+MAX_DATA_LENGTH = 0xFFFF  # a DATA frame's length field is 16 bits
 
 
 @dataclass
@@ -78,6 +79,9 @@ class SimRun:
             mode = "bytes" if self.size <= BYTES_MODE_LIMIT and options.quantum is None else "virtual"
         if mode not in ("bytes", "virtual"):
             raise ValueError("payload mode must be auto, bytes or virtual")
+        if mode == "bytes" and options.quantum is not None and options.quantum > MAX_DATA_LENGTH:
+            raise ValueError(f"a quantum of {options.quantum} bytes does not fit a DATA frame "
+                             f"(at most {MAX_DATA_LENGTH}); use the virtual payload mode")
         self.mode = mode
         self.loop = EventLoop()
         self.network = Network(scenario, self.loop, self._deliver_a, self._deliver_b, seed=self.seed,
@@ -87,14 +91,14 @@ class SimRun:
         self.shard_sizes = [base + (1 if i < extra else 0) for i in range(shard_count)]
         # Virtual shards allocate nothing, so the receiver's budget need not throttle them.
         budget = self.size if mode == "virtual" else max(1 << 30, 2 * max(self.shard_sizes))
+        settings: dict[str, Any] = {"receive_budget_bytes": budget, "peer_credit_bytes": budget}
+        settings.update(options.session)
         config = SessionConfig(
             paths=tuple(PathConfig(p.name, p.forward.mtu) for p in scenario.paths),
             congestion_control=options.congestion_control,
             scheduler=options.scheduler,
             chunk_bytes=options.quantum,
-            receive_budget_bytes=budget,
-            peer_credit_bytes=budget,
-            **options.session,
+            **settings,
         )
         self.a = self._endpoint("a", config, 0)
         self.b = self._endpoint("b", config, 1)
@@ -135,7 +139,7 @@ class SimRun:
         finished = self._finished()
         completion = max((r.at for e in self._receivers() for r in e.received), default=self.loop.now)
         if not finished:
-            completion = self.loop.now
+            completion = deadline  # gave up at the deadline
         return self._report(finished, completion, ideal, time.perf_counter() - wall_start)
 
     def _payload(self, direction: str, shard_id: int, size: int) -> bytes:

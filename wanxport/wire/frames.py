@@ -266,6 +266,10 @@ def decode_frames(payload: bytes | memoryview) -> list[Frame]:
             _need(buf, pos, meta_len)
             if size > MAX_OFFSET:
                 raise WireError("offset", f"shard size {size}")
+            try:
+                bytes(buf[pos : pos + meta_len]).decode()
+            except UnicodeDecodeError as exc:
+                raise WireError("utf8", "SHARD_OPEN metadata") from exc
             frames.append(ShardOpenFrame(shard_id, size, bytes(digest), bytes(buf[pos : pos + meta_len])))
             pos += meta_len
         elif kind == SHARD_DONE:

@@ -1,0 +1,74 @@
+"""Shared helpers of the gateway tests: free ports, PKI, CLI processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_path_ports(count: int) -> list[int]:
+    """``count`` data ports whose PORT and PORT+1 (control) are both free right now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65534 or port in ports or port + 1 in ports or port - 1 in ports:
+                continue
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+                    b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def cli(*args: str, prefix: tuple[str, ...] = ()) -> list[str]:
+    return [*prefix, sys.executable, "-m", "wanxport", *args]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def start(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    return subprocess.Popen(cli(*args, prefix=prefix), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env())
+
+
+def run(*args: str, timeout: float = 60, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli(*args, prefix=prefix), capture_output=True, text=True, timeout=timeout,
+                          env=env())
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 10) -> tuple[str, str]:
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
+def wait_listening(proc: subprocess.Popen[str], port: int, timeout: float = 20) -> None:
+    """Until the receiver's control port (PORT+1) is bound (the port cannot be bound by us)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"receiver exited: {proc.communicate()}")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                return
+        time.sleep(0.02)
+    raise TimeoutError("receiver did not start listening")

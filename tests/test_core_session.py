@@ -1,0 +1,463 @@
+"""Two sessions wired back to back by hand, on a fake clock, for precise protocol behaviours.
+
+The harness below is a deliberately small network: per path and direction a
+fixed one-way delay and a serialisation rate, a ``drop`` hook and a ``mutate``
+hook that see every datagram. Datagrams go through the reference data path
+with *null* protection, so a mutated byte reaches the session exactly as
+corruption in transit would if the AEAD were absent: the shard digest is the
+only thing that can catch it.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import heapq
+import random
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.events import Event, PathChanged, SessionClosed, ShardAcknowledged, ShardReceived
+from wanxport.core.session import Session
+from wanxport.wire.datapath import PacketOpener, PacketSealer
+from wanxport.wire.frames import AckFrame, DataFrame, Frame, ShardOpenFrame, decode_frames
+from wanxport.wire.header import HEADER_LEN
+from wanxport.wire.protection import NullProtection, Protection
+
+Drop = Callable[[str, int, float, list[Frame]], bool]
+Mutate = Callable[[str, int, float, bytes], bytes]
+LIVELOCK_STEPS = 20_000  # events at one instant before the harness calls it a livelock
+
+
+@dataclass
+class Delivered:
+    at: float
+    side: str  # receiving side
+    path_id: int
+    packet_number: int
+    frames: list[Frame]
+
+
+@dataclass
+class Pair:
+    """Sessions ``a`` and ``b``; ``run`` moves packets and fires timers in time order."""
+
+    config: SessionConfig
+    owd_s: list[float]
+    rate_bps: list[float]
+    drop: Drop = lambda side, path_id, at, frames: False  # noqa: E731
+    mutate: Mutate | None = None
+    checks: list[Callable[[Pair], None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.buffers: dict[str, dict[int, memoryview]] = {"a": {}, "b": {}}
+        self.sessions = {side: Session(self.config, allocator=self._allocator(side)) for side in "ab"}
+        keys: dict[int, Protection] = {0: NullProtection()}
+        n = len(self.config.paths)
+        self.sealer = {side: PacketSealer(0, keys) for side in "ab"}
+        self.opener = {side: PacketOpener(0, n, keys) for side in "ab"}
+        self.now = 0.0
+        self._heap: list[tuple[float, int, str, int, bytes]] = []
+        self._seq = 0
+        self._busy = {(side, p): 0.0 for side in "ab" for p in range(n)}
+        self.events: dict[str, list[tuple[float, Event]]] = {"a": [], "b": []}
+        self.delivered: list[Delivered] = []
+        self.dropped: list[tuple[str, int, float, list[Frame]]] = []
+
+    @property
+    def a(self) -> Session:
+        return self.sessions["a"]
+
+    @property
+    def b(self) -> Session:
+        return self.sessions["b"]
+
+    def _allocator(self, side: str) -> Callable[[int, int, bytes], memoryview]:
+        def allocate(shard_id: int, size: int, meta: bytes) -> memoryview:
+            buffer = memoryview(bytearray(size))
+            self.buffers[side][shard_id] = buffer
+            return buffer
+        return allocate
+
+    def submit(self, side: str, shard_id: int, data: bytes) -> None:
+        self.sessions[side].submit(shard_id, data, self.now)
+        self.service(side)
+
+    def service(self, side: str) -> None:
+        session = self.sessions[side]
+        other = "b" if side == "a" else "a"
+        for tx in session.poll_transmit(self.now):
+            key = (side, tx.path_id)
+            depart = max(self.now, tx.not_before, self._busy[key])
+            self._busy[key] = depart + tx.size * 8 / self.rate_bps[tx.path_id]
+            if self.drop(side, tx.path_id, depart, tx.frames):
+                self.dropped.append((side, tx.path_id, depart, tx.frames))
+                continue
+            datagram = self.sealer[side].seal(tx.path_id, tx.packet_number, tx.frames)
+            if self.mutate is not None:
+                datagram = self.mutate(side, tx.path_id, depart, datagram)
+            arrival = self._busy[key] + self.owd_s[tx.path_id]
+            heapq.heappush(self._heap, (arrival, self._seq, other, tx.path_id, datagram))
+            self._seq += 1
+        for event in session.events():
+            self.events[side].append((self.now, event))
+
+    def run(self, until: float, stop: Callable[[Pair], bool] | None = None) -> None:
+        same_instant = 0
+        while True:
+            times = [t for t in (self.a.next_deadline(), self.b.next_deadline()) if t is not None]
+            if self._heap:
+                times.append(self._heap[0][0])
+            if not times or min(times) > until:
+                self.now = max(self.now, until)
+                return
+            t = max(self.now, min(times))
+            same_instant = same_instant + 1 if t == self.now else 0
+            assert same_instant < LIVELOCK_STEPS, f"livelock: time stuck at {t!r}"
+            self.now = t
+            if self._heap and self._heap[0][0] <= t:
+                _, _, side, path_id, datagram = heapq.heappop(self._heap)
+                opened = self.opener[side].open(datagram)
+                if opened is not None:
+                    assert opened.header.path_id == path_id
+                    self.delivered.append(Delivered(t, side, path_id, opened.header.packet_number,
+                                                    opened.frames))
+                    self.sessions[side].receive_packet(path_id, opened.header.packet_number,
+                                                       opened.frames, t)
+                self.service(side)
+            else:
+                for side in "ab":
+                    deadline = self.sessions[side].next_deadline()
+                    if deadline is not None and deadline <= t:
+                        self.sessions[side].on_deadline(t)
+                        self.service(side)
+            for check in self.checks:
+                check(self)
+            if stop is not None and stop(self):
+                return
+
+    def received(self, side: str) -> list[ShardReceived]:
+        return [e for _, e in self.events[side] if isinstance(e, ShardReceived)]
+
+    def acknowledged(self, side: str) -> list[ShardAcknowledged]:
+        return [e for _, e in self.events[side] if isinstance(e, ShardAcknowledged)]
+
+
+def make_config(paths: int = 2, **overrides: object) -> SessionConfig:
+    return SessionConfig(paths=tuple(PathConfig(f"p{i}") for i in range(paths)), tag_bytes=0,
+                         **overrides)  # type: ignore[arg-type]
+
+
+def payloads(count: int, size: int, seed: int = 1) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(size) for _ in range(count)]
+
+
+def all_acknowledged(count: int) -> Callable[[Pair], bool]:
+    return lambda pair: len(pair.acknowledged("a")) >= count
+
+
+def data_frames(frames: list[Frame]) -> list[DataFrame]:
+    return [f for f in frames if isinstance(f, DataFrame)]
+
+
+# -- completion and integrity ---------------------------------------------------------
+
+
+def test_shard_reported_only_when_complete_and_verified() -> None:
+    shards = payloads(6, 40_000)
+    first_chunk_drops = [0]
+
+    def drop(side: str, path_id: int, at: float, frames: list[Frame]) -> bool:
+        # Withhold the first byte of shard 0 three times: the shard must wait for it.
+        if any(f.shard_id == 0 and f.offset == 0 for f in data_frames(frames)) and first_chunk_drops[0] < 3:
+            first_chunk_drops[0] += 1
+            return True
+        return False
+
+    seen: set[int] = set()
+
+    def check(pair: Pair) -> None:
+        for event in pair.received("b"):
+            if event.shard_id in seen:
+                continue
+            seen.add(event.shard_id)
+            assert event.ok
+            assert bytes(pair.buffers["b"][event.shard_id]) == shards[event.shard_id], (
+                "reported received before every byte was in place")
+
+    pair = Pair(make_config(), owd_s=[0.01, 0.03], rate_bps=[20e6, 10e6], drop=drop, checks=[check])
+    for i, data in enumerate(shards):
+        pair.submit("a", i, data)
+    pair.run(until=30.0, stop=all_acknowledged(len(shards)))
+
+    assert first_chunk_drops[0] == 3
+    assert sorted(e.shard_id for e in pair.received("b")) == list(range(len(shards)))
+    assert all(e.ok for e in pair.acknowledged("a"))
+    first_byte_arrival = min(d.at for d in pair.delivered if d.side == "b" and any(
+        f.shard_id == 0 and f.offset == 0 for f in data_frames(d.frames)))
+    (received_0,) = [at for at, e in pair.events["b"] if isinstance(e, ShardReceived) and e.shard_id == 0]
+    assert received_0 >= first_byte_arrival
+    assert pair.a.sending_done
+
+
+def test_corrupted_data_byte_is_caught_by_the_digest_never_reported_ok() -> None:
+    shards = payloads(4, 30_000, seed=2)
+    victim = 2
+    corrupted = [False]
+
+    def mutate(side: str, path_id: int, at: float, datagram: bytes) -> bytes:
+        if corrupted[0] or side != "a":
+            return datagram
+        frames = decode_frames(datagram[HEADER_LEN:])
+        if len(frames) == 1 and isinstance(frames[0], DataFrame) and frames[0].shard_id == victim \
+                and frames[0].offset > 0:
+            damaged = bytearray(datagram)
+            damaged[HEADER_LEN + 15 + 7] ^= 0x20  # a byte of the DATA frame's data
+            corrupted[0] = True
+            return bytes(damaged)
+        return datagram
+
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[20e6, 20e6], mutate=mutate)
+    for i, data in enumerate(shards):
+        pair.submit("a", i, data)
+    pair.run(until=30.0, stop=all_acknowledged(len(shards)))
+
+    assert corrupted[0]
+    received = {e.shard_id: e.ok for e in pair.received("b")}
+    acknowledged = {e.shard_id: e.ok for e in pair.acknowledged("a")}
+    assert received == {0: True, 1: True, 2: False, 3: True}
+    assert acknowledged == {0: True, 1: True, 2: False, 3: True}
+    assert [e.shard_id for e in pair.received("b")].count(victim) == 1, "reported exactly once"
+
+
+def test_data_for_an_unopened_shard_is_not_acknowledged() -> None:
+    config = make_config(paths=1)
+    b = Session(config)
+    b.receive_packet(0, 0, [DataFrame(5, 0, 4, b"abcd")], 0.0)
+    assert b.data_dropped == 1
+    b.receive_packet(0, 1, [AckFrame(0, 0, ((0, 0),))], 0.001)  # not eliciting: no ack owed either
+    acks = [f for tx in b.poll_transmit(1.0) for f in tx.frames if isinstance(f, AckFrame)]
+    assert all(not lo <= 0 <= hi for ack in acks for lo, hi in ack.ranges)
+    assert b.events() == []
+
+
+def test_data_before_shard_open_is_resent_after_open() -> None:
+    shards = payloads(3, 50_000, seed=3)
+    dropped_opens = [0]
+
+    def drop(side: str, path_id: int, at: float, frames: list[Frame]) -> bool:
+        if any(isinstance(f, ShardOpenFrame) and f.shard_id == 1 for f in frames) and dropped_opens[0] < 2:
+            dropped_opens[0] += 1
+            return True
+        return False
+
+    pair = Pair(make_config(), owd_s=[0.01, 0.015], rate_bps=[20e6, 20e6], drop=drop)
+    for i, data in enumerate(shards):
+        pair.submit("a", i, data)
+    pair.run(until=30.0, stop=all_acknowledged(len(shards)))
+
+    assert dropped_opens[0] == 2
+    opened_at = min(d.at for d in pair.delivered if d.side == "b" and any(
+        isinstance(f, ShardOpenFrame) and f.shard_id == 1 for f in d.frames))
+    early = {(d.path_id, d.packet_number) for d in pair.delivered
+             if d.side == "b" and d.at < opened_at and any(f.shard_id == 1 for f in data_frames(d.frames))}
+    assert early, "the scenario must deliver shard 1 data before its SHARD_OPEN"
+    for d in pair.delivered:
+        if d.side != "a":
+            continue
+        for ack in (f for f in d.frames if isinstance(f, AckFrame)):
+            for path_id, pn in early:
+                if ack.path_id == path_id:
+                    assert not any(lo <= pn <= hi for lo, hi in ack.ranges), (
+                        f"packet {pn} on path {path_id} carried unopened-shard data but was acknowledged")
+    assert all(e.ok for e in pair.received("b")) and len(pair.received("b")) == 3
+    assert all(e.ok for e in pair.acknowledged("a"))
+
+
+# -- receive credit -------------------------------------------------------------------------
+
+
+def test_sender_never_exceeds_receive_credit() -> None:
+    budget = 64 * 1024
+    shards = payloads(16, 16 * 1024, seed=4)
+    blocked = [0]
+
+    def check(pair: Pair) -> None:
+        held = pair.b.incoming.budget.opened - pair.b.incoming.budget.released
+        assert held <= budget
+        if pair.a.outgoing.waiting:
+            blocked[0] += 1  # a submitted shard is held back for lack of credit
+        assert pair.a.outgoing.credit.used <= pair.a.outgoing.credit.limit
+        assert pair.b.incoming.protocol_errors == 0, "the receiver never had to refuse an opening"
+
+    config = make_config(receive_budget_bytes=budget, peer_credit_bytes=budget)
+    pair = Pair(config, owd_s=[0.01, 0.02], rate_bps=[20e6, 20e6], checks=[check])
+    for i, data in enumerate(shards):
+        pair.submit("a", i, data)
+    pair.run(until=30.0, stop=all_acknowledged(len(shards)))
+
+    assert sorted(e.shard_id for e in pair.received("b") if e.ok) == list(range(16))
+    assert blocked[0] > 0, "the budget must actually constrain this transfer"
+    assert pair.a.outgoing.credit.limit == budget + 16 * 16 * 1024
+
+
+# -- path failure and readmission -----------------------------------------------------------
+
+
+def test_blackholed_path_fails_its_data_moves_and_it_is_readmitted() -> None:
+    down_from, down_until = 0.08, 2.5
+    shards = payloads(8, 128 * 1024, seed=5)
+
+    def drop(side: str, path_id: int, at: float, frames: list[Frame]) -> bool:
+        return path_id == 1 and down_from <= at < down_until
+
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[30e6, 30e6], drop=drop)
+    for i, data in enumerate(shards):
+        pair.submit("a", i, data)
+    pair.run(until=down_until)  # keep running after completion: failure takes a few probe timeouts
+
+    assert len(pair.received("b")) == len(shards), "the transfer finishes on the surviving path"
+    assert all(e.ok for e in pair.received("b"))
+    changes = [e for _, e in pair.events["a"] if isinstance(e, PathChanged)]
+    transitions = [(e.old, e.new) for e in changes if e.path_id == 1]
+    assert transitions[:2] == [("active", "degraded"), ("degraded", "failed")]
+    assert not [e for e in changes if e.path_id == 0]
+    lost = {(f.shard_id, o) for side, path_id, at, frames in pair.dropped if side == "a" and path_id == 1
+            for f in data_frames(frames) for o in range(f.offset, f.offset + f.length, 997)}
+    assert lost, "path 1 was carrying data when it went down"
+    via_path_0 = [(f.shard_id, f.offset, f.offset + f.length) for d in pair.delivered
+                  if d.side == "b" and d.path_id == 0 for f in data_frames(d.frames)]
+    for shard_id, offset in lost:
+        assert any(s == shard_id and lo <= offset < hi for s, lo, hi in via_path_0), (
+            f"byte {offset} of shard {shard_id} lost on path 1 never arrived on path 0")
+    for i, data in enumerate(shards):
+        assert hashlib.sha256(pair.buffers["b"][i]).digest() == hashlib.sha256(data).digest()
+
+    failed_events = len(transitions)
+    pair.run(until=down_until + 3.0)
+    later = [(e.old, e.new) for _, e in pair.events["a"]
+             if isinstance(e, PathChanged) and e.path_id == 1][failed_events:]
+    assert ("failed", "probing") in later, f"path 1 was not readmitted: {later}"
+    assert pair.a.paths[1].usable
+
+
+# -- batched receive (native data path) -------------------------------------------------------
+
+
+def feed_one_by_one(session: Session, pns: list[int], offsets: list[int], data: bytes, chunk: int) -> None:
+    for pn, offset in zip(pns, offsets, strict=True):
+        session.receive_packet(0, pn, [DataFrame(9, offset, min(chunk, len(data) - offset),
+                                                 data[offset:offset + chunk])], 0.5)
+
+
+@pytest.mark.parametrize("first_pn", [1, 5])  # right after the open packet, or after a gap
+def test_receive_data_run_equals_one_packet_at_a_time(first_pn: int) -> None:
+    """The native path's batched call must leave the session exactly as per-packet calls would."""
+    data = random.Random(9).randbytes(10 * 1000)
+    chunk, count = 1000, 6
+    sessions = []
+    for batched in (False, True):
+        buffers: dict[int, memoryview] = {}
+
+        def allocate(shard_id: int, size: int, meta: bytes, into: dict[int, memoryview] = buffers
+                     ) -> memoryview:
+            into[shard_id] = memoryview(bytearray(size))
+            return into[shard_id]
+
+        session = Session(make_config(paths=1, ack_threshold=100), allocator=allocate)
+        session.receive_packet(0, 0, [ShardOpenFrame(9, len(data), hashlib.sha256(data).digest())], 0.0)
+        pns = list(range(first_pn, first_pn + count))
+        offsets = [i * chunk for i in range(count)]
+        if batched:
+            buffers[9][:count * chunk] = data[:count * chunk]  # the native receiver placed the bytes
+            session.receive_data_run(0, first_pn, count, 9, 0, count * chunk, 0.5)
+        else:
+            feed_one_by_one(session, pns, offsets, data, chunk)
+        # the rest of the shard arrives one packet at a time in both cases
+        rest = list(range(count * chunk, len(data), chunk))
+        feed_one_by_one(session, list(range(first_pn + count, first_pn + count + len(rest))), rest, data,
+                        chunk)
+        sessions.append(session)
+
+    plain, batched_session = sessions
+    for a, b in [(plain.paths[0], batched_session.paths[0])]:
+        assert a.recv_pns.ranges() == b.recv_pns.ranges()
+        assert (a.recv_largest, a.unacked_eliciting, a.ack_now) == (b.recv_largest, b.unacked_eliciting,
+                                                                    b.ack_now)
+    received = [[e for e in s.events() if isinstance(e, ShardReceived)] for s in sessions]
+    assert received[0] == received[1] and received[0][0].ok
+
+    def acks(session: Session) -> list[AckFrame]:
+        return [f for tx in session.poll_transmit(1.0) for f in tx.frames if isinstance(f, AckFrame)]
+
+    assert [a.ranges for a in acks(plain)] == [a.ranges for a in acks(batched_session)]
+
+
+def test_receive_data_run_for_an_unopened_shard_is_not_acknowledged() -> None:
+    session = Session(make_config(paths=1))
+    session.receive_data_run(0, 0, 4, 3, 0, 4000, 0.0)
+    assert session.data_dropped >= 1
+    assert session.paths[0].recv_pns.total == 0
+    assert not [f for tx in session.poll_transmit(1.0) for f in tx.frames if isinstance(f, AckFrame)]
+
+
+# -- closing and user errors ------------------------------------------------------------------
+
+
+def test_close_reaches_the_peer_and_stops_submissions() -> None:
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[10e6, 10e6])
+    pair.a.close(pair.now, 7, "step done")
+    pair.service("a")
+    pair.run(until=1.0)
+    closed = [e for _, e in pair.events["b"] if isinstance(e, SessionClosed)]
+    assert [(e.code, e.error) for e in closed] == [(7, "step done")]
+    with pytest.raises(RuntimeError):
+        pair.a.submit(1, b"late", pair.now)
+
+
+@pytest.mark.parametrize("shard_id,data", [(-1, b"x"), (1 << 32, b"x"), (0, b"")])
+def test_submit_rejects_bad_shards(shard_id: int, data: bytes) -> None:
+    with pytest.raises(ValueError):
+        Session(make_config()).submit(shard_id, data, 0.0)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"paths": ()}, "path"),
+    ({"paths": (PathConfig("tiny", mtu=60),)}, "tiny"),
+    ({"chunk_bytes": 0}, "chunk_bytes"),
+    ({"ack_threshold": 0}, "ack_threshold"),
+])
+def test_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"paths": (PathConfig("p0"),), **kwargs}
+    with pytest.raises(ValueError, match=field):
+        SessionConfig(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kwargs", [{"scheduler": "fastest"}, {"congestion_control": "reno"}])
+def test_unknown_plugins_are_named(kwargs: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="valid"):
+        Session(make_config(**kwargs))
+
+
+def test_shard_larger_than_the_peer_budget_is_refused_at_submit() -> None:
+    session = Session(make_config(receive_budget_bytes=64 * 1024, peer_credit_bytes=64 * 1024))
+    with pytest.raises(ValueError, match="budget|credit"):
+        session.submit(0, bytes(100 * 1024), 0.0)
+
+
+def test_sender_releases_the_shard_buffer_once_acknowledged() -> None:
+    data = np.frombuffer(random.Random(3).randbytes(64 * 1024), dtype=np.uint8).copy()
+    alive = weakref.ref(data)
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[20e6, 20e6])
+    pair.submit("a", 0, data)  # type: ignore[arg-type]
+    del data
+    pair.run(until=10.0, stop=all_acknowledged(1))
+    assert [e.ok for e in pair.acknowledged("a")] == [True]
+    gc.collect()
+    assert alive() is None, "the sender still holds the application's buffer"

@@ -1,0 +1,111 @@
+"""Path failures with nftables inside a test's own network namespace (root only).
+
+A named nftables quota makes the blackhole deterministic: every packet to or
+from a path's data port and control port counts against the quota, and once
+it is used up all of them are dropped, i.e. the path dies mid-transfer at a
+byte count, not at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway_helpers import run, start, stop
+from wanxport.control.certs import make_test_pki
+
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
+
+PORTS = [7400, 7410, 7420]
+
+
+def _can_netns() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    if shutil.which("ip") is None or shutil.which("nft") is None:
+        return "needs iproute2 and nftables"
+    return None
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    reason = _can_netns()
+    if reason:
+        pytest.skip(reason)
+    name = f"wxgw-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "pids", name], capture_output=True)
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            subprocess.run(["kill", "-9", pid], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def blackhole(ns: str, port: int, after_bytes: int | None) -> None:
+    """Drop everything to/from ``port`` and ``port+1`` (after ``after_bytes`` of them)."""
+    quota = f"over {after_bytes or 0} bytes"
+    script = f"""
+table inet wxgw {{
+  quota q {{ {quota} }}
+  chain out {{ type filter hook output priority 0; policy accept;
+    udp dport {{ {port}, {port + 1} }} quota name "q" drop
+    udp sport {{ {port}, {port + 1} }} quota name "q" drop
+  }}
+}}
+"""
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script, text=True, check=True)
+
+
+def transfer(ns: str, tmp: Path, size: int) -> tuple[subprocess.CompletedProcess[str], str, Path]:
+    pki = tmp / "pki"
+    make_test_pki(pki, ["gw-a", "gw-b"])
+    src = tmp / "payload.bin"
+    src.write_bytes(os.urandom(size))
+    out = tmp / "out"
+    prefix = ("ip", "netns", "exec", ns)
+    listen = [a for p in PORTS for a in ("--listen", f"127.0.0.1:{p}")]
+    to = [a for p in PORTS for a in ("--to", f"127.0.0.1:{p}")]
+    recv = start("recv", "--identity", str(pki / "gw-b"), "--ca", str(pki / "ca.pem"), *listen,
+                 "--out", str(out), "--control-timeout", "1", prefix=prefix)
+    try:
+        # The sender's happy-eyeballs dial retries until the receiver is up.
+        sent = run("send", "--identity", str(pki / "gw-a"), "--ca", str(pki / "ca.pem"), *to,
+                   "--control-timeout", "1", "--piece", "8MiB", "--json", str(src),
+                   prefix=prefix, timeout=90)
+        recv_out, recv_err = recv.communicate(timeout=30)
+    finally:
+        stop(recv)
+    assert recv.returncode == 0, recv_err
+    return sent, hashlib.sha256(src.read_bytes()).hexdigest(), out / "payload.bin"
+
+
+@pytest.mark.parametrize("path", [0, 1], ids=["control-path", "data-path"])
+def test_path_blackholed_mid_transfer(netns: str, tmp_path: Path, path: int) -> None:
+    blackhole(netns, PORTS[path], after_bytes=8 << 20)
+    sent, digest, received = transfer(netns, tmp_path, 48 << 20)
+    assert sent.returncode == 0, sent.stderr
+    assert hashlib.sha256(received.read_bytes()).hexdigest() == digest
+    import json
+
+    report = json.loads(sent.stdout)
+    assert report["intact"] is True
+    if path == 0:
+        assert report["control_reconnects"] >= 1
+
+
+def test_first_path_dead_before_the_session(netns: str, tmp_path: Path) -> None:
+    blackhole(netns, PORTS[0], after_bytes=None)
+    sent, digest, received = transfer(netns, tmp_path, 16 << 20)
+    assert sent.returncode == 0, sent.stderr
+    assert hashlib.sha256(received.read_bytes()).hexdigest() == digest

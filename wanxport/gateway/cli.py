@@ -1,0 +1,257 @@
+"""``wanxport certs``, ``wanxport send`` and ``wanxport recv``.
+
+Mistakes the user can fix (bad arguments, missing identity files, a port in
+use, an unwritable output directory) raise ``UsageError`` (one line, exit 2).
+Failures at run time (unreachable peer, refused certificate, a transfer that
+did not complete) print one line and exit 1. ``--json`` prints one run report
+per session on stdout; a progress bar appears on stderr only on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from wanxport.cli import UsageError
+from wanxport.control import CertificateError, ControlConnectError, RotationLimits
+from wanxport.control.certs import KEY_TYPES, make_test_pki
+from wanxport.units import format_rate, format_size, parse_size
+
+from .config import DEFAULT_CONTROL_TIMEOUT_S, GatewayOptions, parse_hostport
+from .files import FileError, FileSink, check_output_dir, plan_files
+from .handshake import SetupError, initiate
+from .listener import GatewayListener
+from .session import SessionFailed
+from .transfer import receive_files, send_files
+
+FAILED = 1
+CIPHER_CHOICES = ("aes-256-gcm", "chacha20-poly1305")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``certs``, ``send`` and ``recv`` to the ``wanxport`` command."""
+    p = subparsers.add_parser("certs", help="write a test CA and gateway certificates",
+                              description="Write DIR/ca.pem (+ ca.key) and DIR/<name>.pem + "
+                                          "DIR/<name>.key per name, for test deployments.")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("--names", nargs="+", required=True, metavar="NAME", help="gateway names")
+    p.add_argument("--key-type", choices=KEY_TYPES, default="ec", help="ec (P-256, default) or ed25519")
+    p.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    p.set_defaults(func=run_certs)
+
+    p = subparsers.add_parser("recv", help="receive files from a sending gateway",
+                              description="Listen on one or more paths and write received files "
+                                          "to --out. Each --listen HOST:PORT is one path: data on "
+                                          "UDP PORT, QUIC control on UDP PORT+1.")
+    _common(p)
+    p.add_argument("--listen", action="append", required=True, metavar="HOST:PORT",
+                   help="one path (repeat for more); the first is listed first to senders")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="where files arrive")
+    p.add_argument("--keep", action="store_true", help="serve sessions until interrupted")
+    p.add_argument("--credit", default="1GiB", metavar="SIZE",
+                   help="receive budget granted to the sender (default 1GiB)")
+    p.set_defaults(func=run_recv)
+
+    p = subparsers.add_parser("send", help="send files to a receiving gateway",
+                              description="Send files over one or more paths. Each --to HOST:PORT is "
+                                          "one path (data on PORT, control on PORT+1); the control "
+                                          "channel starts on the first path that answers.")
+    _common(p)
+    p.add_argument("--to", action="append", required=True, metavar="HOST:PORT",
+                   help="the receiver's address on one path (repeat for more)")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p.add_argument("--cipher", choices=CIPHER_CHOICES, default="aes-256-gcm")
+    p.add_argument("--piece", default="64MiB", metavar="SIZE",
+                   help="files are sent as shards of this size (default 64MiB)")
+    p.set_defaults(func=run_send)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--identity", required=True, metavar="PREFIX",
+                   help="our certificate and key: PREFIX.pem and PREFIX.key")
+    p.add_argument("--ca", required=True, type=Path, metavar="CA.pem", help="the trusted CA")
+    p.add_argument("--json", action="store_true", help="print one run report (JSON) per session")
+    p.add_argument("--control-timeout", type=float, default=DEFAULT_CONTROL_TIMEOUT_S, metavar="S",
+                   help="seconds of silence before the control channel moves to another path")
+    p.add_argument("--rekey-bytes", metavar="SIZE", help="rotate data keys after this many bytes "
+                                                         "(default 64GiB)")
+    p.add_argument("--rekey-seconds", type=float, metavar="S", help="rotate data keys after S seconds "
+                                                                    "(default 3600)")
+    p.add_argument("--verbose", "-v", action="store_true", help="log what happens (stderr)")
+
+
+def _options(args: argparse.Namespace, **extra: Any) -> GatewayOptions:
+    limits: dict[str, Any] = {}
+    if args.rekey_bytes is not None:
+        limits["bytes"] = _size(args.rekey_bytes, "--rekey-bytes")
+    if args.rekey_seconds is not None:
+        limits["seconds"] = args.rekey_seconds
+    try:
+        return GatewayOptions(rotation=RotationLimits(**limits), control_timeout_s=args.control_timeout,
+                              **extra)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _size(text: str, what: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    if value <= 0:
+        raise UsageError(f"{what}: must be more than 0 bytes")
+    return value
+
+
+def _addresses(values: list[str], what: str) -> list[tuple[str, int]]:
+    try:
+        return [parse_hostport(v, what) for v in values]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _setup_logging(verbose: bool) -> None:
+    """Library warnings would repeat the one line the command prints; show them with -v only."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"wanxport {command}: {message}", file=sys.stderr)
+    return FAILED
+
+
+# -- certs ---------------------------------------------------------------------
+
+
+def run_certs(args: argparse.Namespace) -> int:
+    try:
+        written = make_test_pki(args.dir, args.names, days=args.days, key_type=args.key_type)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"{args.dir}: cannot write ({exc.strerror or exc})") from None
+    for name in args.names:
+        print(f"{written[name]}.pem  {written[name]}.key")
+    print(f"{written['ca']}")
+    return 0
+
+
+# -- send ----------------------------------------------------------------------
+
+
+def run_send(args: argparse.Namespace) -> int:
+    from wanxport.aio.loop import run
+
+    _setup_logging(args.verbose)
+    paths = _addresses(args.to, "--to")
+    options = _options(args, cipher=args.cipher, piece_bytes=_size(args.piece, "--piece"))
+    try:
+        pieces = plan_files(args.files, options.piece_bytes)
+    except FileError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        result = run(_send(paths, args, options, pieces))
+    except CertificateError as exc:
+        if "does not exist" in str(exc) or "not readable" in str(exc):
+            raise UsageError(str(exc)) from None
+        return _fail("send", str(exc))
+    except ControlConnectError as exc:
+        return _fail("send", f"cannot reach the receiver: {exc}")
+    except (SetupError, SessionFailed) as exc:
+        return _fail("send", str(exc))
+    if args.json:
+        print(json.dumps(result.report))
+    elif sys.stderr.isatty():
+        _summary(result.report, "sent")
+    if not result.ok:
+        return _fail("send", result.report.get("error") or "the receiver did not confirm every file")
+    return 0
+
+
+async def _send(paths: list[tuple[str, int]], args: argparse.Namespace, options: GatewayOptions,
+                pieces: list[Any]) -> Any:
+    session = await initiate(paths, args.identity, args.ca, options)
+    try:
+        return await send_files(session, pieces)
+    finally:
+        await session.close()
+
+
+def _summary(report: dict[str, Any], verb: str) -> None:
+    print(f"{verb} {format_size(report['payload_bytes'])} in {report['completion_s']:.2f} s "
+          f"({format_rate(report['goodput_bps'])}), {len(report['paths'])} paths, "
+          f"{report['datagrams_rejected']} datagrams rejected", file=sys.stderr)
+
+
+# -- recv ----------------------------------------------------------------------
+
+
+def run_recv(args: argparse.Namespace) -> int:
+    from wanxport.aio.loop import run
+
+    _setup_logging(args.verbose)
+    listens = _addresses(args.listen, "--listen")
+    options = _options(args, credit_bytes=_size(args.credit, "--credit"))
+    try:
+        check_output_dir(args.out)
+    except FileError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return run(_recv(listens, args, options))
+    except CertificateError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def _recv(listens: list[tuple[str, int]], args: argparse.Namespace, options: GatewayOptions) -> int:
+    sink_holder: list[FileSink] = []
+
+    def allocate(shard_id: int, size: int, meta: bytes) -> Any:
+        return sink_holder[-1].allocate(shard_id, size, meta)
+
+    listener = GatewayListener(listens, args.identity, args.ca, options, allocator=allocate)
+    try:
+        await listener.start()
+    except OSError as exc:
+        raise UsageError(f"--listen: port in use or not available: {exc.strerror or exc}") from None
+    reporter = asyncio.create_task(_report_rejections(listener))
+    status = 0
+    try:
+        while True:
+            sink_holder.append(FileSink(args.out))
+            try:
+                session = await listener.accept()
+            except (SetupError, OSError) as exc:
+                print(f"wanxport recv: {exc}", file=sys.stderr)
+                status = FAILED
+                if not args.keep:
+                    return status
+                continue
+            try:
+                result = await receive_files(session, sink_holder[-1])
+            finally:
+                await session.close()
+                listener.release()
+            if args.json:
+                print(json.dumps(result.report), flush=True)
+            elif sys.stderr.isatty():
+                _summary(result.report, "received")
+            status = 0 if result.ok else FAILED
+            if not result.ok:
+                print(f"wanxport recv: {result.error}", file=sys.stderr)
+            if not args.keep:
+                return status
+    finally:
+        reporter.cancel()
+        listener.close()
+
+
+async def _report_rejections(listener: GatewayListener) -> None:
+    while True:
+        exc = await listener.rejections.get()
+        print(f"wanxport recv: refused a sender: {exc}", file=sys.stderr, flush=True)

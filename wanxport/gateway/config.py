@@ -1,0 +1,103 @@
+"""Gateway session settings and the address conventions of ``--listen`` / ``--to``.
+
+Each path is one ``HOST:PORT``: the data plane uses UDP ``PORT`` and the QUIC
+control channel listens on UDP ``PORT + 1`` of the same host. A second port
+(instead of demultiplexing QUIC and data-plane datagrams on one socket by the
+first byte) keeps both sides simple: the native receiver owns its socket and
+never has to hand QUIC packets back to Python, and aioquic owns its own.
+Because every path has a control port, the control channel can start on, and
+move to, any live path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from wanxport.aio.config import offload_chunk_bytes
+from wanxport.control import RotationLimits
+from wanxport.core.config import PathConfig, SessionConfig
+
+Address = tuple[str, int]
+
+DEFAULT_CIPHER = "aes-256-gcm"
+DEFAULT_MTU = 1500
+DEFAULT_SEGMENTS = 32  # datagrams per core packet (segmentation happens below the core)
+DEFAULT_CREDIT_BYTES = 1 << 30
+DEFAULT_PIECE_BYTES = 64 << 20  # files are cut into shards of this size for pipelining
+DEFAULT_CONTROL_TIMEOUT_S = 2.0  # QUIC idle timeout: how fast a dead control path is noticed
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    """What both gateways tune; the receiver's credit travels in Welcome."""
+
+    cipher: str = DEFAULT_CIPHER
+    mtu: int = DEFAULT_MTU
+    segments: int = DEFAULT_SEGMENTS
+    credit_bytes: int = DEFAULT_CREDIT_BYTES
+    piece_bytes: int = DEFAULT_PIECE_BYTES
+    rotation: RotationLimits = field(default_factory=RotationLimits)
+    control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    connect_timeout_s: float = 10.0
+    resume_window_s: float = 30.0
+    datapath: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not 576 <= self.mtu <= 65535:
+            raise ValueError(f"mtu: {self.mtu} is not valid; use 576..65535")
+        if self.segments < 1:
+            raise ValueError(f"segments: {self.segments} is not valid; use >= 1")
+        if self.credit_bytes < 1 << 20:
+            raise ValueError(f"credit_bytes: {self.credit_bytes} is not valid; use >= 1 MiB")
+        if self.piece_bytes < 1:
+            raise ValueError(f"piece_bytes: {self.piece_bytes} is not valid; use >= 1")
+        if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("control_timeout_s and connect_timeout_s must be > 0")
+
+
+def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> SessionConfig:
+    """The core session config both sides derive from the agreed paths, MTU and credit.
+
+    Acknowledgements come about once per core packet and within 1 ms: with the
+    default 5 ms delayed-ACK timer a short path's window would follow the timer.
+    """
+    paths = tuple(PathConfig(f"p{i}", mtu) for i in range(n_paths))
+    chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
+    return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
+                         peer_credit_bytes=credit_bytes, ack_threshold=max(2, segments),
+                         max_ack_delay_s=0.001)
+
+
+def parse_hostport(text: str, what: str) -> Address:
+    """``HOST:PORT`` or ``[V6]:PORT``; the port leaves room for the control port (PORT+1)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"{what}: {text!r} is not valid; use HOST:PORT (e.g. 10.0.0.2:7400)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if not 1 <= port <= 65534:
+        raise ValueError(f"{what}: port {port} is not valid; use 1..65534 (PORT+1 carries control)")
+    return host, port
+
+
+def control_address(data: Address) -> Address:
+    return data[0], data[1] + 1
+
+
+def format_endpoint(address: Address) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_endpoint(text: str) -> Address:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -1,0 +1,197 @@
+"""Session setup over the control channel: Hello/Keys -> Welcome/Keys.
+
+Initiator (sender)                      Responder (receiver)
+  Hello(endpoints, cipher, mtu)  ---->
+  Keys(initiator->responder, 0)  ---->  binds its data sockets, starts its endpoint
+                                 <----  Welcome(paths, conn ids, credit)
+                                 <----  Keys(responder->initiator, 0)
+  starts its endpoint, data flows
+
+The responder's endpoint is running before its Welcome leaves, so the first
+data datagram always finds an open socket. The initiator learns its own data
+endpoints (to put in Hello) before it has any key, by asking the kernel which
+local address and port a socket connected to each path would use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import time
+from typing import TypeVar
+
+from cryptography import x509
+
+from wanxport.aio.config import EndpointConfig, PathSocket
+from wanxport.aio.endpoint import Allocator
+from wanxport.control import (
+    PROTOCOL_VERSION,
+    Bye,
+    ControlChannel,
+    ControlProtocolError,
+    Hello,
+    Keys,
+    Message,
+    ResilientControl,
+    Welcome,
+    answer_hello,
+    load_identity,
+)
+from wanxport.control.certs import certificate_name, check_ca_file
+
+from .config import (
+    Address,
+    GatewayOptions,
+    control_address,
+    format_endpoint,
+    is_loopback,
+    parse_endpoint,
+    session_config,
+)
+from .endpoint import GatewayEndpoint
+from .rekey import DataKeys, direction_key
+from .session import GatewaySession
+
+M = TypeVar("M", bound=Message)
+SUPPORTED_CIPHERS = ["aes-256-gcm", "chacha20-poly1305"]
+
+
+class SetupError(ConnectionError):
+    """The peers could not agree on a session (one line, says why)."""
+
+
+def identity_name(cert_path: os.PathLike[str] | str) -> str:
+    with open(cert_path, "rb") as fh:
+        return certificate_name(x509.load_pem_x509_certificate(fh.read()))
+
+
+async def expect(channel: ControlChannel, kind: type[M], timeout_s: float) -> M:
+    try:
+        msg = await asyncio.wait_for(channel.recv(), timeout_s)
+    except TimeoutError:
+        raise SetupError(f"session setup: no {kind.TYPE} from {channel.peer_name!r} within "
+                         f"{timeout_s:.0f} s") from None
+    if isinstance(msg, Bye):
+        raise SetupError(f"session setup: {channel.peer_name!r} refused the session ({msg.reason})")
+    if not isinstance(msg, kind):
+        raise SetupError(f"session setup: expected {kind.TYPE}, got {msg.TYPE}")
+    return msg
+
+
+def local_endpoint_for(remote: Address) -> Address:
+    """The (address, free port) a UDP socket towards ``remote`` would use.
+
+    The port is released again and re-bound by the endpoint a moment later;
+    a collision in that window makes the bind fail loudly, never misroute.
+    """
+    family = socket.AF_INET6 if ":" in remote[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(remote)
+        host, port = probe.getsockname()[:2]
+    return str(host), int(port)
+
+
+def _check_keys(keys: Keys, direction: str, cipher: str) -> None:
+    if keys.direction != direction or keys.key_phase != 0 or keys.cipher != cipher:
+        raise SetupError(f"session setup: peer's first keys must be {direction} phase 0 with "
+                         f"{cipher}, got {keys.direction} phase {keys.key_phase} {keys.cipher}")
+
+
+async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: os.PathLike[str] | str,
+                   options: GatewayOptions | None = None, allocator: Allocator | None = None
+                   ) -> GatewaySession:
+    """Dial the peer on any path's control port and set up a session (we send)."""
+    options = options or GatewayOptions()
+    if not paths:
+        raise ValueError("paths: give at least one HOST:PORT")
+    cert, key = load_identity(identity)
+    check_ca_file(ca)
+    channel = await ResilientControl.connect(
+        [control_address(p) for p in paths], cert=cert, key=key, ca=ca,
+        timeout_s=options.connect_timeout_s, idle_timeout_s=options.control_timeout_s,
+        resume_window_s=options.resume_window_s)
+    try:
+        return await _initiate_on(channel, paths, identity_name(cert), options, allocator)
+    except BaseException:
+        channel.close()
+        raise
+
+
+async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str, options: GatewayOptions,
+                       allocator: Allocator | None) -> GatewaySession:
+    keys = DataKeys("initiator->responder", options.cipher, options.rotation, time.monotonic)
+    locals_ = [local_endpoint_for(p) for p in paths]
+    conn_id = int.from_bytes(os.urandom(4), "big")
+    await channel.send(Hello(PROTOCOL_VERSION, "initiator", name, [format_endpoint(a) for a in locals_],
+                             [options.cipher], conn_id, mtu=options.mtu, segments=options.segments))
+    await channel.send(keys.current)
+    welcome = await expect(channel, Welcome, options.connect_timeout_s)
+    peer_keys = await expect(channel, Keys, options.connect_timeout_s)
+    _check_keys(peer_keys, "responder->initiator", options.cipher)
+    if welcome.cipher != options.cipher or welcome.peer_conn_id != conn_id:
+        raise SetupError("session setup: the peer's welcome does not match our hello")
+    n = len(welcome.paths)
+    if not 1 <= n <= len(paths):
+        raise SetupError(f"session setup: the peer agreed to {n} paths, we offered {len(paths)}")
+    credit = welcome.credit_bytes or options.credit_bytes
+    cfg = EndpointConfig(
+        session_config(n, options.mtu, options.segments, credit),
+        tuple(PathSocket(locals_[i], paths[i]) for i in range(n)),
+        send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
+        local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
+    endpoint = GatewayEndpoint(cfg, allocator=allocator)
+    endpoint.start()
+    mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
+    return GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode)
+
+
+async def respond(channel: ControlChannel, listens: list[Address], name: str, options: GatewayOptions,
+                  allocator: Allocator | None = None) -> GatewaySession:
+    """Answer an initiator's Hello on an authenticated channel (we receive)."""
+    hello = await expect(channel, Hello, options.connect_timeout_s)
+    peer_keys = await expect(channel, Keys, options.connect_timeout_s)
+    try:
+        welcome = answer_hello(hello, gateway=name, endpoints=[format_endpoint(a) for a in listens],
+                               ciphers=SUPPORTED_CIPHERS, conn_id=int.from_bytes(os.urandom(4), "big"))
+    except ControlProtocolError as exc:
+        await _refuse(channel, str(exc))
+        raise SetupError(f"session setup: {exc}") from None
+    _check_keys(peer_keys, "initiator->responder", welcome.cipher)
+    mtu = hello.mtu or options.mtu
+    segments = hello.segments or options.segments
+    n = len(welcome.paths)
+    keys = DataKeys("responder->initiator", welcome.cipher, options.rotation, time.monotonic)
+    peers = [parse_endpoint(pair[0]) for pair in welcome.paths]
+    cfg = EndpointConfig(
+        session_config(n, mtu, segments, options.credit_bytes),
+        tuple(PathSocket(listens[i], peers[i]) for i in range(n)),
+        send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
+        local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)
+    try:
+        endpoint = GatewayEndpoint(cfg, allocator=allocator)
+    except OSError as exc:
+        await _refuse(channel, f"data port busy ({exc.strerror or exc})")
+        raise SetupError(f"session setup: cannot open the data ports: {exc.strerror or exc}") from None
+    endpoint.start()
+    try:
+        await channel.send(_with_credit(welcome, options.credit_bytes))
+        await channel.send(keys.current)
+    except BaseException:
+        endpoint.abort()
+        raise
+    mode = "loopback" if all(is_loopback(p[0]) for p in peers) else "network"
+    return GatewaySession("responder", channel, endpoint, keys, channel.peer_name, mode=mode)
+
+
+def _with_credit(welcome: Welcome, credit: int) -> Welcome:
+    return dataclasses.replace(welcome, credit_bytes=credit)
+
+
+async def _refuse(channel: ControlChannel, reason: str) -> None:
+    try:
+        await channel.send(Bye(reason))
+        await channel.aclose(timeout_s=1.0)
+    except Exception:  # noqa: BLE001 - best effort: the session is being refused anyway
+        channel.close()

@@ -1,0 +1,72 @@
+"""Transfer progress: a rich bar on a terminal, nothing otherwise; a goodput timeline.
+
+The timeline (acknowledged bytes sampled every ``interval_s``) goes into the
+run report, so a stall (e.g. around a key rotation) is visible afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+TIMELINE_INTERVAL_S = 0.1
+
+
+def acked_bytes(endpoint: Any) -> int:
+    """Bytes the receiver has acknowledged so far, over all shards of the session."""
+    return sum(shard.acked.total for shard in endpoint.session.outgoing.shards.values())
+
+
+class ProgressMonitor:
+    """Samples ``measure()`` until stopped; draws a bar when stderr is a terminal."""
+
+    def __init__(self, description: str, total: int, measure: Callable[[], int],
+                 origin: float, show: bool | None = None, interval_s: float = TIMELINE_INTERVAL_S
+                 ) -> None:
+        self.total = total
+        self.origin = origin  # time.monotonic() that timeline times count from
+        self.measure = measure
+        self.interval_s = interval_s
+        self.timeline: list[tuple[float, int]] = []
+        self._show = sys.stderr.isatty() if show is None else show
+        self._description = description
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        progress = (Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                             TransferSpeedColumn(), TimeRemainingColumn(), transient=True,
+                             console=None) if self._show else None)
+        try:
+            if progress is not None:
+                progress.start()
+                task = progress.add_task(self._description, total=self.total)
+            while True:
+                value = self.measure()
+                self.timeline.append((round(time.monotonic() - self.origin, 3), value))
+                if progress is not None:
+                    progress.update(task, completed=min(value, self.total))
+                await asyncio.sleep(self.interval_s)
+        finally:
+            if progress is not None:
+                progress.stop()

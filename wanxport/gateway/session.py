@@ -1,0 +1,276 @@
+"""One gateway session: the control channel and the data-plane endpoint, together.
+
+The control channel (QUIC, mutual TLS) sets the session up and then carries
+what the data plane should not: shard announcements, completion verdicts,
+key rotation and the goodbye. The endpoint moves the bytes. This class runs
+the control reader (dispatching those messages) and the rotation check, and
+offers the few calls the file transfer and the Python API are built on:
+``send_shard`` on the initiator, ``receive``/``complete`` on the responder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from wanxport.aio.endpoint import ReceivedShard
+from wanxport.control import (
+    Bye,
+    ControlChannel,
+    ControlClosed,
+    ControlProtocolError,
+    Keys,
+    KeyUpdate,
+    Message,
+    PathStatus,
+    ShardAnnounce,
+    ShardComplete,
+)
+
+from .endpoint import GatewayEndpoint
+from .rekey import DataKeys
+
+log = logging.getLogger(__name__)
+
+ROTATION_CHECK_S = 0.05
+
+
+class SessionFailed(ConnectionError):
+    """The session ended before the operation finished (peer gone, control lost)."""
+
+
+@dataclass
+class IncomingShard:
+    """A shard that arrived, with the sender's announcement and data-plane metadata."""
+
+    shard_id: int
+    data: memoryview
+    ok: bool
+    announce: ShardAnnounce
+    meta: dict[str, Any]
+    at: float
+
+
+@dataclass
+class SessionStats:
+    started: float = field(default_factory=time.monotonic)
+    first_submit: float | None = None
+    last_ack: float | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+def sha256_hex(data: Any) -> str:
+    return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
+
+
+async def sha256_hex_async(data: Any) -> str:
+    """Hash off the event loop (hashlib releases the GIL for large buffers)."""
+    return await asyncio.to_thread(sha256_hex, data)
+
+
+class GatewaySession:
+    """Both roles share this class; ``role`` is "initiator" (sender) or "responder"."""
+
+    def __init__(self, role: str, channel: ControlChannel, endpoint: GatewayEndpoint, keys: DataKeys,
+                 peer_name: str, *, mode: str) -> None:
+        self.role = role
+        self.channel = channel
+        self.endpoint = endpoint
+        self.keys = keys
+        self.peer_name = peer_name
+        self.mode = mode
+        self.stats = SessionStats()
+        self._loop = asyncio.get_running_loop()
+        self._announced: dict[int, ShardAnnounce] = {}
+        self._announce_waiters: dict[int, asyncio.Future[ShardAnnounce]] = {}
+        self._completions: dict[int, asyncio.Future[str]] = {}
+        self._empty: asyncio.Queue[ShardAnnounce] = asyncio.Queue()
+        self._ended: asyncio.Future[str] = self._loop.create_future()
+        self._failure: Exception | None = None
+        self._tasks = [asyncio.create_task(self._read_control()), asyncio.create_task(self._rotate())]
+        self._closed = False
+
+    # -- sending (initiator) ---------------------------------------------------
+
+    async def send_shard(self, shard_id: int, data: Any, announce: ShardAnnounce,
+                         meta: dict[str, Any] | None = None) -> bool:
+        """Announce, send and wait for the receiver's verdict over both channels.
+
+        True only when the data plane acknowledged the shard as verified *and*
+        the receiver confirmed completion on the control channel (for files:
+        after the file is in place).
+        """
+        self._check_alive()
+        verdict = self._completion(shard_id)
+        await self.channel.send(announce)
+        now = self.endpoint.clock()
+        if self.stats.first_submit is None:
+            self.stats.first_submit = now
+        acked = self.endpoint.submit(shard_id, data, json.dumps(meta or {}).encode(),
+                                     bytes.fromhex(announce.sha256))
+        ok = await self._until_ended(acked)
+        self.stats.last_ack = self.endpoint.clock()
+        self.stats.bytes_sent += announce.size_bytes
+        status = await self._until_ended(verdict)
+        return bool(ok) and status == "verified"
+
+    async def announce_empty(self, announce: ShardAnnounce) -> bool:
+        """A zero-byte shard (an empty file) exists only on the control channel."""
+        self._check_alive()
+        verdict = self._completion(announce.shard_id)
+        await self.channel.send(announce)
+        return await self._until_ended(verdict) == "verified"
+
+    # -- receiving (responder) -------------------------------------------------
+
+    async def receive(self) -> IncomingShard:
+        """The next shard that arrived, once its announcement is here too."""
+        got: ReceivedShard = await self._until_ended(asyncio.ensure_future(self.endpoint.receive_shard()))
+        announce = await self._until_ended(self._announcement(got.shard_id))
+        self.stats.bytes_received += len(got.data)
+        try:
+            meta = json.loads(got.meta) if got.meta else {}
+        except ValueError:
+            meta = {}
+        ok = got.ok and announce.size_bytes == len(got.data)
+        return IncomingShard(got.shard_id, got.data, ok, announce, meta if isinstance(meta, dict) else {},
+                             got.at)
+
+    def announcement(self, shard_id: int) -> ShardAnnounce | None:
+        return self._announced.get(shard_id)
+
+    async def next_empty(self) -> ShardAnnounce:
+        """The next announced zero-byte shard (it never appears on the data plane)."""
+        return await self._until_ended(asyncio.ensure_future(self._empty.get()))
+
+    async def complete(self, shard_id: int, status: str) -> None:
+        await self.channel.send(ShardComplete(shard_id, status))
+
+    async def wait_ended(self) -> str:
+        """Until the peer says goodbye (the reason) or the session fails (raises)."""
+        return await asyncio.shield(self._ended)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @property
+    def failure(self) -> Exception | None:
+        """What ended the session abnormally (None while alive or after a goodbye)."""
+        return self._failure
+
+    @property
+    def datagrams_rejected(self) -> int:
+        return self.endpoint.datagrams_rejected
+
+    async def close(self, reason: str = "done") -> None:
+        """Say goodbye (when still possible), stop the data plane, end the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._failure is None and not self.channel.closed:
+                with contextlib.suppress(Exception):
+                    await self.channel.send(Bye(reason))
+                    await self.channel.aclose(timeout_s=2.0)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.endpoint.close(reason)
+            self.channel.close()
+            if not self._ended.done():
+                self._ended.set_result(reason)
+
+    async def __aenter__(self) -> GatewaySession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close("done" if exc[0] is None else "error")
+
+    # -- internals -------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._failure is not None:
+            raise SessionFailed(str(self._failure))
+        if self._ended.done():
+            raise SessionFailed("the session has ended")
+
+    async def _until_ended(self, fut: asyncio.Future[Any]) -> Any:
+        """``fut``'s result, or SessionFailed when the session ends first."""
+        done, _ = await asyncio.wait({fut, self._ended}, return_when=asyncio.FIRST_COMPLETED)
+        if fut in done:
+            return fut.result()
+        fut.cancel()
+        if self._failure is not None:
+            raise SessionFailed(str(self._failure))
+        raise SessionFailed(f"the peer ended the session ({self._ended.result()})")
+
+    def _completion(self, shard_id: int) -> asyncio.Future[str]:
+        fut = self._completions.get(shard_id)
+        if fut is None:
+            fut = self._completions[shard_id] = self._loop.create_future()
+        return fut
+
+    def _announcement(self, shard_id: int) -> asyncio.Future[ShardAnnounce]:
+        fut: asyncio.Future[ShardAnnounce] = self._loop.create_future()
+        if shard_id in self._announced:
+            fut.set_result(self._announced[shard_id])
+        else:
+            self._announce_waiters[shard_id] = fut
+        return fut
+
+    async def _read_control(self) -> None:
+        try:
+            async for msg in self.channel:
+                await self._dispatch(msg)
+            self._end("control channel closed")
+        except ControlClosed:
+            self._end("control channel closed")
+        except Exception as exc:  # noqa: BLE001 - whatever ended the channel ends the session
+            self._fail(exc)
+
+    async def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, ShardAnnounce):
+            self._announced[msg.shard_id] = msg
+            if msg.size_bytes == 0:
+                self._empty.put_nowait(msg)
+            waiter = self._announce_waiters.pop(msg.shard_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(msg)
+        elif isinstance(msg, ShardComplete):
+            fut = self._completion(msg.shard_id)
+            if not fut.done():
+                fut.set_result(msg.status)
+        elif isinstance(msg, Keys):
+            await self.channel.send(self.keys.on_keys(msg, self.endpoint))
+        elif isinstance(msg, KeyUpdate):
+            self.keys.on_key_update(msg, self.endpoint)
+        elif isinstance(msg, Bye):
+            self._end(msg.reason or "bye")
+        elif isinstance(msg, PathStatus):
+            log.info("peer reports path %d %s %s", msg.path_id, "up" if msg.up else "down", msg.reason)
+        else:
+            raise ControlProtocolError(f"{msg.TYPE}: not valid after session setup")
+
+    async def _rotate(self) -> None:
+        while True:
+            await asyncio.sleep(ROTATION_CHECK_S)
+            keys = self.keys.due(self.endpoint)
+            if keys is not None:
+                await self.channel.send(keys)
+
+    def _end(self, reason: str) -> None:
+        if not self._ended.done():
+            self._ended.set_result(reason)
+
+    def _fail(self, exc: Exception) -> None:
+        if self._failure is None and not self._ended.done():
+            log.warning("session with %s failed: %s", self.peer_name, exc)
+            self._failure = exc
+            self._ended.set_result(str(exc))
