@@ -43,7 +43,46 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--backend", choices=("netem", "engine"))
     val.add_argument("--duration", type=float, default=3.0, help="seconds per iperf3 run")
     val.add_argument("--json", action="store_true")
+    _add_experiment_parsers(sub)
     return parser
+
+
+def _size(text: str) -> int:
+    from wanxport.units import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0 bytes")
+    return value
+
+
+def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``run`` and ``compare`` (side-by-side experiments, docs/notes/experiments.md)."""
+    transports = ("wanxport", "tcp", "tcp-parallel", "mptcp", "aioquic")
+    run = sub.add_parser("run", help="one transfer over the scenario; prints a run report")
+    run.add_argument("scenario")
+    run.add_argument("--transport", choices=transports, required=True)
+    run.add_argument("--cc", choices=("cubic", "bbr", "reno"), help="default cubic")
+    run.add_argument("--size", type=_size, help="payload bytes (default: the scenario's)")
+    run.add_argument("--deadline", type=float, metavar="S",
+                     help="stop after S seconds (default max(60, 20 x ideal))")
+    run.add_argument("--backend", choices=("netem", "engine"))
+    run.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
+    cmp = sub.add_parser("compare", help="run a matrix of scenarios x transports; "
+                                         "write reports, figures and a Markdown table")
+    cmp.add_argument("scenarios", nargs="+", metavar="scenario",
+                     help="a file or bundled name, optionally @SIZE (clean-2path@64MiB)")
+    cmp.add_argument("--transports", default="tcp,tcp-parallel,mptcp,aioquic",
+                     help="comma-separated; a TCP-based one may name its cc: mptcp:bbr")
+    cmp.add_argument("--repeat", type=int, default=1)
+    cmp.add_argument("--size", type=_size, help="payload bytes for every scenario without @SIZE")
+    cmp.add_argument("--deadline", type=float, metavar="S")
+    cmp.add_argument("--backend", choices=("netem", "engine"))
+    cmp.add_argument("--no-sim", action="store_true", help="skip the simulator column")
+    cmp.add_argument("--out", required=True, help="directory for reports, figures, table")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "run":
+            from emulation.run import main_run
+
+            return main_run(args)
+        if args.command == "compare":
+            from emulation.compare import main_compare
+
+            return main_compare(args)
         scenario = resolve_scenario(args.scenario)
         # Imported late: a bad scenario or argument must not need pyroute2.
         from emulation.api import Emulation

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from gateway_helpers import free_path_ports
+
 from wanxport.api import connect, listen
 from wanxport.control import CertificateError
 from wanxport.control.certs import make_foreign_leaf, make_test_pki

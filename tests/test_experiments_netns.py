@@ -147,14 +147,14 @@ def test_run_cli_prints_one_report(tmp_path: Path) -> None:
 
 def test_compare_writes_reports_figures_and_table(two_paths: Scenario, tmp_path: Path) -> None:
     scenario = two_paths.with_transfer(size_bytes=1 << 20)
-    reports = compare([scenario], [Column("tcp"), Column("wanxport", "cubic")], 2, tmp_path)
+    reports = compare([scenario], [Column("tcp"), Column("tcp-parallel", "bbr")], 2, tmp_path)
     emulated = [r for r in reports if r["mode"] == "emulated"]
     assert [(r["transport"], r["repeat"]) for r in emulated] == [
-        ("tcp", 0), ("tcp", 1), ("wanxport", 0), ("wanxport", 1)]
+        ("tcp", 0), ("tcp", 1), ("tcp-parallel", 0), ("tcp-parallel", 1)]
     assert sum(1 for r in reports if r["mode"] == "sim") == 1
     assert len(list((tmp_path / "reports").glob("*.json"))) == 5
-    for name in ("goodput.png", "completion.png", f"timeline-{scenario.name}.png"):
+    for name in ("goodput.png", "completion.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     table = (tmp_path / "results.md").read_text()
     assert f"| {scenario.name} | 1 MiB |" in table
-    assert "| wanxport (sim) | tcp | wanxport:cubic |" in table
+    assert "| wanxport (sim) | tcp | tcp-parallel:bbr |" in table

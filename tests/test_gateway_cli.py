@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from gateway_helpers import free_path_ports, run, start, stop, wait_listening
+
 from wanxport.control.certs import make_expired_leaf, make_foreign_leaf
 
 pytestmark = pytest.mark.timeout(90)

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from gateway_helpers import run, start, stop
+
 from wanxport.control.certs import make_test_pki
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
@@ -67,6 +67,28 @@ table inet wxgw {{
     subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script, text=True, check=True)
 
 
+def wait_bound(ns: str, proc: subprocess.Popen[str], port: int, timeout_s: float = 20) -> None:
+    """Until ``port`` is bound inside ``ns`` (the receiver's last control listener)."""
+    import socket
+    import time
+
+    from pyroute2 import netns as pr_netns
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        pr_netns.pushns(ns)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.bind(("127.0.0.1", port))
+        except OSError:
+            return
+        finally:
+            pr_netns.popns()
+        time.sleep(0.02)
+    raise TimeoutError("the receiver did not start listening")
+
+
 def transfer(ns: str, tmp: Path, size: int) -> tuple[subprocess.CompletedProcess[str], str, Path]:
     pki = tmp / "pki"
     make_test_pki(pki, ["gw-a", "gw-b"])
@@ -79,14 +101,14 @@ def transfer(ns: str, tmp: Path, size: int) -> tuple[subprocess.CompletedProcess
     recv = start("recv", "--identity", str(pki / "gw-b"), "--ca", str(pki / "ca.pem"), *listen,
                  "--out", str(out), "--control-timeout", "1", prefix=prefix)
     try:
-        # The sender's happy-eyeballs dial retries until the receiver is up.
+        wait_bound(ns, recv, PORTS[-1] + 1)
         sent = run("send", "--identity", str(pki / "gw-a"), "--ca", str(pki / "ca.pem"), *to,
                    "--control-timeout", "1", "--piece", "8MiB", "--json", str(src),
                    prefix=prefix, timeout=90)
         recv_out, recv_err = recv.communicate(timeout=30)
     finally:
         stop(recv)
-    assert recv.returncode == 0, recv_err
+    assert recv.returncode == 0, (recv_err, sent.stderr)
     return sent, hashlib.sha256(src.read_bytes()).hexdigest(), out / "payload.bin"
 
 

@@ -8,8 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
-
 from gateway_helpers import free_path_ports
+
 from wanxport.control import RotationLimits, ShardAnnounce
 from wanxport.control.certs import make_test_pki
 from wanxport.gateway import rekey

@@ -31,7 +31,9 @@ class SessionConfig:
     ack_threshold: int = 8
     receive_budget_bytes: int = 1 << 30  # our receive memory bound; granted to the peer
     peer_credit_bytes: int = 1 << 30  # the peer's budget, agreed at setup
-    pacing_horizon_s: float = 0.002
+    pacing_horizon_s: float = 0.002  # hand packets out this far ahead of departure ...
+    burst_packets: int = 8  # ... or this many packets' worth, whichever is longer
+    stripe_chunks: int = 64  # new data goes to a path in contiguous runs of this many chunks
     hedge: bool = True
     max_probe_interval_s: float = 1.0
 

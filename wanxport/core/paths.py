@@ -123,7 +123,7 @@ class Path:
             self._bw_round_at = now
 
     def pto_s(self, max_ack_delay_s: float) -> float:
-        return self.rtt.pto_s(max_ack_delay_s) * (2 ** min(self.pto_count, 6))
+        return self.rtt.pto_s(max_ack_delay_s) * float(1 << min(self.pto_count, 6))
 
     def pto_deadline(self, max_ack_delay_s: float) -> float | None:
         if self.bytes_in_flight <= 0:

@@ -147,7 +147,7 @@ def _remove_lost(path: Path, lost: list[SentPacket], now: float) -> None:
 
 def _forget_old_losses(path: Path, now: float) -> None:
     horizon = now - max(SPURIOUS_MEMORY_S, 4 * path.rtt.smoothed_s)
-    stale = []
+    stale: list[int] = []
     for pn, at in path.recently_lost.items():  # insertion order is time order
         if at >= horizon and len(path.recently_lost) - len(stale) <= 4096:
             break

@@ -91,5 +91,5 @@ def available_schedulers() -> list[str]:
     return sorted(_REGISTRY)
 
 
-register_scheduler(EarliestArrivalScheduler.name, EarliestArrivalScheduler)
-register_scheduler(RoundRobinScheduler.name, RoundRobinScheduler)
+register_scheduler("earliest-arrival", EarliestArrivalScheduler)
+register_scheduler("round-robin", RoundRobinScheduler)

@@ -286,7 +286,8 @@ class Session:
         path = self._best_path(now)
         if path is None:
             return
-        frames, size = [], 0
+        frames: list[Frame] = []
+        size = 0
         for frame in self._control:
             if frames and size + frame.wire_size > MAX_CONTROL_PAYLOAD:
                 self._send(path, frames, now, now, out, control=frames)
@@ -316,19 +317,25 @@ class Session:
         cutoff = self._cutoff
         candidates = [self.paths[i] for i in self._dirty if self.paths[i].usable]
         self._dirty.clear()
-        horizon = now + self.config.pacing_horizon_s
         hedge = self._in_tail and self.config.hedge
         if len(candidates) > 1:
             candidates = self.scheduler.order(candidates, now)
         for path in candidates:
+            horizon = now + self._horizon_s(path)
             if path.cwnd_space <= 0 or path.next_send_at > horizon:
                 continue
             if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
                 # Not worth it now; look again shortly, as the cutoff moves with the tail.
+                self._release_stripe(path)
                 path.pacing_wake = now + self.config.pacing_horizon_s
                 self._touch(path)
                 continue
             self._fill(path, now, horizon, out, hedge)
+
+    def _release_stripe(self, path: Path) -> None:
+        """Give the path's unsent stripe to the others, and let them know."""
+        if self.outgoing.release_stripe(path.path_id):
+            self._dirty.update(i for i, p in enumerate(self.paths) if p.usable and p is not path)
 
     def _update_cutoff(self, now: float) -> None:
         """Enter or leave the tail, and water-fill the remaining bytes when in it."""
@@ -336,7 +343,10 @@ class Session:
         self._cutoff_stale = False
         usable = [p for p in self.paths if p.usable]
         remaining = self.outgoing.remaining_bytes
+        was_in_tail = self._in_tail
         self._in_tail = bool(usable) and remaining < self._tail_threshold(usable)
+        if self._in_tail and not was_in_tail and self.outgoing.release_all_stripes():
+            self._dirty.update(range(len(self.paths)))  # each chunk now goes where it lands first
         if self._in_tail and remaining:
             self._cutoff = self.scheduler.cutoff(usable, now, remaining)
         else:
@@ -347,15 +357,25 @@ class Session:
         longest = max(p.rtt.smoothed_s for p in usable)
         return sum(p.send_rate_Bps() for p in usable) * longest * 1.5
 
+    def _horizon_s(self, path: Path) -> float:
+        """How far ahead of its departure a packet is handed out: about one burst.
+
+        Handed-out packets count as in flight, so the horizon stays well under a
+        round trip or the congestion controller would see a phantom queue.
+        """
+        burst_s = self.config.burst_packets * (path.mss + self.config.packet_overhead()) * 8
+        return max(self.config.pacing_horizon_s, min(burst_s / path.cc.pacing_rate_bps, path.rtt.min_s / 8))
+
     def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit], hedge: bool) -> None:
         overhead = self.config.packet_overhead()
         path.pacing_wake = None
         while path.cwnd_space > 0:
             if path.next_send_at > horizon:
-                path.pacing_wake = path.next_send_at - self.config.pacing_horizon_s
+                path.pacing_wake = path.next_send_at - (horizon - now)
                 self._touch(path)
                 return
-            picked = self.outgoing.next_chunk(path.mss)
+            picked = self.outgoing.next_chunk(path.mss, path.path_id,
+                                              0 if self._in_tail else self.config.stripe_chunks * path.mss)
             retransmission = False
             if picked is not None:
                 chunk, retransmission = picked
@@ -444,6 +464,8 @@ class Session:
         self._cutoff_stale = True
 
     def _set_state(self, path: Path, state: PathState, now: float) -> None:
+        if state in (PathState.DEGRADED, PathState.FAILED):
+            self._release_stripe(path)
         if path.state is not state:
             self._events.append(PathChanged(path.path_id, path.name, path.state.value, state.value, now))
             path.set_state(state)

@@ -95,6 +95,8 @@ class GatewaySession:
         self._ended: asyncio.Future[str] = self._loop.create_future()
         self._failure: Exception | None = None
         self._tasks = [asyncio.create_task(self._read_control()), asyncio.create_task(self._rotate())]
+        if role == "responder":
+            self._tasks.append(asyncio.create_task(self._watch_data_close()))
         self._closed = False
 
     # -- sending (initiator) ---------------------------------------------------
@@ -257,6 +259,15 @@ class GatewaySession:
             log.info("peer reports path %d %s %s", msg.path_id, "up" if msg.up else "down", msg.reason)
         else:
             raise ControlProtocolError(f"{msg.TYPE}: not valid after session setup")
+
+    async def _watch_data_close(self) -> None:
+        """The peer's data-plane CLOSE also ends the session: its goodbye on the control
+        channel may be stuck behind a control path that just died."""
+        closed = await self.endpoint.wait_closed()
+        if self._closed:
+            return  # our own close
+        log.info("data plane closed by the peer (%s)", closed.error or closed.code)
+        self._end(f"peer closed the data plane ({closed.error or closed.code})")
 
     async def _rotate(self) -> None:
         while True:

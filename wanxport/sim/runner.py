@@ -113,7 +113,8 @@ class SimRun:
             return Endpoint(name, session, None, None, len(config.paths))
         # Key 0 seals a->b, key 1 seals b->a; each side opens with the other's.
         rng = random.Random(self.seed)
-        keys = [{0: AeadProtection("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))} for _ in range(2)]
+        keys: list[dict[int, Protection]] = [
+            {0: AeadProtection("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))} for _ in range(2)]
         send: dict[int, Protection] = keys[index]
         recv: dict[int, Protection] = keys[1 - index]
         return Endpoint(name, session, PacketSealer(0, send), PacketOpener(0, len(config.paths), recv),

@@ -1,0 +1,303 @@
+"""Sender and receiver of the TCP-based baselines: ``tcp``, ``tcp-parallel``, ``mptcp``.
+
+    python -m emulation.baselines.tcp_app recv '<json spec>'   # in gateway b
+    python -m emulation.baselines.tcp_app send '<json spec>'   # in gateway a
+
+One program for the three because they differ only in the socket protocol
+(IPPROTO_MPTCP for mptcp) and in how many connections carry which slice. Every
+connection starts with a 16-byte header (offset, length of its slice; network
+order) so the receiver can hash each slice and check that the slices tile the
+payload. Both sides use non-blocking sockets and one selector, so a stalled
+connection never holds the others up and SIGTERM (the runner's deadline) is
+handled at once.
+
+Protocol with the runner, one JSON object per stdout line:
+receiver ``{"event": "listening"}`` then ``{"event": "done", ...}``; sender
+``{"event": "ready"}`` (all connections established), waits for a line on
+stdin ("go"), then ``{"event": "done", ...}``. The receiver sends one byte back
+on every connection once the whole payload is in, so the sender reads its
+TCP_INFO while the connections are still open, after every byte was acknowledged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from emulation.baselines import payload, tcpinfo
+
+HEADER = struct.Struct("!QQ")
+RECV_CHUNK = 1 << 20
+IPPROTO_MPTCP = getattr(socket, "IPPROTO_MPTCP", 262)
+LINGER_S = 10.0
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
+
+
+class Deadline(Exception):
+    """SIGTERM from the runner: report what arrived and stop."""
+
+
+def _on_term(signum: int, frame: object) -> None:
+    raise Deadline
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def make_socket(proto: str, cc: str | None, sndbuf: int | None, rcvbuf: int | None) -> socket.socket:
+    """A TCP or MPTCP socket with the requested congestion control and buffers."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM,
+                         IPPROTO_MPTCP if proto == "mptcp" else 0)
+    if cc:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+    if sndbuf:
+        _set_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, sndbuf)
+    if rcvbuf:
+        _set_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, rcvbuf)
+    return sock
+
+
+def _set_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
+    """As root the *FORCE options pass net.core.[rw]mem_max, which a namespace cannot raise."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+def buffers(sock: socket.socket) -> dict[str, int]:
+    """The buffer sizes the kernel actually granted (it doubles the request)."""
+    return {"sndbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+            "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)}
+
+
+# -- receiver ----------------------------------------------------------------
+
+
+@dataclass
+class Incoming:
+    """One accepted connection: its header, then its slice, hashed as it arrives."""
+
+    sock: socket.socket
+    peer: str
+    head: bytearray = field(default_factory=bytearray)
+    offset: int = -1
+    length: int = -1
+    received: int = 0
+    hasher: Any = field(default_factory=hashlib.sha256)
+    eof: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.length >= 0 and self.received == self.length
+
+    def take(self, data: memoryview) -> None:
+        if self.length < 0:
+            need = HEADER.size - len(self.head)
+            self.head += data[:need]
+            data = data[need:]
+            if len(self.head) == HEADER.size:
+                self.offset, self.length = HEADER.unpack(self.head)
+        if len(data) and self.length >= 0:
+            data = data[:self.length - self.received]
+            self.hasher.update(data)
+            self.received += len(data)
+
+    def summary(self) -> dict[str, Any]:
+        return {"peer": self.peer, "offset": self.offset, "length": self.length,
+                "received": self.received, "sha256": self.hasher.hexdigest()}
+
+
+def tiled(conns: list[Incoming], size: int) -> bool:
+    """True when the completed slices cover [0, size) exactly."""
+    pos = 0
+    for c in sorted(conns, key=lambda c: c.offset):
+        if not c.complete or c.offset != pos:
+            return False
+        pos += c.length
+    return pos == size
+
+
+def receive(spec: dict[str, Any]) -> int:
+    listener = make_socket(spec["proto"], spec.get("cc"), None, spec.get("rcvbuf"))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((spec.get("bind", "0.0.0.0"), spec["port"]))
+    listener.listen(64)
+    listener.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, None)
+    conns: list[Incoming] = []
+    buf = bytearray(RECV_CHUNK)
+    view = memoryview(buf)
+    t_first: float | None = None
+    t_end: float | None = None
+    emit({"event": "listening", "buffers": buffers(listener)})
+    try:
+        while t_end is None:
+            for key, _ in sel.select():
+                if key.data is None:
+                    sock, addr = listener.accept()
+                    sock.setblocking(False)
+                    conn = Incoming(sock, addr[0])
+                    conns.append(conn)
+                    sel.register(sock, selectors.EVENT_READ, conn)
+                    continue
+                conn = key.data
+                try:
+                    n = conn.sock.recv_into(buf)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if n == 0:
+                    conn.eof = True
+                    sel.unregister(conn.sock)
+                    continue
+                if t_first is None:
+                    t_first = time.monotonic()
+                conn.take(view[:n])
+            if len(conns) >= spec["connections"] and tiled(conns, spec["size"]):
+                t_end = time.monotonic()
+    except Deadline:
+        pass
+    emit({"event": "done", "complete": t_end is not None, "t_first": t_first, "t_end": t_end,
+          "bytes": sum(c.received for c in conns), "slices": [c.summary() for c in conns]})
+    if t_end is not None:
+        _linger(sel, conns)
+    return 0
+
+
+def _linger(sel: selectors.BaseSelector, conns: list[Incoming]) -> None:
+    """Tell every sender we are done, then wait (bounded) for them to close."""
+    for c in conns:
+        try:
+            c.sock.send(b"\x01")
+        except OSError:
+            c.eof = True
+    stop = time.monotonic() + LINGER_S
+    while not all(c.eof for c in conns) and time.monotonic() < stop:
+        for key, _ in sel.select(timeout=stop - time.monotonic()):
+            if key.data is None:
+                continue
+            try:
+                if not key.data.sock.recv(RECV_CHUNK):
+                    key.data.eof = True
+                    sel.unregister(key.data.sock)
+            except OSError:
+                key.data.eof = True
+                sel.unregister(key.data.sock)
+    for c in conns:
+        c.sock.close()
+
+
+# -- sender ------------------------------------------------------------------
+
+
+@dataclass
+class Outgoing:
+    """One connection and the rest of its slice."""
+
+    sock: socket.socket
+    src: str
+    offset: int
+    length: int
+    chunks: Iterator[memoryview]
+    pending: memoryview = field(default_factory=lambda: memoryview(b""))
+    hasher: Any = field(default_factory=hashlib.sha256)
+    sent: int = 0
+    acked: bool = False
+
+    def next_chunk(self) -> bool:
+        chunk = next(self.chunks, None)
+        if chunk is None:
+            return False
+        self.hasher.update(chunk)
+        self.pending = chunk
+        return True
+
+
+def send(spec: dict[str, Any]) -> int:
+    outs: list[Outgoing] = []
+    for c in spec["conns"]:
+        sock = make_socket(spec["proto"], spec.get("cc"), spec.get("sndbuf"), spec.get("rcvbuf"))
+        sock.bind((c["src"], 0))
+        sock.connect((c["dst"], c["port"]))
+        header = memoryview(HEADER.pack(c["offset"], c["length"]))
+        out = Outgoing(sock, c["src"], c["offset"], c["length"],
+                       payload.chunks(spec["seed"], c["offset"], c["length"]), pending=header)
+        outs.append(out)
+    emit({"event": "ready", "buffers": buffers(outs[0].sock)})
+    sys.stdin.readline()
+    t0 = time.monotonic()
+    sel = selectors.DefaultSelector()
+    for out in outs:
+        out.sock.setblocking(False)
+        sel.register(out.sock, selectors.EVENT_WRITE, out)
+    finished = False
+    try:
+        _pump(sel, outs)
+        finished = True
+    except Deadline:
+        pass
+    report: dict[str, Any] = {"event": "done", "t0": t0, "finished": finished,
+                              "slices": [_out_summary(o, spec["proto"]) for o in outs]}
+    if spec["proto"] == "mptcp":
+        try:
+            report["subflows"] = tcpinfo.mptcp_subflows(outs[0].sock)
+        except OSError as exc:
+            report["subflows_error"] = str(exc)
+    emit(report)
+    for out in outs:
+        out.sock.close()
+    return 0
+
+
+def _pump(sel: selectors.BaseSelector, outs: list[Outgoing]) -> None:
+    """Write every slice, then wait for the receiver's one-byte acknowledgement on each."""
+    while not all(o.acked for o in outs):
+        for key, events in sel.select():
+            out: Outgoing = key.data
+            if events & selectors.EVENT_READ:
+                if out.sock.recv(16):
+                    out.acked = True
+                    sel.unregister(out.sock)
+                continue
+            while True:
+                if not out.pending and not out.next_chunk():
+                    sel.modify(out.sock, selectors.EVENT_READ, out)
+                    break
+                try:
+                    n = out.sock.send(out.pending)
+                except (BlockingIOError, InterruptedError):
+                    break
+                out.sent += n
+                out.pending = out.pending[n:]
+
+
+def _out_summary(out: Outgoing, proto: str) -> dict[str, Any]:
+    summary: dict[str, Any] = {"src": out.src, "offset": out.offset, "length": out.length,
+                               "sha256": out.hasher.hexdigest()}
+    try:
+        summary["info"] = tcpinfo.tcp_info(out.sock) if proto != "mptcp" else {}
+    except OSError:
+        summary["info"] = {}
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _on_term)
+    role, spec = argv[0], json.loads(argv[1])
+    return receive(spec) if role == "recv" else send(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

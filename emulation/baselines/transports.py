@@ -1,0 +1,133 @@
+"""What each baseline launches, and how its programs' reports become per-path numbers.
+
+The four baselines differ in which paths they use and how: ``tcp`` one
+connection on the best path; ``tcp-parallel`` one connection per path with the
+payload split evenly; ``mptcp`` one MPTCP connection starting on the best path
+with a subflow per extra path; ``aioquic`` one QUIC connection on the best path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from emulation.api import PathInfo
+from emulation.baselines import payload
+
+BASELINES = ("tcp", "tcp-parallel", "mptcp", "aioquic")
+WANXPORT_PORT_BASE = 6000  # UDP port of every path socket, per direction (+ receiver's TCP port)
+TCP_BASED = ("tcp", "tcp-parallel", "mptcp")
+QUIC_HEADROOM = 28  # IPv4 + UDP headers inside the MTU
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One direction of a transfer: who sends, who receives, on which port."""
+
+    sender: str  # "a" | "b"
+    receiver: str
+    port: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.sender}->{self.receiver}"
+
+    def src(self, path: PathInfo) -> str:
+        return path.a_addr if self.sender == "a" else path.b_addr
+
+    def dst(self, path: PathInfo) -> str:
+        return path.b_addr if self.sender == "a" else path.a_addr
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The module both programs run and their JSON specs."""
+
+    module: str
+    receiver: dict[str, Any]
+    sender: dict[str, Any]
+
+
+def paths_used(transport: str, best: int, count: int) -> list[int]:
+    """Path indexes a baseline sends on."""
+    return list(range(count)) if transport in ("tcp-parallel", "mptcp", "wanxport") else [best]
+
+
+def launch(transport: str, paths: list[PathInfo], best: int, direction: Direction, *,
+           seed: int, size: int, cc: str | None, buffer: int, mtu: int, shards: int = 1,
+           keys: dict[str, Any] | None = None) -> Launch:
+    """The receiver's and sender's specs for one direction of ``transport``."""
+    if transport == "wanxport":
+        def side(sender: bool) -> dict[str, Any]:
+            return {"port": WANXPORT_PORT_BASE + direction.port, "cc": cc, "seed": seed,
+                    "size": size, "shards": shards, "keys": keys,
+                    "paths": [{"name": p.name, "mtu": mtu, "device": p.ifname,
+                               "local": direction.src(p) if sender else direction.dst(p),
+                               "remote": direction.dst(p) if sender else direction.src(p)}
+                              for p in paths]}
+
+        return Launch("emulation.baselines.wanxport_app", side(False), side(True))
+    if transport == "aioquic":
+        path = paths[best]
+        common = {"port": direction.port, "window": buffer, "datagram": mtu - QUIC_HEADROOM,
+                  "cc": cc}
+        return Launch("emulation.baselines.quic_app",
+                      {**common, "cert_prefix": f"/tmp/wx-baseline-{direction.port}"},
+                      {**common, "dst": direction.dst(path), "seed": seed, "size": size})
+    used = paths_used(transport, best, len(paths))
+    if transport == "tcp-parallel":
+        conn_paths = used
+        slices = payload.split(size, len(used))
+    else:
+        conn_paths, slices = [best], [(0, size)]
+    proto = "mptcp" if transport == "mptcp" else "tcp"
+    conns = [{"src": direction.src(paths[k]), "dst": direction.dst(paths[k]),
+              "port": direction.port, "offset": off, "length": length}
+             for k, (off, length) in zip(conn_paths, slices, strict=True)]
+    return Launch("emulation.baselines.tcp_app",
+                  {"proto": proto, "port": direction.port, "connections": len(conns),
+                   "size": size, "cc": cc, "rcvbuf": buffer},
+                  {"proto": proto, "cc": cc, "sndbuf": buffer, "rcvbuf": None, "seed": seed,
+                   "conns": conns})
+
+
+@dataclass
+class PathStats:
+    """What one direction of a baseline carried on one path."""
+
+    payload_bytes: int = 0
+    retransmitted_bytes: int = 0
+    srtt_s: float | None = None
+    used: bool = False
+    state: str | None = None  # the transport's own path state, when it has one
+
+
+def path_stats(transport: str, paths: list[PathInfo], best: int, direction: Direction,
+               sent: dict[str, Any], received: dict[str, Any]) -> list[PathStats]:
+    """Per-path numbers from the sender's and receiver's final reports."""
+    stats = [PathStats() for _ in paths]
+    if transport == "wanxport":
+        for stat, p in zip(stats, sent.get("paths", []), strict=False):
+            stat.used, stat.state, stat.srtt_s = True, p["state"], p["srtt_s"]
+            stat.payload_bytes, stat.retransmitted_bytes = p["payload_bytes"], p["retransmitted_bytes"]
+        return stats
+    by_src = {direction.src(p): k for k, p in enumerate(paths)}
+    if transport == "mptcp" and sent.get("subflows"):
+        for sub in sent["subflows"]:
+            k = by_src.get(sub.get("local") or "")
+            if k is not None:
+                _fill(stats[k], sub.get("bytes_acked", 0), sub)
+        return stats
+    received_by_offset = {s["offset"]: s["received"] for s in received.get("slices", [])}
+    for s in sent.get("slices", []):
+        k = by_src.get(s.get("src") or "", best)
+        _fill(stats[k], received_by_offset.get(s["offset"], 0), s.get("info", {}))
+    return stats
+
+
+def _fill(stat: PathStats, carried: int, info: dict[str, Any]) -> None:
+    stat.used = True
+    stat.payload_bytes += int(carried)
+    stat.retransmitted_bytes += int(info.get("bytes_retrans", info.get("lost_bytes", 0)))
+    if info.get("rtt_us"):
+        stat.srtt_s = info["rtt_us"] / 1e6

@@ -1,0 +1,181 @@
+"""Sender and receiver of ``--transport wanxport``: the asyncio ``Endpoint`` in each gateway.
+
+    python -m emulation.baselines.wanxport_app recv '<json spec>'   # in gateway b
+    python -m emulation.baselines.wanxport_app send '<json spec>'   # in gateway a
+
+Same runner protocol as ``tcp_app``. One UDP socket per path on each side,
+bound to that path's address and pinned to its interface (SO_BINDTODEVICE),
+connected to the peer's address on the same path. The AEAD keys of the two
+directions are pre-shared: the runner draws them at random per run and passes
+them in the spec (the control channel's job in a deployment; not measured here).
+
+The sender generates the payload before "go" (it must be in memory for the
+session to send from), gives each shard's sha256 to the session so the
+receiver verifies it, and samples every path's payload counter every
+``SAMPLE_S`` for the report's ``timeline`` (per-path goodput over time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import signal
+import sys
+from typing import Any
+
+import numpy as np
+
+from emulation.baselines import payload
+from emulation.baselines.tcp_app import emit
+from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
+from wanxport.aio.endpoint import Endpoint, ReceivedShard
+from wanxport.aio.loop import run
+from wanxport.core.config import PathConfig, SessionConfig
+
+SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
+SEGMENTS = 32  # datagrams per core packet, as ``wanxport bench``
+SAMPLE_S = 0.1
+CLOSE_WAIT_S = 5.0
+
+
+def _key(raw: dict[str, str]) -> DirectionKey:
+    return DirectionKey(raw["cipher"], bytes.fromhex(raw["key"]), bytes.fromhex(raw["iv"]))
+
+
+def endpoint_config(spec: dict[str, Any], sender: bool) -> EndpointConfig:
+    """Both sides build the same session (same paths in the same order)."""
+    paths = tuple(PathConfig(p["name"], int(p["mtu"])) for p in spec["paths"])
+    budget = max(1 << 30, 2 * max(length for _, length in payload.split(spec["size"],
+                                                                         spec["shards"])))
+    session = SessionConfig(paths=paths, congestion_control=spec.get("cc") or "bbr",
+                            chunk_bytes=offload_chunk_bytes(paths, SEGMENTS),
+                            receive_budget_bytes=budget, peer_credit_bytes=budget,
+                            ack_threshold=SEGMENTS)
+    sockets = tuple(PathSocket((p["local"], spec["port"]), (p["remote"], spec["port"]), p["device"])
+                    for p in spec["paths"])
+    forward, backward = _key(spec["keys"]["forward"]), _key(spec["keys"]["backward"])
+    return EndpointConfig(
+        session, sockets, send_key=forward if sender else backward,
+        recv_key=backward if sender else forward,
+        local_conn_id=SENDER_CONN_ID if sender else RECEIVER_CONN_ID,
+        remote_conn_id=RECEIVER_CONN_ID if sender else SENDER_CONN_ID)
+
+
+# -- receiver ----------------------------------------------------------------
+
+
+async def receive(spec: dict[str, Any]) -> None:
+    slices = payload.split(spec["size"], spec["shards"])
+    endpoint = Endpoint(endpoint_config(spec, sender=False))
+    got: dict[int, ReceivedShard] = {}
+    endpoint.start()
+    emit({"event": "listening"})
+    try:
+        try:
+            while len(got) < len(slices):
+                shard = await endpoint.receive_shard()
+                got[shard.shard_id] = shard
+        except asyncio.CancelledError:
+            pass
+        complete = len(got) == len(slices) and all(s.ok for s in got.values())
+        emit({"event": "done", "complete": complete,
+              "t_end": max(s.at for s in got.values()) if complete else None,
+              "bytes": sum(len(s.data) for s in got.values() if s.ok),
+              "slices": [{"peer": None, "offset": slices[i][0], "length": slices[i][1],
+                          "received": len(s.data), "sha256": hashlib.sha256(s.data).hexdigest()}
+                         for i, s in sorted(got.items())]})
+        if complete:
+            try:  # stay until the sender has our acknowledgements (it closes then)
+                await asyncio.wait_for(endpoint.wait_closed(), CLOSE_WAIT_S)
+            except TimeoutError:
+                pass
+    finally:
+        await endpoint.close()
+
+
+# -- sender ------------------------------------------------------------------
+
+
+async def send(spec: dict[str, Any]) -> None:
+    size = spec["size"]
+    data = np.empty(size, dtype=np.uint8)
+    pos = 0
+    for chunk in payload.chunks(spec["seed"], 0, size):
+        data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+        pos += len(chunk)
+    view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers
+    slices = payload.split(size, spec["shards"])
+    digests = [hashlib.sha256(view[o:o + n]).digest() for o, n in slices]
+    endpoint = Endpoint(endpoint_config(spec, sender=True))
+    endpoint.start()
+    emit({"event": "ready"})
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    t0 = endpoint.clock()
+    sampler = Sampler(endpoint, t0)
+    sampling = asyncio.create_task(sampler.run())
+    verdicts: list[bool] = []
+    try:
+        futures = [endpoint.submit(i, view[o:o + n], digest=d)
+                   for i, ((o, n), d) in enumerate(zip(slices, digests, strict=True))]
+        verdicts = list(await asyncio.gather(*futures))
+    except asyncio.CancelledError:
+        pass
+    finally:
+        sampling.cancel()
+    sampler.record()
+    emit({"event": "done", "t0": t0, "finished": len(verdicts) == len(slices),
+          "verdicts": verdicts,
+          "slices": [{"src": None, "offset": o, "length": n, "sha256": d.hex()}
+                     for (o, n), d in zip(slices, digests, strict=True)],
+          "paths": [{"name": p.name, "payload_bytes": p.stats.payload_bytes,
+                     "retransmitted_bytes": p.stats.retransmitted_bytes,
+                     "srtt_s": p.rtt.smoothed_s if p.rtt.has_sample else None,
+                     "state": p.state.value, "packets_lost": p.stats.packets_lost,
+                     "hedged_bytes": p.stats.hedged_bytes}
+                    for p in endpoint.session.paths],
+          "timeline": sampler.timeline})
+    await endpoint.close()
+
+
+class Sampler:
+    """Each path's payload bytes per ``SAMPLE_S``: the report's ``timeline``."""
+
+    def __init__(self, endpoint: Endpoint, t0: float) -> None:
+        self.endpoint = endpoint
+        self.t0 = t0
+        self.last = {p.name: 0 for p in endpoint.session.paths}
+        self.timeline: list[dict[str, Any]] = []
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_S)
+            self.record()
+
+    def record(self) -> None:
+        now = round(self.endpoint.clock() - self.t0, 4)
+        for p in self.endpoint.session.paths:
+            delta = p.stats.payload_bytes - self.last[p.name]
+            if delta:
+                self.timeline.append({"t_s": now, "path": p.name, "bytes": delta})
+                self.last[p.name] = p.stats.payload_bytes
+
+
+def main(argv: list[str]) -> int:
+    role, spec = argv[0], json.loads(argv[1])
+
+    async def runner() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await (receive(spec) if role == "recv" else send(spec))
+
+    try:
+        run(runner())
+    except asyncio.CancelledError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""Figures of a comparison (matplotlib, Agg; files only, never a window).
+
+Each function takes run reports (v1) and writes one PNG; they share nothing
+but the labelling, so a figure can be redrawn from saved reports alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+Report = dict[str, Any]
+
+
+def label(report: Report) -> str:
+    """Column name of a report: transport, with its congestion control unless the default."""
+    name = str(report["transport"])
+    if report.get("mode") == "sim":
+        return f"{name} (sim)"
+    cc = report.get("cc")
+    return f"{name}:{cc}" if cc and cc != "cubic" and name != "wanxport" else name
+
+
+def _grouped(reports: list[Report], key: str) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in reports:
+        if r.get(key) is not None:
+            out[r["scenario"]][label(r)].append(float(r[key]))
+    return out
+
+
+def goodput_bars(reports: list[Report], path: Path) -> None:
+    """Median goodput per transport, grouped by scenario; whiskers span the repeats."""
+    data = _grouped(reports, "goodput_bps")
+    scenarios = sorted(data)
+    labels = sorted({lab for s in scenarios for lab in data[s]})
+    width = 0.8 / max(1, len(labels))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(scenarios) + 2), 4.0))
+    for j, lab in enumerate(labels):
+        xs, med, lo, hi = [], [], [], []
+        for i, s in enumerate(scenarios):
+            values = [v / 1e6 for v in data[s].get(lab, [])]
+            if not values:
+                continue
+            m = statistics.median(values)
+            xs.append(i + (j - (len(labels) - 1) / 2) * width)
+            med.append(m)
+            lo.append(m - min(values))
+            hi.append(max(values) - m)
+        ax.bar(xs, med, width, yerr=[lo, hi], label=lab, capsize=2)
+    ax.set_xticks(range(len(scenarios)), scenarios, rotation=15)
+    ax.set_ylabel("goodput (Mb/s)")
+    ax.set_title("Goodput per transport (median of repeats)")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def completion_distribution(reports: list[Report], path: Path) -> None:
+    """Completion time of every repeat, one panel per scenario (box plus the points)."""
+    data = _grouped(reports, "completion_s")
+    scenarios = sorted(data)
+    fig, axes = plt.subplots(1, max(1, len(scenarios)), figsize=(4.5 * max(1, len(scenarios)), 4.0),
+                             squeeze=False)
+    for ax, s in zip(axes[0], scenarios, strict=False):
+        labels = sorted(data[s])
+        values = [data[s][lab] for lab in labels]
+        ax.boxplot(values)
+        for i, vs in enumerate(values, start=1):
+            ax.plot([i] * len(vs), vs, "o", alpha=0.6, markersize=4)
+        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, fontsize="small")
+        ax.set_title(s)
+        ax.set_ylabel("completion (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def path_timeline(report: Report, path: Path, bin_s: float = 0.25) -> bool:
+    """Per-path goodput over time from a report's ``timeline`` ([{t_s, path, bytes}]).
+
+    Returns False (and writes nothing) when the report has no timeline.
+    """
+    timeline = report.get("timeline") or []
+    if not timeline:
+        return False
+    bins: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for entry in timeline:
+        bins[str(entry["path"])][int(float(entry["t_s"]) / bin_s)] += int(entry["bytes"])
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    for name in sorted(bins):
+        ks = sorted(bins[name])
+        ax.plot([k * bin_s for k in ks], [bins[name][k] * 8 / bin_s / 1e6 for k in ks],
+                label=name, drawstyle="steps-post")
+    ax.set_xlabel("time since first byte (s)")
+    ax.set_ylabel("goodput (Mb/s)")
+    ax.set_title(f"{report['scenario']}: {label(report)} per-path goodput")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -1,0 +1,292 @@
+"""``python -m emulation run``: one transfer over an emulated scenario, one run report.
+
+Brings the scenario up, tunes the gateways for the transport (``baselines.netconfig``),
+starts receiver(s) and sender(s), starts the events clock and the transfer
+together ("go": the first byte), waits for the receiver(s) or the deadline,
+checks the bytes, tears everything down and returns the run report v1
+(``mode: "emulated"``).
+
+Timing: completion is from the sender's first byte (after connection setup,
+which the sender does before "go") to the moment the receiver has every byte
+and its hash; both timestamps are CLOCK_MONOTONIC, shared by all namespaces.
+A run that misses the deadline is stopped: ``intact`` false, completion the
+elapsed time, goodput what arrived divided by it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from emulation.api import Emulation
+from emulation.baselines import netconfig, payload
+from emulation.baselines.programs import Program
+from emulation.baselines.transports import (
+    BASELINES,
+    TCP_BASED,
+    Direction,
+    PathStats,
+    launch,
+    path_stats,
+    paths_used,
+)
+from emulation.errors import EmulationError
+from wanxport.report import PathReport, build_report
+from wanxport.sim.ideal import ideal_time_s
+from wanxport.sim.scenario import Scenario
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS = ("wanxport", *BASELINES)
+CONGESTION_CONTROLS = ("cubic", "bbr", "reno")
+DEFAULT_CC = "cubic"
+QUIC_CCS = ("cubic", "reno")  # aioquic has no bbr
+WANXPORT_CCS = ("bbr", "cubic")
+WANXPORT_DEFAULT_CC = "bbr"
+SETUP_TIMEOUT_S = 30.0
+REPORT_TIMEOUT_S = 15.0
+PORTS = {"a": 5201, "b": 5202}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    transport: str
+    cc: str | None = None  # None: cubic for TCP-based and aioquic
+    size_bytes: int | None = None
+    deadline_s: float | None = None
+    backend: str | None = None
+
+
+def default_deadline_s(ideal_s: float) -> float:
+    """max(60 s, 20 x ideal), as the simulator uses."""
+    return max(60.0, 20.0 * ideal_s) if math.isfinite(ideal_s) else 60.0
+
+
+def check_options(options: RunOptions) -> str | None:
+    """The congestion control to use; ValueError (one line) for a bad combination."""
+    if options.transport not in TRANSPORTS:
+        raise ValueError(f"--transport: unknown {options.transport!r}; valid: {', '.join(TRANSPORTS)}")
+    if options.deadline_s is not None and not options.deadline_s > 0:
+        raise ValueError("--deadline must be more than 0 seconds")
+    if options.transport == "wanxport":
+        cc = options.cc or WANXPORT_DEFAULT_CC
+        if cc not in WANXPORT_CCS:
+            raise ValueError(f"--cc {cc}: wanxport has no {cc}; valid: {', '.join(WANXPORT_CCS)}")
+        return cc
+    cc = options.cc or DEFAULT_CC
+    if cc not in CONGESTION_CONTROLS:
+        raise ValueError(f"--cc: unknown {cc!r}; valid: {', '.join(CONGESTION_CONTROLS)}")
+    if options.transport == "aioquic" and cc not in QUIC_CCS:
+        raise ValueError(f"--cc {cc}: aioquic has no {cc}; valid for aioquic: {', '.join(QUIC_CCS)}")
+    return cc
+
+
+def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
+    """Run one transfer of ``scenario`` with ``options``; return the run report v1."""
+    cc = check_options(options)
+    if options.size_bytes is not None:
+        scenario = scenario.with_transfer(size_bytes=options.size_bytes)
+    if options.transport in TCP_BASED:
+        netconfig.require_congestion_control(cc or DEFAULT_CC)
+    wall_start = time.perf_counter()
+    emu = Emulation(scenario, backend=options.backend)
+    emu.up()
+    try:
+        return _run(emu, scenario, options.transport, cc, options.deadline_s, wall_start)
+    finally:
+        emu.down()
+
+
+def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
+         deadline_s: float | None, wall_start: float) -> dict[str, Any]:
+    size = scenario.transfer.size_bytes
+    ideal = ideal_time_s(scenario)
+    deadline = deadline_s or default_deadline_s(ideal)
+    paths = emu.paths
+    best = netconfig.best_path(scenario)
+    needed = netconfig.buffer_bytes(scenario, paths_used(transport, best, len(paths)))
+    buffer = needed  # root: SO_*BUFFORCE passes net.core.[rw]mem_max
+    settings: dict[str, Any] = {"cc": cc, "buffer_bytes": buffer, "kernel": platform.release(),
+                                **netconfig.tune_buffers(emu, buffer)}
+    netconfig.source_routing(emu, best)
+    if transport == "mptcp":
+        settings["mptcp"] = netconfig.configure_mptcp(emu, best)
+    directions = [Direction("a", "b", PORTS["a"])]
+    if scenario.transfer.direction == "both":
+        directions.append(Direction("b", "a", PORTS["b"]))
+    mtu = min(p.forward.mtu for p in scenario.paths)
+    launches = [launch(transport, paths, best, d, seed=scenario.seed, size=size, cc=cc,
+                       buffer=buffer, mtu=mtu, shards=scenario.transfer.shards,
+                       keys=_fresh_keys()) for d in directions]
+    settings["connections"] = len(launches[0].sender.get("conns", [None]))
+    settings["paths_used"] = [paths[k].name for k in paths_used(transport, best, len(paths))]
+    programs: list[Program] = []
+    try:
+        receivers, senders = [], []
+        for d, plan in zip(directions, launches, strict=True):
+            receivers.append(Program(emu, d.receiver, plan.module, "recv", plan.receiver))
+            programs.append(receivers[-1])
+            _setup(receivers[-1], "listening")
+        for d, plan in zip(directions, launches, strict=True):
+            senders.append(Program(emu, d.sender, plan.module, "send", plan.sender, stdin=True))
+            programs.append(senders[-1])
+        for sender in senders:
+            _setup(sender, "ready")
+        emu.start_events()
+        t_go = time.monotonic()
+        for sender in senders:
+            sender.tell("go")
+        received = _wait_receivers(receivers, t_go + deadline)
+        stopped = time.monotonic()
+        if not all(r["complete"] for r in received):
+            for sender in senders:
+                sender.interrupt()
+        sent = [_sender_report(s, t_go, complete=all(r["complete"] for r in received))
+                for s in senders]
+    finally:
+        for program in programs:
+            program.close()
+    return _report(scenario, transport, cc, directions, paths, best, sent, received, ideal,
+                   deadline, t_go, stopped, wall_start, settings, emu.backend)
+
+
+def _fresh_keys() -> dict[str, Any]:
+    """Random AEAD keys per direction for one wanxport run (pre-shared through the spec)."""
+    return {name: {"cipher": "aes-256-gcm", "key": os.urandom(32).hex(), "iv": os.urandom(12).hex()}
+            for name in ("forward", "backward")}
+
+
+def _setup(program: Program, event: str) -> dict[str, Any]:
+    return _expect(program, event, SETUP_TIMEOUT_S)
+
+
+def _expect(program: Program, event: str, timeout_s: float) -> dict[str, Any]:
+    obj = program.expect(event, timeout_s)
+    if obj is None:
+        raise EmulationError(f"{program.label}: no '{event}' within {timeout_s:.0f} s")
+    return obj
+
+
+def _sender_report(sender: Program, t_go: float, complete: bool) -> dict[str, Any]:
+    """The sender's final report; after a deadline, a stand-in if it stays silent."""
+    if complete:
+        return _expect(sender, "done", REPORT_TIMEOUT_S)
+    done = sender.expect("done", REPORT_TIMEOUT_S)
+    if done is None:
+        log.warning("%s did not report after the deadline", sender.label)
+        return {"event": "done", "t0": t_go, "finished": False, "slices": [], "silent": True}
+    return done
+
+
+def _wait_receivers(receivers: list[Program], stop_at: float) -> list[dict[str, Any]]:
+    """Each receiver's final report; past ``stop_at`` the rest are interrupted first."""
+    results = []
+    for receiver in receivers:
+        done = receiver.expect("done", max(0.0, stop_at - time.monotonic()))
+        if done is None:
+            for other in receivers:
+                other.interrupt()
+            done = _expect(receiver, "done", REPORT_TIMEOUT_S)
+        results.append(done)
+    return results
+
+
+def _digest(slices: list[dict[str, Any]]) -> str:
+    return payload.payload_digest([(s["offset"], s["sha256"]) for s in slices])
+
+
+def _report(scenario: Scenario, transport: str, cc: str | None, directions: list[Direction],
+            paths: list[Any], best: int, sent: list[dict[str, Any]],
+            received: list[dict[str, Any]], ideal: float, deadline: float, t_go: float,
+            stopped: float, wall_start: float, settings: dict[str, Any],
+            backend: str | None) -> dict[str, Any]:
+    size = scenario.transfer.size_bytes
+    complete = all(r["complete"] for r in received)
+    digests = [{"direction": d.name, "sent": _digest(s["slices"]),
+                "received": _digest(r["slices"]) if r["slices"] else None}
+               for d, s, r in zip(directions, sent, received, strict=True)]
+    intact = complete and all(
+        d["sent"] == d["received"] and sum(x["length"] for x in r["slices"]) == size
+        for d, r in zip(digests, received, strict=True))
+    if complete:
+        completion = max(r["t_end"] for r in received) - min(s["t0"] for s in sent)
+    else:
+        completion = stopped - t_go
+    per_path = [PathStats() for _ in paths]
+    for d, s, r in zip(directions, sent, received, strict=True):
+        for total, one in zip(per_path, path_stats(transport, paths, best, d, s, r), strict=True):
+            total.payload_bytes += one.payload_bytes
+            total.retransmitted_bytes += one.retransmitted_bytes
+            total.srtt_s = total.srtt_s if total.srtt_s is not None else one.srtt_s
+            total.used = total.used or one.used
+            total.state = total.state or one.state
+    return build_report(
+        scenario=scenario.name, mode="emulated", transport=transport,
+        payload_bytes=size * len(directions), completion_s=completion, ideal_s=ideal,
+        intact=intact, wall_s=time.perf_counter() - wall_start,
+        paths=[PathReport(p.name, st.payload_bytes, st.retransmitted_bytes, st.srtt_s,
+                          st.state or ("active" if st.used else "unused"))
+               for p, st in zip(paths, per_path, strict=True)],
+        delivered_bytes=None if intact else (0 if complete else sum(r["bytes"] for r in received)),
+        cc=cc, direction=scenario.transfer.direction, deadline_s=deadline,
+        timed_out=not complete, backend=backend, seed=scenario.seed, settings=settings,
+        digests=digests,
+        **({"timeline": sent[0].get("timeline", [])} if transport == "wanxport" else {}),
+    )
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few human lines for a report."""
+    from wanxport.units import format_rate, format_size
+
+    ideal = f", ideal {report['ideal_s']:.2f} s" if report["ideal_s"] else ""
+    lines = [
+        f"{report['scenario']}: {report['transport']}"
+        f"{' (' + report['cc'] + ')' if report.get('cc') else ''} moved "
+        f"{format_size(report['payload_bytes'])} in {report['completion_s']:.2f} s{ideal}",
+        f"goodput {format_rate(report['goodput_bps'])}   intact "
+        f"{'yes' if report['intact'] else 'NO'}{'   (deadline)' if report.get('timed_out') else ''}"
+        f"   wall {report['wall_s']:.1f} s",
+    ]
+    for p in report["paths"]:
+        srtt = f"{p['srtt_s'] * 1000:.1f} ms" if p["srtt_s"] is not None else "-"
+        lines.append(f"  {p['name']:<12} {format_size(p['payload_bytes']):>12} "
+                     f"retransmitted {format_size(p['retransmitted_bytes']):>10}  srtt {srtt:>9}"
+                     f"  {p['state']}")
+    return "\n".join(lines)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the ``finally`` blocks tear the namespaces down.
+
+    Only in this process: a forked child (pyroute2 forks to create namespaces and
+    stops the child with SIGTERM) must die at once, not unwind our stack.
+    """
+    owner = os.getpid()
+
+    def handler(signum: int, frame: object) -> None:
+        if os.getpid() != owner:
+            os._exit(128 + signum)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main_run(args: Any) -> int:
+    """``python -m emulation run``: 0 intact, 1 not (or the environment cannot run it)."""
+    from emulation.cli import resolve_scenario
+    from wanxport.report import dumps
+
+    exit_on_sigterm()
+    report = run_experiment(resolve_scenario(args.scenario), RunOptions(
+        transport=args.transport, cc=args.cc, size_bytes=args.size, deadline_s=args.deadline,
+        backend=args.backend))
+    print(dumps(report) if args.json else summary(report))
+    return 0 if report["intact"] else 1
