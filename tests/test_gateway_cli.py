@@ -89,11 +89,12 @@ def test_bad_sender_certificate_is_refused(pki: Path, tmp_path: Path, identity: 
         wait_listening(recv, port)
         sent = run("send", "--identity", str(pki / identity), "--ca", str(pki / "ca.pem"),
                    "--to", f"127.0.0.1:{port}", str(src))
-        assert recv.stderr is not None
-        recv_line = recv.stderr.readline().strip()
     finally:
         recv.send_signal(signal.SIGINT)
-        stop(recv)
+        _, recv_err = stop(recv)
+    recv_lines = [line for line in recv_err.splitlines() if "refused a sender" in line]
+    assert len(recv_lines) == 1, recv_err
+    recv_line = recv_lines[0]
     assert sent.returncode == 1
     lines = sent.stderr.strip().splitlines()
     assert len(lines) == 1 and "certificate" in lines[0], lines

@@ -16,6 +16,9 @@ SHARD_TARGET_BYTES = 64 << 20
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transport", choices=("wanxport", "aioquic"), default="wanxport",
+                        help="aioquic: the same transfer over one QUIC stream with the same TLS, "
+                             "for comparison (needs --paths 1)")
     parser.add_argument("--paths", type=int, default=4, help="loopback paths (sockets per side)")
     parser.add_argument("--size", default="1GiB", help="payload, e.g. 64MiB, 1GiB")
     parser.add_argument("--mtu", type=int, default=1500, help="path MTU (datagram = MTU - 28)")
@@ -56,6 +59,8 @@ def bench_main(args: argparse.Namespace) -> int:
               (args.shards is None or args.shards >= 1, "--shards must be >= 1"),
               (args.pps is None or args.pps > 0, "--pps must be > 0"),
               (args.duration > 0, "--duration must be > 0")]
+    checks.append((args.transport == "wanxport" or (args.paths == 1 and args.pps is None),
+                   "--transport aioquic runs one QUIC stream: use --paths 1 and no --pps"))
     for ok, message in checks:
         if not ok:
             return _usage_error(message)
@@ -82,7 +87,11 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         from wanxport.bench.iperf import run_iperf3_udp
 
         baseline = run_iperf3_udp()
-    if args.pps is not None:
+    if args.transport == "aioquic":
+        from wanxport.gateway.aioquic_bench import run_aioquic_bench
+
+        report = run_aioquic_bench(size, args.seed)
+    elif args.pps is not None:
         from wanxport.bench.pacing import run_pacing
 
         report = run_pacing(args.pps, args.duration, args.mtu - 28)
