@@ -28,7 +28,30 @@ EXTENSIONS = [
     ),
 ]
 
+# The sans-IO core and the simulator are pure, strictly typed Python. For long
+# simulations (hundreds of paths, terabytes) they can be compiled with mypyc,
+# about 3x faster: WANXPORT_MYPYC=1 pip install .  (a regular, not an editable,
+# install: a compiled module would shadow later edits of its source file).
+COMPILED_MODULES = [
+    "wanxport/core/cc/base.py", "wanxport/core/cc/bbr.py", "wanxport/core/cc/cubic.py",
+    "wanxport/core/cc/fixed.py", "wanxport/core/config.py", "wanxport/core/delivery_rate.py",
+    "wanxport/core/events.py", "wanxport/core/flow.py", "wanxport/core/incoming.py",
+    "wanxport/core/outgoing.py", "wanxport/core/paths.py", "wanxport/core/ranges.py",
+    "wanxport/core/recovery.py", "wanxport/core/rtt.py", "wanxport/core/scheduler.py",
+    "wanxport/core/sent_packets.py", "wanxport/core/session.py", "wanxport/core/shards.py",
+    "wanxport/sim/eventloop.py", "wanxport/sim/network.py", "wanxport/wire/frames.py",
+]
+
+
+def _compiled() -> list[Extension]:
+    if os.environ.get("WANXPORT_MYPYC") != "1":
+        return []
+    from mypyc.build import mypycify
+
+    return list(mypycify(COMPILED_MODULES, opt_level="3"))
+
+
 # Developers iterating on one extension can build only it:
 #   WANXPORT_ONLY_EXT=wanxport._native python setup.py build_ext --inplace
 _only = os.environ.get("WANXPORT_ONLY_EXT")
-setup(ext_modules=[e for e in EXTENSIONS if not _only or e.name == _only])
+setup(ext_modules=[e for e in EXTENSIONS if not _only or e.name == _only] + _compiled())

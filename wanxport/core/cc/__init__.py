@@ -57,7 +57,10 @@ def create_congestion_control(name: str, *, mss_bytes: int, **options: Any) -> C
             f"unknown congestion control {name!r}; valid: {', '.join(available_congestion_controls())}"
         )
     _check_options(name, factory, options)
-    return factory(mss_bytes=mss_bytes, **options)
+    try:
+        return factory(mss_bytes=mss_bytes, **options)
+    except TypeError as exc:  # a factory whose signature could not be read
+        raise ValueError(f"bad options for congestion control {name!r}: {exc}") from None
 
 
 def _check_options(name: str, factory: CongestionControlFactory, options: dict[str, Any]) -> None:
@@ -65,8 +68,8 @@ def _check_options(name: str, factory: CongestionControlFactory, options: dict[s
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # builtins without a signature: let the factory judge
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
+    if "mss_bytes" not in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # no usable signature (e.g. a compiled class): the factory judges
     valid = sorted(
         n
         for n, p in params.items()
