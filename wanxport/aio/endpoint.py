@@ -24,14 +24,14 @@ import numpy as np
 from wanxport.aio.config import EndpointConfig, segment_bytes
 from wanxport.aio.feed import feed_records, receive_control
 from wanxport.aio.numbering import WireNumbering
-from wanxport.aio.plan import plan_transmits
+from wanxport.aio.plan import ControlPlan, Plan, plan_transmits
 from wanxport.aio.python_path import PythonDatapath
 from wanxport.aio.sockets import open_path_socket
 from wanxport.core.events import PathChanged, SessionClosed, ShardAcknowledged, ShardReceived
 from wanxport.core.session import Session
 from wanxport.wire import native
 from wanxport.wire.errors import WireError
-from wanxport.wire.frames import DATA_OVERHEAD, decode_frames
+from wanxport.wire.frames import DATA_OVERHEAD, ProbeFrame, decode_frames
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class Endpoint:
         self._timer_at = float("inf")
         self._retry: asyncio.TimerHandle | None = None
         self._closed: asyncio.Future[SessionClosed] | None = None
+        self._heard: list[bool] | None = None  # probe_paths() in progress
+        self._all_heard: asyncio.Future[None] | None = None
         self.malformed_controls = 0
         self.data_runs = 0
         self.data_records = 0
@@ -139,6 +141,40 @@ class Endpoint:
             self.datapath.attach(path_id)
             loop.add_reader(sock.fileno(), self._on_readable, path_id)
         self._service()
+
+    async def probe_paths(self, timeout_s: float) -> list[bool]:
+        """Before any data: one PROBE per path, wait until the peer answered on each.
+
+        The first datagram towards a new neighbour waits for ARP/NDP, which here
+        crosses the whole path, and meanwhile the kernel keeps only ~200 KiB per
+        unresolved neighbour, dropping the *oldest*: the first burst would lose
+        its head — the SHARD_OPEN — and the peer could acknowledge none of the
+        data until a probe timeout re-sent it. This is the connection setup a
+        TCP handshake does implicitly. The peer must be listening (an ICMP
+        unreachable on a connected socket stops uvloop's reader). Returns, per
+        path, whether the peer answered within ``timeout_s``.
+        """
+        assert self._loop is not None, "start() the endpoint first"
+        now = self.clock()
+        plans: list[Plan] = []
+        for path_id in range(len(self.sockets)):
+            pn = self._numbering[path_id].reserve(1)
+            plans.append(ControlPlan(path_id, pn, [ProbeFrame(0)], now))
+        self._heard = [False] * len(self.sockets)
+        self._all_heard = self._loop.create_future()
+        self.datapath.send(plans)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._all_heard), timeout_s)
+        except TimeoutError:
+            pass
+        heard, self._heard, self._all_heard = self._heard, None, None
+        return heard
+
+    def _note_heard(self, path_id: int) -> None:
+        assert self._heard is not None and self._all_heard is not None
+        self._heard[path_id] = True
+        if all(self._heard) and not self._all_heard.done():
+            self._all_heard.set_result(None)
 
     async def close(self, reason: str = "") -> None:
         """Send CLOSE (best effort), let queued datagrams leave, release everything."""
@@ -221,6 +257,8 @@ class Endpoint:
         session = self.session
         if self.datapath_name == "native":
             records, controls = self.datapath.receive(path_id)
+            if self._heard is not None and (len(records) or controls):
+                self._note_heard(path_id)
             if len(records):
                 self.data_records += len(records)
                 self.data_runs += feed_records(session, records, now)
@@ -232,7 +270,10 @@ class Endpoint:
                     continue
                 receive_control(session, self._numbering, pid, pn, frames, now)
         else:
-            for pid, pn, frames in self.datapath.receive(path_id):
+            opened = self.datapath.receive(path_id)
+            if self._heard is not None and opened:
+                self._note_heard(path_id)
+            for pid, pn, frames in opened:
                 receive_control(session, self._numbering, pid, pn, frames, now)
         self._service()
 

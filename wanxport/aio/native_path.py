@@ -22,7 +22,7 @@ import numpy.typing as npt
 from wanxport.aio.config import DirectionKey
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.wire import native
-from wanxport.wire.frames import encode_frames
+from wanxport.wire.frames import AckFrame, PaddingFrame, encode_frames
 from wanxport.wire.header import encode_header
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,11 @@ class _Pending:
         self.stride = stride
         self.lengths = lengths
         self.not_before_ns = not_before_ns
+
+
+def not_eliciting(plan: ControlPlan) -> bool:
+    """Only ACK and PADDING frames: the peer records nothing that could be reordered."""
+    return all(isinstance(frame, AckFrame | PaddingFrame) for frame in plan.frames)
 
 
 class NativeDatapath:
@@ -90,22 +95,25 @@ class NativeDatapath:
                     plan.offset, plan.length, plan.segment)
                 self._enqueue(plan.path_id, _Pending(memoryview(burst.buffer), burst.stride, None, nb))
             else:
-                self._send_control(plan.path_id, self._seal_control(plan), nb)
+                self._send_control(plan.path_id, self._seal_control(plan), nb,
+                                   overtake=not_eliciting(plan))
 
     def _seal_control(self, plan: ControlPlan) -> bytes:
         header = encode_header(plan.path_id, self._conn, plan.pn)
         return self._seal.seal(header, encode_frames(plan.frames))
 
-    def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int) -> None:
-        """Control datagrams (ACKs, shard control) leave at once, ahead of queued data.
+    def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int,
+                      overtake: bool = True) -> None:
+        """Acknowledgements leave at once, ahead of queued data; anything else queues behind it.
 
-        The core never paces them, and a trip through the pacer thread would add
-        its wake-up latency to every acknowledgement. Nothing depends on a
-        control datagram *following* data (SHARD_OPEN precedes its data anyway),
-        so overtaking the ring is safe; the ring is only the fallback when the
-        socket buffer is full.
+        The core never paces ACKs, and a trip through the pacer thread would add
+        its wake-up latency to every one. But an ack-eliciting control packet
+        (SHARD_OPEN, PROBE, SHARD_DONE, CREDIT) must not overtake the data queued
+        before it: its packet number is higher, so once the peer acknowledged it
+        the core would declare the still-queued data lost (packet threshold) and
+        send it again. The ring is also the fallback when the socket buffer is full.
         """
-        if not self._pending[path_id]:
+        if overtake and not self._pending[path_id]:
             try:
                 self._sockets[path_id].send(datagram)
                 return

@@ -57,6 +57,19 @@ class WireNumbering:
             self._base += drop
         return first
 
+    def reserve(self, count: int) -> int:
+        """Take ``count`` wire numbers that belong to no core packet; return the first.
+
+        Only before the first core packet: later, the numbers would fall inside
+        the previous packet's span and it could never be fully acknowledged.
+        """
+        if len(self._starts) != 1 or self._base != 0:
+            raise ValueError("wire numbers can be reserved only before the first core packet")
+        first = self.next_wire
+        self.next_wire += count
+        self._starts[0] = self.next_wire
+        return first
+
     def core_ranges(self, wire_ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
         """Inclusive core-pn ranges fully covered by inclusive wire ranges (order kept)."""
         starts, base = self._starts, self._base

@@ -27,6 +27,9 @@ class SessionConfig:
     chunk_bytes: int | None = None  # payload per data packet; None: as much as the MTU allows
     tag_bytes: int = 16  # AEAD tag per packet (0 with null protection)
     initial_rtt_s: float = 0.1
+    # Long-haul paths have large bandwidth-delay products: start above RFC 6928's
+    # 10 packets so a 150 ms path needs about one round trip less to fill.
+    initial_cwnd_packets: int = 64
     max_ack_delay_s: float = 0.005
     ack_threshold: int = 8
     receive_budget_bytes: int = 1 << 30  # our receive memory bound; granted to the peer

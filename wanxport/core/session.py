@@ -91,6 +91,8 @@ class Session:
     @staticmethod
     def _make_cc(config: SessionConfig, index: int) -> CongestionController:
         options: dict[str, object] = {"initial_rtt_s": config.initial_rtt_s}
+        if config.congestion_control in ("bbr", "cubic"):
+            options["initial_cwnd_packets"] = config.initial_cwnd_packets
         if config.congestion_control == "bbr":
             options["seed"] = index  # paths start their gain cycles out of phase
         options.update(config.cc_options)
