@@ -27,6 +27,7 @@ DATAPATHS = [
                                                      reason=str(native.import_error))),
     "python",
 ]
+TRANSFER_DATAPATHS = DATAPATHS
 
 
 def keys(seed: int) -> tuple[DirectionKey, DirectionKey]:
@@ -92,7 +93,7 @@ def payload(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-@pytest.mark.parametrize("datapath", DATAPATHS)
+@pytest.mark.parametrize("datapath", TRANSFER_DATAPATHS)
 @pytest.mark.parametrize(("n_paths", "segments"), [(2, 1), (3, 16)])
 async def test_transfer_arrives_byte_exact(pairs: Callable[..., Pair], datapath: str, n_paths: int,
                                            segments: int) -> None:
@@ -121,7 +122,7 @@ def forged_datagrams(rng: random.Random, path_id: int) -> dict[str, list[bytes]]
     }
 
 
-@pytest.mark.parametrize("datapath", DATAPATHS)
+@pytest.mark.parametrize("datapath", TRANSFER_DATAPATHS)
 async def test_forged_datagrams_are_rejected_and_the_transfer_completes(
         pairs: Callable[..., Pair], datapath: str) -> None:
     pair = pairs(datapath, 2, 8)
@@ -173,3 +174,12 @@ async def test_replayed_datagram_is_rejected(pairs: Callable[..., Pair], datapat
     await until(lambda: pair.b.datagrams_rejected == 1)
     assert pair.b.datapath.counters["rejected_replay"] == 1
     assert pair.b.session.paths[1].recv_pns.total == 1
+
+
+@pytest.mark.parametrize("datapath", DATAPATHS)
+async def test_probe_paths_hears_the_peer_on_every_path_then_data_flows(
+        pairs: Callable[..., Pair], datapath: str) -> None:
+    pair = pairs(datapath, 3, 8)
+    assert await pair.a.probe_paths(WAIT_S) == [True, True, True]
+    assert pair.b.datagrams_rejected == 0
+    await pair.transfer([payload(1 << 20, 4)])

@@ -81,3 +81,18 @@ def test_plan_merges_contiguous_whole_segment_transmits_into_one_burst() -> None
     # Path 0: core packets 0-1 are wire 0-3, packet 2 (5 bytes) wire 4, packet 3 wire 5.
     assert numbering[0].core_ranges(((4, 4),)) == ((2, 2),)
     assert numbering[0].core_ranges(((0, 7),)) == ((0, 5),)  # wire 6 is the probe, 7 the last
+
+
+def test_reserved_numbers_belong_to_no_core_packet() -> None:
+    numbering = WireNumbering()
+    assert numbering.reserve(1) == 0  # the path probe sent before any data
+    assert numbering.allocate(0, 3) == 1
+    assert numbering.core_ranges(((0, 0),)) == ()
+    assert numbering.core_ranges(((0, 3),)) == ((0, 0),)
+    assert numbering.core_ranges(((1, 3),)) == ((0, 0),)
+
+
+def test_reserve_is_refused_once_core_packets_exist() -> None:
+    numbering = numbering_with([2])
+    with pytest.raises(ValueError, match="before the first core packet"):
+        numbering.reserve(1)

@@ -172,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("wanxport: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. piped into `head`: not an error worth a traceback
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ class SessionConfig:
     # Long-haul paths have large bandwidth-delay products: start above RFC 6928's
     # 10 packets so a 150 ms path needs about one round trip less to fill.
     initial_cwnd_packets: int = 64
+    # BBR's ProbeRTT drains a path to 4 packets for a round trip every ~10 s to
+    # re-measure the minimum RTT. On provisioned long-haul paths that costs ~3 % of
+    # every long transfer for a route change that rarely happens; the windowed
+    # minimum still follows a path whose RTT really moved. Set True for shared paths.
+    bbr_probe_rtt: bool = False
     max_ack_delay_s: float = 0.005
     ack_threshold: int = 8
     receive_budget_bytes: int = 1 << 30  # our receive memory bound; granted to the peer

@@ -95,6 +95,7 @@ class Session:
             options["initial_cwnd_packets"] = config.initial_cwnd_packets
         if config.congestion_control == "bbr":
             options["seed"] = index  # paths start their gain cycles out of phase
+            options["probe_rtt"] = config.bbr_probe_rtt
         options.update(config.cc_options)
         mss = config.data_payload(config.paths[index]) + config.packet_overhead()
         return create_congestion_control(config.congestion_control, mss_bytes=mss, **options)
@@ -324,7 +325,11 @@ class Session:
             candidates = self.scheduler.order(candidates, now)
         for path in candidates:
             horizon = now + self._horizon_s(path)
-            if path.cwnd_space <= 0 or path.next_send_at > horizon:
+            if path.cwnd_space <= 0:
+                continue  # the next acknowledgement marks it changed
+            if path.next_send_at > horizon:
+                path.pacing_wake = path.next_send_at - (horizon - now)
+                self._touch(path)
                 continue
             if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
                 # Not worth it now; look again shortly, as the cutoff moves with the tail.

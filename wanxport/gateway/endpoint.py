@@ -16,7 +16,7 @@ from typing import Any
 
 from wanxport.aio.config import DirectionKey
 from wanxport.aio.endpoint import Endpoint
-from wanxport.aio.native_path import NativeDatapath, _Pending
+from wanxport.aio.native_path import NativeDatapath, _Pending, not_eliciting
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.aio.python_path import PythonDatapath
 from wanxport.wire import native
@@ -66,18 +66,19 @@ class RekeyNativeDatapath(NativeDatapath, _KeyCounters):
                 self._enqueue(plan.path_id, _Pending(memoryview(burst.buffer), burst.stride, None, nb))
             else:
                 self.packets_under_key += 1
-                self._send_control(plan.path_id, self._seal_control(plan), nb)
+                self._send_control(plan.path_id, self._seal_control(plan), nb, overtake=not_eliciting(plan))
 
     def _seal_control(self, plan: ControlPlan) -> bytes:
         header = encode_header(plan.path_id, self._conn, plan.pn, self.key_phase)
         return self._seal.seal(header, encode_frames(plan.frames))
 
-    def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int) -> None:
+    def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int,
+                      overtake: bool = True) -> None:
         """A local firewall drop (EPERM) or an unreachable route is a lost datagram, as
         on the wire; the core repairs it. (The aio data path only expects EAGAIN and
         ECONNREFUSED here.)"""
         try:
-            super()._send_control(path_id, datagram, not_before_ns)
+            super()._send_control(path_id, datagram, not_before_ns, overtake)
         except OSError as exc:
             self.local_send_errors += 1
             log.debug("path %d: control datagram not sent (%s)", path_id, exc.strerror or exc)
