@@ -18,7 +18,7 @@ from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
 from wanxport.wire.frames import Frame
 
-MAX_ACK_RANGES = 32
+MAX_ACK_RANGES = 64  # per ACK frame; the receiver remembers twice as many
 
 
 class PathState(StrEnum):
@@ -145,8 +145,11 @@ class Path:
     def on_packet_received(self, pn: int, ack_eliciting: bool, now: float, ack_threshold: int,
                            max_ack_delay_s: float) -> None:
         """Record ``pn`` for acknowledgement and decide when to send the ACK."""
-        if pn != self.recv_largest + 1 and pn > self.recv_largest - 3 * MAX_ACK_RANGES:
-            self.ack_now = True  # a gap or reordering: tell the sender promptly
+        # A gap or reordering: tell the sender promptly, but only about packets that
+        # ask for acknowledgement; answering an ACK-only packet would start an ACK
+        # ping-pong whenever acknowledgements themselves are lost or reordered.
+        if ack_eliciting and pn != self.recv_largest + 1:
+            self.ack_now = True
         self.recv_pns.add(pn, pn + 1)
         if len(self.recv_pns) > MAX_ACK_RANGES * 2:
             highest = self.recv_pns.last(MAX_ACK_RANGES)

@@ -9,12 +9,14 @@ whichever path delivers first.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from wanxport.core.paths import Path
 from wanxport.core.sent_packets import SentPacket
 
 GRANULARITY_S = 0.001
 MAX_REORDER_THRESHOLD = 1024
-SPURIOUS_MEMORY_S = 2.0
+SPURIOUS_MEMORY_S = 0.25  # remember losses at least this long (and 3 smoothed RTTs)
 
 
 def on_packet_sent(path: Path, packet: SentPacket) -> None:
@@ -41,7 +43,7 @@ def on_ack(path: Path, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, 
             packet = sent.pop(pn, None)
             if packet is not None:
                 acked.append(packet)
-    if path.recently_lost and len(ranges) <= 4 and len(path.recently_lost) <= 64:
+    if path.recently_lost:
         _check_spurious(path, ranges)
     if not acked:
         return acked, []
@@ -72,12 +74,18 @@ def on_ack(path: Path, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, 
 
 
 def _check_spurious(path: Path, ranges: tuple[tuple[int, int], ...]) -> None:
-    """A packet we declared lost was delivered after all: widen both thresholds.
+    """A packet we declared lost was delivered after all (reordering): widen both thresholds.
 
-    Checked only while few losses are remembered and the ACK has few ranges,
-    which is exactly the reordering-without-loss case the widening is for.
+    ``recently_lost`` holds only the last few round trips' losses, so this costs
+    a bisection per remembered loss and ACK.
     """
-    delivered = [pn for pn in path.recently_lost if any(lo <= pn <= hi for lo, hi in ranges)]
+    lows = [lo for lo, _ in reversed(ranges)]  # ascending
+    highs = [hi for _, hi in reversed(ranges)]
+    delivered = []
+    for pn in path.recently_lost:
+        i = bisect_right(lows, pn) - 1
+        if i >= 0 and pn <= highs[i]:
+            delivered.append(pn)
     for pn in delivered:
         del path.recently_lost[pn]
         path.stats.spurious_losses += 1
@@ -146,7 +154,7 @@ def _remove_lost(path: Path, lost: list[SentPacket], now: float) -> None:
 
 
 def _forget_old_losses(path: Path, now: float) -> None:
-    horizon = now - max(SPURIOUS_MEMORY_S, 4 * path.rtt.smoothed_s)
+    horizon = now - max(SPURIOUS_MEMORY_S, 3 * path.rtt.smoothed_s)
     stale: list[int] = []
     for pn, at in path.recently_lost.items():  # insertion order is time order
         if at >= horizon and len(path.recently_lost) - len(stale) <= 4096:
