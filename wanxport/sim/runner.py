@@ -227,7 +227,10 @@ class SimRun:
                 path.rtt.smoothed_s if path.rtt.has_sample else None, path.state.value,
                 {"hedged_bytes": path.stats.hedged_bytes, "packets_lost": path.stats.packets_lost,
                  "failures": path.stats.failures}))
+        # Verified shards, plus what had arrived of unfinished ones when time ran out.
         delivered = sum(r.size for e in self._receivers() for r in e.received if r.ok)
+        delivered += sum(shard.received.total for e in self._receivers()
+                         for shard in e.session.incoming.shards.values())
         payload = self.size * len(self.directions)
         return build_report(
             scenario=self.scenario.name, mode="sim", transport="wanxport", payload_bytes=payload,
