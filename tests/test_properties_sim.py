@@ -158,9 +158,14 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
             key = (endpoint.name, path.path_id)
             peak_cwnd[key] = max(peak_cwnd.get(key, 0), path.cc.cwnd_bytes)
             limit = peak_cwnd[key] / (path.mss + overhead) + SLACK_PACKETS
-            if len(path.sent) > limit:
+            # Data packets are held to the window; small control packets (SHARD_OPEN,
+            # SHARD_DONE, CREDIT, probes) are bounded by the shards and paths instead.
+            data_packets = sum(1 for packet in path.sent.values() if packet.chunks)
+            control_packets = len(path.sent) - data_packets
+            if data_packets > limit or control_packets > 4 * len(run.shard_sizes) + SLACK_PACKETS:
                 observed.violations.append(
-                    f"{endpoint.name} path {path.path_id}: {len(path.sent)} packets outstanding, "
+                    f"{endpoint.name} path {path.path_id}: {data_packets} data + {control_packets} "
+                    f"control packets outstanding, "
                     f"peak cwnd {peak_cwnd[key]} B allows {limit:.1f} at t={run.loop.now}")
         budget_state = session.incoming.budget
         if budget_state.opened - budget_state.released > budget_state.budget:
