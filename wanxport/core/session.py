@@ -154,6 +154,8 @@ class Session:
                 self._on_ack(frame, now)
             elif isinstance(frame, PaddingFrame):
                 continue
+            elif isinstance(frame, ProbeAckFrame):
+                self._on_control(path, frame, now)  # an answer: nothing to acknowledge
             else:
                 eliciting = True
                 self._on_control(path, frame, now)
@@ -279,7 +281,8 @@ class Session:
             frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), path.ack_ranges()))
             path.ack_sent()
         frames.extend(path.pending_control)
-        eliciting = bool(path.pending_control)
+        # A probe must be acknowledged (that readmits the path); a probe answer need not.
+        eliciting = any(isinstance(frame, ProbeFrame) for frame in path.pending_control)
         path.pending_control = []
         path.ack_now = False
         if frames:
@@ -501,6 +504,9 @@ class Session:
         self._send_probe(path, now)
 
     def _send_probe(self, path: Path, now: float) -> None:
+        # Earlier unanswered probes are forgotten, so a long outage holds one, not one per interval.
+        for pn in [pn for pn, packet in path.sent.items() if not packet.in_flight]:
+            del path.sent[pn]
         path.probe_token += 1
         self._control_on(path, ProbeFrame(path.probe_token))
         path.next_probe_at = now + min(path.pto_s(self.config.max_ack_delay_s),
