@@ -277,3 +277,18 @@ def test_unauthenticated_corruption_is_never_reported_ok(text: str, corrupt: flo
     failed = sum(not r.ok for e in (observed.run.a, observed.run.b) for r in e.received)
     event(f"intact={observed.report['intact']} digest_failures={failed > 0}")
     check_integrity(observed)
+
+
+def test_tail_cutoff_never_excludes_every_path_for_good() -> None:
+    """Regression (found by the property above): with 99 bytes left, a stale tail cutoff
+    excluded both paths on every re-check and the transfer stalled until its deadline."""
+    text = ('name = "prop"\nseed = 501\n[transfer]\nsize = "478KiB"\nshards = 7\n'
+            '[[paths]]\nname = "p0"\nrtt_ms = 2.0\nbandwidth_mbps = 92.7\nqueue_ms = 5.0\n'
+            '[paths.burst_loss]\np = 0.024\nr = 0.283\n'
+            '[[paths]]\nname = "p1"\nrtt_ms = 106.8\nbandwidth_mbps = 30.3\njitter_ms = 4.0\nqueue_ms = 5.0\n'
+            '[paths.burst_loss]\np = 0.031\nr = 0.5\n')
+    largest_shard = -(-478 * 1024 // 7)
+    observed = observe(text, SimOptions(payload_mode="bytes", duplicate=0.02, congestion_control="cubic",
+                                        deadline_s=120.0), budget=2 * largest_shard)
+    check_integrity(observed)
+    assert observed.report["intact"] and observed.report["completion_s"] < 5.0

@@ -335,8 +335,10 @@ class Session:
                 self._touch(path)
                 continue
             if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
-                # Not worth it now; look again shortly, as the cutoff moves with the tail.
+                # Not worth it now; look again shortly with a fresh cutoff (the cutoff
+                # moves with the tail, and a stale one can exclude every path forever).
                 self._release_stripe(path)
+                self._cutoff_stale = True
                 path.pacing_wake = now + self.config.pacing_horizon_s
                 self._touch(path)
                 continue
