@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from emulation.errors import EmulationError
+from wanxport.cli import size_argument
 from wanxport.sim.scenario import Scenario, ScenarioError, load_scenario
 
 BUNDLED = Path(__file__).resolve().parent / "scenarios"
@@ -47,17 +48,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _size(text: str) -> int:
-    from wanxport.units import parse_size
-
-    try:
-        value = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be more than 0 bytes")
-    return value
-
 
 def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """``run`` and ``compare`` (side-by-side experiments, docs/notes/experiments.md)."""
@@ -66,7 +56,7 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     run.add_argument("scenario")
     run.add_argument("--transport", choices=transports, required=True)
     run.add_argument("--cc", choices=("cubic", "bbr", "reno"), help="default cubic")
-    run.add_argument("--size", type=_size, help="payload bytes (default: the scenario's)")
+    run.add_argument("--size", type=size_argument, help="payload bytes (default: the scenario's)")
     run.add_argument("--deadline", type=float, metavar="S",
                      help="stop after S seconds (default max(60, 20 x ideal))")
     run.add_argument("--backend", choices=("netem", "engine"))
@@ -78,7 +68,7 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     cmp.add_argument("--transports", default="tcp,tcp-parallel,mptcp,aioquic",
                      help="comma-separated; a TCP-based one may name its cc: mptcp:bbr")
     cmp.add_argument("--repeat", type=int, default=1)
-    cmp.add_argument("--size", type=_size, help="payload bytes for every scenario without @SIZE")
+    cmp.add_argument("--size", type=size_argument, help="payload bytes for every scenario without @SIZE")
     cmp.add_argument("--deadline", type=float, metavar="S")
     cmp.add_argument("--backend", choices=("netem", "engine"))
     cmp.add_argument("--no-sim", action="store_true", help="skip the simulator column")

@@ -27,7 +27,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
 
-def _size(text: str) -> int:
+def size_argument(text: str) -> int:
+    """argparse type: a positive size such as 64MiB (shared by the emulation CLI)."""
     try:
         value = parse_size(text)
     except ValueError as exc:
@@ -58,10 +59,10 @@ def _add_sim(sub: Any) -> None:
                        description="Run a scenario's transfer between two simulated gateways in "
                                    "virtual time and print a summary or a run report.")
     p.add_argument("scenario", metavar="SCENARIO.toml", help="scenario file (DESIGN.md section 4)")
-    p.add_argument("--size", type=_size, help="payload bytes per direction, e.g. 1GiB "
+    p.add_argument("--size", type=size_argument, help="payload bytes per direction, e.g. 1GiB "
                                               "(default: the scenario's [transfer] size)")
     p.add_argument("--seed", type=_seed, help="randomness of loss and jitter (default: the scenario's)")
-    p.add_argument("--quantum", type=_size, metavar="BYTES",
+    p.add_argument("--quantum", type=size_argument, metavar="BYTES",
                    help="simulate packets of this payload size instead of the MTU, so very large "
                         "scenarios finish quickly (implies --payload virtual)")
     p.add_argument("--payload", choices=("auto", "bytes", "virtual"), default="auto",

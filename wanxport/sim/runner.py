@@ -15,7 +15,6 @@ Two payload modes:
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -103,7 +102,6 @@ class SimRun:
         self.a = self._endpoint("a", config, 0)
         self.b = self._endpoint("b", config, 1)
         self.directions = ["a->b", "b->a"] if scenario.transfer.direction == "both" else ["a->b"]
-        self.sent_digests: dict[tuple[str, int], bytes] = {}
         self._shards_pending = len(self.shard_sizes) * len(self.directions)
 
     def _endpoint(self, name: str, config: SessionConfig, index: int) -> Endpoint:
@@ -129,8 +127,6 @@ class SimRun:
             sender = self.a if direction == "a->b" else self.b
             for shard_id, size in enumerate(self.shard_sizes):
                 data = self._payload(direction, shard_id, size) if self.mode == "bytes" else None
-                if data is not None:
-                    self.sent_digests[(direction, shard_id)] = hashlib.sha256(data).digest()
                 sender.session.submit(shard_id, data, 0.0, size=size)
         ideal = ideal_time_s(self.scenario, self.size)
         deadline = self.options.deadline_s or max(60.0, 20.0 * ideal if ideal != float("inf") else 60.0)
