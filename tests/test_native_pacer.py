@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -132,6 +133,39 @@ def test_bounded_ring_gives_backpressure() -> None:
         assert pacer.enqueue(0, numbered(0, 1), stride=SIZE) == 0
         assert pacer.stats()[0].queue_depth == 8
         assert not pacer.wait_idle(0.0)
+
+
+def test_concurrent_producers_never_interleave_or_lose(pair: tuple[socket.socket, socket.socket]
+                                                        ) -> None:
+    """enqueue() copies outside the pacer's lock; two threads feeding one path
+    while it drains must still deliver every datagram whole, each producer's
+    in its own order."""
+    rx, tx = pair
+    per_thread, chunk = 600, 50
+
+    def produce(base: int) -> None:
+        for start in range(0, per_thread, chunk):
+            data = numbered(base + start, chunk)
+            done = 0
+            while done < chunk:
+                done += pacer.enqueue(0, data[done * SIZE:], stride=SIZE)
+
+    with native.Pacer(1, capacity=64) as pacer:
+        pacer.set_path(0, tx)
+        pacer.set_pps(0, 20000.0)
+        threads = [threading.Thread(target=produce, args=(base,)) for base in (0, 1 << 20)]
+        for t in threads:
+            t.start()
+        seqs: list[int] = []
+        while any(t.is_alive() for t in threads):
+            seqs += drain(rx)[0]
+        for t in threads:
+            t.join()
+        assert pacer.wait_idle(10.0)
+    seqs += drain(rx)[0]
+    first = [s for s in seqs if s < 1 << 20]
+    second = [s - (1 << 20) for s in seqs if s >= 1 << 20]
+    assert first == list(range(per_thread)) and second == list(range(per_thread))
 
 
 def test_send_errors_are_counted_not_raised() -> None:

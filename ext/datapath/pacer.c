@@ -41,6 +41,7 @@ static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     Pacer *pc = (Pacer *)type->tp_alloc(type, 0);
     if (pc == NULL) return NULL;
     pthread_mutex_init(&pc->mu, NULL);
+    pthread_mutex_init(&pc->produce_mu, NULL);
     init_monotonic_cond(&pc->wake);
     init_monotonic_cond(&pc->idle);
     return (PyObject *)pc;
@@ -143,6 +144,7 @@ static void Pacer_dealloc(Pacer *pc) {
     pthread_cond_destroy(&pc->wake);
     pthread_cond_destroy(&pc->idle);
     pthread_mutex_destroy(&pc->mu);
+    pthread_mutex_destroy(&pc->produce_mu);
     Py_TYPE(pc)->tp_free((PyObject *)pc);
 }
 
@@ -316,24 +318,33 @@ static PyObject *Pacer_enqueue(Pacer *pc, PyObject *args, PyObject *kwargs) {
     }
     Py_ssize_t accepted = 0;
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&pc->mu);
+    /* Copy into the free slots without holding mu, so a large enqueue never
+     * stalls the release thread: it only reads [head, head + count) and only
+     * advances head, so the tail and the free slots beyond it stay ours until
+     * count is raised under mu. produce_mu keeps two producers apart. */
+    pthread_mutex_lock(&pc->produce_mu);
     PPath *p = &pc->paths[path];
-    if (p->count == 0) {
-        double now = (double)wx_mono_ns();
-        if (p->t_next < now) p->t_next = now; /* an idle path earns no burst credit */
-    }
+    pthread_mutex_lock(&pc->mu);
+    size_t tail = (p->head + p->count) % pc->capacity, room = pc->capacity - p->count;
+    pthread_mutex_unlock(&pc->mu);
     const uint8_t *src = buf.buf;
-    while (accepted < n && p->count < pc->capacity) {
-        size_t idx = (p->head + p->count) % pc->capacity;
+    while (accepted < n && (size_t)accepted < room) {
+        size_t idx = (tail + (size_t)accepted) % pc->capacity;
         memcpy(p->slots + idx * pc->slot_size, src, lens[accepted]);
         p->lens[idx] = (uint32_t)lens[accepted];
         p->not_before[idx] = not_before;
         src += lens[accepted];
-        p->count++;
         accepted++;
     }
+    pthread_mutex_lock(&pc->mu);
+    if (p->count == 0) {
+        double now = (double)wx_mono_ns();
+        if (p->t_next < now) p->t_next = now; /* an idle path earns no burst credit */
+    }
+    p->count += (size_t)accepted;
     pthread_cond_signal(&pc->wake);
     pthread_mutex_unlock(&pc->mu);
+    pthread_mutex_unlock(&pc->produce_mu);
     Py_END_ALLOW_THREADS
     res = PyLong_FromSsize_t(accepted);
 done:

@@ -1,6 +1,7 @@
 /*
  * Shared state of the Pacer: the Python type (pacer.c) and the release
- * thread (pacer_thread.c). Everything here is guarded by Pacer.mu.
+ * thread (pacer_thread.c). Everything here is guarded by Pacer.mu, except the
+ * free ring slots, which enqueue() fills under produce_mu before publishing.
  */
 #ifndef WANXPORT_PACER_H
 #define WANXPORT_PACER_H
@@ -46,6 +47,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     pthread_mutex_t mu;
+    pthread_mutex_t produce_mu; /* one enqueue() at a time; it copies without holding mu */
     pthread_cond_t wake; /* pacer thread waits here */
     pthread_cond_t idle; /* wait_idle() waits here */
     pthread_t thread;
