@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 
 Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
 BACKLOG_RETRY_S = 0.0005
+# The core already paces: each core packet carries its departure time. The
+# native pacer only spreads a core packet's datagrams, so it runs this much
+# faster than the core's rate. At exactly the core's rate, every stall of the
+# pacer thread on a busy host would become a standing queue in its ring that
+# the congestion controller reads as a queue at the bottleneck (a sender-side
+# RTT inflation that collapsed BBR's estimate on lossy emulated paths).
+PACER_HEADROOM = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +120,13 @@ class Endpoint:
                               spin_ns=cfg.pacer_spin_ns, burst_ns=cfg.pacer_burst_ns)
 
     def _pacing_factor(self, path_id: int) -> float:
-        """Wire bytes per core byte: a core packet leaves as several datagrams, each with its headers."""
+        """Pacer rate per core rate: a core packet leaves as several datagrams, each with its
+        headers, spread a little faster than the core's own pacing (PACER_HEADROOM)."""
         cfg = self.config.session
         chunk = cfg.data_payload(cfg.paths[path_id])
         per_datagram = cfg.packet_overhead() + DATA_OVERHEAD
         datagrams = -(-chunk // self._segments[path_id])
-        return (chunk + datagrams * per_datagram) / (chunk + per_datagram)
+        return (chunk + datagrams * per_datagram) / (chunk + per_datagram) * PACER_HEADROOM
 
     # -- lifecycle -----------------------------------------------------------
 
