@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from wanxport.aio.config import EndpointConfig, segment_bytes
+from wanxport.aio.config import DirectionKey, EndpointConfig, segment_bytes
 from wanxport.aio.feed import feed_records, receive_control
 from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, Plan, plan_transmits
@@ -245,6 +245,29 @@ class Endpoint:
     @property
     def datagrams_rejected(self) -> int:
         return int(self.datapath.rejected) + self.malformed_controls
+
+    # -- keys (rotation is the caller's policy; see wanxport.gateway.rekey) ----
+
+    def use_send_key(self, phase: int, key: DirectionKey) -> None:
+        """Seal from now on with ``key`` under key phase ``phase`` (its low bit goes on the wire)."""
+        self.datapath.use_send_key(phase, key)
+
+    def install_recv_key(self, phase: int, key: DirectionKey) -> None:
+        """Accept datagrams of key phase ``phase`` sealed with ``key`` (the peer's next key)."""
+        self.datapath.install_recv_key(phase, key)
+
+    @property
+    def packets_under_key(self) -> int:
+        return int(self.datapath.packets_under_key)
+
+    @property
+    def bytes_under_key(self) -> int:
+        return int(self.datapath.bytes_under_key)
+
+    @property
+    def pacer_name(self) -> str | None:
+        pacer = getattr(self.datapath, "pacer", None)
+        return None if pacer is None else str(pacer.name)
 
     def _allocate(self, shard_id: int, size: int, meta: bytes) -> memoryview:
         # np.empty, not bytearray(size): zero-filling a large shard would stall the

@@ -73,6 +73,26 @@ class NativeDatapath:
         self._rx_buffer = bytearray(RECV_SLOTS * slot)
         self._pending: list[deque[_Pending]] = [deque() for _ in range(n)]
         self._rates = [0.0] * n
+        self.key_phase = 0
+        self.packets_under_key = 0  # sealed under the current sending key: the rotation trigger
+        self.bytes_under_key = 0
+        self.local_send_errors = 0
+
+    # -- keys ----------------------------------------------------------------
+
+    def use_send_key(self, phase: int, key: DirectionKey) -> None:
+        """Seal from now on with ``key`` and ``phase`` in the header's key-phase bit.
+
+        Datagrams already sealed and waiting in the pacer ring keep their old
+        phase, which the peer still holds, so a switch strands nothing in flight.
+        """
+        self._seal = native.Protector(key.cipher, key.key, key.iv)
+        self.key_phase = phase & 1
+        self.packets_under_key = self.bytes_under_key = 0
+
+    def install_recv_key(self, phase: int, key: DirectionKey) -> None:
+        """Open datagrams whose key-phase bit is ``phase`` with ``key``."""
+        self.receiver.set_key(phase & 1, native.Protector(key.cipher, key.key, key.iv))
 
     def attach(self, path_id: int) -> None:
         """Start sending on a path (its socket is connected)."""
@@ -91,15 +111,18 @@ class NativeDatapath:
             nb = int(plan.not_before * 1e9)
             if isinstance(plan, DataPlan):
                 burst = native.build_data_datagrams(
-                    self._seal, self._conn, plan.path_id, plan.first_pn, 0, plan.shard_id, plan.buffer,
-                    plan.offset, plan.length, plan.segment)
+                    self._seal, self._conn, plan.path_id, plan.first_pn, self.key_phase, plan.shard_id,
+                    plan.buffer, plan.offset, plan.length, plan.segment)
+                self.packets_under_key += burst.count
+                self.bytes_under_key += len(burst.buffer)
                 self._enqueue(plan.path_id, _Pending(memoryview(burst.buffer), burst.stride, None, nb))
             else:
+                self.packets_under_key += 1
                 self._send_control(plan.path_id, self._seal_control(plan), nb,
                                    overtake=not_eliciting(plan))
 
     def _seal_control(self, plan: ControlPlan) -> bytes:
-        header = encode_header(plan.path_id, self._conn, plan.pn)
+        header = encode_header(plan.path_id, self._conn, plan.pn, self.key_phase)
         return self._seal.seal(header, encode_frames(plan.frames))
 
     def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int,
@@ -112,6 +135,8 @@ class NativeDatapath:
         before it: its packet number is higher, so once the peer acknowledged it
         the core would declare the still-queued data lost (packet threshold) and
         send it again. The ring is also the fallback when the socket buffer is full.
+        A local firewall drop (EPERM) or an unreachable route is a lost datagram,
+        as on the wire: counted, and the core repairs it.
         """
         if overtake and not self._pending[path_id]:
             try:
@@ -121,6 +146,10 @@ class NativeDatapath:
                 pass
             except ConnectionRefusedError:
                 return  # the peer's socket is gone (ICMP): UDP semantics, the core repairs
+            except OSError as exc:
+                self.local_send_errors += 1
+                log.debug("path %d: control datagram not sent (%s)", path_id, exc.strerror or exc)
+                return
         self._enqueue(path_id, _Pending(memoryview(datagram), None, None, not_before_ns))
 
     def _enqueue(self, path_id: int, item: _Pending) -> None:

@@ -36,6 +36,20 @@ class PythonDatapath:
         self.opener = PacketOpener(local_conn_id, len(sockets),
                                    {0: AeadProtection(recv_key.cipher, recv_key.key, recv_key.iv)})
         self.send_errors = 0
+        self.key_phase = 0
+        self.packets_under_key = 0  # sealed under the current sending key: the rotation trigger
+        self.bytes_under_key = 0
+
+    def use_send_key(self, phase: int, key: DirectionKey) -> None:
+        """Seal from now on with ``key`` and ``phase`` in the header's key-phase bit."""
+        self.key_phase = phase & 1
+        self._sealer.keys = {self.key_phase: AeadProtection(key.cipher, key.key, key.iv)}
+        self._sealer.key_phase = self.key_phase
+        self.packets_under_key = self.bytes_under_key = 0
+
+    def install_recv_key(self, phase: int, key: DirectionKey) -> None:
+        """Open datagrams whose key-phase bit is ``phase`` with ``key``."""
+        self.opener.keys[phase & 1] = AeadProtection(key.cipher, key.key, key.iv)
 
     def attach(self, path_id: int) -> None:
         self._attached[path_id] = True
@@ -45,6 +59,8 @@ class PythonDatapath:
 
     def send(self, plans: list[Plan]) -> None:
         for plan in plans:
+            self.packets_under_key += plan.count if isinstance(plan, DataPlan) else 1
+            self.bytes_under_key += plan.length if isinstance(plan, DataPlan) else 0
             if not self._attached[plan.path_id]:
                 continue
             sock = self._sockets[plan.path_id]

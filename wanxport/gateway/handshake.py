@@ -25,7 +25,7 @@ from typing import TypeVar
 from cryptography import x509
 
 from wanxport.aio.config import EndpointConfig, PathSocket
-from wanxport.aio.endpoint import Allocator
+from wanxport.aio.endpoint import Allocator, Endpoint
 from wanxport.control import (
     PROTOCOL_VERSION,
     Bye,
@@ -50,7 +50,6 @@ from .config import (
     parse_endpoint,
     session_config,
 )
-from .endpoint import GatewayEndpoint
 from .rekey import DataKeys, direction_key
 from .session import GatewaySession
 
@@ -141,7 +140,7 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
         tuple(PathSocket(locals_[i], paths[i]) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
-    endpoint = GatewayEndpoint(cfg, allocator=allocator)
+    endpoint = Endpoint(cfg, allocator=allocator)
     endpoint.start()
     mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
     return GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode)
@@ -170,7 +169,7 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)
     try:
-        endpoint = GatewayEndpoint(cfg, allocator=allocator)
+        endpoint = Endpoint(cfg, allocator=allocator)
     except OSError as exc:
         await _refuse(channel, f"data port busy ({exc.strerror or exc})")
         raise SetupError(f"session setup: cannot open the data ports: {exc.strerror or exc}") from None

@@ -15,9 +15,8 @@ import logging
 from collections.abc import Callable
 
 from wanxport.aio.config import DirectionKey
+from wanxport.aio.endpoint import Endpoint
 from wanxport.control import ControlProtocolError, Keys, KeySchedule, KeyUpdate, RotationLimits
-
-from .endpoint import GatewayEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ class DataKeys:
     def current(self) -> Keys:
         return self.schedule.current
 
-    def due(self, endpoint: GatewayEndpoint) -> Keys | None:
+    def due(self, endpoint: Endpoint) -> Keys | None:
         """The ``Keys`` to send when a limit is reached (None otherwise)."""
         now = self.clock()
         if now - self.phase_started < MIN_PHASE_LIFETIME_S:
@@ -61,7 +60,7 @@ class DataKeys:
         log.info("data keys %s: offering phase %d", self.schedule.direction, keys.key_phase)
         return keys
 
-    def on_key_update(self, msg: KeyUpdate, endpoint: GatewayEndpoint) -> None:
+    def on_key_update(self, msg: KeyUpdate, endpoint: Endpoint) -> None:
         """The peer installed our next phase: seal with it from now on."""
         if msg.direction != self.schedule.direction:
             raise ControlProtocolError(f"key_update.direction: {msg.direction!r} is not valid; "
@@ -73,7 +72,7 @@ class DataKeys:
         self.rotation_times.append(self.phase_started)
         log.info("data keys %s: sealing with phase %d", self.schedule.direction, keys.key_phase)
 
-    def on_keys(self, msg: Keys, endpoint: GatewayEndpoint) -> KeyUpdate:
+    def on_keys(self, msg: Keys, endpoint: Endpoint) -> KeyUpdate:
         """The peer's next phase: install it and say so."""
         if msg.direction != self.peer_direction:
             raise ControlProtocolError(f"keys.direction: {msg.direction!r} is not valid; "

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from wanxport.aio.endpoint import ReceivedShard
+from wanxport.aio.endpoint import Endpoint, ReceivedShard
 from wanxport.control import (
     Bye,
     ControlChannel,
@@ -33,7 +33,6 @@ from wanxport.control import (
     ShardComplete,
 )
 
-from .endpoint import GatewayEndpoint
 from .rekey import DataKeys
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ async def sha256_hex_async(data: Any) -> str:
 class GatewaySession:
     """Both roles share this class; ``role`` is "initiator" (sender) or "responder"."""
 
-    def __init__(self, role: str, channel: ControlChannel, endpoint: GatewayEndpoint, keys: DataKeys,
+    def __init__(self, role: str, channel: ControlChannel, endpoint: Endpoint, keys: DataKeys,
                  peer_name: str, *, mode: str) -> None:
         self.role = role
         self.channel = channel
