@@ -107,7 +107,8 @@ class PythonDatapath:
 
     @property
     def counters(self) -> dict[str, int]:
-        return {f"rejected_{k}": v for k, v in self.opener.drops.items()}
+        # dict() copies in one C call: a metrics scrape reads this from another thread.
+        return {f"rejected_{k}": v for k, v in dict(self.opener.drops).items()}
 
     def close(self, drain_s: float = 0.0) -> None:
         """Nothing to stop."""

@@ -5,6 +5,8 @@ use, an unwritable output directory) raise ``UsageError`` (one line, exit 2).
 Failures at run time (unreachable peer, refused certificate, a transfer that
 did not complete) print one line and exit 1. ``--json`` prints one run report
 per session on stdout; a progress bar appears on stderr only on a terminal.
+``--metrics HOST:PORT`` serves Prometheus metrics (``metrics.py``) for as long
+as the process runs; with ``-v`` the bound address is logged (port 0 picks one).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .config import DEFAULT_CONTROL_TIMEOUT_S, GatewayOptions, parse_hostport
 from .files import FileError, FileSink, check_output_dir, plan_files
 from .handshake import SetupError, initiate
 from .listener import GatewayListener
+from .metrics import GatewayMetrics, MetricsServer, parse_metrics_address
 from .session import SessionFailed
 from .transfer import receive_files, send_files
 
@@ -82,6 +85,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                                                          "(default 64GiB)")
     p.add_argument("--rekey-seconds", type=float, metavar="S", help="rotate data keys after S seconds "
                                                                     "(default 3600)")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (e.g. 0.0.0.0:9464)")
     p.add_argument("--verbose", "-v", action="store_true", help="log what happens (stderr)")
 
 
@@ -113,6 +118,26 @@ def _addresses(values: list[str], what: str) -> list[tuple[str, int]]:
         return [parse_hostport(v, what) for v in values]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _metrics_address(args: argparse.Namespace) -> tuple[str, int] | None:
+    if args.metrics is None:
+        return None
+    try:
+        return parse_metrics_address(args.metrics)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _serve_metrics(metrics: GatewayMetrics, address: tuple[str, int] | None) -> None:
+    """Start the exporter; it lives on a daemon thread until the process exits."""
+    if address is None:
+        return
+    try:
+        MetricsServer(metrics, address)
+    except OSError as exc:
+        raise UsageError(f"--metrics: cannot listen on {address[0]}:{address[1]}: "
+                         f"{exc.strerror or exc}") from None
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -150,13 +175,16 @@ def run_send(args: argparse.Namespace) -> int:
 
     _setup_logging(args.verbose)
     paths = _addresses(args.to, "--to")
+    metrics_address = _metrics_address(args)
     options = _options(args, cipher=args.cipher, piece_bytes=_size(args.piece, "--piece"))
     try:
         pieces = plan_files(args.files, options.piece_bytes)
     except FileError as exc:
         raise UsageError(str(exc)) from None
+    metrics = GatewayMetrics("sender")
+    _serve_metrics(metrics, metrics_address)
     try:
-        result = run(_send(paths, args, options, pieces))
+        result = run(_send(paths, args, options, pieces, metrics))
     except CertificateError as exc:
         if "does not exist" in str(exc) or "not readable" in str(exc):
             raise UsageError(str(exc)) from None
@@ -175,12 +203,13 @@ def run_send(args: argparse.Namespace) -> int:
 
 
 async def _send(paths: list[tuple[str, int]], args: argparse.Namespace, options: GatewayOptions,
-                pieces: list[Any]) -> Any:
+                pieces: list[Any], metrics: GatewayMetrics) -> Any:
     session = await initiate(paths, args.identity, args.ca, options)
-    try:
-        return await send_files(session, pieces)
-    finally:
-        await session.close()
+    with metrics.tracking(session):
+        try:
+            return await send_files(session, pieces)
+        finally:
+            await session.close()
 
 
 def _summary(report: dict[str, Any], verb: str) -> None:
@@ -197,24 +226,29 @@ def run_recv(args: argparse.Namespace) -> int:
 
     _setup_logging(args.verbose)
     listens = _addresses(args.listen, "--listen")
+    metrics_address = _metrics_address(args)
     options = _options(args, credit_bytes=_size(args.credit, "--credit"))
     try:
         check_output_dir(args.out)
     except FileError as exc:
         raise UsageError(str(exc)) from None
+    metrics = GatewayMetrics("receiver")
+    _serve_metrics(metrics, metrics_address)
     try:
-        return run(_recv(listens, args, options))
+        return run(_recv(listens, args, options, metrics))
     except CertificateError as exc:
         raise UsageError(str(exc)) from None
 
 
-async def _recv(listens: list[tuple[str, int]], args: argparse.Namespace, options: GatewayOptions) -> int:
+async def _recv(listens: list[tuple[str, int]], args: argparse.Namespace, options: GatewayOptions,
+                metrics: GatewayMetrics) -> int:
     sink_holder: list[FileSink] = []
 
     def allocate(shard_id: int, size: int, meta: bytes) -> Any:
         return sink_holder[-1].allocate(shard_id, size, meta)
 
     listener = GatewayListener(listens, args.identity, args.ca, options, allocator=allocate)
+    metrics.listener = listener
     try:
         await listener.start()
     except OSError as exc:
@@ -232,11 +266,12 @@ async def _recv(listens: list[tuple[str, int]], args: argparse.Namespace, option
                 if not args.keep:
                     return status
                 continue
-            try:
-                result = await receive_files(session, sink_holder[-1])
-            finally:
-                await session.close()
-                listener.release()
+            with metrics.tracking(session):
+                try:
+                    result = await receive_files(session, sink_holder[-1])
+                finally:
+                    await session.close()
+                    listener.release()
             if args.json:
                 print(json.dumps(result.report), flush=True)
             elif sys.stderr.isatty():

@@ -52,6 +52,8 @@ class GatewayListener:
         self.rejections: asyncio.Queue[Exception] = asyncio.Queue()
         self._sessions: asyncio.Queue[GatewaySession | Exception] = asyncio.Queue()
         self._busy = False
+        self.busy_refusals = 0  # senders turned away while a session ran (for metrics)
+        self.setup_failures = 0  # authenticated senders whose session setup failed
 
     async def start(self) -> None:
         if not self.listens:
@@ -77,6 +79,7 @@ class GatewayListener:
 
     async def _on_session(self, channel: ControlChannel) -> None:
         if self._busy:
+            self.busy_refusals += 1
             await _refuse(channel, "receiver busy with another session")
             return
         self._busy = True
@@ -84,11 +87,13 @@ class GatewayListener:
             session = await respond(channel, self.listens, self.name, self.options, self.allocator)
         except (SetupError, OSError) as exc:
             self._busy = False
+            self.setup_failures += 1
             channel.close()
             self._sessions.put_nowait(exc)
             return
         except Exception as exc:  # noqa: BLE001 - the channel died during setup
             self._busy = False
+            self.setup_failures += 1
             channel.close()
             self._sessions.put_nowait(SetupError(f"session setup with {channel.peer_name!r} failed: {exc}"))
             return

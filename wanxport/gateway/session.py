@@ -63,6 +63,8 @@ class SessionStats:
     last_ack: float | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    shards_sent: int = 0  # acknowledged by the receiver
+    shards_received: int = 0  # handed to the application
 
 
 def sha256_hex(data: Any) -> str:
@@ -119,6 +121,7 @@ class GatewaySession:
         ok = await self._until_ended(acked)
         self.stats.last_ack = self.endpoint.clock()
         self.stats.bytes_sent += announce.size_bytes
+        self.stats.shards_sent += 1
         status = await self._until_ended(verdict)
         return bool(ok) and status == "verified"
 
@@ -136,6 +139,7 @@ class GatewaySession:
         got: ReceivedShard = await self._until_ended(asyncio.ensure_future(self.endpoint.receive_shard()))
         announce = await self._until_ended(self._announcement(got.shard_id))
         self.stats.bytes_received += len(got.data)
+        self.stats.shards_received += 1
         try:
             meta = json.loads(got.meta) if got.meta else {}
         except ValueError:
