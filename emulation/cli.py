@@ -73,6 +73,9 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     cmp.add_argument("--backend", choices=("netem", "engine"))
     cmp.add_argument("--no-sim", action="store_true", help="skip the simulator column")
     cmp.add_argument("--out", required=True, help="directory for reports, figures, table")
+    ren = sub.add_parser("render", help="figures and table again from a compare directory's reports")
+    ren.add_argument("out", metavar="DIR", help="a compare --out directory")
+    ren.add_argument("--transports", help="columns in this order (default: as found)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             from emulation.compare import main_compare
 
             return main_compare(args)
+        if args.command == "render":
+            from emulation.compare import main_render
+
+            return main_render(args)
         scenario = resolve_scenario(args.scenario)
         # Imported late: a bad scenario or argument must not need pyroute2.
         from emulation.api import Emulation

@@ -117,6 +117,28 @@ def compare(scenarios: list[Scenario], columns: list[Column], repeat: int, out: 
     return reports
 
 
+def render(out: Path, columns: list[str] | None = None) -> list[Report]:
+    """Figures and results.md again from ``out/reports/*.json``.
+
+    So a matrix can be completed piecewise (a re-run of one transport, a scenario
+    added later) without re-running what is already measured.
+    """
+    paths = sorted((out / "reports").glob("*.json"))
+    if not paths:
+        raise ValueError(f"{out / 'reports'}: no run reports to render")
+    reports: list[Report] = []
+    for path in paths:
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not a run report ({exc})") from None
+    if columns is None:
+        columns = list(dict.fromkeys(_column_of(r) for r in reports if r["mode"] != "sim"))
+    write_figures(reports, out)
+    (out / "results.md").write_text(table(reports, columns, {}))
+    return reports
+
+
 def write_figures(reports: list[Report], out: Path) -> None:
     plots.goodput_bars(reports, out / "goodput.png")
     plots.completion_distribution([r for r in reports if r["mode"] != "sim"],
@@ -207,3 +229,13 @@ def main_compare(args: Any) -> int:
     print((out / "results.md").read_text(), end="")
     print(json.dumps({"out": str(out), "runs": len(reports)}))
     return 0 if all(r["intact"] for r in reports) else 1
+
+
+def main_render(args: Any) -> int:
+    """``python -m emulation render DIR``: figures and table from the reports already there."""
+    columns = [c.name for c in parse_columns(args.transports)] if args.transports else None
+    out = Path(args.out)
+    reports = render(out, columns)
+    print((out / "results.md").read_text(), end="")
+    print(json.dumps({"out": str(out), "runs": len(reports)}))
+    return 0

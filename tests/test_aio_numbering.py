@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from wanxport.aio.feed import receive_control
 from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, DataPlan, plan_transmits
-from wanxport.core.session import Transmit
+from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.session import Session, Transmit
 from wanxport.wire.frames import AckFrame, DataFrame, ProbeFrame
 
 
@@ -96,3 +98,42 @@ def test_reserve_is_refused_once_core_packets_exist() -> None:
     numbering = numbering_with([2])
     with pytest.raises(ValueError, match="before the first core packet"):
         numbering.reserve(1)
+
+
+@pytest.mark.parametrize(
+    ("wire_ranges", "partial"),
+    [
+        (((0, 7),), []),  # packets 0 (wire 0-2), 1 (3), 2 (4-7) all whole
+        (((4, 7), (0, 2)), []),  # packet 1 missing entirely: nothing partial
+        (((1, 7),), [(0, 1, 2)]),  # wire 0 missing: datagrams 1-2 of packet 0 arrived
+        (((0, 5),), [(2, 0, 1)]),  # packet 2 half there
+        (((5, 6),), [(2, 1, 2)]),  # one range inside one packet
+        (((6, 9), (1, 4)), [(2, 2, 3), (0, 1, 2), (2, 0, 0)]),  # beyond the last is ignored
+    ],
+)
+def test_partly_covered_names_the_datagrams_that_arrived(
+        wire_ranges: tuple[tuple[int, int], ...], partial: list[tuple[int, int, int]]) -> None:
+    assert numbering_with([3, 1, 4]).partly_covered(wire_ranges) == partial
+
+
+def test_a_lost_datagram_resends_only_its_own_bytes() -> None:
+    """Core packets of 4 datagrams; the peer acknowledges all but one datagram. Once the
+    core declares that packet lost, only the missing datagram's bytes are queued again."""
+    segment, segments = 1000, 4
+    session = Session(SessionConfig(paths=(PathConfig("p", 1500),), chunk_bytes=segment * segments),
+                      allocator=None)
+    session.submit(0, bytes(range(256)) * 160, 0.0)  # 40 960 bytes: 10+ core packets
+    numbering = [WireNumbering()]
+    plans = plan_transmits(session.poll_transmit(0.0), numbering, [segment], lambda sid: memoryview(b""))
+    sent = sum(p.count for p in plans if isinstance(p, DataPlan))
+    assert sent >= 8
+    # Every wire number but one (datagram 2 of the first DATA packet) arrives.
+    first_data = next(p for p in plans if isinstance(p, DataPlan))
+    missing = first_data.first_pn + 2
+    top = numbering[0].next_wire - 1
+    ack = AckFrame(0, 0, ((missing + 1, top), (0, missing - 1)))
+    receive_control(session, numbering, [segment], 0, 0, [ack], 0.05)
+    session.on_deadline(1.0)  # the time threshold has long passed: the packet is lost
+    outgoing = session.outgoing
+    assert outgoing.retransmit_bytes == segment
+    assert list(outgoing.retransmit) == [(0, first_data.offset + 2 * segment, segment)]

@@ -299,13 +299,13 @@ class Endpoint:
                 except WireError:
                     self.malformed_controls += 1
                     continue
-                receive_control(session, self._numbering, pid, pn, frames, now)
+                receive_control(session, self._numbering, self._segments, pid, pn, frames, now)
         else:
             opened = self.datapath.receive(path_id)
             if self._heard is not None and opened:
                 self._note_heard(path_id)
             for pid, pn, frames in opened:
-                receive_control(session, self._numbering, pid, pn, frames, now)
+                receive_control(session, self._numbering, self._segments, pid, pn, frames, now)
         self._service()
 
     def _on_timer(self) -> None:

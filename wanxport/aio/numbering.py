@@ -81,6 +81,27 @@ class WireNumbering:
                 out.append((base + first, base + last))
         return tuple(out)
 
+    def partly_covered(self, wire_ranges: tuple[tuple[int, int], ...]
+                       ) -> list[tuple[int, int, int]]:
+        """Core packets some but not all of whose datagrams the inclusive wire ranges cover.
+
+        Each as ``(core_pn, first, last)``: datagram indices within the packet.
+        Only a range's two ends can cut a packet, so this is two bisections a range.
+        """
+        starts, base = self._starts, self._base
+        out: list[tuple[int, int, int]] = []
+        for lo, hi in wire_ranges:
+            if hi < starts[0] or lo >= starts[-1]:
+                continue
+            first = max(bisect_right(starts, lo) - 1, 0)
+            last = min(bisect_right(starts, hi) - 1, len(starts) - 2)
+            for i in (first,) if first == last else (first, last):
+                begin, end = starts[i], starts[i + 1] - 1
+                a, b = max(lo, begin), min(hi, end)
+                if a <= b and (a, b) != (begin, end):
+                    out.append((base + i, a - begin, b - begin))
+        return out
+
     def translate(self, frame: AckFrame) -> AckFrame | None:
         """The ACK in core numbers, or None when it covers no whole core packet."""
         ranges = self.core_ranges(frame.ranges)

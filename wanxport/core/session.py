@@ -254,6 +254,20 @@ class Session:
         self._dirty.add(path.path_id)
         self._touch(path)
 
+    def sent_chunks(self, path_id: int, packet_number: int) -> list[Chunk] | None:
+        """The data an outstanding packet carries; None once it is acknowledged or lost."""
+        if not 0 <= path_id < len(self.paths):
+            return None
+        packet = self.paths[path_id].sent.get(packet_number)
+        return None if packet is None else packet.chunks
+
+    def confirm_bytes(self, shard_id: int, start: int, end: int) -> None:
+        """The peer has ``[start, end)`` of an outgoing shard, learnt from an acknowledgement
+        finer than a packet (some datagrams of a segmented one): if the packet is declared
+        lost, only the rest is sent again."""
+        if start < end and shard_id in self.outgoing.shards:
+            self.outgoing.on_acked([(shard_id, start, end - start)])
+
     # -- send ----------------------------------------------------------------
 
     def poll_transmit(self, now: float) -> list[Transmit]:
@@ -321,19 +335,29 @@ class Session:
         if now >= self._tail_checked_at + self.config.pacing_horizon_s or self._cutoff_stale:
             self._update_cutoff(now)
         cutoff = self._cutoff
-        candidates = [self.paths[i] for i in self._dirty if self.paths[i].usable]
+        # A path without window room, or whose pacing holds it beyond the horizon,
+        # waits whatever the others do: settle those first, so only the paths that
+        # may send are ordered (after a loss every path is dirty; with hundreds of
+        # paths, sorting them all on every call dominated the simulator's time).
+        ready: list[Path] = []
+        for i in self._dirty:
+            path = self.paths[i]
+            if not path.usable or path.cwnd_space <= 0:
+                continue  # the next acknowledgement marks it changed
+            horizon = now + self._horizon_s(path)
+            if path.next_send_at > horizon:
+                wake = path.next_send_at - (horizon - now)
+                if path.pacing_wake != wake:  # unchanged: its timer already stands
+                    path.pacing_wake = wake
+                    self._touch(path)
+                continue
+            ready.append(path)
         self._dirty.clear()
         hedge = self._in_tail and self.config.hedge
-        if len(candidates) > 1:
-            candidates = self.scheduler.order(candidates, now)
-        for path in candidates:
+        if len(ready) > 1:
+            ready = self.scheduler.order(ready, now)
+        for path in ready:
             horizon = now + self._horizon_s(path)
-            if path.cwnd_space <= 0:
-                continue  # the next acknowledgement marks it changed
-            if path.next_send_at > horizon:
-                path.pacing_wake = path.next_send_at - (horizon - now)
-                self._touch(path)
-                continue
             if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
                 # Not worth it now; look again shortly with a fresh cutoff (the cutoff
                 # moves with the tail, and a stale one can exclude every path forever).
