@@ -79,7 +79,9 @@ class Path:
         self.pto_count = 0
         self.reorder_threshold = 3
         self.time_threshold = 9 / 8
-        self.recently_lost: dict[int, float] = {}  # pn -> declared-lost time (spurious detection)
+        # pn -> declared-lost time (spurious detection); ordered, so forgetting the oldest is O(1)
+        self.recently_lost: OrderedDict[int, float] = OrderedDict()
+        self.recently_lost_pns: list[int] = []  # the same packet numbers, sorted (for ranges)
         self.bandwidth_bps = 0.0  # max-filtered delivery rate, for the scheduler
         self._bw_round_at = 0.0
         self.probe_token = 0

@@ -9,7 +9,7 @@ whichever path delivers first.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, insort
 
 from wanxport.core.paths import Path
 from wanxport.core.sent_packets import SentPacket
@@ -44,7 +44,9 @@ def on_ack(path: Path, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, 
             if packet is not None:
                 acked.append(packet)
     if path.recently_lost:
-        _check_spurious(path, ranges)
+        _forget_old_losses(path, now)  # without new losses nothing else would prune them
+        if path.recently_lost:
+            _check_spurious(path, ranges)
     if not acked:
         return acked, []
     acked.reverse()  # ascending packet numbers
@@ -76,22 +78,29 @@ def on_ack(path: Path, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, 
 def _check_spurious(path: Path, ranges: tuple[tuple[int, int], ...]) -> None:
     """A packet we declared lost was delivered after all (reordering): widen both thresholds.
 
-    ``recently_lost`` holds only the last few round trips' losses, so this costs
-    a bisection per remembered loss and ACK.
+    The remembered losses are also kept sorted by packet number, so each ACK
+    range finds the ones it covers by bisection instead of every remembered
+    loss being tested against every ACK.
     """
-    lows = [lo for lo, _ in reversed(ranges)]  # ascending
-    highs = [hi for _, hi in reversed(ranges)]
-    delivered = []
-    for pn in path.recently_lost:
-        i = bisect_right(lows, pn) - 1
-        if i >= 0 and pn <= highs[i]:
-            delivered.append(pn)
+    pns = path.recently_lost_pns
+    delivered: list[int] = []
+    for lo, hi in ranges:
+        i = bisect_left(pns, lo)
+        while i < len(pns) and pns[i] <= hi:
+            delivered.append(pns[i])
+            i += 1
     for pn in delivered:
-        del path.recently_lost[pn]
+        _forget_loss(path, pn)
         path.stats.spurious_losses += 1
         gap = path.largest_acked - pn + 1
         path.reorder_threshold = min(max(path.reorder_threshold, gap), MAX_REORDER_THRESHOLD)
         path.time_threshold = min(path.time_threshold * 1.25, 4.0)
+
+
+def _forget_loss(path: Path, pn: int) -> None:
+    del path.recently_lost[pn]
+    pns = path.recently_lost_pns
+    del pns[bisect_left(pns, pn)]
 
 
 def loss_delay_s(path: Path) -> float:
@@ -146,6 +155,8 @@ def _remove_lost(path: Path, lost: list[SentPacket], now: float) -> None:
             path.bytes_in_flight -= packet.size
             lost_bytes += packet.size
         newest_sent = max(newest_sent, packet.sent_at)
+        if packet.pn not in path.recently_lost:
+            insort(path.recently_lost_pns, packet.pn)
         path.recently_lost[packet.pn] = now
     path.stats.packets_lost += len(lost)
     _forget_old_losses(path, now)
@@ -161,4 +172,4 @@ def _forget_old_losses(path: Path, now: float) -> None:
             break
         stale.append(pn)
     for pn in stale:
-        del path.recently_lost[pn]
+        _forget_loss(path, pn)

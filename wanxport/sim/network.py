@@ -12,14 +12,17 @@ direction of one path behaves like this, in order:
    which is why the ideal bound multiplies rate by ``1 - loss``): i.i.d.
    ``loss``, or Gilbert-Elliott ``burst_loss`` stepped once per packet (loss
    drawn with the current state's probability, then the state transition).
-   A packet's fate (loss, delay) is drawn when it enters service, in FIFO order.
 4. Propagation: ``rtt_ms/2 + normal(0, jitter_ms)`` clipped at 0. With
    ``reorder = false`` a packet never arrives before the previous one on the
    same link (it waits); with ``reorder = true`` jitter may reorder.
 
-A link going down drops what is queued and what is being serialized; packets
-already propagating still arrive. A rate change applies from the next packet
-to start serialization. Packet sizes are not checked against ``mtu``: the
+A packet's fate (loss, delay) is drawn when the link admits it, in FIFO order,
+as netem and the C engine do; its serialization slot is scheduled then too, so
+a queued packet costs no event of its own until it arrives. A rate change
+applies from the next packet to start serialization (queued packets are
+re-timed); loss and delay changes apply to packets admitted after them. A link
+going down drops what is queued and what is being serialized; packets already
+propagating still arrive. Packet sizes are not checked against ``mtu``: the
 simulator may move aggregate "packets" for speed, and loss applies per packet.
 """
 
@@ -43,6 +46,24 @@ def link_rng(seed: int, path_index: int, direction: str) -> random.Random:
     return random.Random(f"wanxport.sim/{seed}/{path_index}/{direction}")
 
 
+class _Admitted:
+    """A packet the bottleneck accepted: its serialization slot and its copies in flight.
+
+    Kept only while it waits or is being serialized, so that a rate change can
+    re-time it and a link failure can take it back.
+    """
+
+    __slots__ = ("packet", "size", "start", "end", "delays", "handles")
+
+    def __init__(self, packet: object, size: int, start: float, end: float) -> None:
+        self.packet = packet
+        self.size = size
+        self.start = start
+        self.end = end
+        self.delays: list[float] = []  # one-way delay of each copy (none: lost)
+        self.handles: list[int] = []  # reorder links: the copies' arrival events
+
+
 class Link:
     """One direction of one path. ``deliver(packet, now)`` is called on arrival."""
 
@@ -53,17 +74,14 @@ class Link:
         "_loop",
         "_duplicate",
         "_corrupt",
-        "_queue",
+        "_waiting",
+        "_serving",
         "_queued_bytes",
         "_capacity_bytes",
         "_s_per_byte",
         "_busy_until",
-        "_in_service",
-        "_handles",
         "_flight",
         "_flight_gen",
-        "_fifo_last",
-        "_epoch",
         "_last_arrival",
         "_delay_s",
         "_jitter_s",
@@ -96,17 +114,15 @@ class Link:
         self._loop = loop
         self._duplicate = duplicate
         self._corrupt = corrupt
-        self._queue: deque[tuple[object, int]] = deque()
+        self._waiting: deque[_Admitted] = deque()  # admitted, serialization not yet begun
+        self._serving: _Admitted | None = None  # the latest to begin serialization
         self._queued_bytes = 0
-        self._busy_until = loop.now  # when the packet in service has been serialized
-        self._in_service = 0  # copies of the packet in service that will arrive (0-2)
-        self._handles = [-1, -1]  # reorder links: the last two arrival events
+        self._busy_until = loop.now  # when the last admitted packet has been serialized
+        self._s_per_byte = 0.0
         # reorder = false links: arrivals are monotonic, so they wait in a FIFO with
         # only its head on the loop's heap; the heap stays small and fast.
         self._flight: deque[tuple[float, object, int]] = deque()
         self._flight_gen = 0  # invalidates the head event when the FIFO is emptied
-        self._fifo_last = True  # whether the newest arrival went through the FIFO
-        self._epoch = 0  # bumped when the link goes down: cancels a pending _next
         self._last_arrival = 0.0
         self._bad_state = False  # Gilbert-Elliott state, starts good
         self.sent = self.bytes_sent = 0
@@ -117,6 +133,7 @@ class Link:
 
     def set_params(self, params: LinkParams) -> None:
         """Apply new parameters now (a timeline event)."""
+        old_s_per_byte = self._s_per_byte
         self.params = params
         bytes_per_s = params.bandwidth_mbps * 125_000.0
         self._s_per_byte = 1.0 / bytes_per_s
@@ -125,33 +142,8 @@ class Link:
         self._jitter_s = params.jitter_ms / 1000.0
         if params.down:
             self._drop_backlog()
-
-    def _drop_backlog(self) -> None:
-        """Going down: drop the queue and the packet in service (cancel its arrival)."""
-        loop = self._loop
-        self.dropped_down += len(self._queue)
-        self._queue.clear()
-        self._queued_bytes = 0
-        self._epoch += 1  # invalidates a pending _next
-        if self._busy_until > loop.now:
-            if self._in_service:
-                self.dropped_down += 1
-                self._cancel_last(self._in_service)
-            self._in_service = 0
-            self._busy_until = loop.now
-
-    def _cancel_last(self, copies: int) -> None:
-        """Take back the ``copies`` most recently propagated arrivals."""
-        flight = self._flight
-        if self._fifo_last:  # they are the newest FIFO entries
-            for _ in range(copies):
-                flight.pop()
-            if not flight:
-                self._flight_gen += 1
-                self._last_arrival = self._loop.now
-        else:
-            for handle in self._handles[2 - copies :]:
-                self._loop.cancel(handle)
+        elif self._s_per_byte != old_s_per_byte:
+            self._retime()
 
     def send(self, packet: object, size_bytes: int) -> None:
         """Offer a packet to the link at ``loop.now``."""
@@ -161,41 +153,41 @@ class Link:
             self.dropped_down += 1
             return
         now = self._loop.now
-        queue = self._queue
-        if not queue and now >= self._busy_until:
-            self._start(packet, size_bytes, now)
-            return
-        if self._queued_bytes + size_bytes > self._capacity_bytes:
-            self.dropped_queue += 1
-            return
-        if not queue:
-            self._loop.call_at(self._busy_until, self._next, self._epoch)
-        queue.append((packet, size_bytes))
-        self._queued_bytes += size_bytes
+        self._advance(now)
+        if self._waiting or now < self._busy_until:
+            if self._queued_bytes + size_bytes > self._capacity_bytes:
+                self.dropped_queue += 1
+                return
+            start = self._busy_until
+        else:
+            start = now
+        entry = self._admit(packet, size_bytes, start)
+        if start > now:
+            self._waiting.append(entry)
+            self._queued_bytes += size_bytes
+        else:
+            self._serving = entry
 
     def backlog_bytes(self) -> int:
         """Bytes waiting in the bottleneck queue (not counting the one in service)."""
+        self._advance(self._loop.now)
         return self._queued_bytes
 
-    def _next(self, epoch: int) -> None:
-        """The packet in service has left: serialize the head of the queue."""
-        if epoch != self._epoch:
-            return  # the link went down meanwhile; the queue was dropped
-        packet, size_bytes = self._queue.popleft()
-        self._queued_bytes -= size_bytes
-        self._start(packet, size_bytes, self._loop.now)
-        if self._queue:
-            self._loop.call_at(self._busy_until, self._next, epoch)
+    def _advance(self, now: float) -> None:
+        """Packets whose slot has begun leave the queue."""
+        waiting = self._waiting
+        while waiting and waiting[0].start <= now:
+            entry = waiting.popleft()
+            self._queued_bytes -= entry.size
+            self._serving = entry
 
-    def _start(self, packet: object, size_bytes: int, now: float) -> None:
-        """Serialize a packet from ``now``; its fate (loss, delay) is drawn here, in FIFO
-        order, so an idle link costs one event per packet (the arrival) instead of two."""
-        end = now + size_bytes * self._s_per_byte
+    def _admit(self, packet: object, size_bytes: int, start: float) -> _Admitted:
+        """Serialize from ``start``; draw the packet's fate (loss, delay) now, in FIFO order."""
+        end = start + size_bytes * self._s_per_byte
         self._busy_until = end
         if self._lost():
             self.dropped_loss += 1
-            self._in_service = 0
-            return
+            return _Admitted(packet, size_bytes, start, end)
         rng = self._rng
         if self._corrupt and isinstance(packet, bytes | bytearray) and packet:
             if rng.random() < self._corrupt:
@@ -204,12 +196,12 @@ class Link:
                 damaged[bit >> 3] ^= 1 << (bit & 7)
                 packet = bytes(damaged)
                 self.corrupted += 1
-        self._propagate(packet, size_bytes, end)
-        self._in_service = 1
+        entry = _Admitted(packet, size_bytes, start, end)
+        self._propagate(entry, self._draw_delay())
         if self._duplicate and rng.random() < self._duplicate:
             self.duplicated += 1
-            self._propagate(packet, size_bytes, end)
-            self._in_service = 2
+            self._propagate(entry, self._draw_delay())
+        return entry
 
     def _lost(self) -> bool:
         params = self.params
@@ -226,27 +218,74 @@ class Link:
             self._bad_state = True
         return lost
 
-    def _propagate(self, packet: object, size_bytes: int, departure: float) -> None:
+    def _draw_delay(self) -> float:
         delay = self._delay_s
         if self._jitter_s:
             delay += self._rng.gauss(0.0, self._jitter_s)
             if delay < 0.0:
                 delay = 0.0
-        arrival = departure + delay
+        return delay
+
+    def _propagate(self, entry: _Admitted, delay: float) -> None:
+        entry.delays.append(delay)
+        arrival = entry.end + delay
         if self.params.reorder:
-            handles = self._handles
-            handles[0] = handles[1]
-            handles[1] = self._loop.call_at(arrival, self._arrive, packet, size_bytes)
-            self._fifo_last = False
+            entry.handles.append(self._loop.call_at(arrival, self._arrive, entry.packet, entry.size))
             return
-        self._fifo_last = True
         if arrival < self._last_arrival:
             arrival = self._last_arrival
         self._last_arrival = arrival
         flight = self._flight
-        flight.append((arrival, packet, size_bytes))
+        flight.append((arrival, entry.packet, entry.size))
         if len(flight) == 1:
             self._loop.call_at(arrival, self._arrive_head, self._flight_gen)
+
+    def _withdraw(self, entries: list[_Admitted]) -> None:
+        """Take back the arrivals of the most recently admitted ``entries``."""
+        flight = self._flight
+        fifo_copies = 0
+        for entry in entries:
+            for handle in entry.handles:
+                self._loop.cancel(handle)
+            fifo_copies += len(entry.delays) - len(entry.handles)
+        for _ in range(fifo_copies):
+            flight.pop()
+        if fifo_copies:
+            if flight:
+                self._last_arrival = flight[-1][0]
+            else:
+                self._flight_gen += 1  # its head event is void
+                self._last_arrival = self._loop.now
+
+    def _drop_backlog(self) -> None:
+        """Going down: drop the queue and the packet in service."""
+        now = self._loop.now
+        self._advance(now)
+        victims = list(self._waiting)
+        if self._serving is not None and self._serving.end > now:
+            victims.insert(0, self._serving)
+        self.dropped_down += sum(1 for entry in victims if entry.delays)
+        self._withdraw(victims)
+        self._waiting.clear()
+        self._queued_bytes = 0
+        self._serving = None
+        self._busy_until = now
+
+    def _retime(self) -> None:
+        """A new rate: packets still waiting are serialized at it (their fates stand)."""
+        self._advance(self._loop.now)
+        waiting = list(self._waiting)
+        if not waiting:
+            return
+        self._withdraw(waiting)
+        t = waiting[0].start
+        for entry in waiting:
+            entry.start = t
+            entry.end = t = t + entry.size * self._s_per_byte
+            delays, entry.delays, entry.handles = entry.delays, [], []
+            for delay in delays:
+                self._propagate(entry, delay)
+        self._busy_until = t
 
     def _arrive(self, packet: object, size_bytes: int) -> None:
         self.delivered += 1
