@@ -72,8 +72,13 @@ class Session:
                                      allocator or allocate_bytearray)
         self._control: list[Frame] = []
         self._events: list[Event] = []
+        # Per path: its deadline, and the time of its one entry in the heap. The
+        # entry may be earlier than the deadline (a deadline that moved later is
+        # not pushed again; its early entry is re-filed when it surfaces), so
+        # postponements, the common case, cost no heap operation.
         self._timers: list[tuple[float, int]] = []
         self._timer_at = [float("inf")] * len(self.paths)
+        self._filed_at = [float("inf")] * len(self.paths)
         self._dirty: set[int] = set(range(len(self.paths)))
         self._hedged: set[tuple[int, int]] = set()
         self._hedge_queue: list[tuple[float, Chunk, int]] = []
@@ -558,10 +563,10 @@ class Session:
     def _flush_timers(self) -> None:
         for path_id in self._touched:
             at = self._path_deadline(self.paths[path_id])
-            if at != self._timer_at[path_id]:
-                self._timer_at[path_id] = at
-                if at != float("inf"):
-                    heapq.heappush(self._timers, (at, path_id))
+            self._timer_at[path_id] = at
+            if at < self._filed_at[path_id]:
+                self._filed_at[path_id] = at  # the later entry, if any, is now stale
+                heapq.heappush(self._timers, (at, path_id))
         self._touched.clear()
 
     def _path_deadline(self, path: Path) -> float:
@@ -583,18 +588,39 @@ class Session:
 
     def next_deadline(self) -> float | None:
         timers = self._timers
-        while timers and timers[0][0] != self._timer_at[timers[0][1]]:
-            heapq.heappop(timers)
-        return timers[0][0] if timers else None
+        while timers:
+            at, path_id = timers[0]
+            if at != self._filed_at[path_id]:
+                heapq.heappop(timers)  # superseded by an earlier entry
+            elif self._timer_at[path_id] != at:
+                self._refile(path_id)  # the deadline moved later since
+            else:
+                return at
+        return None
+
+    def _refile(self, path_id: int) -> None:
+        """Replace the path's early heap entry (at the top) with one at its deadline."""
+        at = self._timer_at[path_id]
+        if at == float("inf"):
+            heapq.heappop(self._timers)
+            self._filed_at[path_id] = at
+        else:
+            heapq.heapreplace(self._timers, (at, path_id))
+            self._filed_at[path_id] = at
 
     def on_deadline(self, now: float) -> None:
         timers = self._timers
         due: set[int] = set()
         while timers and timers[0][0] <= now:
-            at, path_id = heapq.heappop(timers)
-            if at == self._timer_at[path_id]:
+            at, path_id = timers[0]
+            if at != self._filed_at[path_id]:
+                heapq.heappop(timers)
+            elif self._timer_at[path_id] != at:
+                self._refile(path_id)
+            else:
+                heapq.heappop(timers)
                 due.add(path_id)
-                self._timer_at[path_id] = float("inf")
+                self._timer_at[path_id] = self._filed_at[path_id] = float("inf")
         for path_id in sorted(due):
             self._fire(self.paths[path_id], now)
         self._flush_timers()
