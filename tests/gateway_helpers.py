@@ -1,12 +1,20 @@
-"""Shared helpers of the gateway tests: free ports, PKI, CLI processes."""
+"""Shared helpers of the gateway tests: free ports, PKI, CLI processes, one shard's transfer."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from wanxport.control import ShardAnnounce
+from wanxport.gateway.session import GatewaySession, sha256_hex
+from wanxport.wire import native
+from wanxport.wire.frames import PaddingFrame, encode_frames
+from wanxport.wire.header import encode_header
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,3 +80,31 @@ def wait_listening(proc: subprocess.Popen[str], port: int, timeout: float = 20) 
                 return
         time.sleep(0.02)
     raise TimeoutError("receiver did not start listening")
+
+
+async def transfer(sender: GatewaySession, receiver: GatewaySession, shard_id: int, data: bytes) -> bool:
+    """Send ``data`` as one shard and receive it; True when both ends agree it is intact."""
+    announce = ShardAnnounce(shard_id, len(data), sha256_hex(data), 0)
+
+    async def receive() -> bool:
+        got = await receiver.receive()
+        await receiver.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
+        return got.ok and bytes(got.data) == data
+
+    sent, received = await asyncio.gather(sender.send_shard(shard_id, data, announce), receive())
+    return sent and received
+
+
+def throw_hostile_datagrams(sender: GatewaySession, rng: random.Random) -> None:
+    """61 bad datagrams at the receiver from the sender's own addresses (past the
+    kernel's connected-socket filter): 40 garbage, 20 well-formed headers with a
+    forged tag, and one replay of packet number 0 sealed with the real key."""
+    socks = sender.endpoint.sockets
+    for i in range(40):
+        socks[i % 2].send(rng.randbytes(rng.randrange(1, 1500)))
+    conn = sender.endpoint.config.remote_conn_id
+    for i in range(20):
+        socks[0].send(encode_header(0, conn, 10_000_000 + i) + rng.randbytes(200))
+    keys = sender.keys.current
+    replay = native.Protector(keys.cipher, keys.key, keys.iv)
+    socks[1].send(replay.seal(encode_header(1, conn, 0), encode_frames([PaddingFrame(64)])))

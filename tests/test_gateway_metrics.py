@@ -10,20 +10,24 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from gateway_helpers import free_path_ports, run, start, stop, wait_listening
+from gateway_helpers import (
+    free_path_ports,
+    run,
+    start,
+    stop,
+    throw_hostile_datagrams,
+    transfer,
+    wait_listening,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
-from wanxport.control import ShardAnnounce
 from wanxport.control.certs import make_test_pki
 from wanxport.core.paths import PathState
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer, parse_metrics_address
-from wanxport.gateway.session import GatewaySession, sha256_hex
-from wanxport.wire import native
-from wanxport.wire.frames import PaddingFrame, encode_frames
-from wanxport.wire.header import encode_header
+from wanxport.gateway.session import GatewaySession
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,18 +111,6 @@ async def gateways(pki: Path) -> AsyncIterator[Gateways]:
         gw.close()
 
 
-async def transfer(sender: GatewaySession, receiver: GatewaySession, shard_id: int, data: bytes) -> bool:
-    announce = ShardAnnounce(shard_id, len(data), sha256_hex(data), 0)
-
-    async def receive() -> bool:
-        got = await receiver.receive()
-        await receiver.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
-        return got.ok and bytes(got.data) == data
-
-    sent, received = await asyncio.gather(sender.send_shard(shard_id, data, announce), receive())
-    return sent and received
-
-
 def assert_path_labels(samples: Samples, peer: str, paths: set[str]) -> None:
     for name in PATH_FAMILIES:
         assert labelled(samples, name, "path") == paths, name
@@ -194,15 +186,7 @@ async def test_rejected_datagrams_are_exported(gateways: Gateways) -> None:
     try:
         assert await transfer(sender, receiver, 0, rng.randbytes(1 << 20))
         before = scrape(gateways.recv_server.url)
-        socks = sender.endpoint.sockets  # the sender's own addresses: past the kernel's filter
-        for i in range(40):
-            socks[i % 2].send(rng.randbytes(rng.randrange(1, 1500)))
-        conn = sender.endpoint.config.remote_conn_id
-        for i in range(20):  # well-formed header, forged tag
-            socks[0].send(encode_header(0, conn, 10_000_000 + i) + rng.randbytes(200))
-        keys = sender.keys.current
-        replay = native.Protector(keys.cipher, keys.key, keys.iv)
-        socks[1].send(replay.seal(encode_header(1, conn, 0), encode_frames([PaddingFrame(64)])))
+        throw_hostile_datagrams(sender, rng)  # 40 garbage, 20 forged, 1 replayed
         assert await transfer(sender, receiver, 1, rng.randbytes(1 << 20))  # the hostile ones came first
         during = scrape(gateways.recv_server.url)
     finally:

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 from pathlib import Path
 
 import pytest
-from gateway_helpers import free_path_ports
+from gateway_helpers import free_path_ports, throw_hostile_datagrams, transfer
 
-from wanxport.control import RotationLimits, ShardAnnounce
+from wanxport.control import RotationLimits
 from wanxport.control.certs import make_test_pki
 from wanxport.gateway import rekey
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, sha256_hex
-from wanxport.wire import native
-from wanxport.wire.frames import PaddingFrame, encode_frames
-from wanxport.wire.header import encode_header
+from wanxport.gateway.session import GatewaySession
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,18 +35,6 @@ async def pair(pki: Path, n_paths: int, options: GatewayOptions
     sender = await initiate(listens, pki / "gw-a", pki / "ca.pem", options)
     receiver = await listener.accept()
     return listener, sender, receiver
-
-
-async def transfer(sender: GatewaySession, receiver: GatewaySession, shard_id: int, data: bytes) -> bool:
-    announce = ShardAnnounce(shard_id, len(data), sha256_hex(data), 0)
-
-    async def receive() -> bool:
-        got = await receiver.receive()
-        await receiver.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
-        return got.ok and bytes(got.data) == data
-
-    sent, received = await asyncio.gather(sender.send_shard(shard_id, data, announce), receive())
-    return sent and received
 
 
 async def test_keys_rotate_during_a_transfer(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,15 +61,7 @@ async def test_hostile_datagrams_are_counted_and_transfer_stays_exact(pki: Path)
     try:
         first = rng.randbytes(4 << 20)
         assert await transfer(sender, receiver, 0, first)
-        socks = sender.endpoint.sockets  # the sender's own addresses: past the kernel's filter
-        for i in range(40):
-            socks[i % 2].send(rng.randbytes(rng.randrange(1, 1500)))
-        conn = sender.endpoint.config.remote_conn_id
-        for i in range(20):  # well-formed header, forged tag
-            socks[0].send(encode_header(0, conn, 10_000_000 + i) + rng.randbytes(200))
-        keys = sender.keys.current
-        replay = native.Protector(keys.cipher, keys.key, keys.iv)
-        socks[1].send(replay.seal(encode_header(1, conn, 0), encode_frames([PaddingFrame(64)])))
+        throw_hostile_datagrams(sender, rng)  # 40 garbage, 20 forged, 1 replayed
         second = rng.randbytes(4 << 20)
         assert await transfer(sender, receiver, 1, second)
     finally:
