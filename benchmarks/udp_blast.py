@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from wanxport.aio.sockets import set_buffers
 from wanxport.wire import native
 
 DATAGRAM = 1472  # a full 1500-byte IPv4 frame
@@ -33,7 +34,7 @@ def sink(addr: str, port: int, seconds: float) -> dict[str, float]:
     datagram's kernel receive time, so start-up and idle time do not dilute the rate."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((addr, port))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+    set_buffers(sock, recv_bytes=32 << 20)
     sock.setblocking(False)
     native.enable_timestamps(sock)
     print("listening", flush=True)
@@ -57,7 +58,7 @@ def send(addr: str, port: int, seconds: float, rate_mbps: float) -> dict[str, fl
     """Offer ``rate_mbps`` of UDP payload for ``seconds`` through the native pacer."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.connect((addr, port))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    set_buffers(sock, send_bytes=8 << 20)
     sock.setblocking(False)
     block = np.zeros(RING * DATAGRAM, dtype=np.uint8)
     queued = 0

@@ -29,6 +29,7 @@ from typing import Any
 
 from emulation.hostenv import setns
 from emulation.params import DIRECTIONS, engine_params, link_from_dict
+from wanxport.aio.sockets import set_buffers
 from wanxport.sim.scenario import LinkParams
 
 log = logging.getLogger("emulation.engine")
@@ -36,8 +37,6 @@ log = logging.getLogger("emulation.engine")
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 PACKET_QDISC_BYPASS = 20
-SO_SNDBUFFORCE = 32
-SO_RCVBUFFORCE = 33
 ETH_P_ALL = 3
 ETH_HEADER_BYTES = 14
 SOCKET_BUFFER_BYTES = 16 << 20
@@ -56,8 +55,7 @@ def packet_socket(ifname: str) -> socket.socket:
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
     # The engine is the link's queue; the veth's own qdisc would only add work.
     sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
-    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, SOCKET_BUFFER_BYTES)
-    sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, SOCKET_BUFFER_BYTES)
+    set_buffers(sock, SOCKET_BUFFER_BYTES, SOCKET_BUFFER_BYTES)
     sock.bind((ifname, ETH_P_ALL))
     sock.setblocking(False)
     return sock

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import hashlib
-import json
-import signal
 import socket
 import sys
 import time
@@ -37,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from emulation.baselines import payload
-from emulation.baselines.tcp_app import HEADER, emit
+from emulation.baselines.tcp_app import HEADER, Slice, emit, run_async_role
 
 ALPN = ["wanxport-baseline"]
 UDP_BUFFER = 16 << 20
@@ -87,11 +85,7 @@ class Receiver(QuicConnectionProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.head = bytearray()
-        self.length = -1
-        self.offset = -1
-        self.received = 0
-        self.hasher = hashlib.sha256()
+        self.slice = Slice()
         self.t_first: float | None = None
         self.done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
@@ -100,21 +94,11 @@ class Receiver(QuicConnectionProtocol):
             return
         if self.t_first is None:
             self.t_first = time.monotonic()
-        data = memoryview(event.data)
-        if self.length < 0:
-            need = HEADER.size - len(self.head)
-            self.head += data[:need]
-            data = data[need:]
-            if len(self.head) == HEADER.size:
-                self.offset, self.length = HEADER.unpack(self.head)
-        if self.length >= 0:
-            data = data[:self.length - self.received]
-            self.hasher.update(data)
-            self.received += len(data)
-            if self.received == self.length:
-                self.done.set_result(time.monotonic())
-                self._quic.send_stream_data(event.stream_id, b"\x01", end_stream=True)
-                self.transmit()
+        self.slice.take(memoryview(event.data))
+        if self.slice.complete:
+            self.done.set_result(time.monotonic())
+            self._quic.send_stream_data(event.stream_id, b"\x01", end_stream=True)
+            self.transmit()
 
 
 async def receive(spec: dict[str, Any]) -> None:
@@ -150,9 +134,7 @@ def _recv_report(proto: Receiver | None, t_end: float | None) -> dict[str, Any]:
         return {"event": "done", "complete": False, "t_first": None, "t_end": None, "bytes": 0,
                 "slices": []}
     return {"event": "done", "complete": t_end is not None, "t_first": proto.t_first,
-            "t_end": t_end, "bytes": proto.received,
-            "slices": [{"peer": None, "offset": proto.offset, "length": proto.length,
-                        "received": proto.received, "sha256": proto.hasher.hexdigest()}]}
+            "t_end": t_end, "bytes": proto.slice.received, "slices": [proto.slice.summary(None)]}
 
 
 # -- sender ------------------------------------------------------------------
@@ -228,19 +210,7 @@ async def _write(proto: Sender, spec: dict[str, Any], hasher: Any) -> None:
 
 
 def main(argv: list[str]) -> int:
-    role, spec = argv[0], json.loads(argv[1])
-
-    async def runner() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        await (receive(spec) if role == "recv" else send(spec))
-
-    try:
-        asyncio.run(runner())
-    except asyncio.CancelledError:
-        pass
-    return 0
+    return run_async_role(argv, receive, send)
 
 
 if __name__ == "__main__":

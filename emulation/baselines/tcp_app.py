@@ -21,6 +21,7 @@ TCP_INFO while the connections are still open, after every byte was acknowledged
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import selectors
@@ -29,17 +30,17 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from emulation.baselines import payload, tcpinfo
+from wanxport.aio.sockets import set_buffers
 
 HEADER = struct.Struct("!QQ")
 RECV_CHUNK = 1 << 20
 IPPROTO_MPTCP = getattr(socket, "IPPROTO_MPTCP", 262)
 LINGER_S = 10.0
-SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
 
 
 class Deadline(Exception):
@@ -55,25 +56,34 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def run_async_role(argv: list[str], receive: Callable[[dict[str, Any]], Awaitable[None]],
+                   send: Callable[[dict[str, Any]], Awaitable[None]],
+                   run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run) -> int:
+    """``main`` of an asyncio baseline (``recv|send '<json spec>'``): SIGTERM cancels the role,
+    which still emits its report."""
+    role, spec = argv[0], json.loads(argv[1])
+
+    async def runner() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await (receive(spec) if role == "recv" else send(spec))
+
+    try:
+        run(runner())
+    except asyncio.CancelledError:
+        pass
+    return 0
+
+
 def make_socket(proto: str, cc: str | None, sndbuf: int | None, rcvbuf: int | None) -> socket.socket:
     """A TCP or MPTCP socket with the requested congestion control and buffers."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM,
                          IPPROTO_MPTCP if proto == "mptcp" else 0)
     if cc:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
-    if sndbuf:
-        _set_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, sndbuf)
-    if rcvbuf:
-        _set_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, rcvbuf)
+    set_buffers(sock, rcvbuf, sndbuf)
     return sock
-
-
-def _set_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
-    """As root the *FORCE options pass net.core.[rw]mem_max, which a namespace cannot raise."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, force, size)
-    except PermissionError:
-        sock.setsockopt(socket.SOL_SOCKET, plain, size)
 
 
 def buffers(sock: socket.socket) -> dict[str, int]:
@@ -86,17 +96,17 @@ def buffers(sock: socket.socket) -> dict[str, int]:
 
 
 @dataclass
-class Incoming:
-    """One accepted connection: its header, then its slice, hashed as it arrives."""
+class Slice:
+    """A stream's header (offset, length), then its slice, hashed as it arrives.
 
-    sock: socket.socket
-    peer: str
+    Shared by every baseline that sends a slice over a byte stream (TCP, MPTCP, QUIC).
+    """
+
     head: bytearray = field(default_factory=bytearray)
     offset: int = -1
     length: int = -1
     received: int = 0
     hasher: Any = field(default_factory=hashlib.sha256)
-    eof: bool = False
 
     @property
     def complete(self) -> bool:
@@ -114,9 +124,18 @@ class Incoming:
             self.hasher.update(data)
             self.received += len(data)
 
-    def summary(self) -> dict[str, Any]:
-        return {"peer": self.peer, "offset": self.offset, "length": self.length,
+    def summary(self, peer: str | None) -> dict[str, Any]:
+        return {"peer": peer, "offset": self.offset, "length": self.length,
                 "received": self.received, "sha256": self.hasher.hexdigest()}
+
+
+@dataclass(kw_only=True)
+class Incoming(Slice):
+    """One accepted connection and the slice it carries."""
+
+    sock: socket.socket
+    peer: str
+    eof: bool = False
 
 
 def tiled(conns: list[Incoming], size: int) -> bool:
@@ -149,7 +168,7 @@ def receive(spec: dict[str, Any]) -> int:
                 if key.data is None:
                     sock, addr = listener.accept()
                     sock.setblocking(False)
-                    conn = Incoming(sock, addr[0])
+                    conn = Incoming(sock=sock, peer=addr[0])
                     conns.append(conn)
                     sel.register(sock, selectors.EVENT_READ, conn)
                     continue
@@ -170,7 +189,7 @@ def receive(spec: dict[str, Any]) -> int:
     except Deadline:
         pass
     emit({"event": "done", "complete": t_end is not None, "t_first": t_first, "t_end": t_end,
-          "bytes": sum(c.received for c in conns), "slices": [c.summary() for c in conns]})
+          "bytes": sum(c.received for c in conns), "slices": [c.summary(c.peer) for c in conns]})
     if t_end is not None:
         _linger(sel, conns)
     return 0

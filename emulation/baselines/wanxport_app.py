@@ -20,24 +20,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
-import signal
 import sys
 from typing import Any
 
 import numpy as np
 
 from emulation.baselines import payload
-from emulation.baselines.tcp_app import emit
+from emulation.baselines.tcp_app import emit, run_async_role
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
 from wanxport.aio.loop import run
 from wanxport.core.config import PathConfig, SessionConfig
 
 SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
-# Datagrams per core packet. One lost datagram re-sends the whole core packet, so
-# on lossy paths (1-2 % here) k must stay small; below 8 the sender's Python per
-# core packet costs more CPU than this shared 2-core VM has to spare.
+# Datagrams per core packet: the core decides per core packet, the native data
+# path segments it (a lost datagram re-sends only its own bytes). Below 8 the
+# sender's Python per core packet costs more CPU than this 2-core VM can spare.
 SEGMENTS = 8
 ACK_THRESHOLD = 2 * SEGMENTS  # datagrams between ACKs (the core also acks on gaps and after 5 ms)
 SAMPLE_S = 0.1
@@ -200,19 +198,7 @@ class Sampler:
 
 
 def main(argv: list[str]) -> int:
-    role, spec = argv[0], json.loads(argv[1])
-
-    async def runner() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        await (receive(spec) if role == "recv" else send(spec))
-
-    try:
-        run(runner())
-    except asyncio.CancelledError:
-        pass
-    return 0
+    return run_async_role(argv, receive, send, run)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,7 @@ def open_path_socket(spec: PathSocket, recv_buffer: int, send_buffer: int) -> so
         sock.setblocking(False)
         if spec.device:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, spec.device.encode())
-        _set_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, recv_buffer)
-        _set_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, send_buffer)
+        set_buffers(sock, recv_buffer, send_buffer)
         sock.bind(spec.local)
         if spec.remote is not None:
             sock.connect(spec.remote)
@@ -38,9 +37,16 @@ def open_path_socket(spec: PathSocket, recv_buffer: int, send_buffer: int) -> so
     return sock
 
 
-def _set_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, force, size)
-    except PermissionError:
-        sock.setsockopt(socket.SOL_SOCKET, plain, size)
-        log.debug("socket buffer capped by net.core.*mem_max (not root)")
+def set_buffers(sock: socket.socket, recv_bytes: int | None = None,
+                send_bytes: int | None = None) -> None:
+    """Size a socket's kernel buffers; as root past ``net.core.[rw]mem_max`` (the *FORCE
+    options, which a network namespace cannot raise otherwise), else as far as allowed."""
+    for size, force, plain in ((recv_bytes, SO_RCVBUFFORCE, socket.SO_RCVBUF),
+                               (send_bytes, SO_SNDBUFFORCE, socket.SO_SNDBUF)):
+        if not size:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, plain, size)
+            log.debug("socket buffer capped by net.core.*mem_max (not root)")

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from wanxport.aio.sockets import set_buffers
 from wanxport.report import build_report
 from wanxport.wire import native
 
 RING = 32768  # 330 ms at 100 k/s: a slow Python turn never drains it
-SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 RECV_SLOTS = 1024
 
 
@@ -31,10 +31,7 @@ def run_pacing(pps: float, duration_s: float, datagram_bytes: int) -> dict[str, 
     wall_start = time.perf_counter()
     try:
         rx.bind(("127.0.0.1", 0))
-        try:
-            rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
-        except PermissionError:
-            rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+        set_buffers(rx, recv_bytes=32 << 20)
         rx.setblocking(False)
         native.enable_timestamps(rx)
         tx.connect(rx.getsockname())
