@@ -122,8 +122,10 @@ def test_path_blackholed_mid_transfer(netns: str, tmp_path: Path, path: int) -> 
 
     report = json.loads(sent.stdout)
     assert report["intact"] is True
-    if path == 0:
-        assert report["control_reconnects"] >= 1
+    # The control channel starts on whichever path answers first (a race on a busy
+    # host); wherever it started, it must end on one that still works.
+    assert report["control_via"] is not None
+    assert not report["control_via"].endswith(f":{PORTS[path] + 1}")
 
 
 def test_first_path_dead_before_the_session(netns: str, tmp_path: Path) -> None:

@@ -30,6 +30,8 @@ def session_report(session: GatewaySession, *, payload_bytes: int, delivered_byt
         key_rotations=keys.rotations, peer_key_phase=keys.peer_phase,
         key_rotation_s=[round(t - session.stats.started, 3) for t in keys.rotation_times],
         control_reconnects=getattr(session.channel, "reconnects_total", 0),
+        control_via=session.channel.via,
         goodput_timeline=[[t, b] for t, b in (timeline or [])],
         **extra,
     )
+
