@@ -20,6 +20,11 @@ EXTENSIONS = [
         extra_compile_args=COMMON_FLAGS,
     ),
     Extension(
+        "wanxport.sim._eventloop",
+        sources=sorted(glob("ext/simloop/*.c")),
+        extra_compile_args=COMMON_FLAGS,
+    ),
+    Extension(
         "emulation._engine",
         sources=sorted(glob("ext/impair/*.c")),
         include_dirs=["ext/impair"],
@@ -34,7 +39,8 @@ EXTENSIONS = [
 # install: a compiled module would shadow later edits of its source file).
 COMPILED_MODULES = [
     "wanxport/core/cc/base.py", "wanxport/core/cc/bbr.py", "wanxport/core/cc/cubic.py",
-    "wanxport/core/cc/fixed.py", "wanxport/core/config.py", "wanxport/core/delivery_rate.py",
+    "wanxport/core/cc/fixed.py", "wanxport/core/config.py", "wanxport/core/deadlines.py",
+    "wanxport/core/delivery_rate.py",
     "wanxport/core/events.py", "wanxport/core/flow.py", "wanxport/core/incoming.py",
     "wanxport/core/outgoing.py", "wanxport/core/paths.py", "wanxport/core/ranges.py",
     "wanxport/core/recovery.py", "wanxport/core/rtt.py", "wanxport/core/scheduler.py",

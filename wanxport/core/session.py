@@ -15,12 +15,12 @@ buffer; sealing and opening datagrams is the data path's job
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 from wanxport.core import recovery
 from wanxport.core.cc import CongestionController, create_congestion_control
 from wanxport.core.config import SessionConfig
+from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.events import Event, PathChanged, SessionClosed, ShardAcknowledged, ShardReceived
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
@@ -72,13 +72,7 @@ class Session:
                                      allocator or allocate_bytearray)
         self._control: list[Frame] = []
         self._events: list[Event] = []
-        # Per path: its deadline, and the time of its one entry in the heap. The
-        # entry may be earlier than the deadline (a deadline that moved later is
-        # not pushed again; its early entry is re-filed when it surfaces), so
-        # postponements, the common case, cost no heap operation.
-        self._timers: list[tuple[float, int]] = []
-        self._timer_at = [float("inf")] * len(self.paths)
-        self._filed_at = [float("inf")] * len(self.paths)
+        self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
         self._dirty: set[int] = set(range(len(self.paths)))
         self._hedged: set[tuple[int, int]] = set()
         self._hedge_queue: list[tuple[float, Chunk, int]] = []
@@ -561,12 +555,9 @@ class Session:
         self._touched.add(path.path_id)
 
     def _flush_timers(self) -> None:
+        deadlines = self._deadlines
         for path_id in self._touched:
-            at = self._path_deadline(self.paths[path_id])
-            self._timer_at[path_id] = at
-            if at < self._filed_at[path_id]:
-                self._filed_at[path_id] = at  # the later entry, if any, is now stale
-                heapq.heappush(self._timers, (at, path_id))
+            deadlines.set(path_id, self._path_deadline(self.paths[path_id]))
         self._touched.clear()
 
     def _path_deadline(self, path: Path) -> float:
@@ -587,41 +578,11 @@ class Session:
         return at
 
     def next_deadline(self) -> float | None:
-        timers = self._timers
-        while timers:
-            at, path_id = timers[0]
-            if at != self._filed_at[path_id]:
-                heapq.heappop(timers)  # superseded by an earlier entry
-            elif self._timer_at[path_id] != at:
-                self._refile(path_id)  # the deadline moved later since
-            else:
-                return at
-        return None
-
-    def _refile(self, path_id: int) -> None:
-        """Replace the path's early heap entry (at the top) with one at its deadline."""
-        at = self._timer_at[path_id]
-        if at == float("inf"):
-            heapq.heappop(self._timers)
-            self._filed_at[path_id] = at
-        else:
-            heapq.heapreplace(self._timers, (at, path_id))
-            self._filed_at[path_id] = at
+        at = self._deadlines.earliest()
+        return None if at == float("inf") else at
 
     def on_deadline(self, now: float) -> None:
-        timers = self._timers
-        due: set[int] = set()
-        while timers and timers[0][0] <= now:
-            at, path_id = timers[0]
-            if at != self._filed_at[path_id]:
-                heapq.heappop(timers)
-            elif self._timer_at[path_id] != at:
-                self._refile(path_id)
-            else:
-                heapq.heappop(timers)
-                due.add(path_id)
-                self._timer_at[path_id] = self._filed_at[path_id] = float("inf")
-        for path_id in sorted(due):
+        for path_id in self._deadlines.pop_due(now):
             self._fire(self.paths[path_id], now)
         self._flush_timers()
 

@@ -1,10 +1,13 @@
 """Virtual-time event loop for the simulator.
 
-A long simulated transfer processes tens of millions of events, so each event
-is a plain tuple ``(time, seq, fn, args)`` on a ``heapq`` and nothing else is
-allocated per event. ``seq`` increases monotonically and breaks ties between
-events at the same time in scheduling order, which makes every run exactly
-reproducible (no comparison ever reaches the callables).
+A long simulated transfer processes millions of events. ``EventLoop`` is the
+native one (``ext/simloop``): events are structs in a C binary heap, ordered
+by ``(time, seq)`` without tuple comparisons, and scheduling one allocates
+nothing. ``ReferenceEventLoop`` is the same loop in plain Python over
+``heapq``; it states the semantics, and a test runs both on random schedules
+and requires identical traces. ``seq`` increases monotonically and breaks ties
+between events at the same time in scheduling order, which makes every run
+exactly reproducible.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EventLoop"]
+from wanxport.sim._eventloop import EventLoop
+
+__all__ = ["EventLoop", "ReferenceEventLoop"]
 
 
-class EventLoop:
-    """Discrete-event scheduler over virtual time in float seconds.
+class ReferenceEventLoop:
+    """Discrete-event scheduler over virtual time in float seconds (pure Python).
 
     ``now`` only moves forward. Scheduling in the past runs the callback "now"
     (after what is already due), never earlier, so time stays monotonic.
