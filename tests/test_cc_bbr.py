@@ -81,10 +81,11 @@ def test_initial_window_and_rate() -> None:
     cc = BbrCongestionController(mss_bytes=MSS)
     assert cc.in_startup and cc.state == "startup"
     assert cc.cwnd_bytes == 32 * MSS
-    assert cc.pacing_rate_bps == pytest.approx(32 * MSS * 8 / 0.333)
+    # BBRInitPacingRate: the initial window over one (guessed) RTT at the Startup gain
+    assert cc.pacing_rate_bps == pytest.approx(STARTUP_GAIN * 32 * MSS * 8 / 0.333)
     cc = BbrCongestionController(mss_bytes=MSS, initial_cwnd_packets=10, initial_rtt_s=0.1)
     assert cc.cwnd_bytes == 10 * MSS
-    assert cc.pacing_rate_bps == pytest.approx(10 * MSS * 8 / 0.1)
+    assert cc.pacing_rate_bps == pytest.approx(STARTUP_GAIN * 10 * MSS * 8 / 0.1)
 
 
 def test_startup_ends_after_three_rounds_without_growth_then_drains() -> None:
@@ -245,7 +246,7 @@ def test_path_reset_restarts_the_search_but_keeps_min_rtt() -> None:
     assert cc.in_startup
     assert cc.cwnd_bytes == 32 * MSS
     assert cc.min_rtt_s == MIN_RTT_S
-    assert cc.pacing_rate_bps == pytest.approx(32 * MSS * 8 / MIN_RTT_S)
+    assert cc.pacing_rate_bps == pytest.approx(STARTUP_GAIN * 32 * MSS * 8 / MIN_RTT_S)
     assert cc.bandwidth_bps == cc.pacing_rate_bps
     driver.rounds(2)
     assert cc.in_startup and cc.max_bw_bps == pytest.approx(RATE_BPS)

@@ -19,6 +19,10 @@ from wanxport.core.sent_packets import SentPacket
 from wanxport.wire.frames import Frame
 
 MAX_ACK_RANGES = 64  # per ACK frame; the receiver remembers twice as many
+#: Careful resume: a readmitted path's RTT sample must lie within these factors of
+#: the min RTT (below) and smoothed RTT (above) it had, or its route has changed.
+RESUME_RTT_LOW = 0.5
+RESUME_RTT_HIGH = 1.5
 
 
 class PathState(StrEnum):
@@ -90,6 +94,10 @@ class Path:
         self.pending_control: list[Frame] = []  # path-specific frames: probes, probe answers
         self.probe_misses = 0
         self.pacing_wake: float | None = None  # set while data waits for the pacing horizon
+        # What the path sustained when last suspected of failure (careful resume); 0: nothing validated
+        self.saved_rate_bps = 0.0
+        self.saved_min_rtt_s = 0.0
+        self.saved_srtt_s = 0.0
         # receiver side
         self.recv_pns = RangeSet()
         self.recv_largest = -1
@@ -123,6 +131,31 @@ class Path:
         if rate_bps >= self.bandwidth_bps or now - self._bw_round_at > 4 * self.rtt.smoothed_s:
             self.bandwidth_bps = rate_bps
             self._bw_round_at = now
+
+    def save_for_resume(self) -> None:
+        """Remember the rate and RTT of a path about to be suspected, if they were validated.
+
+        An estimate from Startup is a search in progress, not a measured
+        capacity: it leaves an older saved rate (or none) in place.
+        """
+        if self.state is PathState.ACTIVE and not self.cc.in_startup and self.rtt.has_sample:
+            self.saved_rate_bps = self.cc.bandwidth_bps
+            self.saved_min_rtt_s = self.rtt.min_recent_s
+            self.saved_srtt_s = self.rtt.smoothed_s
+
+    def resume_rate_bps(self) -> float:
+        """The saved rate if the path's latest RTT sample says the route is unchanged, else 0.
+
+        Careful resume (IETF draft-ietf-tsvwg-careful-resume) reuses saved state only on a confirmed path:
+        an RTT well below the old minimum or well above the old smoothed RTT
+        means another route, whose capacity nothing here has measured.
+        """
+        if not self.saved_rate_bps > 0.0:
+            return 0.0
+        sample = self.rtt.latest_s
+        if RESUME_RTT_LOW * self.saved_min_rtt_s <= sample <= RESUME_RTT_HIGH * self.saved_srtt_s:
+            return self.saved_rate_bps
+        return 0.0
 
     def pto_s(self, max_ack_delay_s: float) -> float:
         return self.rtt.pto_s(max_ack_delay_s) * float(1 << min(self.pto_count, 6))

@@ -139,8 +139,12 @@ def loss_deadline(path: Path) -> float | None:
 
 
 def declare_all_lost(path: Path, now: float) -> list[SentPacket]:
-    """The path is suspected dead: everything outstanding goes back to the session."""
-    lost = list(path.sent.values())
+    """The path is suspected dead: everything in flight goes back to the session.
+
+    Probes (not in flight, nothing to re-send) stay: the session keeps the last
+    few, and an answer to any of them readmits the path.
+    """
+    lost = [packet for packet in path.sent.values() if packet.in_flight]
     if lost:
         _remove_lost(path, lost, now)
     return lost

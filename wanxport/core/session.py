@@ -44,6 +44,7 @@ from wanxport.wire.frames import (
 )
 
 MAX_CONTROL_PAYLOAD = 1200
+PROBES_KEPT = 8  # unanswered probes a failed path remembers: answers within 8 probe intervals count
 
 
 @dataclass(slots=True)
@@ -437,8 +438,12 @@ class Session:
                 stats.retransmitted_bytes += length
             elif picked is None:
                 stats.hedged_bytes += length
+            # Pace by the whole datagram, DATA frame header included: the delivery-rate
+            # samples count the same bytes, so gain 1.0 is exactly the measured rate.
+            # Leaving the frame header out paced ~1 % above it: a queue crept up
+            # over seconds until it overflowed and a congestion cap cut the rate.
             rate = path.cc.pacing_rate_bps / 8
-            path.next_send_at = not_before + (length + overhead) / rate
+            path.next_send_at = not_before + (overhead + frames[0].wire_size) / rate
 
     def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
               out: list[Transmit], *, chunks: list[Chunk] | None = None,
@@ -507,7 +512,13 @@ class Session:
 
     def _readmit(self, path: Path, now: float) -> None:
         if path.state is PathState.FAILED:
-            path.cc.on_path_reset(now)
+            # The answer to a probe carried a fresh RTT sample: resume at the saved rate
+            # if it shows the same route, else search from scratch.
+            rate_bps = path.resume_rate_bps()
+            if rate_bps > 0.0:
+                path.cc.on_path_resume(now, rate_bps)
+            else:
+                path.cc.on_path_reset(now)
             path.next_send_at = now
             self._set_state(path, PathState.PROBING, now)
         elif path.state is PathState.DEGRADED:
@@ -520,6 +531,7 @@ class Session:
 
     def _on_probe_timeout(self, path: Path, now: float) -> None:
         """No acknowledgement for a probe timeout: suspect the path, move its data elsewhere."""
+        path.save_for_resume()  # before the losses below touch the congestion state
         path.pto_count += 1
         lost = recovery.declare_all_lost(path, now)
         if lost:
@@ -529,8 +541,12 @@ class Session:
         self._send_probe(path, now)
 
     def _send_probe(self, path: Path, now: float) -> None:
-        # Earlier unanswered probes are forgotten, so a long outage holds one, not one per interval.
-        for pn in [pn for pn, packet in path.sent.items() if not packet.in_flight]:
+        # A long outage holds the last few unanswered probes, not one per interval. Not
+        # just the latest: a path that returns with a round trip longer than the probe
+        # interval (rerouted) answers a probe that would already be forgotten, and the
+        # answer to a forgotten probe readmits nothing: the path would never come back.
+        probes = [pn for pn, packet in path.sent.items() if not packet.in_flight]
+        for pn in probes[:max(0, len(probes) - PROBES_KEPT + 1)]:
             del path.sent[pn]
         path.probe_token += 1
         self._control_on(path, ProbeFrame(path.probe_token))

@@ -68,6 +68,18 @@ class CongestionController(abc.ABC):
     def on_path_reset(self, now: float) -> None:
         """The path failed or was readmitted: start over, but keep min-RTT knowledge."""
 
+    def on_path_resume(self, now: float, rate_bps: float) -> None:
+        """A failed path answers again over what looks like the same route: resume it.
+
+        ``rate_bps`` is the delivery rate the path sustained before it failed,
+        and the session calls this only when the path's fresh RTT matches the
+        one it had (careful resume, draft-ietf-tsvwg-careful-resume). A controller with a rate model
+        may start from a safe share of that rate instead of searching from the
+        initial window; this default, for controllers without one, simply
+        starts over.
+        """
+        self.on_path_reset(now)
+
     @property
     @abc.abstractmethod
     def cwnd_bytes(self) -> int:

@@ -33,6 +33,16 @@ wanxport's departures from BBRv1:
   app-limited stretch (a path idling between shards) keeps its estimate.
 * ProbeBW starts at a phase drawn from a seeded RNG (``seed`` option), so
   runs are reproducible.
+* Careful resume (draft-ietf-tsvwg-careful-resume in spirit) when a failed path is readmitted over
+  an unchanged route (``on_path_resume``): instead of Startup from the
+  initial window, which takes ~log2(BDP / initial window) round trips, the
+  first round is paced at half the rate the path sustained before it failed
+  (the unvalidated jump), with the window for the full rate. Startup then
+  runs as usual, doubling on what the acknowledgements confirm, but never
+  paced above the saved rate, so resuming cannot overshoot what the path
+  carried before. Its usual exits still apply: a standing queue with loss
+  (the path now has less capacity: drain to what was measured, the "safe
+  retreat") or a bandwidth plateau. ProbeBW then looks for more as always.
 """
 
 from __future__ import annotations
@@ -62,6 +72,8 @@ EXTRA_CWND_PACKETS = 3
 QUEUE_DELAY_MIN_S = 0.005
 QUEUE_DELAY_FRACTION = 0.25
 LOSS_CAP_BETA = 0.85
+#: Careful resume: the first, unvalidated round runs at this share of the saved rate.
+RESUME_JUMP_GAIN = 0.5
 CAP_GROWTH_PER_ROUND = 1.05
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
@@ -109,6 +121,8 @@ class BbrCongestionController(CongestionController):
         "_last_reduction",
         "_congested_in_round",
         "_delivered",
+        "_resume_cap",
+        "_newest_sent",
     )
 
     name: ClassVar[str] = "bbr"
@@ -146,6 +160,7 @@ class BbrCongestionController(CongestionController):
         self._min_rtt_s = math.inf
         self._min_rtt_stamp = 0.0
         self._delivered = 0
+        self._newest_sent = -math.inf
         self._reset(0.0)
 
     def _reset(self, now: float) -> None:
@@ -172,20 +187,34 @@ class BbrCongestionController(CongestionController):
         self._loss_in_phase = False
         self._last_reduction = -math.inf
         self._congested_in_round = False
+        self._resume_cap = math.inf  # while resuming: Startup is not paced above this
         self._cwnd = self._initial_cwnd
         self._pacing_rate = self._initial_pacing_rate()
         self._enter_startup()
 
     def _initial_pacing_rate(self) -> float:
+        """The initial window over one RTT at the Startup gain (BBR's BBRInitPacingRate).
+
+        Before the first sample the RTT is the configured guess; once a path
+        has been measured, its min RTT (Linux re-initialises from the first
+        sample the same way), so a short path does not dribble out its first
+        window at the pace of a long guess.
+        """
         rtt = self._min_rtt_s if self._min_rtt_s < math.inf else self._srtt_s
-        return self._initial_cwnd * 8.0 / rtt
+        return STARTUP_GAIN * self._initial_cwnd * 8.0 / rtt
 
     # -- events ---------------------------------------------------------------
 
     def on_packet_sent(self, now: float, size_bytes: int, bytes_in_flight: int) -> None:
-        """Note restarts from idle, whose first RTT sample may refresh an expired min RTT."""
+        """Note restarts from idle, whose first RTT sample may refresh an expired min RTT.
+
+        ``now`` is the packet's departure time, which may lie a pacing horizon
+        ahead; the newest one marks what a reduction can no longer hold back.
+        """
         if bytes_in_flight <= 0:
             self._idle_restart = True
+        if now > self._newest_sent:
+            self._newest_sent = now
 
     def on_ack(
         self,
@@ -210,7 +239,7 @@ class BbrCongestionController(CongestionController):
         if sample is not None and self._round_start:
             self._check_full_bw(sample)
         if self._mode == STARTUP and self._full_bw_reached:
-            self._enter_drain()
+            self._enter_drain(now)
         if self._mode == DRAIN and bytes_in_flight <= self._inflight(1.0):
             self._enter_probe_bw(now)
         self._update_min_rtt(now, rtt_s, bytes_in_flight)
@@ -229,11 +258,11 @@ class BbrCongestionController(CongestionController):
         self._loss_in_phase = True
         if lost_sent_time <= self._last_reduction or not self._queue_standing():
             return
-        self._last_reduction = now
+        self._note_reduction(now)
         self._congested_in_round = True
         if self._mode == STARTUP:
             self._full_bw_reached = True
-            self._enter_drain()
+            self._enter_drain(now)
         elif self._has_bw:
             # While a queue stands the path delivers exactly its capacity, so the
             # recent delivery rate is the better anchor than the (older) max filter.
@@ -250,6 +279,19 @@ class BbrCongestionController(CongestionController):
     def on_path_reset(self, now: float) -> None:
         """Search for the capacity again from the initial window; keep the min RTT."""
         self._reset(now)
+
+    def on_path_resume(self, now: float, rate_bps: float) -> None:
+        """Careful resume towards ``rate_bps``: a half-rate first round, then Startup capped at it.
+
+        Without a min RTT (never measured) there is no window to size: start over.
+        """
+        self._reset(now)
+        if not rate_bps > 0.0 or self._min_rtt_s == math.inf:
+            return
+        self._resume_cap = rate_bps
+        self._pacing_rate = max(self._pacing_rate, RESUME_JUMP_GAIN * rate_bps)
+        full_bdp = int(rate_bps / 8.0 * self._min_rtt_s) + EXTRA_CWND_PACKETS * self._mss
+        self._cwnd = max(self._cwnd, full_bdp)
 
     # -- model updates ----------------------------------------------------------
 
@@ -364,7 +406,21 @@ class BbrCongestionController(CongestionController):
         self._pacing_gain = STARTUP_GAIN
         self._cwnd_gain = STARTUP_GAIN
 
-    def _enter_drain(self) -> None:
+    def _note_reduction(self, now: float) -> None:
+        """Start a new congestion episode: later losses count only for packets sent after it.
+
+        Packets already handed out with a departure time after ``now`` (the
+        pacing horizon) left at the old rate into the same queue, so they
+        belong to the episode being answered, not a new one.
+        """
+        self._last_reduction = max(now, self._newest_sent)
+
+    def _enter_drain(self, now: float) -> None:
+        """Leave Startup: drain its queue. That is the answer to the overshoot, so losses
+        of packets sent before now (found a round trip later, in Drain or ProbeBW) are
+        not a new congestion episode: they must not cap the rate Startup just measured."""
+        self._note_reduction(now)
+        self._resume_cap = math.inf  # the search is over; ProbeBW may look beyond the saved rate
         self._mode = DRAIN
         self._pacing_gain = DRAIN_GAIN
         self._cwnd_gain = STARTUP_GAIN
@@ -398,6 +454,8 @@ class BbrCongestionController(CongestionController):
             rate = self._initial_pacing_rate()
         else:
             rate = self._pacing_gain * self._bandwidth()
+        if not self._full_bw_reached:
+            rate = min(max(rate, self._initial_pacing_rate()), self._resume_cap)
         # In Startup a small early sample must not slow the search down.
         if self._full_bw_reached or rate > self._pacing_rate:
             floor_rtt = self._min_rtt_s if self._min_rtt_s < math.inf else self._srtt_s
