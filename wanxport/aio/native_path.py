@@ -118,8 +118,10 @@ class NativeDatapath:
                 self._enqueue(plan.path_id, _Pending(memoryview(burst.buffer), burst.stride, None, nb))
             else:
                 self.packets_under_key += 1
-                self._send_control(plan.path_id, self._seal_control(plan), nb,
-                                   overtake=not_eliciting(plan))
+                # The core schedules an ACK behind data it handed out earlier; only when
+                # that data has left may the ACK skip the ring.
+                overtake = not_eliciting(plan) and plan.not_before <= time.monotonic()
+                self._send_control(plan.path_id, self._seal_control(plan), nb, overtake=overtake)
 
     def _seal_control(self, plan: ControlPlan) -> bytes:
         header = encode_header(plan.path_id, self._conn, plan.pn, self.key_phase)
@@ -127,12 +129,13 @@ class NativeDatapath:
 
     def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int,
                       overtake: bool = True) -> None:
-        """Acknowledgements leave at once, ahead of queued data; anything else queues behind it.
+        """Acknowledgements leave at once when no data is due before them; anything else queues.
 
-        The core never paces ACKs, and a trip through the pacer thread would add
-        its wake-up latency to every one. But an ack-eliciting control packet
-        (SHARD_OPEN, PROBE, SHARD_DONE, CREDIT) must not overtake the data queued
-        before it: its packet number is higher, so once the peer acknowledged it
+        A trip through the pacer thread would add its wake-up latency to every
+        ACK. But an ACK must not overtake data handed out before it (the peer
+        would see reordering and answer every packet with an ACK), and an
+        ack-eliciting control packet (SHARD_OPEN, PROBE, SHARD_DONE, CREDIT) must
+        not overtake the data queued before it: its packet number is higher, so once the peer acknowledged it
         the core would declare the still-queued data lost (packet threshold) and
         send it again. The ring is also the fallback when the socket buffer is full.
         A local firewall drop (EPERM) or an unreachable route is a lost datagram,

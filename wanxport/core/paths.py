@@ -18,7 +18,16 @@ from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
 from wanxport.wire.frames import Frame
 
-MAX_ACK_RANGES = 64  # per ACK frame; the receiver remembers twice as many
+# Ranges per ACK frame, the most recent first. Every ACK repeats them, so with
+# a loss in one packet of 100 a range is still reported ~3000 packets later:
+# enough for ACK loss and late (reordered) packets, while the ACK stays about
+# 500 bytes instead of 1 KB that, with data flowing both ways, competes with
+# the data (16 ranges were too few with 10 % ACK loss and reordering jitter).
+# The receiver remembers many more: reordering can open dozens of gaps at once,
+# and forgetting the ranges below them would leave packets whose ACKs were lost
+# never acknowledged (the sender would re-send them).
+MAX_ACK_RANGES = 32
+RECEIVED_RANGES_KEPT = 256
 #: Careful resume: a readmitted path's RTT sample must lie within these factors of
 #: the min RTT (below) and smoothed RTT (above) it had, or its route has changed.
 RESUME_RTT_LOW = 0.5
@@ -79,6 +88,7 @@ class Path:
         self.bytes_in_flight = 0
         self.largest_acked = -1
         self.next_send_at = 0.0  # pacing: earliest departure of the next packet
+        self.last_departure_at = 0.0  # departure of the latest packet handed out
         self.last_ack_at = 0.0
         self.pto_count = 0
         self.reorder_threshold = 3
@@ -186,8 +196,8 @@ class Path:
         if ack_eliciting and pn != self.recv_largest + 1:
             self.ack_now = True
         self.recv_pns.add(pn, pn + 1)
-        if len(self.recv_pns) > MAX_ACK_RANGES * 2:
-            highest = self.recv_pns.last(MAX_ACK_RANGES)
+        if len(self.recv_pns) > RECEIVED_RANGES_KEPT:
+            highest = self.recv_pns.last(RECEIVED_RANGES_KEPT // 2)
             self.recv_pns.discard_below(highest[-1][0])
         if pn > self.recv_largest:
             self.recv_largest = pn

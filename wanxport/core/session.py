@@ -38,6 +38,7 @@ from wanxport.wire.frames import (
     PaddingFrame,
     ProbeAckFrame,
     ProbeFrame,
+    ReceiveTimeFrame,
     ShardAckFrame,
     ShardDoneFrame,
     ShardOpenFrame,
@@ -152,6 +153,8 @@ class Session:
                 accept = self._on_data(frame, now) and accept
             elif isinstance(frame, AckFrame):
                 self._on_ack(frame, now)
+            elif isinstance(frame, ReceiveTimeFrame):
+                self._on_receive_time(frame, now)
             elif isinstance(frame, PaddingFrame):
                 continue
             elif isinstance(frame, ProbeAckFrame):
@@ -254,6 +257,15 @@ class Session:
         self._dirty.add(path.path_id)
         self._touch(path)
 
+    def _on_receive_time(self, frame: ReceiveTimeFrame, now: float) -> None:
+        """Time the forward direction of an outstanding packet (see core.one_way_delay)."""
+        if not 0 <= frame.path_id < len(self.paths):
+            return
+        path = self.paths[frame.path_id]
+        packet = path.sent.get(frame.packet_number)
+        if packet is not None and path.rtt.has_sample:
+            path.rtt.one_way.update(packet.sent_at, frame.received_us / 1e6, path.rtt.min_s, now)
+
     def sent_chunks(self, path_id: int, packet_number: int) -> list[Chunk] | None:
         """The data an outstanding packet carries; None once it is acknowledged or lost."""
         if not 0 <= path_id < len(self.paths):
@@ -291,7 +303,11 @@ class Session:
     def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
         frames: list[Frame] = []
         if path.recv_largest >= 0 and (path.unacked_eliciting or path.ack_now):
-            delay_us = int(max(0.0, now - path.recv_largest_at) * 1e6)
+            departs = max(now, path.last_departure_at)  # behind data already handed out
+            delay_us = int(max(0.0, departs - path.recv_largest_at) * 1e6)
+            # Before the ACK, so the sender still holds the packet it times.
+            frames.append(ReceiveTimeFrame(path.path_id, path.recv_largest,
+                                           int(max(0.0, path.recv_largest_at) * 1e6)))
             frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), path.ack_ranges()))
             path.ack_sent()
         frames.extend(path.pending_control)
@@ -448,6 +464,12 @@ class Session:
     def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
               out: list[Transmit], *, chunks: list[Chunk] | None = None,
               control: list[Frame] | None = None, in_flight: bool = True, eliciting: bool = True) -> None:
+        # Packets leave a path in packet-number order: one handed out later never
+        # departs before one already scheduled (an ACK overtaking paced data would
+        # look like reordering to the peer, which answers reordering at once).
+        if not_before < path.last_departure_at:
+            not_before = path.last_departure_at
+        path.last_departure_at = not_before
         pn = path.take_pn()
         size = self.config.packet_overhead() + sum(f.wire_size for f in frames)
         if in_flight or eliciting:

@@ -1,0 +1,124 @@
+"""Data flowing both ways on the same paths: acknowledgements stay cheap and in order,
+and each sender measures its own queue apart from the delay its acks meet coming back."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.one_way_delay import BASE_WINDOW_S, OneWayDelay
+from wanxport.core.session import Session
+from wanxport.sim.network import Link
+from wanxport.sim.runner import SimOptions, SimRun
+from wanxport.sim.scenario import parse_scenario
+from wanxport.wire.frames import AckFrame, DataFrame, ReceiveTimeFrame, ShardOpenFrame
+
+BOTH_WAYS = """
+name = "both-ways"
+seed = 11
+[transfer]
+size = "24MiB"
+shards = 4
+direction = "both"
+[[paths]]
+name = "p1"
+rtt_ms = 40.0
+bandwidth_mbps = 60.0
+loss = 0.002
+[[paths]]
+name = "p2"
+rtt_ms = 70.0
+bandwidth_mbps = 40.0
+loss = 0.001
+"""
+
+
+def test_both_directions_spend_little_on_acknowledgements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACK-only packets must stay a small share of each direction's bytes.
+
+    They were a third of it: ACKs left at once, overtaking paced data with lower
+    packet numbers, the peer took that for reordering and answered every data
+    packet with an immediate ACK carrying 64 ranges.
+    """
+    run = SimRun(parse_scenario(BOTH_WAYS), SimOptions(payload_mode="virtual"))
+    sent: Counter[str] = Counter()
+    original = Link.send
+
+    def counting_send(link: Link, packet: Any, size: int) -> None:
+        kind = "data" if any(isinstance(f, DataFrame) for f in packet.frames) else "control"
+        sent[kind] += size
+        original(link, packet, size)
+
+    monkeypatch.setattr(Link, "send", counting_send)
+    report = run.run()
+    assert report["intact"]
+    assert sent["control"] < 0.05 * sent["data"], sent
+
+
+def test_every_sender_times_its_forward_direction() -> None:
+    """Receivers report arrival times next to their ACKs; senders turn them into one-way samples."""
+    run = SimRun(parse_scenario(BOTH_WAYS), SimOptions(payload_mode="virtual"))
+    assert run.run()["intact"]
+    for side in (run.a, run.b):
+        for path in side.session.paths:
+            one_way = path.rtt.one_way
+            assert one_way.has_sample
+            assert one_way.queue_s >= 0.0 and one_way.return_s >= 0.0
+
+
+def _session() -> Session:
+    config = SessionConfig(paths=(PathConfig("p", 1500),), receive_budget_bytes=1 << 30,
+                           peer_credit_bytes=1 << 30, initial_rtt_s=0.05)
+    return Session(config, allocator=lambda shard_id, size, meta: None)
+
+
+def test_an_ack_never_leaves_before_data_handed_out_earlier() -> None:
+    """Packets leave a path in packet-number order, the ACK included, and its delay says so."""
+    sender = _session()
+    sender.submit(0, None, 0.0, size=4 << 20)
+    handed_out = [tx for tx in sender.poll_transmit(0.0) if any(isinstance(f, DataFrame) for f in tx.frames)]
+    last_departure = max(tx.not_before for tx in handed_out)
+    assert last_departure > 0.0  # paced: some data departs later than now
+    # The peer's data arrives now: the ACK for it must queue behind our data.
+    sender.receive_packet(0, 0, [ShardOpenFrame(7, 1 << 20, bytes(32))], 0.0)
+    sender.receive_packet(0, 1, [DataFrame(7, 0, 1000, None)], 0.0)
+    sender.receive_packet(0, 3, [DataFrame(7, 2000, 1000, None)], 0.0)  # a gap: ack at once
+    acks = [tx for tx in sender.poll_transmit(0.0) if any(isinstance(f, AckFrame) for f in tx.frames)]
+    assert len(acks) == 1
+    ack = acks[0]
+    assert ack.not_before >= last_departure
+    assert ack.packet_number > max(tx.packet_number for tx in handed_out)
+    frames = ack.frames
+    stamp = next(f for f in frames if isinstance(f, ReceiveTimeFrame))
+    ack_frame = next(f for f in frames if isinstance(f, AckFrame))
+    assert frames.index(stamp) < frames.index(ack_frame)  # timed while still outstanding at the peer
+    assert (stamp.path_id, stamp.packet_number, stamp.received_us) == (0, 3, 0)
+    assert ack_frame.ack_delay_us == pytest.approx(last_departure * 1e6, abs=1)
+
+
+def test_one_way_delay_splits_the_round_trip_whatever_the_clock_offset() -> None:
+    delay = OneWayDelay()
+    offset = 12_345.678  # the peer's clock is far from ours; only differences matter
+    base_forward, base_back = 0.030, 0.030
+    # An idle moment sets the baseline, then our queue grows to 20 ms and the acks wait 35 ms.
+    delay.update(sent_at=1.0, received_at_peer=1.0 + base_forward + offset, min_rtt_s=0.060,
+                 now=1.0 + base_forward + base_back)
+    assert delay.queue_s == pytest.approx(0.0) and delay.return_s == pytest.approx(0.0)
+    sent = 2.0
+    arrived = sent + base_forward + 0.020
+    delay.update(sent, arrived + offset, 0.060, arrived + base_back + 0.035)
+    assert delay.queue_s == pytest.approx(0.020)
+    assert delay.return_s == pytest.approx(0.035)
+
+
+def test_one_way_baseline_follows_a_longer_route_within_a_window() -> None:
+    delay = OneWayDelay()
+    delay.update(0.0, 0.010, 0.020, 0.020)
+    t = 1.0
+    while t < 3 * BASE_WINDOW_S:  # the route is now 15 ms longer one way, and idle
+        delay.update(t, t + 0.025, 0.020, t + 0.050)
+        t += 0.5
+    assert delay.queue_s == pytest.approx(0.0)
