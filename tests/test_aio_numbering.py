@@ -9,7 +9,7 @@ from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, DataPlan, plan_transmits
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.session import Session, Transmit
-from wanxport.wire.frames import AckFrame, DataFrame, Frame, ProbeFrame, ReceiveTimeFrame
+from wanxport.wire.frames import AckFrame, DataFrame, ProbeFrame
 
 
 def numbering_with(counts: list[int]) -> WireNumbering:
@@ -51,24 +51,6 @@ def test_translate_keeps_path_and_delay_and_drops_empty_acks() -> None:
     numbering = numbering_with([2, 2])
     assert numbering.translate(AckFrame(3, 250, ((0, 3),))) == AckFrame(3, 250, ((0, 1),))
     assert numbering.translate(AckFrame(3, 250, ((1, 2),))) is None
-
-
-def test_a_datagram_maps_to_the_core_packet_it_belongs_to() -> None:
-    numbering = numbering_with([3, 1, 4])  # wire 0-2, 3, 4-7
-    assert [numbering.core_pn(w) for w in range(8)] == [0, 0, 0, 1, 2, 2, 2, 2]
-    assert numbering.core_pn(8) is None and numbering.core_pn(-1) is None
-
-
-def test_receive_time_reaches_the_session_in_core_numbers() -> None:
-    config = SessionConfig(paths=(PathConfig("p", 1500),), receive_budget_bytes=1 << 30,
-                           peer_credit_bytes=1 << 30)
-    session = Session(config, allocator=lambda shard_id, size, meta: None)
-    seen: list[list[Frame]] = []
-    session.receive_packet = lambda path_id, pn, frames, now: seen.append(frames)  # type: ignore[method-assign]
-    numbering = [numbering_with([3, 1, 4])]
-    receive_control(session, numbering, [1200], 0, 9, [ReceiveTimeFrame(0, 6, 77)], 1.0)
-    receive_control(session, numbering, [1200], 0, 10, [ReceiveTimeFrame(0, 99, 77)], 1.0)
-    assert seen == [[ReceiveTimeFrame(0, 2, 77)], []]
 
 
 def tx(path: int, pn: int, frames: list, not_before: float = 0.0) -> Transmit:  # type: ignore[type-arg]

@@ -1,5 +1,4 @@
-"""Data flowing both ways on the same paths: acknowledgements stay cheap and in order,
-and each sender measures its own queue apart from the delay its acks meet coming back."""
+"""Data flowing both ways on the same paths: acknowledgements stay cheap and in order."""
 
 from __future__ import annotations
 
@@ -9,12 +8,11 @@ from typing import Any
 import pytest
 
 from wanxport.core.config import PathConfig, SessionConfig
-from wanxport.core.one_way_delay import BASE_WINDOW_S, OneWayDelay
 from wanxport.core.session import Session
 from wanxport.sim.network import Link
 from wanxport.sim.runner import SimOptions, SimRun
 from wanxport.sim.scenario import parse_scenario
-from wanxport.wire.frames import AckFrame, DataFrame, ReceiveTimeFrame, ShardOpenFrame
+from wanxport.wire.frames import AckFrame, DataFrame, ShardOpenFrame
 
 BOTH_WAYS = """
 name = "both-ways"
@@ -58,17 +56,6 @@ def test_both_directions_spend_little_on_acknowledgements(monkeypatch: pytest.Mo
     assert sent["control"] < 0.05 * sent["data"], sent
 
 
-def test_every_sender_times_its_forward_direction() -> None:
-    """Receivers report arrival times next to their ACKs; senders turn them into one-way samples."""
-    run = SimRun(parse_scenario(BOTH_WAYS), SimOptions(payload_mode="virtual"))
-    assert run.run()["intact"]
-    for side in (run.a, run.b):
-        for path in side.session.paths:
-            one_way = path.rtt.one_way
-            assert one_way.has_sample
-            assert one_way.queue_s >= 0.0 and one_way.return_s >= 0.0
-
-
 def _session() -> Session:
     config = SessionConfig(paths=(PathConfig("p", 1500),), receive_budget_bytes=1 << 30,
                            peer_credit_bytes=1 << 30, initial_rtt_s=0.05)
@@ -91,34 +78,5 @@ def test_an_ack_never_leaves_before_data_handed_out_earlier() -> None:
     ack = acks[0]
     assert ack.not_before >= last_departure
     assert ack.packet_number > max(tx.packet_number for tx in handed_out)
-    frames = ack.frames
-    stamp = next(f for f in frames if isinstance(f, ReceiveTimeFrame))
-    ack_frame = next(f for f in frames if isinstance(f, AckFrame))
-    assert frames.index(stamp) < frames.index(ack_frame)  # timed while still outstanding at the peer
-    assert (stamp.path_id, stamp.packet_number, stamp.received_us) == (0, 3, 0)
+    ack_frame = next(f for f in ack.frames if isinstance(f, AckFrame))
     assert ack_frame.ack_delay_us == pytest.approx(last_departure * 1e6, abs=1)
-
-
-def test_one_way_delay_splits_the_round_trip_whatever_the_clock_offset() -> None:
-    delay = OneWayDelay()
-    offset = 12_345.678  # the peer's clock is far from ours; only differences matter
-    base_forward, base_back = 0.030, 0.030
-    # An idle moment sets the baseline, then our queue grows to 20 ms and the acks wait 35 ms.
-    delay.update(sent_at=1.0, received_at_peer=1.0 + base_forward + offset, min_rtt_s=0.060,
-                 now=1.0 + base_forward + base_back)
-    assert delay.queue_s == pytest.approx(0.0) and delay.return_s == pytest.approx(0.0)
-    sent = 2.0
-    arrived = sent + base_forward + 0.020
-    delay.update(sent, arrived + offset, 0.060, arrived + base_back + 0.035)
-    assert delay.queue_s == pytest.approx(0.020)
-    assert delay.return_s == pytest.approx(0.035)
-
-
-def test_one_way_baseline_follows_a_longer_route_within_a_window() -> None:
-    delay = OneWayDelay()
-    delay.update(0.0, 0.010, 0.020, 0.020)
-    t = 1.0
-    while t < 3 * BASE_WINDOW_S:  # the route is now 15 ms longer one way, and idle
-        delay.update(t, t + 0.025, 0.020, t + 0.050)
-        t += 0.5
-    assert delay.queue_s == pytest.approx(0.0)

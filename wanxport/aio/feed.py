@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from wanxport.aio.numbering import WireNumbering
 from wanxport.core.session import Session
-from wanxport.wire.frames import AckFrame, Frame, ReceiveTimeFrame
+from wanxport.wire.frames import AckFrame, Frame
 
 
 def feed_records(session: Session, records: npt.NDArray[Any], now: float) -> int:
@@ -59,7 +59,7 @@ def receive_data_run(session: Session, path_id: int, first_pn: int, count: int, 
 
 def receive_control(session: Session, numbering: Sequence[WireNumbering], segments: Sequence[int],
                     path_id: int, pn: int, frames: list[Frame], now: float) -> None:
-    """An opened packet; ACK and RECEIVE_TIME frames are translated from wire to core numbers.
+    """An opened packet; ACK frames are translated from wire to core packet numbers.
 
     A core packet counts as acknowledged only when all its datagrams are, but the
     datagrams of a partly acknowledged one did arrive: the session learns their
@@ -78,14 +78,6 @@ def receive_control(session: Session, numbering: Sequence[WireNumbering], segmen
             if ack is None:
                 continue
             frame = ack
-        elif isinstance(frame, ReceiveTimeFrame):
-            # Timed against the core packet the datagram belongs to (its first
-            # datagram's departure: off by at most one burst's pacing).
-            core_pn = (numbering[frame.path_id].core_pn(frame.packet_number)
-                       if 0 <= frame.path_id < len(numbering) else None)
-            if core_pn is None:
-                continue
-            frame = ReceiveTimeFrame(frame.path_id, core_pn, frame.received_us)
         translated.append(frame)
     session.receive_packet(path_id, pn, translated, now)
 

@@ -102,13 +102,6 @@ class WireNumbering:
                     out.append((base + i, a - begin, b - begin))
         return out
 
-    def core_pn(self, wire_pn: int) -> int | None:
-        """The core packet whose datagrams include ``wire_pn``, if still tracked."""
-        starts = self._starts
-        if not starts[0] <= wire_pn < starts[-1]:
-            return None
-        return self._base + bisect_right(starts, wire_pn) - 1
-
     def translate(self, frame: AckFrame) -> AckFrame | None:
         """The ACK in core numbers, or None when it covers no whole core packet."""
         ranges = self.core_ranges(frame.ranges)

@@ -2,9 +2,8 @@
 
 One :class:`RttEstimator` lives on each path. The loss detector reads
 ``smoothed_s``/``latest_s`` for its time threshold, the probe timer reads
-:meth:`RttEstimator.pto_s`, and the congestion controllers read ``min_s``,
-``min_recent_s`` and ``one_way`` (how the RTT splits into forward queue and
-way back, when the peer reports arrival times).
+:meth:`RttEstimator.pto_s`, and the congestion controllers read ``min_s`` and
+``min_recent_s``.
 
 Besides the RFC's path-lifetime ``min_s`` the estimator keeps a *windowed*
 minimum (``min_recent_s``) over the last ``min_window_s`` seconds. A lifetime
@@ -17,8 +16,6 @@ Time is an argument (``now``, seconds); the estimator never reads a clock.
 """
 
 from __future__ import annotations
-
-from wanxport.core.one_way_delay import OneWayDelay
 
 #: RFC 9002 kInitialRtt: what the estimates are before the first sample.
 INITIAL_RTT_S = 0.333
@@ -39,7 +36,6 @@ class RttEstimator:
         "has_sample",
         "initial_rtt_s",
         "min_window_s",
-        "one_way",
         "_t0",
         "_v0",
         "_t1",
@@ -62,7 +58,6 @@ class RttEstimator:
         self.smoothed_s = self.initial_rtt_s
         self.rttvar_s = self.initial_rtt_s / 2.0
         self.min_s = self.initial_rtt_s
-        self.one_way = OneWayDelay()
         self._reset_window(0.0, self.initial_rtt_s)
 
     @property

@@ -38,7 +38,6 @@ from wanxport.wire.frames import (
     PaddingFrame,
     ProbeAckFrame,
     ProbeFrame,
-    ReceiveTimeFrame,
     ShardAckFrame,
     ShardDoneFrame,
     ShardOpenFrame,
@@ -153,8 +152,6 @@ class Session:
                 accept = self._on_data(frame, now) and accept
             elif isinstance(frame, AckFrame):
                 self._on_ack(frame, now)
-            elif isinstance(frame, ReceiveTimeFrame):
-                self._on_receive_time(frame, now)
             elif isinstance(frame, PaddingFrame):
                 continue
             elif isinstance(frame, ProbeAckFrame):
@@ -257,15 +254,6 @@ class Session:
         self._dirty.add(path.path_id)
         self._touch(path)
 
-    def _on_receive_time(self, frame: ReceiveTimeFrame, now: float) -> None:
-        """Time the forward direction of an outstanding packet (see core.one_way_delay)."""
-        if not 0 <= frame.path_id < len(self.paths):
-            return
-        path = self.paths[frame.path_id]
-        packet = path.sent.get(frame.packet_number)
-        if packet is not None and path.rtt.has_sample:
-            path.rtt.one_way.update(packet.sent_at, frame.received_us / 1e6, path.rtt.min_s, now)
-
     def sent_chunks(self, path_id: int, packet_number: int) -> list[Chunk] | None:
         """The data an outstanding packet carries; None once it is acknowledged or lost."""
         if not 0 <= path_id < len(self.paths):
@@ -305,9 +293,6 @@ class Session:
         if path.recv_largest >= 0 and (path.unacked_eliciting or path.ack_now):
             departs = max(now, path.last_departure_at)  # behind data already handed out
             delay_us = int(max(0.0, departs - path.recv_largest_at) * 1e6)
-            # Before the ACK, so the sender still holds the packet it times.
-            frames.append(ReceiveTimeFrame(path.path_id, path.recv_largest,
-                                           int(max(0.0, path.recv_largest_at) * 1e6)))
             frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), path.ack_ranges()))
             path.ack_sent()
         frames.extend(path.pending_control)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from wanxport.wire.errors import WireError
 
-(PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT,
- RECEIVE_TIME) = range(11)
+PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT = range(10)
 
 MAX_OFFSET = 1 << 62
 MAX_ACK_RANGES = 256
@@ -34,7 +33,6 @@ _SHARD_DONE = struct.Struct(">BIB")
 _TOKEN = struct.Struct(">BQ")
 _CLOSE = struct.Struct(">BHH")
 _CREDIT = struct.Struct(">BQ")
-_RECEIVE_TIME = struct.Struct(">BHQQ")
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -138,25 +136,6 @@ class CreditFrame:
 
 
 @dataclass(frozen=True, slots=True)
-class ReceiveTimeFrame:
-    """When packet ``packet_number`` of ``path_id`` arrived, on the receiver's clock (µs).
-
-    The clocks of the two gateways are not synchronised, but their offset is
-    constant over seconds, so how far this one-way delay rises above its
-    minimum is the queueing on the forward direction alone, which the RTT
-    cannot tell apart from queueing on the way back.
-    """
-
-    path_id: int
-    packet_number: int
-    received_us: int
-
-    @property
-    def wire_size(self) -> int:
-        return _RECEIVE_TIME.size
-
-
-@dataclass(frozen=True, slots=True)
 class PaddingFrame:
     length: int
 
@@ -175,7 +154,6 @@ Frame = (
     | ProbeAckFrame
     | CloseFrame
     | CreditFrame
-    | ReceiveTimeFrame
     | PaddingFrame
 )
 
@@ -228,8 +206,6 @@ def encode_frame(frame: Frame, out: bytearray) -> None:
         out += reason
     elif isinstance(frame, CreditFrame):
         out += _CREDIT.pack(CREDIT, frame.max_bytes)
-    elif isinstance(frame, ReceiveTimeFrame):
-        out += _RECEIVE_TIME.pack(RECEIVE_TIME, frame.path_id, frame.packet_number, frame.received_us)
     else:
         out += bytes(frame.length)
 
@@ -324,11 +300,6 @@ def decode_frames(payload: bytes | memoryview) -> list[Frame]:
             _, max_bytes = _CREDIT.unpack_from(buf, pos)
             frames.append(CreditFrame(max_bytes))
             pos += _CREDIT.size
-        elif kind == RECEIVE_TIME:
-            _need(buf, pos, _RECEIVE_TIME.size)
-            _, path_id, packet_number, received_us = _RECEIVE_TIME.unpack_from(buf, pos)
-            frames.append(ReceiveTimeFrame(path_id, packet_number, received_us))
-            pos += _RECEIVE_TIME.size
         elif kind == PADDING:
             if any(buf[pos:end]):
                 raise WireError("padding", "non-zero padding")

@@ -16,16 +16,10 @@ over 10 s). The sender paces at gain x bandwidth and keeps at most
 wanxport's departures from BBRv1:
 
 * Random loss does not reduce the rate. A loss batch counts as congestion
-  only with queueing evidence: the smallest queueing delay seen over the
-  current and the previous round is more than max(5 ms, 25 % of min RTT),
+  only with queueing evidence: the smallest RTT seen over the current and the
+  previous round is more than max(5 ms, 25 % of min RTT) above the min RTT,
   i.e. a queue has *stood* for a round (a jitter spike or the ProbeBW 1.25
-  phase's brief queue does not qualify). The queueing delay is the forward
-  one, from the peer's arrival times (``core.one_way_delay``), so acks held
-  up behind the other direction's data are not our queue; without arrival
-  times it is the RTT above its minimum.
-* The window covers the acks' delay on the way back: in flight is gain x BDP
-  plus bandwidth x that delay (smoothed, at most 2 min RTTs), or data flowing
-  both ways would leave each direction window-limited below its rate.
+  phase's brief queue does not qualify).
 * Congestion then caps the bandwidth estimate, BBRv2 ``inflight_hi``-style
   but gently: cap = 0.85 x the lower of the estimate and the recent delivery
   rate (while a queue stands, the path delivers exactly its capacity), at
@@ -80,9 +74,6 @@ QUEUE_DELAY_FRACTION = 0.25
 LOSS_CAP_BETA = 0.85
 #: Careful resume: the first, unvalidated round runs at this share of the saved rate.
 RESUME_JUMP_GAIN = 0.5
-#: EWMA gain of the acks' delay on the way back, and its cap in min RTTs for the window.
-RETURN_GAIN = 0.125
-RETURN_ALLOWANCE_RTTS = 2.0
 CAP_GROWTH_PER_ROUND = 1.05
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
@@ -117,9 +108,8 @@ class BbrCongestionController(CongestionController):
         "_full_bw_reached",
         "_min_rtt_s",
         "_min_rtt_stamp",
-        "_round_min_queue",
-        "_prev_round_min_queue",
-        "_return_s",
+        "_round_min_rtt",
+        "_prev_round_min_rtt",
         "_round_max_rate",
         "_prev_round_max_rate",
         "_idle_restart",
@@ -185,9 +175,8 @@ class BbrCongestionController(CongestionController):
         self._full_bw = 0.0
         self._full_bw_count = 0
         self._full_bw_reached = False
-        self._round_min_queue = math.inf
-        self._prev_round_min_queue = math.inf
-        self._return_s = 0.0
+        self._round_min_rtt = math.inf
+        self._prev_round_min_rtt = math.inf
         self._round_max_rate = 0.0
         self._prev_round_max_rate = 0.0
         self._idle_restart = False
@@ -243,7 +232,8 @@ class BbrCongestionController(CongestionController):
             self._delivered = sample.prior_delivered + sample.delivered_bytes
             self._update_round(sample)
             self._update_bw(sample)
-        self._note_delays(rtt, rtt_s)
+        if rtt_s > 0.0 and rtt_s < self._round_min_rtt:
+            self._round_min_rtt = rtt_s
         if self._mode == PROBE_BW:
             self._update_cycle_phase(now, acked_bytes, bytes_in_flight)
         if sample is not None and self._round_start:
@@ -311,8 +301,8 @@ class BbrCongestionController(CongestionController):
         self._next_round_delivered = self._delivered
         self._round_count += 1
         self._round_start = True
-        self._prev_round_min_queue = self._round_min_queue
-        self._round_min_queue = math.inf
+        self._prev_round_min_rtt = self._round_min_rtt
+        self._round_min_rtt = math.inf
         self._prev_round_max_rate = self._round_max_rate
         self._round_max_rate = 0.0
         # Relax a congestion cap a little after every round without congestion
@@ -400,33 +390,14 @@ class BbrCongestionController(CongestionController):
             else:
                 self._enter_startup()
 
-    def _note_delays(self, rtt: RttEstimator, rtt_s: float) -> None:
-        """The queueing this sender builds, and the delay its acks meet on the way back.
-
-        With the peer's arrival times (``rtt.one_way``) the forward queue is
-        measured directly, so acks held up behind the other direction's data
-        neither count as our queue nor starve the window; without them the
-        RTT above its minimum is all taken for our queue.
-        """
-        one_way = rtt.one_way
-        if one_way.has_sample:
-            queue = one_way.queue_s
-            self._return_s += RETURN_GAIN * (one_way.return_s - self._return_s)
-        elif rtt_s > 0.0 and self._min_rtt_s < math.inf:
-            queue = rtt_s - self._min_rtt_s
-        else:
-            return
-        if queue < self._round_min_queue:
-            self._round_min_queue = queue
-
     def _queue_standing(self) -> bool:
         if self._min_rtt_s == math.inf:
             return False
-        recent = min(self._round_min_queue, self._prev_round_min_queue)
+        recent = min(self._round_min_rtt, self._prev_round_min_rtt)
         if recent == math.inf:
             return False
         threshold = max(QUEUE_DELAY_MIN_S, QUEUE_DELAY_FRACTION * self._min_rtt_s)
-        return recent > threshold
+        return recent - self._min_rtt_s > threshold
 
     # -- states ---------------------------------------------------------------
 
@@ -474,11 +445,9 @@ class BbrCongestionController(CongestionController):
         return min(self._max_bw, self._bw_cap)
 
     def _inflight(self, gain: float) -> float:
-        """``gain`` BDPs, plus what stays in flight while acks are delayed on the way back."""
         if not self._has_bw or self._min_rtt_s == math.inf:
             return float(self._initial_cwnd)
-        ack_wait = min(self._return_s, RETURN_ALLOWANCE_RTTS * self._min_rtt_s)
-        return self._bandwidth() / 8.0 * (gain * self._min_rtt_s + ack_wait)
+        return gain * self._bandwidth() / 8.0 * self._min_rtt_s
 
     def _set_pacing_rate(self) -> None:
         if not self._has_bw:
