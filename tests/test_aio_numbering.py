@@ -137,3 +137,36 @@ def test_a_lost_datagram_resends_only_its_own_bytes() -> None:
     outgoing = session.outgoing
     assert outgoing.retransmit_bytes == segment
     assert list(outgoing.retransmit) == [(0, first_data.offset + 2 * segment, segment)]
+
+
+def test_ranges_below_what_is_outstanding_are_skipped() -> None:
+    """An ACK repeats its old ranges; once the packets they name are settled they
+    reach neither the datagram bookkeeping nor the session, and the rest still does."""
+    segment, segments = 1000, 4
+    session = Session(SessionConfig(paths=(PathConfig("p", 1500),), chunk_bytes=segment * segments),
+                      allocator=None)
+    session.submit(0, bytes(range(256)) * 160, 0.0)
+    numbering = [WireNumbering()]
+    plan_transmits(session.poll_transmit(0.0), numbering, [segment], lambda sid: memoryview(b""))
+    wire = numbering[0]
+    # The first three core packets are acknowledged in full.
+    settled = wire.first_wire(3) - 1
+    receive_control(session, numbering, [segment], 0, 0, [AckFrame(0, 0, ((0, settled),))], 0.05)
+    assert session.oldest_acknowledgement_of_interest(0) == 3
+    seen: list[list[object]] = []
+    original = session.receive_packet
+    session.receive_packet = lambda path_id, pn, frames, now: (  # type: ignore[method-assign]
+        seen.append(list(frames)), original(path_id, pn, frames, now))
+    # A later ACK: one new range (core packet 3) and the old one repeated.
+    new = (wire.first_wire(3), wire.first_wire(4) - 1)
+    receive_control(session, numbering, [segment], 0, 1, [AckFrame(0, 7, (new, (0, settled)))], 0.06)
+    assert seen[-1] == [AckFrame(0, 7, ((3, 3),))]
+    assert session.oldest_acknowledgement_of_interest(0) == 4
+    # Only old ranges: the ACK has nothing to say and is dropped before the session.
+    receive_control(session, numbering, [segment], 0, 2, [AckFrame(0, 7, ((0, settled),))], 0.07)
+    assert seen[-1] == []
+
+
+def test_first_wire_of_core_packets() -> None:
+    numbering = numbering_with([3, 1, 4])
+    assert [numbering.first_wire(pn) for pn in range(4)] == [0, 3, 4, 8]

@@ -72,6 +72,19 @@ def receive_control(session: Session, numbering: Sequence[WireNumbering], segmen
             if not 0 <= frame.path_id < len(numbering):
                 continue
             wire = numbering[frame.path_id]
+            oldest = session.oldest_acknowledgement_of_interest(frame.path_id)
+            if oldest is None:
+                continue  # nothing outstanding or remembered: nothing to learn
+            # Ranges come highest first; those wholly below what is still of interest
+            # are repeats of what earlier ACKs said (most of every ACK) and are skipped.
+            floor = wire.first_wire(oldest)
+            kept = 0
+            while kept < len(frame.ranges) and frame.ranges[kept][1] >= floor:
+                kept += 1
+            if kept == 0:
+                continue
+            if kept < len(frame.ranges):
+                frame = AckFrame(frame.path_id, frame.ack_delay_us, frame.ranges[:kept])
             for core_pn, first, last in wire.partly_covered(frame.ranges):
                 _confirm_datagrams(session, frame.path_id, core_pn, first, last, segments[frame.path_id])
             ack = wire.translate(frame)

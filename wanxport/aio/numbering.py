@@ -102,6 +102,14 @@ class WireNumbering:
                     out.append((base + i, a - begin, b - begin))
         return out
 
+    def first_wire(self, core_pn: int) -> int:
+        """The first wire number of ``core_pn`` (0 below the tracked ones, next_wire above)."""
+        index = core_pn - self._base
+        if index < 0:
+            return 0
+        starts = self._starts
+        return starts[index] if index < len(starts) else self.next_wire
+
     def translate(self, frame: AckFrame) -> AckFrame | None:
         """The ACK in core numbers, or None when it covers no whole core packet."""
         ranges = self.core_ranges(frame.ranges)

@@ -254,6 +254,20 @@ class Session:
         self._dirty.add(path.path_id)
         self._touch(path)
 
+    def oldest_acknowledgement_of_interest(self, path_id: int) -> int | None:
+        """The lowest packet number of the path an ACK can still tell us about, or None.
+
+        Below it every packet is acknowledged or declared lost and forgotten, so
+        the ranges an ACK repeats for them (every ACK repeats its ranges) need no work.
+        """
+        if not 0 <= path_id < len(self.paths):
+            return None
+        path = self.paths[path_id]
+        oldest = next(iter(path.sent), None)
+        if path.recently_lost_pns and (oldest is None or path.recently_lost_pns[0] < oldest):
+            oldest = path.recently_lost_pns[0]  # a late delivery proves the loss spurious
+        return oldest
+
     def sent_chunks(self, path_id: int, packet_number: int) -> list[Chunk] | None:
         """The data an outstanding packet carries; None once it is acknowledged or lost."""
         if not 0 <= path_id < len(self.paths):
