@@ -137,28 +137,30 @@ static PyObject *schedule(EventLoop *self, double t, PyObject *fn, PyObject *con
     return PyLong_FromUnsignedLongLong(e.seq);
 }
 
-static PyObject *EventLoop_call_at(EventLoop *self, PyObject *const *args, Py_ssize_t nargs)
+/* call_at / call_later: args[0] is a time (added to `base`), args[1] the callback. */
+static PyObject *schedule_from_args(EventLoop *self, PyObject *const *args, Py_ssize_t nargs,
+                                    double base, const char *usage)
 {
     if (nargs < 2) {
-        PyErr_SetString(PyExc_TypeError, "call_at(t, fn, *args) takes a time and a callback");
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     double t = PyFloat_AsDouble(args[0]);
     if (t == -1.0 && PyErr_Occurred())
         return NULL;
-    return schedule(self, t, args[1], args + 2, nargs - 2);
+    return schedule(self, base + t, args[1], args + 2, nargs - 2);
+}
+
+static PyObject *EventLoop_call_at(EventLoop *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return schedule_from_args(self, args, nargs, 0.0,
+                              "call_at(t, fn, *args) takes a time and a callback");
 }
 
 static PyObject *EventLoop_call_later(EventLoop *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 2) {
-        PyErr_SetString(PyExc_TypeError, "call_later(delay, fn, *args) takes a delay and a callback");
-        return NULL;
-    }
-    double delay = PyFloat_AsDouble(args[0]);
-    if (delay == -1.0 && PyErr_Occurred())
-        return NULL;
-    return schedule(self, self->now + delay, args[1], args + 2, nargs - 2);
+    return schedule_from_args(self, args, nargs, self->now,
+                              "call_later(delay, fn, *args) takes a delay and a callback");
 }
 
 static PyObject *EventLoop_cancel(EventLoop *self, PyObject *handle)

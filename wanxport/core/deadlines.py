@@ -33,10 +33,6 @@ class DeadlineHeap:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def at(self, key: int) -> float:
-        """The key's deadline (``inf`` when it has none)."""
-        return self._at[key]
-
     def earliest(self) -> float:
         """The earliest deadline, ``inf`` when there is none."""
         heap = self._heap
