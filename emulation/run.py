@@ -238,7 +238,10 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
         cc=cc, direction=scenario.transfer.direction, deadline_s=deadline,
         timed_out=not complete, backend=backend, seed=scenario.seed, settings=settings,
         digests=digests,
-        **({"timeline": sent[0].get("timeline", [])} if transport == "wanxport" else {}),
+        **({"timeline": sent[0].get("timeline", []),
+            "diagnostics": [{"direction": d.name, "sender": s.get("diag"), "receiver": r.get("diag")}
+                            for d, s, r in zip(directions, sent, received, strict=True)]}
+           if transport == "wanxport" else {}),
     )
 
 

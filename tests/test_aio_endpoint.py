@@ -202,3 +202,80 @@ async def test_probe_paths_hears_the_peer_on_every_path_then_data_flows(
     assert await pair.a.probe_paths(WAIT_S) == [True, True, True]
     assert pair.b.datagrams_rejected == 0
     await pair.transfer([payload(1 << 20, 4)])
+
+
+@pytest.mark.parametrize("datapath", TRANSFER_DATAPATHS)
+async def test_wrong_digest_fails_on_both_sides_while_other_shards_pass(
+        pairs: Callable[..., Pair], datapath: str) -> None:
+    """The receiver checks digests in a worker thread; the verdict still reaches both sides."""
+    pair = pairs(datapath, 2, 4)
+    good, bad = payload(1 << 20, 5), payload(300_000, 6)
+    verdicts = [pair.a.submit(0, good), pair.a.submit(1, bad, digest=hashlib.sha256(b"other").digest())]
+    got = {}
+    while len(got) < 2:
+        shard = await asyncio.wait_for(pair.b.receive_shard(), WAIT_S)
+        got[shard.shard_id] = shard
+    assert got[0].ok and bytes(got[0].data) == good
+    assert not got[1].ok
+    assert await asyncio.wait_for(asyncio.gather(*verdicts), WAIT_S) == [True, False]
+
+
+def _loop_factories() -> list[object]:
+    factories: list[object] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    try:
+        import uvloop
+    except ImportError:
+        return factories
+    return [*factories, pytest.param(uvloop.new_event_loop, id="uvloop")]
+
+
+@pytest.mark.parametrize("loop_factory", _loop_factories())
+def test_timer_never_runs_the_session_before_its_deadline(
+        loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """uvloop rounds timers to whole milliseconds (below 0.5 ms: the next iteration). An early
+    run found nothing due and re-armed, so a paced sender spun through thousands of empty
+    timer runs a second. Deadlines 0.1-2 ms ahead must reach the session at or after the
+    deadline, in at most a few timer runs."""
+
+    async def main() -> None:
+        pair = Pair("python", 1, 1)
+        endpoint = pair.a
+        try:
+            endpoint.start()
+            session = endpoint.session
+            deadline: list[float | None] = [None]
+            fired: list[float] = []
+
+            def on_deadline(now: float) -> None:
+                fired.append(now)
+                deadline[0] = None
+
+            session.on_deadline = on_deadline  # type: ignore[method-assign]
+            session.next_deadline = lambda: deadline[0]  # type: ignore[method-assign]
+            session.poll_transmit = lambda now: []  # type: ignore[method-assign]
+            runs = [0]
+            on_timer = endpoint._on_timer
+
+            def counting() -> None:
+                runs[0] += 1
+                on_timer()
+
+            endpoint._on_timer = counting  # type: ignore[method-assign]
+            for k in range(20):
+                if endpoint._timer is not None:
+                    endpoint._timer.cancel()
+                endpoint._timer, endpoint._timer_at = None, float("inf")
+                fired.clear()
+                runs[0] = 0
+                target = endpoint.clock() + 0.0001 * (k + 1)
+                deadline[0] = target
+                endpoint._service()
+                await asyncio.sleep(0.01)
+                assert len(fired) == 1 and fired[0] >= target, (k, fired, target)
+                assert runs[0] <= 3
+        finally:
+            pair.a.abort()
+            pair.b.abort()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())

@@ -22,7 +22,14 @@ import numpy as np
 import pytest
 
 from wanxport.core.config import PathConfig, SessionConfig
-from wanxport.core.events import Event, PathChanged, SessionClosed, ShardAcknowledged, ShardReceived
+from wanxport.core.events import (
+    Event,
+    PathChanged,
+    SessionClosed,
+    ShardAcknowledged,
+    ShardFilled,
+    ShardReceived,
+)
 from wanxport.core.session import Session
 from wanxport.wire.datapath import PacketOpener, PacketSealer
 from wanxport.wire.frames import AckFrame, DataFrame, Frame, ShardOpenFrame, decode_frames
@@ -53,10 +60,16 @@ class Pair:
     drop: Drop = lambda side, path_id, at, frames: False  # noqa: E731
     mutate: Mutate | None = None
     checks: list[Callable[[Pair], None]] = field(default_factory=list)
+    # Deferred verification: a ShardFilled shard gets its verdict this long after, as
+    # from a worker thread (None: the session hashes on the spot).
+    verify_after_s: float | None = None
 
     def __post_init__(self) -> None:
         self.buffers: dict[str, dict[int, memoryview]] = {"a": {}, "b": {}}
-        self.sessions = {side: Session(self.config, allocator=self._allocator(side)) for side in "ab"}
+        defer = self.verify_after_s is not None
+        self.sessions = {side: Session(self.config, allocator=self._allocator(side), defer_verification=defer)
+                         for side in "ab"}
+        self._verdicts: list[tuple[float, str, int, bool]] = []
         keys: dict[int, Protection] = {0: NullProtection()}
         n = len(self.config.paths)
         self.sealer = {side: PacketSealer(0, keys) for side in "ab"}
@@ -106,6 +119,10 @@ class Pair:
             self._seq += 1
         for event in session.events():
             self.events[side].append((self.now, event))
+            if isinstance(event, ShardFilled):
+                assert self.verify_after_s is not None
+                ok = hashlib.sha256(event.buffer).digest() == event.digest
+                heapq.heappush(self._verdicts, (self.now + self.verify_after_s, side, event.shard_id, ok))
 
     def run(self, until: float, stop: Callable[[Pair], bool] | None = None) -> None:
         same_instant = 0
@@ -113,6 +130,8 @@ class Pair:
             times = [t for t in (self.a.next_deadline(), self.b.next_deadline()) if t is not None]
             if self._heap:
                 times.append(self._heap[0][0])
+            if self._verdicts:
+                times.append(self._verdicts[0][0])
             if not times or min(times) > until:
                 self.now = max(self.now, until)
                 return
@@ -120,7 +139,11 @@ class Pair:
             same_instant = same_instant + 1 if t == self.now else 0
             assert same_instant < LIVELOCK_STEPS, f"livelock: time stuck at {t!r}"
             self.now = t
-            if self._heap and self._heap[0][0] <= t:
+            if self._verdicts and self._verdicts[0][0] <= t:
+                _, side, shard_id, ok = heapq.heappop(self._verdicts)
+                self.sessions[side].shard_verified(shard_id, ok, t)
+                self.service(side)
+            elif self._heap and self._heap[0][0] <= t:
                 _, _, side, path_id, datagram = heapq.heappop(self._heap)
                 opened = self.opener[side].open(datagram)
                 if opened is not None:
@@ -234,6 +257,51 @@ def test_corrupted_data_byte_is_caught_by_the_digest_never_reported_ok() -> None
     assert received == {0: True, 1: True, 2: False, 3: True}
     assert acknowledged == {0: True, 1: True, 2: False, 3: True}
     assert [e.shard_id for e in pair.received("b")].count(victim) == 1, "reported exactly once"
+
+
+def test_deferred_verification_hands_over_only_after_the_verdict() -> None:
+    """The driver checks digests off its loop: nothing is reported or acknowledged before its
+    verdict, each shard is announced for checking once, and a corrupted shard still fails."""
+    shards = payloads(4, 30_000, seed=3)
+    victim = 1
+    corrupted = [False]
+
+    def mutate(side: str, path_id: int, at: float, datagram: bytes) -> bytes:
+        frames = decode_frames(datagram[HEADER_LEN:])
+        if corrupted[0] or side != "a" or not (len(frames) == 1 and isinstance(frames[0], DataFrame)
+                                               and frames[0].shard_id == victim):
+            return datagram
+        damaged = bytearray(datagram)
+        damaged[HEADER_LEN + 15 + 3] ^= 0x01
+        corrupted[0] = True
+        return bytes(damaged)
+
+    delay = 0.2  # longer than a round trip, so the sender keeps retransmitting meanwhile
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[20e6, 20e6], mutate=mutate,
+                verify_after_s=delay)
+    for i, data in enumerate(shards):
+        pair.submit("a", i, data)
+    pair.run(until=30.0, stop=all_acknowledged(len(shards)))
+
+    filled = {e.shard_id: at for at, e in pair.events["b"] if isinstance(e, ShardFilled)}
+    received = {e.shard_id: (at, e.ok) for at, e in pair.events["b"] if isinstance(e, ShardReceived)}
+    acknowledged = {e.shard_id: (at, e.ok) for at, e in pair.events["a"] if isinstance(e, ShardAcknowledged)}
+    assert sorted(filled) == sorted(received) == sorted(acknowledged) == list(range(len(shards)))
+    assert [e.shard_id for _, e in pair.events["b"] if isinstance(e, ShardFilled)].count(victim) == 1
+    for shard_id, at in filled.items():
+        assert received[shard_id][0] == pytest.approx(at + delay)
+        assert acknowledged[shard_id][0] > at + delay
+    assert {i: ok for i, (_, ok) in received.items()} == {0: True, 1: False, 2: True, 3: True}
+    assert {i: ok for i, (_, ok) in acknowledged.items()} == {0: True, 1: False, 2: True, 3: True}
+    for i in (0, 2, 3):
+        assert bytes(pair.buffers["b"][i]) == shards[i]
+
+
+def test_a_verdict_for_no_pending_shard_is_ignored() -> None:
+    session = Session(make_config(), defer_verification=True)
+    session.shard_verified(7, True, 0.0)
+    assert list(session.events()) == []
+    assert session.poll_transmit(0.0) == []
 
 
 def test_data_for_an_unopened_shard_is_not_acknowledged() -> None:

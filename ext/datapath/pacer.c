@@ -104,6 +104,7 @@ static int Pacer_init(Pacer *pc, PyObject *args, PyObject *kwargs) {
             return -1;
         }
     }
+    pc->wake_at = INT64_MIN;
     int rc = pthread_create(&pc->thread, NULL, wx_pacer_main, pc);
     if (rc != 0) {
         errno = rc;
@@ -241,7 +242,8 @@ static PyObject *set_pacing(Pacer *pc, PyObject *args, const char *fmt, int is_p
     pthread_mutex_lock(&pc->mu);
     pc->paths[path].rate_bytes_per_s = is_pps ? 0 : v;
     pc->paths[path].pps = is_pps ? v : 0;
-    pthread_cond_signal(&pc->wake);
+    /* No wake-up: the head's release was fixed when its predecessor left; the
+     * new rate spaces the datagrams after it. */
     pthread_mutex_unlock(&pc->mu);
     Py_RETURN_NONE;
 }
@@ -337,12 +339,15 @@ static PyObject *Pacer_enqueue(Pacer *pc, PyObject *args, PyObject *kwargs) {
         accepted++;
     }
     pthread_mutex_lock(&pc->mu);
-    if (p->count == 0) {
+    int was_empty = p->count == 0;
+    if (was_empty) {
         double now = (double)wx_mono_ns();
         if (p->t_next < now) p->t_next = now; /* an idle path earns no burst credit */
     }
     p->count += (size_t)accepted;
-    pthread_cond_signal(&pc->wake);
+    /* A queue that was not empty keeps its head, so the thread's plan stands. */
+    if (accepted > 0 && was_empty && p->fd >= 0 && wx_head_release(p) < pc->wake_at)
+        pthread_cond_signal(&pc->wake);
     pthread_mutex_unlock(&pc->mu);
     pthread_mutex_unlock(&pc->produce_mu);
     Py_END_ALLOW_THREADS

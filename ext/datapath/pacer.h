@@ -54,6 +54,11 @@ typedef struct {
     int started, stop, n_paths, max_batch, gso_segments, gso_wanted, rr;
     size_t capacity, slot_size;
     int64_t spin_ns, burst_ns;
+    /* When the release thread will look at the queues again: its timed wait's
+     * deadline, INT64_MAX in an untimed wait, INT64_MIN while awake (it re-reads
+     * every queue before sleeping). enqueue() wakes it only for a head due before
+     * this: a signal per enqueue cost a context switch per core packet. */
+    int64_t wake_at;
     PPath *paths;
     Plan *plans;
     struct mmsghdr *msgs;
@@ -63,6 +68,12 @@ typedef struct {
 } Pacer;
 
 #define CMSG_SLOT CMSG_SPACE(sizeof(uint16_t))
+
+/* When a path's head may leave: its pacing clock, or later if the datagram says so. */
+static inline int64_t wx_head_release(const PPath *p) {
+    int64_t nb = p->not_before[p->head];
+    return (int64_t)p->t_next > nb ? (int64_t)p->t_next : nb;
+}
 
 int64_t wx_mono_ns(void);
 struct timespec wx_ns_to_ts(int64_t ns);

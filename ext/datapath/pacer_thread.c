@@ -6,6 +6,7 @@
  * enqueue() of an earlier datagram wakes it), spins the last spin_ns, then
  * plans every datagram due within burst_ns (advancing each path's pacing
  * clock), sends without the lock, and commits the result under the lock.
+ * Only a datagram due before its planned wake-up wakes it early (wake_at).
  */
 #include "pacer.h"
 
@@ -37,11 +38,6 @@ static double interval_ns(const PPath *p, uint32_t len) {
     if (p->pps > 0) return 1e9 / p->pps;
     if (p->rate_bytes_per_s > 0) return (double)len * 1e9 / p->rate_bytes_per_s;
     return 0;
-}
-
-static int64_t head_release(const PPath *p) {
-    int64_t nb = p->not_before[p->head];
-    return (int64_t)p->t_next > nb ? (int64_t)p->t_next : nb;
 }
 
 /* Under the lock: pick every due datagram (release <= now + burst_ns), up to
@@ -170,21 +166,25 @@ void *wx_pacer_main(void *arg) {
         for (int i = 0; i < pc->n_paths; i++) {
             PPath *p = &pc->paths[i];
             if (p->fd >= 0 && p->count) {
-                int64_t rel = head_release(p);
+                int64_t rel = wx_head_release(p);
                 if (rel < best) best = rel;
             }
         }
         if (best == INT64_MAX) {
             if (wx_pacer_all_empty(pc)) pthread_cond_broadcast(&pc->idle);
+            pc->wake_at = INT64_MAX;
             pthread_cond_wait(&pc->wake, &pc->mu);
+            pc->wake_at = INT64_MIN;
             continue;
         }
         /* Wake when the earliest head is due; plan_round() then also takes
          * what falls due within burst_ns, so a burst window batches sends
          * instead of merely shifting the schedule earlier. */
         if (best > now + pc->spin_ns) {
-            struct timespec ts = wx_ns_to_ts(best - pc->spin_ns);
+            pc->wake_at = best - pc->spin_ns;
+            struct timespec ts = wx_ns_to_ts(pc->wake_at);
             pthread_cond_timedwait(&pc->wake, &pc->mu, &ts);
+            pc->wake_at = INT64_MIN;
             continue;
         }
         if (best > now) {

@@ -17,6 +17,22 @@ class ShardReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardFilled:
+    """Receiver, with deferred verification: every byte of ``buffer`` is in; check it.
+
+    The driver hashes ``buffer`` away from its event loop (SHA-256 of a 64 MiB
+    shard takes ~50 ms, long enough to stall acknowledgements on every path),
+    compares with ``digest`` and calls ``Session.shard_verified``. Nothing
+    writes to ``buffer`` meanwhile: the session places no more data in it.
+    """
+
+    shard_id: int
+    buffer: memoryview
+    digest: bytes
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ShardAcknowledged:
     """Sender: the receiver confirmed the shard verified (``ok``) or reported a failure."""
 
@@ -45,4 +61,4 @@ class SessionClosed:
     at: float
 
 
-Event = ShardReceived | ShardAcknowledged | PathChanged | SessionClosed
+Event = ShardReceived | ShardFilled | ShardAcknowledged | PathChanged | SessionClosed

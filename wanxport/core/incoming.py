@@ -54,7 +54,11 @@ class IncomingData:
 
     def finish(self, shard: IncomingShard, now: float) -> int:
         """Verify a complete shard and release its budget; return the SHARD_DONE status."""
-        ok = shard.verify()
+        return self.release(shard, shard.verify(), now)
+
+    def release(self, shard: IncomingShard, ok: bool, now: float) -> int:
+        """Hand over a checked shard (``ok``: its digest matched); return the SHARD_DONE status."""
+        shard.verified = ok
         shard.completed_at = now
         del self.shards[shard.shard_id]
         self.finished.add(shard.shard_id, shard.shard_id + 1)

@@ -21,14 +21,21 @@ from wanxport.core import recovery
 from wanxport.core.cc import CongestionController, create_congestion_control
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
-from wanxport.core.events import Event, PathChanged, SessionClosed, ShardAcknowledged, ShardReceived
+from wanxport.core.events import (
+    Event,
+    PathChanged,
+    SessionClosed,
+    ShardAcknowledged,
+    ShardFilled,
+    ShardReceived,
+)
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path, PathState
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sent_packets import Chunk, SentPacket
-from wanxport.core.shards import OutgoingShard, sha256
+from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
 from wanxport.wire.frames import (
     AckFrame,
     CloseFrame,
@@ -61,8 +68,13 @@ class Transmit:
 class Session:
     """Both directions of one multipath session with one peer."""
 
-    def __init__(self, config: SessionConfig, allocator: Allocator | None = None) -> None:
+    def __init__(self, config: SessionConfig, allocator: Allocator | None = None, *,
+                 defer_verification: bool = False) -> None:
+        """``defer_verification``: a complete shard is announced as ``ShardFilled`` and the
+        driver checks its digest (off its event loop) and calls ``shard_verified``;
+        otherwise the session hashes it on the spot (the simulator's choice: no threads)."""
         self.config = config
+        self.defer_verification = defer_verification
         self.paths = [
             Path(i, p.name, config.data_payload(p), self._make_cc(config, i), config.initial_rtt_s)
             for i, p in enumerate(config.paths)
@@ -203,13 +215,31 @@ class Session:
             return False
         shard = self.incoming.shards[frame.shard_id]
         shard.place(frame.offset, frame.data, frame.length, now)
-        if shard.complete:
-            status = self.incoming.finish(shard, now)
-            self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
-                                              shard.verified is True, now))
-            self._control.append(ShardDoneFrame(shard.shard_id, status))
-            self._control.append(CreditFrame(self.incoming.budget.limit))
+        if shard.complete and not shard.verifying:
+            if self.defer_verification and shard.buffer is not None:
+                shard.verifying = True
+                self._events.append(ShardFilled(shard.shard_id, shard.buffer, shard.digest, now))
+            else:
+                self._hand_over(shard, self.incoming.finish(shard, now), now)
         return True
+
+    def shard_verified(self, shard_id: int, ok: bool, now: float) -> None:
+        """The driver's verdict on a ``ShardFilled`` shard: ``ok`` when its digest matched.
+
+        A verdict for a shard that is not awaiting one (unknown, already handed
+        over) is ignored.
+        """
+        shard = self.incoming.shards.get(shard_id)
+        if shard is None or not shard.verifying:
+            return
+        self._hand_over(shard, self.incoming.release(shard, ok, now), now)
+
+    def _hand_over(self, shard: IncomingShard, status: int, now: float) -> None:
+        """A checked shard goes to the application, its verdict and our credit to the peer."""
+        self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
+                                          shard.verified is True, now))
+        self._control.append(ShardDoneFrame(shard.shard_id, status))
+        self._control.append(CreditFrame(self.incoming.budget.limit))
 
     def _on_control(self, path: Path, frame: Frame, now: float) -> None:
         if isinstance(frame, ShardOpenFrame):

@@ -59,6 +59,7 @@ class IncomingShard:
     buffer: memoryview | None
     received: RangeSet = field(default_factory=RangeSet)
     verified: bool | None = None  # None until complete
+    verifying: bool = False  # complete, its digest being checked by the driver (deferred)
     first_byte_at: float | None = None
     completed_at: float | None = None
 
