@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wanxport.aio.feed import receive_control
 from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, DataPlan, plan_transmits
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.ranges import RangeSet
 from wanxport.core.session import Session, Transmit
 from wanxport.wire.frames import AckFrame, DataFrame, ProbeFrame
 
@@ -170,3 +173,55 @@ def test_ranges_below_what_is_outstanding_are_skipped() -> None:
 def test_first_wire_of_core_packets() -> None:
     numbering = numbering_with([3, 1, 4])
     assert [numbering.first_wire(pn) for pn in range(4)] == [0, 3, 4, 8]
+
+
+class EveryRange(WireNumbering):
+    """The reference: every ACK range is translated, repeated or not."""
+
+    __slots__ = ()
+
+    def unseen(self, wire_ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        return wire_ranges
+
+
+def sender_state(session: Session) -> tuple[object, ...]:
+    path = session.paths[0]
+    shard = session.outgoing.shards.get(0)
+    return (sorted(path.sent), path.largest_acked, path.bytes_in_flight, path.stats.packets_lost,
+            path.stats.spurious_losses, sorted(path.recently_lost),
+            sorted(session.outgoing.retransmit), shard.acked.ranges() if shard else None)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.data())
+def test_skipping_repeated_ranges_leaves_the_sender_exactly_as_translating_all(data: st.DataObject) -> None:
+    """Random datagram loss, late arrivals that close gaps, ACKs of the last 32 ranges
+    delivered in a shuffled order, loss timers in between: the sender ends in the same
+    state whether repeated ranges are skipped or translated again."""
+    segment, segments = 1000, 4
+    config = SessionConfig(paths=(PathConfig("p", 1500),), chunk_bytes=segment * segments)
+    sides = []
+    for numbering_type in (WireNumbering, EveryRange):
+        session = Session(config, allocator=None)
+        session.submit(0, bytes(200_000), 0.0)
+        numbering = [numbering_type()]
+        plan_transmits(session.poll_transmit(0.0), numbering, [segment], lambda sid: memoryview(b""))
+        sides.append((session, numbering))
+    top = sides[0][1][0].next_wire
+    assert top == sides[1][1][0].next_wire
+    arrived = sorted(data.draw(st.sets(st.integers(0, top - 1), max_size=top), label="arrived"))
+    late = data.draw(st.sets(st.sampled_from(arrived), max_size=8), label="late") if arrived else set()
+    received = RangeSet()
+    acks = []
+    for pn in [p for p in arrived if p not in late] + sorted(late):
+        received.add(pn, pn + 1)
+        ranges = tuple((lo, hi - 1) for lo, hi in received.last(32))
+        acks.append(AckFrame(0, 0, ranges))
+    order = data.draw(st.permutations(range(len(acks))), label="delivery order") if acks else []
+    now = 0.05
+    for index in order:
+        now += data.draw(st.sampled_from([0.0, 0.001, 0.2]), label="gap")
+        for session, numbering in sides:
+            session.on_deadline(now)
+            receive_control(session, numbering, [segment], 0, 0, [acks[index]], now)
+    assert sender_state(sides[0][0]) == sender_state(sides[1][0])

@@ -114,9 +114,10 @@ def test_unknown_parameter_is_refused() -> None:
         eng.admit(3, 0.0, 100)
 
 
-@pytest.fixture
-def forwarding() -> Iterator[tuple[Engine, socket.socket, socket.socket]]:
-    """An engine forwarding loopback UDP src -> eng_in ~> eng_out -> dst, stopped afterwards."""
+@pytest.fixture(params=[False, True], ids=["epoll_pwait2", "timerfd"])
+def forwarding(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, socket.socket, socket.socket]]:
+    """An engine forwarding loopback UDP src -> eng_in ~> eng_out -> dst, stopped afterwards;
+    with the nanosecond wait of Linux >= 5.11 and with the timerfd older kernels use."""
     def udp() -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("127.0.0.1", 0))
@@ -128,7 +129,7 @@ def forwarding() -> Iterator[tuple[Engine, socket.socket, socket.socket]]:
     eng = Engine(seed=11, header_bytes=0)
     eng.add_direction(eng_in.fileno(), eng_out.fileno(), rate_bps=1e9, delay_s=0.005,
                       jitter_s=0.001, queue_bytes=1e7, loss=0.1)
-    thread = threading.Thread(target=eng.run)
+    thread = threading.Thread(target=eng.run, kwargs={"timerfd": request.param})
     thread.start()
     try:
         yield eng, src, dst

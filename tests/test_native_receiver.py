@@ -279,3 +279,53 @@ def test_bad_arguments_raise() -> None:
         buf.extend(b"pinned while registered")
     rx.remove_shard(SHARD)
     buf.extend(b"released")
+
+
+# -- folding placed records into runs ------------------------------------------------
+
+
+def fold_reference(rows: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, int, int, int]]:
+    """Rows (path, pn, shard, offset, length) folded one by one in Python."""
+    runs: list[list[int]] = []
+    prev: tuple[int, int, int, int, int] | None = None
+    for row in rows:
+        path, pn, shard, offset, length = row
+        if prev is not None and (path, shard) == (prev[0], prev[2]) and pn == prev[1] + 1 \
+                and offset == prev[3] + prev[4]:
+            runs[-1][2] += 1
+            runs[-1][5] += length
+        else:
+            runs.append([path, pn, 1, shard, offset, length])
+        prev = row
+    return [(a, b, c, d, e, f) for a, b, c, d, e, f in runs]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 1), st.integers(1, 3),
+                          st.integers(0, 2)), max_size=60))
+def test_fold_runs_matches_folding_one_record_at_a_time(steps: list[tuple[int, int, int, int, int]]) -> None:
+    """Records mostly continue a run (next pn, next bytes) and sometimes break it in every way."""
+    rows: list[tuple[int, int, int, int, int]] = []
+    path, pn, shard, offset = 0, 1 << 40, 7, 0
+    for path_step, pn_jump, shard_step, length_k, offset_jump in steps:
+        length = 1400 * length_k
+        if rows:
+            pn += 1 if pn_jump == 0 else pn_jump * 5
+            offset += rows[-1][4] + (0 if offset_jump < 2 else 1400)
+            path = (path + (path_step == 2)) % 3
+            shard += shard_step
+        rows.append((path, pn, shard, offset, length))
+    records = np.zeros(len(rows), dtype=native.RECORD_DTYPE)
+    for i, (p, n, s, o, length) in enumerate(rows):
+        records[i] = (n, o, 123, s, p, length)
+    assert native.fold_runs(records) == fold_reference(rows)
+
+
+def test_fold_runs_refuses_what_is_not_whole_records() -> None:
+    with pytest.raises(TypeError, match="RECORD_DTYPE"):
+        native.fold_runs(np.zeros(3, dtype=np.uint64))
+    from wanxport import _native  # type: ignore[attr-defined]
+
+    with pytest.raises(ValueError, match="whole number"):
+        _native.fold_runs(bytes(33))
+    assert _native.fold_runs(b"") == []

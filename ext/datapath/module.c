@@ -27,6 +27,9 @@ static PyMethodDef module_methods[] = {
      "enable_timestamps(fd): ask the kernel for SO_TIMESTAMPNS receive timestamps."},
     {"enable_gro", (PyCFunction)wx_enable_gro, METH_VARARGS,
      "enable_gro(fd) -> bool: turn on UDP GRO if the kernel supports it."},
+    {"fold_runs", (PyCFunction)wx_fold_runs, METH_O,
+     "fold_runs(records) -> list[(path_id, first_pn, count, shard_id, offset, length)]: "
+     "consecutive placed records folded into runs."},
     {NULL, NULL, 0, NULL},
 };
 

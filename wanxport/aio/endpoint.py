@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from wanxport.aio.config import DirectionKey, EndpointConfig, segment_bytes
-from wanxport.aio.feed import feed_records, receive_control
+from wanxport.aio.feed import feed_runs, receive_control
 from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, Plan, plan_transmits
 from wanxport.aio.python_path import PythonDatapath
@@ -292,12 +292,13 @@ class Endpoint:
         now = self.clock()
         session = self.session
         if self.datapath_name == "native":
-            records, controls = self.datapath.receive(path_id)
-            if self._heard is not None and (len(records) or controls):
+            runs, placed, controls = self.datapath.receive(path_id)
+            if self._heard is not None and (runs or controls):
                 self._note_heard(path_id)
-            if len(records):
-                self.data_records += len(records)
-                self.data_runs += feed_records(session, records, now)
+            if runs:
+                self.data_records += placed
+                self.data_runs += len(runs)
+                feed_runs(session, runs, now)
             for pid, pn, plaintext in controls:
                 try:
                     frames = decode_frames(plaintext)

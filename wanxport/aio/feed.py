@@ -6,55 +6,24 @@ acknowledge them) and *which* bytes (received ranges, shard completion).
 Calling ``Session.receive_packet`` once per datagram would put a Python frame
 per datagram back on the hot path, so consecutive records — same path,
 consecutive packet numbers, same shard, contiguous offsets — are folded into
-one *run* and the core is told once per run.
-
-``receive_data_run`` is a stand-in for a batch entry point in the core
-(proposed: ``Session.receive_data_run(path_id, first_pn, count, shard_id,
-offset, length, now)``): it records the run's packet numbers on the path
-the way ``Path.on_packet_received`` would have one by one, then hands the
-last one to ``receive_packet`` with a DATA frame spanning the whole run.
+one *run* in C (``native.fold_runs``) and the core is told once per run
+(``Session.receive_data_run``), as if each packet had arrived on its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 from wanxport.aio.numbering import WireNumbering
 from wanxport.core.session import Session
+from wanxport.wire import native
 from wanxport.wire.frames import AckFrame, Frame
 
 
-def feed_records(session: Session, records: npt.NDArray[Any], now: float) -> int:
-    """Tell the core about placed DATA records (RECORD_DTYPE); return the number of runs."""
-    n = len(records)
-    if n == 0:
-        return 0
-    pn = records["pn"].astype(np.int64)
-    offset = records["offset"].astype(np.int64)
-    length = records["length"].astype(np.int64)
-    shard = records["shard_id"]
-    path = records["path_id"]
-    brk = np.ones(n, dtype=bool)
-    brk[1:] = ((path[1:] != path[:-1]) | (shard[1:] != shard[:-1]) | (pn[1:] != pn[:-1] + 1)
-               | (offset[1:] != offset[:-1] + length[:-1]))
-    starts = np.flatnonzero(brk)
-    counts = np.diff(np.append(starts, n)).tolist()
-    totals = np.add.reduceat(length, starts).tolist()
-    runs = zip(path[starts].tolist(), pn[starts].tolist(), counts, shard[starts].tolist(),
-               offset[starts].tolist(), totals, strict=True)
-    for path_id, first_pn, count, shard_id, first_offset, total in runs:
-        receive_data_run(session, path_id, first_pn, count, shard_id, first_offset, total, now)
-    return len(counts)
-
-
-def receive_data_run(session: Session, path_id: int, first_pn: int, count: int, shard_id: int,
-                     offset: int, length: int, now: float) -> None:
-    """``count`` datagrams with packet numbers ``first_pn..`` carried ``[offset, offset + length)``."""
-    session.receive_data_run(path_id, first_pn, count, shard_id, offset, length, now)
+def feed_runs(session: Session, runs: list[native.Run], now: float) -> None:
+    """Tell the core about runs of placed DATA datagrams (``native.fold_runs``)."""
+    for path_id, first_pn, count, shard_id, offset, length in runs:
+        session.receive_data_run(path_id, first_pn, count, shard_id, offset, length, now)
 
 
 def receive_control(session: Session, numbering: Sequence[WireNumbering], segments: Sequence[int],
@@ -75,16 +44,17 @@ def receive_control(session: Session, numbering: Sequence[WireNumbering], segmen
             oldest = session.oldest_acknowledgement_of_interest(frame.path_id)
             if oldest is None:
                 continue  # nothing outstanding or remembered: nothing to learn
-            # Ranges come highest first; those wholly below what is still of interest
-            # are repeats of what earlier ACKs said (most of every ACK) and are skipped.
+            # Ranges come highest first; those wholly below what is still of interest,
+            # and those the previous ACK carried unchanged, are repeats of what earlier
+            # ACKs said (most of every ACK) and are skipped.
             floor = wire.first_wire(oldest)
             kept = 0
             while kept < len(frame.ranges) and frame.ranges[kept][1] >= floor:
                 kept += 1
-            if kept == 0:
+            fresh = wire.unseen(frame.ranges[:kept])
+            if not fresh:
                 continue
-            if kept < len(frame.ranges):
-                frame = AckFrame(frame.path_id, frame.ack_delay_us, frame.ranges[:kept])
+            frame = AckFrame(frame.path_id, frame.ack_delay_us, fresh)
             for core_pn, first, last in wire.partly_covered(frame.ranges):
                 _confirm_datagrams(session, frame.path_id, core_pn, first, last, segments[frame.path_id])
             ack = wire.translate(frame)

@@ -14,10 +14,6 @@ import socket
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 from wanxport.aio.config import DirectionKey
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
@@ -30,7 +26,6 @@ log = logging.getLogger(__name__)
 RECV_SLOTS = 64
 GRO_SLOT_BYTES = 65536
 MAX_BATCHES_PER_WAKE = 16
-EMPTY_RECORDS: npt.NDArray[Any] = np.zeros(0, dtype=native.RECORD_DTYPE)
 
 
 class _Pending:
@@ -194,10 +189,12 @@ class NativeDatapath:
     def remove_shard(self, shard_id: int) -> None:
         self.receiver.remove_shard(shard_id)
 
-    def receive(self, path_id: int) -> tuple[npt.NDArray[Any], list[tuple[int, int, bytes]]]:
-        """Drain the path's socket: placed DATA records and opened control datagrams."""
+    def receive(self, path_id: int) -> tuple[list[native.Run], int, list[tuple[int, int, bytes]]]:
+        """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how
+        many datagrams they hold, and opened control datagrams."""
         sock = self._sockets[path_id]
-        records: list[npt.NDArray[Any]] = []
+        runs: list[native.Run] = []
+        placed = 0
         controls: list[tuple[int, int, bytes]] = []
         for _ in range(MAX_BATCHES_PER_WAKE):
             try:
@@ -208,12 +205,11 @@ class NativeDatapath:
                 break
             result = self.receiver.process(batch)
             if len(result.records):
-                records.append(result.records)
+                runs += native.fold_runs(result.records)
+                placed += len(result.records)
             for c in result.controls:
                 controls.append((c.path_id, c.packet_number, c.plaintext))
-        if not records:
-            return EMPTY_RECORDS, controls
-        return (records[0] if len(records) == 1 else np.concatenate(records)), controls
+        return runs, placed, controls
 
     @property
     def rejected(self) -> int:

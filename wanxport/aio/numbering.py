@@ -30,7 +30,7 @@ MAX_TRACKED = 1 << 20
 class WireNumbering:
     """Core packet number -> first wire packet number, for one path."""
 
-    __slots__ = ("_starts", "_base", "next_wire")
+    __slots__ = ("_starts", "_base", "next_wire", "_last_ranges")
 
     def __init__(self) -> None:
         # _starts[i] is the first wire pn of core packet _base + i; the last
@@ -39,6 +39,7 @@ class WireNumbering:
         self._starts = array("q", [0])
         self._base = 0
         self.next_wire = 0
+        self._last_ranges: frozenset[tuple[int, int]] = frozenset()
 
     def allocate(self, core_pn: int, count: int) -> int:
         """Reserve ``count`` wire numbers for ``core_pn``; return the first.
@@ -101,6 +102,20 @@ class WireNumbering:
                 if a <= b and (a, b) != (begin, end):
                     out.append((base + i, a - begin, b - begin))
         return out
+
+    def unseen(self, wire_ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        """The ranges that the previous ACK of this path did not carry exactly so (order kept).
+
+        An ACK repeats up to 32 ranges so that a lost ACK loses nothing; on a
+        lossy path most of them are the previous ACK's, unchanged. A range
+        applied once has nothing more to say: wire numbers are never reused,
+        so the packets it covers, wholly or partly, are the same ones, and a
+        gap that closes late (reordering) changes the range. Only changed
+        ranges are translated, which was most of a lossy sender's ACK work.
+        """
+        last = self._last_ranges
+        self._last_ranges = frozenset(wire_ranges)
+        return tuple(r for r in wire_ranges if r not in last)
 
     def first_wire(self, core_pn: int) -> int:
         """The first wire number of ``core_pn`` (0 below the tracked ones, next_wire above)."""

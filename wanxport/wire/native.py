@@ -227,6 +227,19 @@ def enable_gro(fd: FdLike) -> bool:
     return bool(_require().enable_gro(fd))
 
 
+#: One run of placed DATA datagrams: (path_id, first_pn, count, shard_id, offset, length).
+Run = tuple[int, int, int, int, int, int]
+
+
+def fold_runs(records: npt.NDArray[Any]) -> list[Run]:
+    """Fold placed records (RECORD_DTYPE) into runs: same path and shard, consecutive
+    packet numbers, contiguous bytes; in record order."""
+    if records.dtype != RECORD_DTYPE:
+        raise TypeError(f"records: dtype {records.dtype} is not RECORD_DTYPE")
+    runs: list[Run] = _require().fold_runs(np.ascontiguousarray(records))
+    return runs
+
+
 @dataclass(frozen=True, slots=True)
 class ControlDatagram:
     """An authenticated datagram that is not a placeable DATA datagram: Python parses it."""
