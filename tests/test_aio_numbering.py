@@ -11,6 +11,7 @@ from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, DataPlan, plan_transmits
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.ranges import RangeSet
+from wanxport.core.sent_packets import SentPacket
 from wanxport.core.session import Session, Transmit
 from wanxport.wire.frames import AckFrame, DataFrame, ProbeFrame
 
@@ -225,3 +226,44 @@ def test_skipping_repeated_ranges_leaves_the_sender_exactly_as_translating_all(d
             session.on_deadline(now)
             receive_control(session, numbering, [segment], 0, 0, [acks[index]], now)
     assert sender_state(sides[0][0]) == sender_state(sides[1][0])
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=12))
+def test_a_packet_counts_each_confirmed_byte_once(spans: list[tuple[int, int]]) -> None:
+    packet = SentPacket(0, 0.0, 100, [(0, 0, 40)], None, True, True, None)
+    seen: set[int] = set()
+    for a, b in spans:
+        start, end = min(a, b), max(a, b)
+        assert packet.confirm(start, end) == len(set(range(start, end)) - seen)
+        seen |= set(range(start, end))
+    covered = {i for lo, hi in packet.confirmed or [] for i in range(lo, hi)}
+    assert covered == seen
+
+
+def test_the_arrived_part_of_a_packet_counts_as_delivered_once() -> None:
+    """A core packet of 4 datagrams missing one: its other 3 count as delivered for the rate
+    estimate when the ACK says so (not only if the packet is ever acknowledged whole), and
+    acknowledging it whole later adds only the rest."""
+    segment, segments = 1000, 4
+    session = Session(SessionConfig(paths=(PathConfig("p", 1500),), chunk_bytes=segment * segments),
+                      allocator=None)
+    session.submit(0, bytes(40_000), 0.0)
+    numbering = [WireNumbering()]
+    plan_transmits(session.poll_transmit(0.0), numbering, [segment], lambda sid: memoryview(b""))
+    path, wire = session.paths[0], numbering[0]
+    first = 1  # core packet 0 is the SHARD_OPEN
+    sizes = {pn: p.size for pn, p in path.sent.items()}
+    chunk = path.sent[first].chunks[0][2]  # type: ignore[index]
+    hole = wire.first_wire(first) + 2
+    top = wire.first_wire(first + 3) - 1  # core packets first .. first + 2
+    ack = AckFrame(0, 0, ((hole + 1, top), (0, hole - 1)))
+    receive_control(session, numbering, [segment], 0, 0, [ack], 0.05)
+    whole = sizes[0] + sizes[first + 1] + sizes[first + 2]
+    partial = sizes[first] * 3 * segment // chunk
+    assert path.rate.delivered_bytes == whole + partial
+    assert session.outgoing.shards[0].acked.total >= 3 * segment * 2 + 3 * segment
+    # The missing datagram arrives late: the packet is acknowledged whole, counted once.
+    receive_control(session, numbering, [segment], 0, 1, [AckFrame(0, 0, ((0, top),))], 0.06)
+    assert first not in path.sent
+    assert path.rate.delivered_bytes == whole + sizes[first]

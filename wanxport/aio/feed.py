@@ -56,7 +56,7 @@ def receive_control(session: Session, numbering: Sequence[WireNumbering], segmen
                 continue
             frame = AckFrame(frame.path_id, frame.ack_delay_us, fresh)
             for core_pn, first, last in wire.partly_covered(frame.ranges):
-                _confirm_datagrams(session, frame.path_id, core_pn, first, last, segments[frame.path_id])
+                _confirm_datagrams(session, frame.path_id, core_pn, first, last, segments[frame.path_id], now)
             ack = wire.translate(frame)
             if ack is None:
                 continue
@@ -66,12 +66,6 @@ def receive_control(session: Session, numbering: Sequence[WireNumbering], segmen
 
 
 def _confirm_datagrams(session: Session, path_id: int, core_pn: int, first: int, last: int,
-                       segment: int) -> None:
+                       segment: int, now: float) -> None:
     """Datagrams ``first..last`` of a DATA core packet arrived: confirm their bytes."""
-    chunks = session.sent_chunks(path_id, core_pn)
-    if not chunks or len(chunks) != 1:
-        return  # no longer outstanding, or not a segmented DATA packet
-    shard_id, offset, length = chunks[0]
-    end = offset + length
-    session.confirm_bytes(shard_id, min(offset + first * segment, end),
-                          min(offset + (last + 1) * segment, end))
+    session.confirm_part(path_id, core_pn, first * segment, (last + 1) * segment, now)

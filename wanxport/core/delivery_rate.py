@@ -15,6 +15,8 @@ Calls, per path:
 * ``on_packet_acked(state, size, now)`` for each newly acknowledged packet of
   an ack batch (each packet at most once; lost packets are simply never
   passed here).
+* ``on_bytes_delivered(size, now)`` for the arrived part of a packet that is
+  not wholly acknowledged (a segmented packet missing a datagram).
 * ``generate_sample(now, min_rtt_s)`` once after the batch.
 * ``on_app_limited(bytes_in_flight)`` when the sender has nothing to send
   although the congestion window would allow it, so samples taken while the
@@ -163,6 +165,17 @@ class DeliveryRateEstimator:
             self._send_elapsed = state.sent_time - state.first_sent_time
             self._ack_elapsed = now - state.delivered_time
             self._first_sent_time = state.sent_time
+
+    def on_bytes_delivered(self, size: int, now: float) -> None:
+        """Part of a packet that is not wholly acknowledged arrived (some datagrams of a
+        segmented packet); pass the rest of it to ``on_packet_acked`` if it ever is.
+
+        Without this a packet with one lost datagram in 16 counted as nothing
+        delivered, and at 1 % datagram loss the estimate settled 15 % below the
+        path's rate.
+        """
+        self.delivered_bytes += size
+        self._delivered_time = now
 
     def generate_sample(self, now: float, min_rtt_s: float) -> RateSample | None:
         """Close the ack batch; return its rate sample or None if it has none.

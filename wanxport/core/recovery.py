@@ -64,7 +64,7 @@ def on_ack(path: Path, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, 
             path.bytes_in_flight -= packet.size
             acked_bytes += packet.size
             if packet.rate_state is not None:
-                rate.on_packet_acked(packet.rate_state, packet.size, now)
+                rate.on_packet_acked(packet.rate_state, packet.size - packet.credited, now)
     sample = rate.generate_sample(now, path.rtt.min_s)
     if sample is not None and not sample.is_app_limited:
         path.note_bandwidth(sample.delivery_rate_bps, now)

@@ -11,7 +11,8 @@ Chunk = tuple[int, int, int]  # (shard_id, offset, length)
 class SentPacket:
     """One sent packet: its data chunks and control frames are re-queued if it is lost."""
 
-    __slots__ = ("pn", "sent_at", "size", "chunks", "control", "ack_eliciting", "in_flight", "rate_state")
+    __slots__ = ("pn", "sent_at", "size", "chunks", "control", "ack_eliciting", "in_flight", "rate_state",
+                 "confirmed", "credited")
 
     def __init__(
         self,
@@ -32,3 +33,21 @@ class SentPacket:
         self.ack_eliciting = ack_eliciting
         self.in_flight = in_flight
         self.rate_state = rate_state
+        # Parts of a segmented packet's data known to have arrived before the whole
+        # packet is acknowledged: disjoint (start, end) offsets into its one chunk,
+        # and the packet bytes already counted as delivered for them.
+        self.confirmed: list[tuple[int, int]] | None = None
+        self.credited = 0
+
+    def confirm(self, start: int, end: int) -> int:
+        """Record ``[start, end)`` of the packet's data as arrived; return how many bytes are new."""
+        spans = self.confirmed or []
+        new = end - start
+        for lo, hi in spans:
+            new -= max(0, min(hi, end) - max(lo, start))
+        if new > 0:
+            merged = [(lo, hi) for lo, hi in spans if hi < start or lo > end]
+            lo = min([start] + [a for a, b in spans if not (b < start or a > end)])
+            hi = max([end] + [b for a, b in spans if not (b < start or a > end)])
+            self.confirmed = sorted(merged + [(lo, hi)])
+        return max(new, 0)

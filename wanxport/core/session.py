@@ -298,19 +298,33 @@ class Session:
             oldest = path.recently_lost_pns[0]  # a late delivery proves the loss spurious
         return oldest
 
-    def sent_chunks(self, path_id: int, packet_number: int) -> list[Chunk] | None:
-        """The data an outstanding packet carries; None once it is acknowledged or lost."""
-        if not 0 <= path_id < len(self.paths):
-            return None
-        packet = self.paths[path_id].sent.get(packet_number)
-        return None if packet is None else packet.chunks
+    def confirm_part(self, path_id: int, packet_number: int, start: int, end: int, now: float) -> None:
+        """``[start, end)`` of the data an outstanding packet carries reached the peer.
 
-    def confirm_bytes(self, shard_id: int, start: int, end: int) -> None:
-        """The peer has ``[start, end)`` of an outgoing shard, learnt from an acknowledgement
-        finer than a packet (some datagrams of a segmented one): if the packet is declared
-        lost, only the rest is sent again."""
-        if start < end and shard_id in self.outgoing.shards:
-            self.outgoing.on_acked([(shard_id, start, end - start)])
+        An acknowledgement finer than a packet (some datagrams of a segmented
+        one) says so. The bytes count as delivered for the path's rate estimate,
+        and if the packet is declared lost only the rest is sent again.
+        Ignored for a packet no longer outstanding or not carrying one chunk.
+        """
+        if not 0 <= path_id < len(self.paths):
+            return
+        path = self.paths[path_id]
+        packet = path.sent.get(packet_number)
+        if packet is None or packet.chunks is None or len(packet.chunks) != 1:
+            return
+        shard_id, offset, length = packet.chunks[0]
+        start, end = max(start, 0), min(end, length)
+        if start >= end:
+            return
+        if not packet.confirm(start, end):
+            return
+        confirmed = sum(hi - lo for lo, hi in packet.confirmed or ())
+        credit = packet.size * confirmed // length - packet.credited  # no rounding drift
+        packet.credited += credit
+        if packet.in_flight and packet.rate_state is not None:
+            path.rate.on_bytes_delivered(credit, now)
+        if shard_id in self.outgoing.shards:
+            self.outgoing.on_acked([(shard_id, offset + start, end - start)])
 
     # -- send ----------------------------------------------------------------
 
