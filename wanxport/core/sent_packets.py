@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from wanxport.core.delivery_rate import PacketRateState
+from wanxport.core.ranges import RangeSet
 from wanxport.wire.frames import Frame
 
 Chunk = tuple[int, int, int]  # (shard_id, offset, length)
@@ -34,20 +35,7 @@ class SentPacket:
         self.in_flight = in_flight
         self.rate_state = rate_state
         # Parts of a segmented packet's data known to have arrived before the whole
-        # packet is acknowledged: disjoint (start, end) offsets into its one chunk,
+        # packet is acknowledged (offsets into its one chunk; None until the first),
         # and the packet bytes already counted as delivered for them.
-        self.confirmed: list[tuple[int, int]] | None = None
+        self.confirmed: RangeSet | None = None
         self.credited = 0
-
-    def confirm(self, start: int, end: int) -> int:
-        """Record ``[start, end)`` of the packet's data as arrived; return how many bytes are new."""
-        spans = self.confirmed or []
-        new = end - start
-        for lo, hi in spans:
-            new -= max(0, min(hi, end) - max(lo, start))
-        if new > 0:
-            merged = [(lo, hi) for lo, hi in spans if hi < start or lo > end]
-            lo = min([start] + [a for a, b in spans if not (b < start or a > end)])
-            hi = max([end] + [b for a, b in spans if not (b < start or a > end)])
-            self.confirmed = sorted(merged + [(lo, hi)])
-        return max(new, 0)

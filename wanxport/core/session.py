@@ -33,6 +33,7 @@ from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path, PathState
+from wanxport.core.ranges import RangeSet
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
@@ -316,10 +317,11 @@ class Session:
         start, end = max(start, 0), min(end, length)
         if start >= end:
             return
-        if not packet.confirm(start, end):
+        if packet.confirmed is None:
+            packet.confirmed = RangeSet()
+        if not packet.confirmed.add(start, end):
             return
-        confirmed = sum(hi - lo for lo, hi in packet.confirmed or ())
-        credit = packet.size * confirmed // length - packet.credited  # no rounding drift
+        credit = packet.size * packet.confirmed.total // length - packet.credited  # no rounding drift
         packet.credited += credit
         if packet.in_flight and packet.rate_state is not None:
             path.rate.on_bytes_delivered(credit, now)
