@@ -84,15 +84,26 @@ def wait_listening(proc: subprocess.Popen[str], port: int, timeout: float = 20) 
 
 async def transfer(sender: GatewaySession, receiver: GatewaySession, shard_id: int, data: bytes) -> bool:
     """Send ``data`` as one shard and receive it; True when both ends agree it is intact."""
-    announce = ShardAnnounce(shard_id, len(data), sha256_hex(data), 0)
+    return await transfer_all(sender, receiver, {shard_id: data})
 
+
+async def transfer_all(sender: GatewaySession, receiver: GatewaySession, shards: dict[int, bytes]) -> bool:
+    """Send the shards concurrently and receive them in whatever order they complete.
+
+    True when every shard was acknowledged as verified and arrived byte for byte.
+    """
     async def receive() -> bool:
-        got = await receiver.receive()
-        await receiver.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
-        return got.ok and bytes(got.data) == data
+        intact = True
+        for _ in shards:
+            got = await receiver.receive()
+            await receiver.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
+            intact = intact and got.ok and bytes(got.data) == shards.get(got.shard_id)
+        return intact
 
-    sent, received = await asyncio.gather(sender.send_shard(shard_id, data, announce), receive())
-    return sent and received
+    sends = [sender.send_shard(shard_id, data, ShardAnnounce(shard_id, len(data), sha256_hex(data), 0))
+             for shard_id, data in shards.items()]
+    *sent, received = await asyncio.gather(*sends, receive())
+    return all(sent) and received
 
 
 def throw_hostile_datagrams(sender: GatewaySession, rng: random.Random) -> None:

@@ -500,11 +500,32 @@ def test_submit_rejects_bad_shards(shard_id: int, data: bytes) -> None:
     ({"paths": (PathConfig("tiny", mtu=60),)}, "tiny"),
     ({"chunk_bytes": 0}, "chunk_bytes"),
     ({"ack_threshold": 0}, "ack_threshold"),
+    ({"initial_cwnd_packets": 0}, "initial_cwnd_packets"),
+    ({"failed_probe_interval_s": 0.0}, "failed_probe_interval_s"),
+    ({"max_probe_interval_s": -1.0}, "max_probe_interval_s"),
 ])
 def test_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
     args: dict[str, object] = {"paths": (PathConfig("p0"),), **kwargs}
     with pytest.raises(ValueError, match=field):
         SessionConfig(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cc", ["bbr", "cubic"])
+@pytest.mark.parametrize("segments", [1, 4, 16, 32])
+def test_initial_window_counts_datagrams_whatever_a_core_packet_holds(cc: str, segments: int) -> None:
+    """A core packet of many datagrams must not multiply the first flight on the wire."""
+    path = PathConfig("p0", mtu=1500)
+    plain = SessionConfig(paths=(path,), congestion_control=cc, initial_cwnd_packets=64)
+    datagram = plain.datagram_payload(path)
+    chunked = SessionConfig(paths=(path,), congestion_control=cc, initial_cwnd_packets=64,
+                            chunk_bytes=segments * datagram)
+    overhead = chunked.packet_overhead()
+    window = Session(chunked).paths[0].cc.cwnd_bytes
+    payload = window * chunked.data_payload(path) // (chunked.data_payload(path) + overhead)
+    # 64 datagrams' payload, rounded up to whole core packets (at least the controllers' 4).
+    expected_packets = max(4, -(-64 // segments))
+    assert payload == expected_packets * segments * datagram
+    assert Session(plain).paths[0].cc.cwnd_bytes == 64 * (datagram + plain.packet_overhead())
 
 
 @pytest.mark.parametrize("kwargs", [{"scheduler": "fastest"}, {"congestion_control": "reno"}])

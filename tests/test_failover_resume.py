@@ -12,6 +12,7 @@ import pytest
 
 from wanxport.core.cc.bbr import RESUME_JUMP_GAIN, BbrCongestionController
 from wanxport.core.cc.fixed import FixedRateCongestionController
+from wanxport.core.config import SessionConfig
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.events import PathChanged
 from wanxport.core.paths import Path, PathState
@@ -125,15 +126,16 @@ bandwidth_mbps = 200.0
   at_s = 0.8
   down = true
   [[paths.events]]
-  at_s = 1.6
+  at_s = {back_s}
   down = false
   {route_change}
 """
 
 
-def _readmission_run(route_change: str) -> tuple[float, list[tuple[float, int]]]:
+def _readmission_run(route_change: str, back_s: float = 1.6) -> tuple[float, list[tuple[float, int]]]:
     """(time the long path was readmitted, [(arrival time, payload bytes)] on it at the receiver)."""
-    run = SimRun(parse_scenario(FLAP.format(route_change=route_change)), SimOptions(payload_mode="virtual"))
+    scenario = parse_scenario(FLAP.format(route_change=route_change, back_s=back_s))
+    run = SimRun(scenario, SimOptions(payload_mode="virtual"))
     arrivals: list[tuple[float, int]] = []
     readmitted: list[float] = []
     deliver, service = run._deliver, run._service
@@ -170,6 +172,20 @@ def test_readmitted_path_is_back_at_most_of_its_rate_in_its_third_round_trip() -
     payload_bps = 200e6 * 1425 / 1500
     assert 0.4 * payload_bps <= _rate_in(arrivals, *first) <= 0.6 * payload_bps
     assert _rate_in(arrivals, *third) >= 0.9 * payload_bps
+
+
+@pytest.mark.parametrize("back_s", [1.6, 1.63, 1.66, 1.69])
+def test_failed_path_is_readmitted_within_a_probe_interval_and_a_round_trip(back_s: float) -> None:
+    """Failed paths are probed every failed_probe_interval_s (50 ms), whatever the outage's phase."""
+    readmitted, _ = _readmission_run("", back_s)
+    assert back_s < readmitted <= back_s + SessionConfig.failed_probe_interval_s + 0.08 + 0.005
+
+
+def test_path_rerouted_to_a_round_trip_of_many_probe_intervals_is_still_readmitted() -> None:
+    # 600 ms is 12 probe intervals: the answer comes to a probe sent long before the latest.
+    readmitted, arrivals = _readmission_run("[[paths.events]]\n  at_s = 1.6\n  set = { rtt_ms = 600.0 }")
+    assert 1.6 + 0.6 <= readmitted <= 1.6 + 0.6 + SessionConfig.failed_probe_interval_s + 0.005
+    assert arrivals and max(at for at, _ in arrivals) > readmitted
 
 
 def test_rerouted_path_searches_from_scratch_instead() -> None:

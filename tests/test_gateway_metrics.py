@@ -17,6 +17,7 @@ from gateway_helpers import (
     stop,
     throw_hostile_datagrams,
     transfer,
+    transfer_all,
     wait_listening,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -126,11 +127,10 @@ async def test_metrics_follow_transfers_across_sessions(gateways: Gateways) -> N
     sender, receiver = await gateways.connect()
     scrapes: list[Samples] = []
     try:
-        moving = asyncio.ensure_future(asyncio.gather(transfer(sender, receiver, 0, data[0]),
-                                                      transfer(sender, receiver, 1, data[1])))
+        moving = asyncio.ensure_future(transfer_all(sender, receiver, {0: data[0], 1: data[1]}))
         while not moving.done():  # scrape from another thread while the loop moves data
             scrapes.append(await asyncio.to_thread(scrape, gateways.send_server.url))
-        assert all(await moving)
+        assert await moving
         live_send = scrape(gateways.send_server.url)
         live_recv = scrape(gateways.recv_server.url)
     finally:

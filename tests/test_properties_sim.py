@@ -14,6 +14,7 @@ corrupted datagrams) one run in ``bytes`` mode must:
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 from wanxport.core import recovery
 from wanxport.core.config import SessionConfig
 from wanxport.core.sent_packets import SentPacket
+from wanxport.core.session import PROBE_MEMORY_S
 from wanxport.sim import runner as runner_module
 from wanxport.sim.runner import Endpoint, SimOptions, SimRun
 from wanxport.sim.scenario import Scenario, parse_scenario
@@ -159,10 +161,12 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
             peak_cwnd[key] = max(peak_cwnd.get(key, 0), path.cc.cwnd_bytes)
             limit = peak_cwnd[key] / (path.mss + overhead) + SLACK_PACKETS
             # Data packets are held to the window; small control packets (SHARD_OPEN,
-            # SHARD_DONE, CREDIT, probes) are bounded by the shards and paths instead.
+            # SHARD_DONE, CREDIT) are bounded by the shards, and a failed path's probes
+            # by how long they are remembered (plus the few sent while it was suspected).
             data_packets = sum(1 for packet in path.sent.values() if packet.chunks)
             control_packets = len(path.sent) - data_packets
-            if data_packets > limit or control_packets > 4 * len(run.shard_sizes) + SLACK_PACKETS:
+            probes = math.ceil(PROBE_MEMORY_S / session.config.failed_probe_interval_s) + 3
+            if data_packets > limit or control_packets > 4 * len(run.shard_sizes) + SLACK_PACKETS + probes:
                 observed.violations.append(
                     f"{endpoint.name} path {path.path_id}: {data_packets} data + {control_packets} "
                     f"control packets outstanding, "

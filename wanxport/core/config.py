@@ -8,6 +8,8 @@ from wanxport.wire.frames import DATA_OVERHEAD
 from wanxport.wire.header import HEADER_LEN
 
 IP_UDP_OVERHEAD = 28  # IPv4 + UDP headers
+# The smallest window any controller accepts, in core packets (BBR's minimum).
+MIN_INITIAL_CORE_PACKETS = 4
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,10 @@ class SessionConfig:
     tag_bytes: int = 16  # AEAD tag per packet (0 with null protection)
     initial_rtt_s: float = 0.1
     # Long-haul paths have large bandwidth-delay products: start above RFC 6928's
-    # 10 packets so a 150 ms path needs about one round trip less to fill.
+    # 10 packets so a 150 ms path needs about one round trip less to fill. Counted
+    # in full-size datagrams, whatever chunk_bytes makes a core packet (see
+    # initial_window_core_packets), so the window on the wire does not grow with
+    # the offload's segment count.
     initial_cwnd_packets: int = 64
     # BBR's ProbeRTT drains a path to 4 packets for a round trip every ~10 s to
     # re-measure the minimum RTT. On provisioned long-haul paths that costs ~3 % of
@@ -43,26 +48,51 @@ class SessionConfig:
     burst_packets: int = 8  # ... or this many packets' worth, whichever is longer
     stripe_chunks: int = 64  # new data goes to a path in contiguous runs of this many chunks
     hedge: bool = True
-    # A failed path is probed at least this often: 4 small datagrams a second buy
-    # readmission within 250 ms of its return.
+    # A suspected path is probed at least this often, each probe awaited for an answer
+    # (two misses fail it) ...
     max_probe_interval_s: float = 0.25
+    # ... and a failed one this often, to see it return: 20 datagrams of ~70 bytes a
+    # second (11 kb/s) buy readmission within 50 ms plus a round trip of its return.
+    failed_probe_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
         if not self.paths:
             raise ValueError("a session needs at least one path")
         if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
             raise ValueError("chunk_bytes must be between 1 and 1 GiB (above 65535 only for virtual shards)")
+        if isinstance(self.initial_cwnd_packets, bool) or not (
+                isinstance(self.initial_cwnd_packets, int) and self.initial_cwnd_packets >= 1):
+            raise ValueError(f"initial_cwnd_packets must be a positive integer (full-size datagrams), "
+                             f"got {self.initial_cwnd_packets!r}")
         for path in self.paths:
             if self.data_payload(path) <= 0:
                 raise ValueError(f"path {path.name!r}: mtu {path.mtu} leaves no room for data")
         if self.ack_threshold < 1:
             raise ValueError("ack_threshold must be >= 1")
+        for name in ("max_probe_interval_s", "failed_probe_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
 
     def data_payload(self, path: PathConfig) -> int:
-        """Data bytes per DATA datagram on a path."""
+        """Data bytes per core data packet on a path (``chunk_bytes``, else one full datagram)."""
         if self.chunk_bytes is not None:
             return self.chunk_bytes
+        return self.datagram_payload(path)
+
+    def datagram_payload(self, path: PathConfig) -> int:
+        """Data bytes that one full-size DATA datagram carries on a path."""
         return min(path.mtu - IP_UDP_OVERHEAD - HEADER_LEN - self.tag_bytes - DATA_OVERHEAD, 0xFFFF)
+
+    def initial_window_core_packets(self, path: PathConfig) -> int:
+        """``initial_cwnd_packets`` (full-size datagrams) in core packets, which controllers count.
+
+        A data path that cuts each core packet into several datagrams (``chunk_bytes``
+        a multiple of the datagram payload) would otherwise multiply the initial
+        window by its segment count: 64 packets of 16 datagrams is a 1.5 MB first
+        flight on every path. Never below the controllers' minimum window.
+        """
+        window_bytes = self.initial_cwnd_packets * self.datagram_payload(path)
+        return max(MIN_INITIAL_CORE_PACKETS, -(-window_bytes // self.data_payload(path)))
 
     def packet_overhead(self) -> int:
         return HEADER_LEN + self.tag_bytes

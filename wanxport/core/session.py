@@ -52,7 +52,9 @@ from wanxport.wire.frames import (
 )
 
 MAX_CONTROL_PAYLOAD = 1200
-PROBES_KEPT = 8  # unanswered probes a failed path remembers: answers within 8 probe intervals count
+# How long an unanswered probe is remembered: its answer readmits the path only while
+# it is. Longer than any round trip a usable path has, even after a reroute.
+PROBE_MEMORY_S = 2.0
 
 
 @dataclass(slots=True)
@@ -105,7 +107,7 @@ class Session:
     def _make_cc(config: SessionConfig, index: int) -> CongestionController:
         options: dict[str, object] = {"initial_rtt_s": config.initial_rtt_s}
         if config.congestion_control in ("bbr", "cubic"):
-            options["initial_cwnd_packets"] = config.initial_cwnd_packets
+            options["initial_cwnd_packets"] = config.initial_window_core_packets(config.paths[index])
         if config.congestion_control == "bbr":
             options["seed"] = index  # paths start their gain cycles out of phase
             options["probe_rtt"] = config.bbr_probe_rtt
@@ -608,17 +610,24 @@ class Session:
         self._send_probe(path, now)
 
     def _send_probe(self, path: Path, now: float) -> None:
-        # A long outage holds the last few unanswered probes, not one per interval. Not
-        # just the latest: a path that returns with a round trip longer than the probe
+        # A long outage holds the probes of the last PROBE_MEMORY_S, not one per interval.
+        # Not just the latest: a path that returns with a round trip longer than the probe
         # interval (rerouted) answers a probe that would already be forgotten, and the
         # answer to a forgotten probe readmits nothing: the path would never come back.
-        probes = [pn for pn, packet in path.sent.items() if not packet.in_flight]
-        for pn in probes[:max(0, len(probes) - PROBES_KEPT + 1)]:
+        horizon = now - PROBE_MEMORY_S
+        for pn in [pn for pn, p in path.sent.items() if not p.in_flight and p.sent_at < horizon]:
             del path.sent[pn]
         path.probe_token += 1
         self._control_on(path, ProbeFrame(path.probe_token))
-        path.next_probe_at = now + min(path.pto_s(self.config.max_ack_delay_s),
-                                       self.config.max_probe_interval_s)
+        if path.state is PathState.FAILED:
+            # Out of service: probes only watch for its return, and their answers are
+            # not awaited, so they may go faster than a round trip.
+            interval = self.config.failed_probe_interval_s
+        else:
+            # Suspected: each interval without an answer is a miss (two fail the path),
+            # so an answer must have had time to come back.
+            interval = min(path.pto_s(self.config.max_ack_delay_s), self.config.max_probe_interval_s)
+        path.next_probe_at = now + interval
 
     def _on_probe_due(self, path: Path, now: float) -> None:
         path.probe_misses += 1
