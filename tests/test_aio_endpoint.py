@@ -12,6 +12,7 @@ import pytest
 
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
 from wanxport.aio.endpoint import Endpoint
+from wanxport.aio.verify import ShardHasher
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.wire import native
 from wanxport.wire.datapath import PacketSealer
@@ -121,6 +122,29 @@ async def test_native_pacer_runs_ahead_of_the_core_pacing(pairs: Callable[..., P
     pair.a.datapath.set_rate = recording
     await pair.transfer([payload(2 << 20, 3)])
     assert ratios and min(ratios) >= 1.2
+
+
+@pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
+@pytest.mark.parametrize("honest", [True, False])
+async def test_large_shard_is_hashed_while_it_arrives(pairs: Callable[..., Pair], honest: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most of a large shard is hashed before its last byte; the verdict is still exact."""
+    left_at_finish: list[int] = []
+    finish = ShardHasher.finish
+
+    async def recording(self: ShardHasher) -> bytes:
+        left_at_finish.append(len(self._buffer) - self.hashed)
+        return await finish(self)
+
+    monkeypatch.setattr(ShardHasher, "finish", recording)
+    pair = pairs("native", 2, 16)
+    data = payload(24 << 20, 5)
+    digest = hashlib.sha256(data if honest else data[:-1] + b"?").digest()
+    ack = pair.a.submit(0, data, digest=digest)
+    shard = await asyncio.wait_for(pair.b.receive_shard(), WAIT_S)
+    assert await asyncio.wait_for(ack, WAIT_S) is honest
+    assert shard.ok is honest and bytes(shard.data) == data
+    assert len(left_at_finish) == 1 and left_at_finish[0] < len(data) // 2
 
 
 def forged_datagrams(rng: random.Random, path_id: int) -> dict[str, list[bytes]]:

@@ -219,6 +219,23 @@ def test_incoming_shard_place_out_of_order_duplicates_and_verify() -> None:
     assert shard.complete and shard.verify() and shard.verified is True
 
 
+def test_received_bytes_are_never_rewritten_and_the_prefix_grows_with_them() -> None:
+    """A driver hashes the received prefix while the rest arrives: a duplicate with other
+    contents (a sender whose buffer changed) fills only the gaps, never what is in."""
+    original = bytes(range(256)) * 4
+    shard = IncomingShard(1, 1024, hashlib.sha256(original).digest(), b"", memoryview(bytearray(1024)))
+    assert shard.received_prefix == 0
+    shard.place(0, original[:300], 300, 0.0)
+    shard.place(600, original[600:700], 100, 0.0)
+    assert shard.received_prefix == 300
+    other = bytes(255 - b for b in original)
+    assert shard.place(200, other[200:800], 600, 0.0) == 400  # overlaps both received runs
+    assert shard.buffer is not None
+    assert bytes(shard.buffer[:300]) == original[:300] and bytes(shard.buffer[600:700]) == original[600:700]
+    assert bytes(shard.buffer[300:600]) == other[300:600] and bytes(shard.buffer[700:800]) == other[700:800]
+    assert shard.received_prefix == 800
+
+
 def test_incoming_shard_digest_mismatch_is_not_verified() -> None:
     payload = b"x" * 100
     shard = IncomingShard(1, 100, hashlib.sha256(payload).digest(), b"", memoryview(bytearray(100)))

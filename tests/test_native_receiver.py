@@ -97,6 +97,33 @@ def test_out_of_order_ranges_merge_and_duplicates_are_replays() -> None:
     assert rx.received_bytes(SHARD) == 1024
 
 
+def test_frozen_bytes_are_never_written_again() -> None:
+    """A hasher reads the frozen prefix while the rest arrives: a later duplicate (here with
+    other contents, from a sender whose buffer changed) must not change those bytes."""
+    original = bytes(range(256)) * 4
+    changed = bytes(255 - b for b in original)
+    rx, buf = make_receiver(1024)
+    first = burst_datagrams(original, max_payload=128)
+    process(rx, [first[0], first[1], first[2], first[5]])  # prefix [0, 384), then a gap
+    rx.freeze(SHARD, 384)
+    # Resent with new packet numbers (not replays) and different bytes, straddling the prefix.
+    process(rx, burst_datagrams(changed, first_pn=100, max_payload=128, offset=256, length=256))
+    assert bytes(buf[:384]) == original[:384], "frozen bytes were overwritten"
+    assert bytes(buf[384:512]) == changed[384:512], "bytes above it are placed as usual"
+    assert rx.counters["accepted_data"] == 6 and rx.ranges(SHARD) == [(0, 512), (640, 768)]
+    rx.freeze(SHARD, 100)  # it only rises
+    process(rx, burst_datagrams(changed, first_pn=200, max_payload=128, offset=256, length=128))
+    assert bytes(buf[256:384]) == original[256:384]
+
+
+def test_freeze_checks_its_arguments() -> None:
+    rx, _ = make_receiver(1024)
+    with pytest.raises(ValueError, match="upto"):
+        rx.freeze(SHARD, 1025)
+    with pytest.raises(KeyError):
+        rx.freeze(SHARD + 1, 0)
+
+
 @pytest.mark.parametrize("cipher", ["aes-256-gcm", "chacha20-poly1305"])
 def test_tampering_is_counted_and_buffer_untouched(cipher: str) -> None:
     data = b"\xff" * 300

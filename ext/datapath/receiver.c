@@ -51,6 +51,7 @@ typedef struct {
     Range *ranges; /* sorted, disjoint, not touching */
     size_t n, cap;
     uint64_t received;
+    uint64_t frozen; /* no writes below this offset: a reader may be hashing it */
 } Shard;
 
 typedef struct {
@@ -288,6 +289,21 @@ static PyObject *Receiver_ranges(Receiver *self, PyObject *o_id) {
     return list;
 }
 
+/* freeze(shard_id, upto): never write below ``upto`` again (a duplicate there
+ * is acknowledged but not copied). The caller freezes bytes it knows are all
+ * in, so another thread may hash them while the rest of the shard arrives and
+ * the verdict covers exactly the bytes the buffer keeps. Only ever rises. */
+static PyObject *Receiver_freeze(Receiver *self, PyObject *args) {
+    PyObject *o_id, *o_upto;
+    long long upto;
+    if (!PyArg_ParseTuple(args, "OO:freeze", &o_id, &o_upto)) return NULL;
+    if (ready(self)) return NULL;
+    Shard *s = shard_arg(self, o_id, NULL);
+    if (s == NULL || wx_int_in_range(o_upto, "upto", 0, (long long)s->view.len, &upto)) return NULL;
+    if ((uint64_t)upto > s->frozen) s->frozen = (uint64_t)upto;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Receiver_received_bytes(Receiver *self, PyObject *o_id) {
     if (ready(self)) return NULL;
     Shard *s = shard_arg(self, o_id, NULL);
@@ -402,7 +418,11 @@ static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
                 return 0;
             }
             replay_mark(rp, pn);
-            memcpy((uint8_t *)s->view.buf + off, scratch + WX_DATA_FRAME_HEADER_LEN, dlen);
+            if (off + dlen > s->frozen) { /* below it: a duplicate of bytes already hashed */
+                uint64_t skip = off < s->frozen ? s->frozen - off : 0;
+                memcpy((uint8_t *)s->view.buf + off + skip,
+                       scratch + WX_DATA_FRAME_HEADER_LEN + skip, dlen - skip);
+            }
             rec->pn = pn;
             rec->offset = off;
             rec->rx_time_ns = rx;
@@ -566,6 +586,9 @@ static PyMethodDef Receiver_methods[] = {
      "remove_shard(shard_id): stop placing; releases the buffer."},
     {"ranges", (PyCFunction)Receiver_ranges, METH_O,
      "ranges(shard_id) -> list[(start, end)]: received byte ranges, sorted and merged."},
+    {"freeze", (PyCFunction)Receiver_freeze, METH_VARARGS,
+     "freeze(shard_id, upto): never write below upto again (duplicates are not copied), so "
+     "those bytes can be hashed while the rest arrives."},
     {"received_bytes", (PyCFunction)Receiver_received_bytes, METH_O,
      "received_bytes(shard_id) -> int: distinct bytes received."},
     {"is_complete", (PyCFunction)Receiver_is_complete, METH_O,

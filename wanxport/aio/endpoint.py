@@ -29,9 +29,9 @@ from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, Plan, plan_transmits
 from wanxport.aio.python_path import PythonDatapath
 from wanxport.aio.sockets import open_path_socket
+from wanxport.aio.verify import ShardHasher
 from wanxport.core.events import PathChanged, SessionClosed, ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
-from wanxport.core.shards import sha256
 from wanxport.wire import native
 from wanxport.wire.errors import WireError
 from wanxport.wire.frames import DATA_OVERHEAD, ProbeFrame, decode_frames
@@ -81,8 +81,9 @@ class Endpoint:
         self.clock = clock
         self._user_allocator = allocator
         self.datapath_name = resolve_datapath(config.datapath)
-        # Digests are checked in a worker thread (hashlib drops the GIL): hashing a
-        # large shard on the loop would hold back every path's acknowledgements.
+        # Digests are computed in a worker thread (hashlib drops the GIL) as each shard
+        # arrives (aio.verify): hashing a large shard on the loop would hold back every
+        # path's acknowledgements, and hashing it only once complete would delay it.
         self.session = Session(config.session, allocator=self._allocate, defer_verification=True)
         paths = config.session.paths
         self._segments = [segment_bytes(p, config.session.tag_bytes) for p in paths]
@@ -99,6 +100,7 @@ class Endpoint:
                 sock.close()
             raise
         self._rx_buffers: dict[int, memoryview] = {}
+        self._hashers: dict[int, ShardHasher] = {}
         self._received: asyncio.Queue[ReceivedShard] | None = None
         self._acks: dict[int, asyncio.Future[bool]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -284,6 +286,8 @@ class Endpoint:
         if self.datapath_name == "native":
             self.datapath.add_shard(shard_id, view)
         self._rx_buffers[shard_id] = view
+        assert self._loop is not None  # shards open only while the endpoint runs
+        self._hashers[shard_id] = ShardHasher(view, self._loop)
         return view
 
     # -- I/O callbacks -------------------------------------------------------
@@ -312,6 +316,8 @@ class Endpoint:
                 self._note_heard(path_id)
             for pid, pn, frames in opened:
                 receive_control(session, self._numbering, self._segments, pid, pn, frames, now)
+        for shard_id, hasher in self._hashers.items():
+            hasher.advance(functools.partial(self._freeze_prefix, shard_id))
         self._service()
 
     def _on_timer(self) -> None:
@@ -353,8 +359,15 @@ class Endpoint:
         assert data is not None  # the endpoint only submits real buffers
         return data
 
-    def _on_verified(self, shard_id: int, check: asyncio.Future[bool]) -> None:
-        ok = not check.cancelled() and check.exception() is None and check.result()
+    def _freeze_prefix(self, shard_id: int) -> int:
+        """The shard's received prefix, frozen: neither data path writes below it again."""
+        prefix = self.session.received_prefix(shard_id)
+        if self.datapath_name == "native":
+            self.datapath.freeze(shard_id, prefix)
+        return prefix
+
+    def _on_verified(self, shard_id: int, digest: bytes, check: asyncio.Future[bytes]) -> None:
+        ok = not check.cancelled() and check.exception() is None and check.result() == digest
         self.session.shard_verified(shard_id, ok, self.clock())
         self._service()
 
@@ -370,10 +383,9 @@ class Endpoint:
     def _on_event(self, event: object) -> None:
         if isinstance(event, ShardFilled):
             if self.datapath_name == "native":
-                self.datapath.remove_shard(event.shard_id)  # no writes while it is hashed
-            assert self._loop is not None
-            check = self._loop.run_in_executor(None, _digest_matches, event.buffer, event.digest)
-            check.add_done_callback(functools.partial(self._on_verified, event.shard_id))
+                self.datapath.remove_shard(event.shard_id)  # no writes while the rest is hashed
+            check = asyncio.ensure_future(self._hashers.pop(event.shard_id).finish())
+            check.add_done_callback(functools.partial(self._on_verified, event.shard_id, event.digest))
         elif isinstance(event, ShardReceived):
             view = self._rx_buffers.pop(event.shard_id)
             assert self._received is not None
@@ -401,8 +413,3 @@ def timer_delay_s(remaining_s: float) -> float:
     if remaining_s <= 0.0:
         return 0.0
     return math.ceil(remaining_s * 1000.0) / 1000.0
-
-
-def _digest_matches(buffer: memoryview, digest: bytes) -> bool:
-    """Runs in a worker thread: SHA-256 of a whole shard, compared with the sender's."""
-    return sha256(buffer) == digest

@@ -189,6 +189,10 @@ class NativeDatapath:
     def remove_shard(self, shard_id: int) -> None:
         self.receiver.remove_shard(shard_id)
 
+    def freeze(self, shard_id: int, upto: int) -> None:
+        """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
+        self.receiver.freeze(shard_id, upto)
+
     def receive(self, path_id: int) -> tuple[list[native.Run], int, list[tuple[int, int, bytes]]]:
         """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how
         many datagrams they hold, and opened control datagrams."""

@@ -226,6 +226,15 @@ class Session:
                 self._hand_over(shard, self.incoming.finish(shard, now), now)
         return True
 
+    def received_prefix(self, shard_id: int) -> int:
+        """How many bytes from the start of an incoming shard are in (0 if unknown).
+
+        They are never written again, so a driver may hash them while the rest
+        arrives (``defer_verification``).
+        """
+        shard = self.incoming.shards.get(shard_id)
+        return 0 if shard is None else shard.received_prefix
+
     def shard_verified(self, shard_id: int, ok: bool, now: float) -> None:
         """The driver's verdict on a ``ShardFilled`` shard: ``ok`` when its digest matched.
 

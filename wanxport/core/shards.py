@@ -73,10 +73,17 @@ class IncomingShard:
         if self.first_byte_at is None:
             self.first_byte_at = now
         if self.buffer is not None and data is not None:
-            if self.received.contains(offset, end):
-                return 0
-            self.buffer[offset:end] = data
+            # Bytes already received are never written again: a driver may be hashing
+            # them while the rest arrives (aio.verify), and a duplicate must not change
+            # what that digest covers.
+            for start, stop in self.received.gaps(offset, end):
+                self.buffer[start:stop] = data[start - offset:stop - offset]
         return self.received.add(offset, end)
+
+    @property
+    def received_prefix(self) -> int:
+        """End of the contiguous run of received bytes from offset 0."""
+        return self.received.first_gap_after(0)
 
     def verify(self) -> bool:
         """Check the digest once every byte is in (virtual shards verify by coverage)."""

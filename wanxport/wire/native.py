@@ -274,6 +274,14 @@ class Receiver:
     def remove_shard(self, shard_id: int) -> None:
         self._c.remove_shard(shard_id)
 
+    def freeze(self, shard_id: int, upto: int) -> None:
+        """Never write below ``upto`` again (a duplicate is acknowledged, not copied).
+
+        For bytes the caller knows are all in: another thread may then hash them
+        while the rest of the shard arrives.
+        """
+        self._c.freeze(shard_id, upto)
+
     def ranges(self, shard_id: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = self._c.ranges(shard_id)
         return out
