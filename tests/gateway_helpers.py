@@ -19,20 +19,36 @@ from wanxport.wire.header import encode_header
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS = random.Random(os.getpid())  # distinct sequences for concurrent test runs
+
+
 def free_path_ports(count: int) -> list[int]:
-    """``count`` data ports whose PORT and PORT+1 (control) are both free right now."""
+    """``count`` data ports whose PORT and PORT+1 (control) are both free right now.
+
+    Drawn below the kernel's ephemeral range, so no socket bound to port 0 (in
+    this process, a gateway subprocess or anything else on the host) can take
+    one between this check and the gateway binding it.
+    """
+    high = _ephemeral_low() - 2
     ports: list[int] = []
     while len(ports) < count:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65534 or port in ports or port + 1 in ports or port - 1 in ports:
-                continue
-            try:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
-                    b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
+        port = _PORTS.randrange(10_000, high)
+        if port in ports or port + 1 in ports or port - 1 in ports:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
         ports.append(port)
     return ports
 
