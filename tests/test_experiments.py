@@ -156,3 +156,23 @@ def test_plots_write_pngs_and_timeline_needs_data(tmp_path: Path) -> None:
     for name in ("g.png", "c.png", "t.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "none.png").exists()
+
+
+def test_timeline_bins_spread_samples_and_show_a_failed_path_at_zero() -> None:
+    """Samples every ~0.1 s in 0.25 s bins: a steady path is flat (no 2-vs-3-samples
+    sawtooth), and a path silent for a while is drawn at zero, not joined across."""
+    timeline: list[dict[str, object]] = []
+    previous = 0.0
+    for tick in range(1, 41):
+        t = round(tick * 0.102, 4)  # the sampler drifts a little late
+        timeline.append({"t_s": t, "path": "steady", "bytes": round(1_250_000 * (t - previous))})
+        if not 10 <= tick < 25:
+            timeline.append({"t_s": t, "path": "flaps", "bytes": 50_000})
+        previous = t
+    rates = plots.binned_rates(timeline, 0.25)
+    steady = rates["steady"][:-1]  # the last bin is cut short by the end of the run
+    assert max(steady) - min(steady) < 0.01 * max(steady)
+    assert abs(steady[0] - 10.0) < 0.1  # 1.25 MB/s = 10 Mb/s
+    flaps = rates["flaps"]
+    assert flaps[5] == 0.0 and flaps[8] == 0.0  # 1.25-1.5 s and 2.0-2.25 s: down
+    assert flaps[1] > 0.0 and flaps[12] > 0.0
