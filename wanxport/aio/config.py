@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wanxport.core.config import IP_UDP_OVERHEAD, PathConfig, SessionConfig
-from wanxport.wire.frames import DATA_OVERHEAD
-from wanxport.wire.header import HEADER_LEN
+from wanxport.core.config import PathConfig, SessionConfig, datagram_payload
 from wanxport.wire.protection import CIPHERS, IV_LEN, KEY_LEN
 
 DATAPATHS = ("auto", "native", "python")
@@ -83,11 +81,6 @@ class EndpointConfig:
                 raise ValueError(f"{name} must fit in 32 bits")
 
 
-def segment_bytes(path: PathConfig, tag_bytes: int = 16) -> int:
-    """Data bytes per DATA datagram that fit the path's MTU."""
-    return min(path.mtu - IP_UDP_OVERHEAD - HEADER_LEN - tag_bytes - DATA_OVERHEAD, 0xFFFF)
-
-
 def offload_chunk_bytes(paths: tuple[PathConfig, ...], segments: int, tag_bytes: int = 16) -> int:
     """``SessionConfig.chunk_bytes`` for core packets of ``segments`` datagrams each.
 
@@ -96,4 +89,4 @@ def offload_chunk_bytes(paths: tuple[PathConfig, ...], segments: int, tag_bytes:
     """
     if segments < 1:
         raise ValueError("segments must be >= 1")
-    return segments * min(segment_bytes(p, tag_bytes) for p in paths)
+    return segments * min(datagram_payload(p, tag_bytes) for p in paths)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from wanxport.aio.config import DirectionKey, EndpointConfig, segment_bytes
+from wanxport.aio.config import DirectionKey, EndpointConfig
 from wanxport.aio.feed import feed_runs, receive_control
 from wanxport.aio.numbering import WireNumbering
 from wanxport.aio.plan import ControlPlan, Plan, plan_transmits
@@ -86,7 +86,7 @@ class Endpoint:
         # path's acknowledgements, and hashing it only once complete would delay it.
         self.session = Session(config.session, allocator=self._allocate, defer_verification=True)
         paths = config.session.paths
-        self._segments = [segment_bytes(p, config.session.tag_bytes) for p in paths]
+        self._segments = [config.session.datagram_payload(p) for p in paths]
         self._numbering = [WireNumbering() for _ in paths]
         self._wire_factor = [self._pacing_factor(i) for i in range(len(paths))]
         self.sockets = []
@@ -283,11 +283,13 @@ class Endpoint:
         buffer: Any = (self._user_allocator(shard_id, size, meta) if self._user_allocator
                        else np.empty(size, dtype=np.uint8))
         view = memoryview(buffer).cast("B")
+        freeze = None  # the core's placement never rewrites received bytes by itself
         if self.datapath_name == "native":
             self.datapath.add_shard(shard_id, view)
+            freeze = functools.partial(self.datapath.freeze, shard_id)
         self._rx_buffers[shard_id] = view
         assert self._loop is not None  # shards open only while the endpoint runs
-        self._hashers[shard_id] = ShardHasher(view, self._loop)
+        self._hashers[shard_id] = ShardHasher(view, self._loop, freeze)
         return view
 
     # -- I/O callbacks -------------------------------------------------------
@@ -317,7 +319,7 @@ class Endpoint:
             for pid, pn, frames in opened:
                 receive_control(session, self._numbering, self._segments, pid, pn, frames, now)
         for shard_id, hasher in self._hashers.items():
-            hasher.advance(functools.partial(self._freeze_prefix, shard_id))
+            hasher.advance(session.received_prefix(shard_id))
         self._service()
 
     def _on_timer(self) -> None:
@@ -358,13 +360,6 @@ class Endpoint:
         data = self.session.outgoing.shards[shard_id].data
         assert data is not None  # the endpoint only submits real buffers
         return data
-
-    def _freeze_prefix(self, shard_id: int) -> int:
-        """The shard's received prefix, frozen: neither data path writes below it again."""
-        prefix = self.session.received_prefix(shard_id)
-        if self.datapath_name == "native":
-            self.datapath.freeze(shard_id, prefix)
-        return prefix
 
     def _on_verified(self, shard_id: int, digest: bytes, check: asyncio.Future[bytes]) -> None:
         ok = not check.cancelled() and check.exception() is None and check.result() == digest

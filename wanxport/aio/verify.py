@@ -32,24 +32,24 @@ class ShardHasher:
     At most one hashing job runs at a time, so the digest sees the bytes in order.
     """
 
-    def __init__(self, buffer: memoryview, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, buffer: memoryview, loop: asyncio.AbstractEventLoop,
+                 freeze: Callable[[int], None] | None = None) -> None:
+        """``freeze(upto)`` makes sure no data path writes below ``upto`` again (the
+        native receiver's ``freeze``); None when received bytes are never rewritten anyway."""
         self._buffer = buffer
         self._loop = loop
+        self._freeze = freeze
         self._sha = hashlib.sha256()
         self.hashed = 0  # bytes folded into the digest (or being folded by the running job)
         self._job: asyncio.Future[None] | None = None
 
-    def advance(self, freeze_prefix: Callable[[], int]) -> None:
-        """Hash the newly frozen prefix if no job is running and it has grown by a step.
-
-        ``freeze_prefix`` returns the end of the shard's received prefix after making
-        sure no data path writes below it; it is not called while a job runs.
-        """
-        if self._job is not None and not self._job.done():
+    def advance(self, prefix: int) -> None:
+        """Hash up to ``prefix`` (bytes from 0 all received) if it has grown by a step
+        and no job is running; the data path is frozen there first."""
+        if prefix - self.hashed < HASH_STEP_BYTES or (self._job is not None and not self._job.done()):
             return
-        prefix = freeze_prefix()
-        if prefix - self.hashed < HASH_STEP_BYTES:
-            return
+        if self._freeze is not None:
+            self._freeze(prefix)
         part = self._buffer[self.hashed:prefix]
         self.hashed = prefix
         self._job = self._loop.run_in_executor(None, self._sha.update, part)

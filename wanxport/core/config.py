@@ -12,6 +12,11 @@ IP_UDP_OVERHEAD = 28  # IPv4 + UDP headers
 MIN_INITIAL_CORE_PACKETS = 4
 
 
+def datagram_payload(path: PathConfig, tag_bytes: int) -> int:
+    """Data bytes that one full-size DATA datagram carries on a path."""
+    return min(path.mtu - IP_UDP_OVERHEAD - HEADER_LEN - tag_bytes - DATA_OVERHEAD, 0xFFFF)
+
+
 @dataclass(frozen=True)
 class PathConfig:
     name: str
@@ -81,7 +86,7 @@ class SessionConfig:
 
     def datagram_payload(self, path: PathConfig) -> int:
         """Data bytes that one full-size DATA datagram carries on a path."""
-        return min(path.mtu - IP_UDP_OVERHEAD - HEADER_LEN - self.tag_bytes - DATA_OVERHEAD, 0xFFFF)
+        return datagram_payload(path, self.tag_bytes)
 
     def initial_window_core_packets(self, path: PathConfig) -> int:
         """``initial_cwnd_packets`` (full-size datagrams) in core packets, which controllers count.
