@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -161,12 +160,10 @@ async def send(spec: dict[str, Any]) -> None:
           "verdicts": verdicts,
           "slices": [{"src": None, "offset": o, "length": n, "sha256": d.hex()}
                      for (o, n), d in zip(slices, digests, strict=True)],
-          "paths": [{"name": p.name, "payload_bytes": p.stats.payload_bytes,
-                     "retransmitted_bytes": p.stats.retransmitted_bytes,
-                     "srtt_s": p.rtt.smoothed_s if p.rtt.has_sample else None,
-                     "state": p.state.value, "packets_lost": p.stats.packets_lost,
-                     "hedged_bytes": p.stats.hedged_bytes}
-                    for p in endpoint.session.paths],
+          "paths": [{"name": p.name, "payload_bytes": p.payload_bytes,
+                     "retransmitted_bytes": p.retransmitted_bytes, "srtt_s": p.srtt_s,
+                     "state": p.state, "packets_lost": p.packets_lost, "hedged_bytes": p.hedged_bytes}
+                    for p in endpoint.session.stats().paths],
           "timeline": sampler.timeline, "diag": diagnostics(endpoint)})
     await endpoint.close()
 
@@ -181,23 +178,20 @@ def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
     pacer = getattr(endpoint.datapath, "pacer", None)
     if pacer is not None and not pacer.closed:
         out["pacer"] = [dataclasses.asdict(stats) for stats in pacer.stats()]
-    out["paths"] = [{"packets_sent": p.stats.packets_sent, "packets_lost": p.stats.packets_lost,
-                     "spurious_losses": p.stats.spurious_losses, "failures": p.stats.failures,
+    out["paths"] = [{"packets_sent": p.packets_sent, "packets_lost": p.packets_lost,
+                     "spurious_losses": p.spurious_losses, "failures": p.failures,
                      "reorder_threshold": p.reorder_threshold, "time_threshold": p.time_threshold,
-                     "min_rtt_s": p.rtt.min_s, "bandwidth_bps": p.bandwidth_bps,
-                     "pacing_rate_bps": p.cc.pacing_rate_bps, "cwnd_bytes": p.cc.cwnd_bytes,
-                     "cc_state": p.cc.state, "srtt_s": p.rtt.smoothed_s if p.rtt.has_sample else None,
-                     **_bbr_model(p.cc)}
-                    for p in endpoint.session.paths]
+                     "min_rtt_s": p.min_rtt_s, "bandwidth_bps": p.bandwidth_bps,
+                     "pacing_rate_bps": p.pacing_rate_bps, "cwnd_bytes": p.cwnd_bytes,
+                     "cc_state": p.cc_state, "srtt_s": p.srtt_s,
+                     **_rate_model(p.cc_metrics)}
+                    for p in endpoint.session.stats().paths]
     return out
 
 
-def _bbr_model(cc: object) -> dict[str, float | None]:
-    """BBR's unclipped estimate and its congestion cap (None: no cap), when the path runs BBR."""
-    if not hasattr(cc, "max_bw_bps"):
-        return {}
-    cap = cc.bw_cap_bps  # type: ignore[attr-defined]
-    return {"max_bw_bps": cc.max_bw_bps, "bw_cap_bps": cap if math.isfinite(cap) else None}
+def _rate_model(figures: Mapping[str, float]) -> dict[str, float | None]:
+    """A rate model's unclipped estimate and its congestion cap (None: none, or no such model)."""
+    return {"max_bw_bps": figures.get("max_bw_bps"), "bw_cap_bps": figures.get("bw_cap_bps")}
 
 
 def udp_counters() -> dict[str, int]:
@@ -218,7 +212,7 @@ class Sampler:
     def __init__(self, endpoint: Endpoint, t0: float) -> None:
         self.endpoint = endpoint
         self.t0 = t0
-        self.last = {p.name: 0 for p in endpoint.session.paths}
+        self.last = {p.name: 0 for p in endpoint.session.stats().paths}
         self.timeline: list[dict[str, Any]] = []
 
     async def run(self) -> None:
@@ -228,11 +222,11 @@ class Sampler:
 
     def record(self) -> None:
         now = round(self.endpoint.clock() - self.t0, 4)
-        for p in self.endpoint.session.paths:
-            delta = p.stats.payload_bytes - self.last[p.name]
+        for p in self.endpoint.session.stats().paths:
+            delta = p.payload_bytes - self.last[p.name]
             if delta:
                 self.timeline.append({"t_s": now, "path": p.name, "bytes": delta})
-                self.last[p.name] = p.stats.payload_bytes
+                self.last[p.name] = p.payload_bytes
 
 
 def main(argv: list[str]) -> int:

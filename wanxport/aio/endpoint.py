@@ -347,8 +347,8 @@ class Endpoint:
             self._on_event(event)
         transmits = session.poll_transmit(now)
         if transmits:
-            for path_id, path in enumerate(session.paths):
-                self.datapath.set_rate(path_id, path.cc.pacing_rate_bps / 8 * self._wire_factor[path_id])
+            for path_id, rate_bps in enumerate(session.pacing_rates_bps()):
+                self.datapath.set_rate(path_id, rate_bps / 8 * self._wire_factor[path_id])
             plans = plan_transmits(transmits, self._numbering, self._segments, self._shard_buffer)
             self.datapath.send(plans)
         if self.datapath.backlogged and self._retry is None:

@@ -224,18 +224,17 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
               and received["bytes"] == spec.size)
     pacer_stats = endpoint.datapath.pacer.stats() if spec.datapath == "native" else None
     paths = []
-    for i, path in enumerate(session.paths):
-        extra: dict[str, Any] = {"packets_lost": path.stats.packets_lost,
-                                 "spurious_losses": path.stats.spurious_losses,
-                                 "pacing_rate_bps": round(path.cc.pacing_rate_bps),
-                                 "cwnd_bytes": path.cc.cwnd_bytes, "min_rtt_s": path.rtt.min_s,
-                                 "cc_state": path.cc.state}
+    for i, path in enumerate(session.stats().paths):
+        extra: dict[str, Any] = {"packets_lost": path.packets_lost,
+                                 "spurious_losses": path.spurious_losses,
+                                 "pacing_rate_bps": round(path.pacing_rate_bps),
+                                 "cwnd_bytes": path.cwnd_bytes, "min_rtt_s": path.min_rtt_s,
+                                 "cc_state": path.cc_state}
         if pacer_stats is not None:
             extra.update(datagrams_sent=pacer_stats[i].sent_datagrams, gso_sends=pacer_stats[i].gso_sends,
                          send_eagain=pacer_stats[i].eagain)
-        paths.append(PathReport(path.name, path.stats.payload_bytes, path.stats.retransmitted_bytes,
-                                path.rtt.smoothed_s if path.rtt.has_sample else None, path.state.value,
-                                extra))
+        paths.append(PathReport(path.name, path.payload_bytes, path.retransmitted_bytes, path.srtt_s,
+                                path.state, extra))
     return build_report(
         scenario=f"loopback-{spec.paths}x{spec.mtu}", mode="loopback", transport="wanxport",
         payload_bytes=spec.size, completion_s=received["done_at"] - sent["started"], ideal_s=None,

@@ -1,179 +1,311 @@
 """Per-path acknowledgement processing and loss detection (RFC 9002 style).
 
-Losses are detected per path with a packet threshold and a time threshold,
-both of which widen when a loss turns out to be spurious (the packet was only
+The :class:`LossDetector` of a path is the only owner of its sent-packet map:
+packets enter it when sent and leave it when acknowledged, declared lost or
+(probes) forgotten, and every question about what is outstanding goes through
+it. That is what lets bytes in flight, the PTO and the loss timer stay
+consistent without anyone else knowing how packets are stored.
+
+Losses are detected with a packet threshold and a time threshold, both of
+which widen when a loss turns out to be spurious (the packet was only
 reordered), so paths with jitter-induced reordering do not retransmit in
 vain. What was lost is handed back to the session, which re-sends it on
-whichever path delivers first.
+whichever path delivers first. The detector feeds the path's RTT estimator,
+delivery-rate estimator and congestion controller (it holds references to
+them; it does not own them), because those react to exactly the
+acknowledgements and losses it computes.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import OrderedDict
+from collections.abc import Iterator
 
-from wanxport.core.paths import Path
-from wanxport.core.sent_packets import SentPacket
+from wanxport.core.cc import CongestionController
+from wanxport.core.delivery_rate import DeliveryRateEstimator, RateSample
+from wanxport.core.ranges import RangeSet
+from wanxport.core.rtt import RttEstimator
+from wanxport.core.sent_packets import Chunk, SentPacket
 
 GRANULARITY_S = 0.001
 MAX_REORDER_THRESHOLD = 1024
 SPURIOUS_MEMORY_S = 0.25  # remember losses at least this long (and 3 smoothed RTTs)
+MAX_PTO_BACKOFF_EXPONENT = 6
+INITIAL_REORDER_THRESHOLD = 3
+INITIAL_TIME_THRESHOLD = 9 / 8
 
 
-def on_packet_sent(path: Path, packet: SentPacket) -> None:
-    path.sent[packet.pn] = packet
-    if packet.in_flight:
-        path.cc.on_packet_sent(packet.sent_at, packet.size, path.bytes_in_flight)
-        path.bytes_in_flight += packet.size
-    path.stats.packets_sent += 1
-    path.stats.bytes_sent += packet.size
+class LossDetector:
+    """The sent packets of one path: acknowledgement, loss, PTO and in-flight accounting."""
 
+    __slots__ = ("rtt", "rate", "cc", "next_pn", "_sent", "bytes_in_flight", "largest_acked",
+                 "last_ack_at", "pto_count", "reorder_threshold", "time_threshold",
+                 "_recently_lost", "_recently_lost_pns", "packets_sent", "bytes_sent",
+                 "packets_lost", "spurious_losses")
 
-def on_ack(path: Path, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float
-           ) -> tuple[list[SentPacket], list[SentPacket]]:
-    """Apply an ACK frame's ranges; return (newly acknowledged, newly lost) packets."""
-    sent = path.sent
-    acked: list[SentPacket] = []
-    lowest = next(iter(sent), path.next_pn)
-    top = path.next_pn - 1
-    for lo, hi in ranges:
-        hi = min(hi, top)
-        if hi < lowest:
-            break  # ranges are highest first: nothing below can be outstanding
-        for pn in range(max(lo, lowest), hi + 1):
-            packet = sent.pop(pn, None)
-            if packet is not None:
-                acked.append(packet)
-    if path.recently_lost:
-        _forget_old_losses(path, now)  # without new losses nothing else would prune them
-        if path.recently_lost:
-            _check_spurious(path, ranges)
-    if not acked:
-        return acked, []
-    acked.reverse()  # ascending packet numbers
-    largest = acked[-1]
-    path.last_ack_at = now
-    path.pto_count = 0
-    if largest.pn > path.largest_acked:
-        path.largest_acked = largest.pn
-        if largest.ack_eliciting:
-            path.rtt.update(now - largest.sent_at, ack_delay_s, now)
-    acked_bytes = 0
-    rate = path.rate
-    for packet in acked:
+    def __init__(self, rtt: RttEstimator, rate: DeliveryRateEstimator, cc: CongestionController) -> None:
+        self.rtt = rtt
+        self.rate = rate
+        self.cc = cc
+        self.next_pn = 0  # packet numbers are per path and never reused
+        # Packet-number order; an OrderedDict finds its oldest entry in O(1) even after
+        # many removals at the front, which a plain dict does not.
+        self._sent: OrderedDict[int, SentPacket] = OrderedDict()
+        self.bytes_in_flight = 0
+        self.largest_acked = -1
+        self.last_ack_at = 0.0
+        self.pto_count = 0
+        self.reorder_threshold = INITIAL_REORDER_THRESHOLD
+        self.time_threshold = INITIAL_TIME_THRESHOLD
+        # pn -> declared-lost time (spurious detection); ordered, so forgetting the oldest is O(1)
+        self._recently_lost: OrderedDict[int, float] = OrderedDict()
+        self._recently_lost_pns: list[int] = []  # the same packet numbers, sorted (for ranges)
+        self.packets_sent = 0
+        self.bytes_sent = 0
+        self.packets_lost = 0
+        self.spurious_losses = 0
+
+    # -- sending -----------------------------------------------------------------
+
+    def take_pn(self) -> int:
+        pn = self.next_pn
+        self.next_pn += 1
+        return pn
+
+    def on_packet_sent(self, packet: SentPacket) -> None:
+        self._sent[packet.pn] = packet
         if packet.in_flight:
-            path.bytes_in_flight -= packet.size
-            acked_bytes += packet.size
-            if packet.rate_state is not None:
-                rate.on_packet_acked(packet.rate_state, packet.size - packet.credited, now)
-    sample = rate.generate_sample(now, path.rtt.min_s)
-    if sample is not None and not sample.is_app_limited:
-        path.note_bandwidth(sample.delivery_rate_bps, now)
-    elif sample is not None and sample.delivery_rate_bps > path.bandwidth_bps:
-        path.note_bandwidth(sample.delivery_rate_bps, now)
-    path.cc.on_ack(now, acked_bytes, path.rtt, sample, path.bytes_in_flight)
-    lost = detect_losses(path, now)
-    return acked, lost
+            self.cc.on_packet_sent(packet.sent_at, packet.size, self.bytes_in_flight)
+            self.bytes_in_flight += packet.size
+        self.packets_sent += 1
+        self.bytes_sent += packet.size
 
+    # -- what is outstanding -------------------------------------------------------
 
-def _check_spurious(path: Path, ranges: tuple[tuple[int, int], ...]) -> None:
-    """A packet we declared lost was delivered after all (reordering): widen both thresholds.
+    def outstanding_chunks(self) -> Iterator[tuple[float, Chunk]]:
+        """(sent_at, chunk) of every data chunk outstanding, in packet-number order."""
+        for packet in self._sent.values():
+            if packet.chunks:
+                for chunk in packet.chunks:
+                    yield packet.sent_at, chunk
 
-    The remembered losses are also kept sorted by packet number, so each ACK
-    range finds the ones it covers by bisection instead of every remembered
-    loss being tested against every ACK.
-    """
-    pns = path.recently_lost_pns
-    delivered: list[int] = []
-    for lo, hi in ranges:
-        i = bisect_left(pns, lo)
-        while i < len(pns) and pns[i] <= hi:
-            delivered.append(pns[i])
-            i += 1
-    for pn in delivered:
-        _forget_loss(path, pn)
-        path.stats.spurious_losses += 1
-        gap = path.largest_acked - pn + 1
-        path.reorder_threshold = min(max(path.reorder_threshold, gap), MAX_REORDER_THRESHOLD)
-        path.time_threshold = min(path.time_threshold * 1.25, 4.0)
+    def oldest_of_interest(self) -> int | None:
+        """The lowest packet number an ACK can still tell us about, or None.
 
+        Below it every packet is acknowledged or declared lost and forgotten;
+        a remembered loss counts, since a late delivery proves it spurious.
+        """
+        oldest = next(iter(self._sent), None)
+        pns = self._recently_lost_pns
+        if pns and (oldest is None or pns[0] < oldest):
+            oldest = pns[0]
+        return oldest
 
-def _forget_loss(path: Path, pn: int) -> None:
-    del path.recently_lost[pn]
-    pns = path.recently_lost_pns
-    del pns[bisect_left(pns, pn)]
+    def forget_probes_before(self, horizon: float) -> None:
+        """Drop the probes (not in flight, nothing to re-send) sent before ``horizon``.
 
+        Their answers would no longer readmit the path; dropping them keeps a
+        long outage from accumulating one entry per probe interval.
+        """
+        for pn in [pn for pn, p in self._sent.items() if not p.in_flight and p.sent_at < horizon]:
+            del self._sent[pn]
 
-def loss_delay_s(path: Path) -> float:
-    return max(path.time_threshold * max(path.rtt.smoothed_s, path.rtt.latest_s), GRANULARITY_S)
+    def confirm_part(self, pn: int, start: int, end: int, now: float) -> Chunk | None:
+        """``[start, end)`` of the one chunk outstanding packet ``pn`` carries reached the peer.
 
-
-def detect_losses(path: Path, now: float) -> list[SentPacket]:
-    """Declare lost every packet below the largest acknowledged that is too old or too far behind."""
-    largest = path.largest_acked
-    if largest < 0:
-        return []
-    delay = loss_delay_s(path)
-    cutoff_pn = largest - path.reorder_threshold
-    lost: list[SentPacket] = []
-    for pn, packet in path.sent.items():
-        if pn >= largest:
-            break
-        # Same expression as loss_deadline(), so a timer firing at that deadline always
-        # finds the packet lost (now - delay could round the other way).
-        if pn <= cutoff_pn or packet.sent_at + delay <= now:
-            lost.append(packet)
-        else:
-            break  # later packets are newer and closer to the largest acknowledged
-    if lost:
-        _remove_lost(path, lost, now)
-    return lost
-
-
-def loss_deadline(path: Path) -> float | None:
-    """When the oldest outstanding packet below the largest acknowledged would time out."""
-    for pn, packet in path.sent.items():
-        if pn >= path.largest_acked:
+        Credits the newly confirmed share of the packet to the delivery rate
+        and returns that part as a chunk, or None when there is nothing new
+        (packet not outstanding, not carrying exactly one chunk, span empty or
+        already confirmed).
+        """
+        packet = self._sent.get(pn)
+        if packet is None or packet.chunks is None or len(packet.chunks) != 1:
             return None
-        return packet.sent_at + loss_delay_s(path)
-    return None
+        shard_id, offset, length = packet.chunks[0]
+        start, end = max(start, 0), min(end, length)
+        if start >= end:
+            return None
+        if packet.confirmed is None:
+            packet.confirmed = RangeSet()
+        if not packet.confirmed.add(start, end):
+            return None
+        credit = packet.size * packet.confirmed.total // length - packet.credited  # no rounding drift
+        packet.credited += credit
+        if packet.in_flight and packet.rate_state is not None:
+            self.rate.on_bytes_delivered(credit, now)
+        return shard_id, offset + start, end - start
 
+    # -- acknowledgements ------------------------------------------------------------
 
-def declare_all_lost(path: Path, now: float) -> list[SentPacket]:
-    """The path is suspected dead: everything in flight goes back to the session.
+    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float
+               ) -> tuple[list[SentPacket], list[SentPacket], RateSample | None]:
+        """Apply an ACK frame's ranges; return (newly acknowledged, newly lost, rate sample)."""
+        sent = self._sent
+        acked: list[SentPacket] = []
+        lowest = next(iter(sent), self.next_pn)
+        top = self.next_pn - 1
+        for lo, hi in ranges:
+            hi = min(hi, top)
+            if hi < lowest:
+                break  # ranges are highest first: nothing below can be outstanding
+            for pn in range(max(lo, lowest), hi + 1):
+                packet = sent.pop(pn, None)
+                if packet is not None:
+                    acked.append(packet)
+        if self._recently_lost:
+            self._forget_old_losses(now)  # without new losses nothing else would prune them
+            if self._recently_lost:
+                self._check_spurious(ranges)
+        if not acked:
+            return acked, [], None
+        acked.reverse()  # ascending packet numbers
+        largest = acked[-1]
+        self.last_ack_at = now
+        self.pto_count = 0
+        if largest.pn > self.largest_acked:
+            self.largest_acked = largest.pn
+            if largest.ack_eliciting:
+                self.rtt.update(now - largest.sent_at, ack_delay_s, now)
+        acked_bytes = 0
+        rate = self.rate
+        for packet in acked:
+            if packet.in_flight:
+                self.bytes_in_flight -= packet.size
+                acked_bytes += packet.size
+                if packet.rate_state is not None:
+                    rate.on_packet_acked(packet.rate_state, packet.size - packet.credited, now)
+        sample = rate.generate_sample(now, self.rtt.min_s)
+        self.cc.on_ack(now, acked_bytes, self.rtt, sample, self.bytes_in_flight)
+        lost = self.detect_losses(now)
+        return acked, lost, sample
 
-    Probes (not in flight, nothing to re-send) stay: the session keeps the last
-    few, and an answer to any of them readmits the path.
-    """
-    lost = [packet for packet in path.sent.values() if packet.in_flight]
-    if lost:
-        _remove_lost(path, lost, now)
-    return lost
+    def _check_spurious(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        """A packet we declared lost was delivered after all (reordering): widen both thresholds.
 
+        The remembered losses are also kept sorted by packet number, so each ACK
+        range finds the ones it covers by bisection instead of every remembered
+        loss being tested against every ACK.
+        """
+        pns = self._recently_lost_pns
+        delivered: list[int] = []
+        for lo, hi in ranges:
+            i = bisect_left(pns, lo)
+            while i < len(pns) and pns[i] <= hi:
+                delivered.append(pns[i])
+                i += 1
+        for pn in delivered:
+            self._forget_loss(pn)
+            self.spurious_losses += 1
+            gap = self.largest_acked - pn + 1
+            self.reorder_threshold = min(max(self.reorder_threshold, gap), MAX_REORDER_THRESHOLD)
+            self.time_threshold = min(self.time_threshold * 1.25, 4.0)
 
-def _remove_lost(path: Path, lost: list[SentPacket], now: float) -> None:
-    lost_bytes = 0
-    newest_sent = 0.0
-    for packet in lost:
-        del path.sent[packet.pn]
-        if packet.in_flight:
-            path.bytes_in_flight -= packet.size
-            lost_bytes += packet.size
-        newest_sent = max(newest_sent, packet.sent_at)
-        if packet.pn not in path.recently_lost:
-            insort(path.recently_lost_pns, packet.pn)
-        path.recently_lost[packet.pn] = now
-    path.stats.packets_lost += len(lost)
-    _forget_old_losses(path, now)
-    if lost_bytes:
-        path.cc.on_loss(now, lost_bytes, path.bytes_in_flight, newest_sent, path.rtt)
+    def _forget_loss(self, pn: int) -> None:
+        del self._recently_lost[pn]
+        pns = self._recently_lost_pns
+        del pns[bisect_left(pns, pn)]
 
+    # -- loss --------------------------------------------------------------------------
 
-def _forget_old_losses(path: Path, now: float) -> None:
-    horizon = now - max(SPURIOUS_MEMORY_S, 3 * path.rtt.smoothed_s)
-    stale: list[int] = []
-    for pn, at in path.recently_lost.items():  # insertion order is time order
-        if at >= horizon and len(path.recently_lost) - len(stale) <= 4096:
-            break
-        stale.append(pn)
-    for pn in stale:
-        _forget_loss(path, pn)
+    def loss_delay_s(self) -> float:
+        return max(self.time_threshold * max(self.rtt.smoothed_s, self.rtt.latest_s), GRANULARITY_S)
+
+    def detect_losses(self, now: float) -> list[SentPacket]:
+        """Declare lost every packet below the largest acknowledged that is too old or too far behind."""
+        largest = self.largest_acked
+        if largest < 0:
+            return []
+        delay = self.loss_delay_s()
+        cutoff_pn = largest - self.reorder_threshold
+        lost: list[SentPacket] = []
+        for pn, packet in self._sent.items():
+            if pn >= largest:
+                break
+            # Same expression as loss_deadline(), so a timer firing at that deadline always
+            # finds the packet lost (now - delay could round the other way).
+            if pn <= cutoff_pn or packet.sent_at + delay <= now:
+                lost.append(packet)
+            else:
+                break  # later packets are newer and closer to the largest acknowledged
+        if lost:
+            self._remove_lost(lost, now)
+        return lost
+
+    def loss_deadline(self) -> float | None:
+        """When the oldest outstanding packet below the largest acknowledged would time out."""
+        for pn, packet in self._sent.items():
+            if pn >= self.largest_acked:
+                return None
+            return packet.sent_at + self.loss_delay_s()
+        return None
+
+    def declare_all_lost(self, now: float) -> list[SentPacket]:
+        """The path is suspected dead: everything in flight goes back to the session.
+
+        Probes (not in flight, nothing to re-send) stay: the session keeps the last
+        few, and an answer to any of them readmits the path.
+        """
+        lost = [packet for packet in self._sent.values() if packet.in_flight]
+        if lost:
+            self._remove_lost(lost, now)
+        return lost
+
+    def _remove_lost(self, lost: list[SentPacket], now: float) -> None:
+        lost_bytes = 0
+        newest_sent = 0.0
+        for packet in lost:
+            del self._sent[packet.pn]
+            if packet.in_flight:
+                self.bytes_in_flight -= packet.size
+                lost_bytes += packet.size
+            newest_sent = max(newest_sent, packet.sent_at)
+            if packet.pn not in self._recently_lost:
+                insort(self._recently_lost_pns, packet.pn)
+            self._recently_lost[packet.pn] = now
+        self.packets_lost += len(lost)
+        self._forget_old_losses(now)
+        if lost_bytes:
+            self.cc.on_loss(now, lost_bytes, self.bytes_in_flight, newest_sent, self.rtt)
+
+    def _forget_old_losses(self, now: float) -> None:
+        horizon = now - max(SPURIOUS_MEMORY_S, 3 * self.rtt.smoothed_s)
+        stale: list[int] = []
+        for pn, at in self._recently_lost.items():  # insertion order is time order
+            if at >= horizon and len(self._recently_lost) - len(stale) <= 4096:
+                break
+            stale.append(pn)
+        for pn in stale:
+            self._forget_loss(pn)
+
+    # -- probe timeout -------------------------------------------------------------------
+
+    def on_pto(self) -> None:
+        """A probe timeout (or an unanswered probe interval) passed: back the next one off."""
+        self.pto_count += 1
+
+    def pto_s(self, max_ack_delay_s: float) -> float:
+        return self.rtt.pto_s(max_ack_delay_s) * float(1 << min(self.pto_count, MAX_PTO_BACKOFF_EXPONENT))
+
+    def pto_deadline(self, max_ack_delay_s: float) -> float | None:
+        if self.bytes_in_flight <= 0:
+            return None
+        return max(self.last_ack_at, self._oldest_sent_at()) + self.pto_s(max_ack_delay_s)
+
+    def _oldest_sent_at(self) -> float:
+        for packet in self._sent.values():
+            return packet.sent_at
+        return 0.0
+
+    # -- inspection (tests, invariant checks) ----------------------------------------------
+
+    def outstanding(self) -> list[SentPacket]:
+        """A copy of the outstanding packets in packet-number order (for tests and checks)."""
+        return list(self._sent.values())
+
+    def is_outstanding(self, pn: int) -> bool:
+        return pn in self._sent
+
+    def remembered_losses(self) -> list[int]:
+        """Packet numbers declared lost and still remembered for spurious-loss detection, ascending."""
+        return list(self._recently_lost_pns)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wanxport.core import recovery
 from wanxport.core.cc import CongestionController, create_congestion_control
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
@@ -30,13 +29,14 @@ from wanxport.core.events import (
     ShardReceived,
 )
 from wanxport.core.flow import ReceiveBudget, SendCredit
+from wanxport.core.health import HealthEvent, PathState
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
-from wanxport.core.paths import Path, PathState
-from wanxport.core.ranges import RangeSet
+from wanxport.core.paths import Path
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
+from wanxport.core.stats import SessionStats, path_stats
 from wanxport.wire.frames import (
     AckFrame,
     CloseFrame,
@@ -102,6 +102,10 @@ class Session:
         self._cutoff_stale = True
         self._touched: set[int] = set()
         self._needs_ack: set[int] = set()  # paths with an ACK or path control frames to send
+        # Totals for stats(): shards (and their bytes) submitted, acknowledged by the peer, received.
+        self._shards_submitted = self._bytes_submitted = 0
+        self._shards_acknowledged = 0
+        self._shards_received = self._bytes_received = 0
 
     @staticmethod
     def _make_cc(config: SessionConfig, index: int) -> CongestionController:
@@ -135,6 +139,8 @@ class Session:
             digest = sha256(view) if view is not None else bytes(32)
         shard = OutgoingShard(shard_id, length, view, digest, meta, submitted_at=now)
         self.outgoing.submit(shard)
+        self._shards_submitted += 1
+        self._bytes_submitted += length
         self._dirty.update(range(len(self.paths)))
 
     @property
@@ -144,6 +150,29 @@ class Session:
     def events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+    def stats(self) -> SessionStats:
+        """A frozen snapshot of the session's and every path's figures (safe from another thread)."""
+        return SessionStats(
+            shards_submitted=self._shards_submitted,
+            shards_acknowledged=self._shards_acknowledged,
+            shards_received=self._shards_received,
+            bytes_submitted=self._bytes_submitted,
+            acked_bytes=sum(shard.acked.total for shard in list(self.outgoing.shards.values())),
+            bytes_received=self._bytes_received,
+            receiving_bytes=sum(shard.received.total for shard in list(self.incoming.shards.values())),
+            data_dropped=self.data_dropped,
+            hedged_bytes=self.hedged_bytes,
+            paths=tuple(path_stats(path) for path in self.paths),
+        )
+
+    def pacing_rates_bps(self) -> list[float]:
+        """Each path's pacing rate, bits/s, in path order: what a driver's pacer should follow.
+
+        Cheaper than :meth:`stats` for a driver that re-reads the rates after
+        every batch of transmits.
+        """
+        return [path.cc.pacing_rate_bps for path in self.paths]
 
     def close(self, now: float, code: int = 0, reason: str = "") -> None:
         """Tell the peer we are done (best effort) and stop."""
@@ -177,9 +206,9 @@ class Session:
         if not accept:
             self._flush_timers()
             return  # not acknowledged: the sender will re-send it once the shard is open
-        path.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
-                                self.config.max_ack_delay_s)
-        if path.ack_now:
+        path.acks.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
+                                     self.config.max_ack_delay_s)
+        if path.acks.ack_now:
             self._needs_ack.add(path_id)  # otherwise the ack timer (ack_at) will add it
         self._touch(path)
         self._flush_timers()
@@ -199,14 +228,7 @@ class Session:
             return
         last = first_pn + count - 1
         if count > 1:
-            path = self.paths[path_id]
-            if first_pn != path.recv_largest + 1:
-                path.ack_now = True  # a gap before the run: tell the sender promptly
-            path.recv_pns.add(first_pn, last)
-            if last - 1 > path.recv_largest:
-                path.recv_largest = last - 1
-                path.recv_largest_at = now
-            path.unacked_eliciting += count - 1
+            self.paths[path_id].acks.on_run_received(first_pn, last, now)
         self.receive_packet(path_id, last, [DataFrame(shard_id, offset, length, None)], now)
 
     def _on_data(self, frame: DataFrame, now: float) -> bool:
@@ -250,6 +272,8 @@ class Session:
         """A checked shard goes to the application, its verdict and our credit to the peer."""
         self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
                                           shard.verified is True, now))
+        self._shards_received += 1
+        self._bytes_received += shard.size
         self._control.append(ShardDoneFrame(shard.shard_id, status))
         self._control.append(CreditFrame(self.incoming.budget.limit))
 
@@ -259,6 +283,7 @@ class Session:
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:
+                self._shards_acknowledged += 1
                 self._events.append(ShardAcknowledged(shard.shard_id, frame.status == 0, now))
         elif isinstance(frame, CreditFrame):
             self.outgoing.credit.update(frame.max_bytes)
@@ -284,7 +309,7 @@ class Session:
             return
         path = self.paths[frame.path_id]
         delay = min(frame.ack_delay_us / 1e6, self.config.max_ack_delay_s)
-        acked, lost = recovery.on_ack(path, frame.ranges, delay, now)
+        acked, lost = path.on_ack(frame.ranges, delay, now)
         if acked:
             for packet in acked:
                 if packet.chunks:
@@ -304,11 +329,7 @@ class Session:
         """
         if not 0 <= path_id < len(self.paths):
             return None
-        path = self.paths[path_id]
-        oldest = next(iter(path.sent), None)
-        if path.recently_lost_pns and (oldest is None or path.recently_lost_pns[0] < oldest):
-            oldest = path.recently_lost_pns[0]  # a late delivery proves the loss spurious
-        return oldest
+        return self.paths[path_id].loss.oldest_of_interest()
 
     def confirm_part(self, path_id: int, packet_number: int, start: int, end: int, now: float) -> None:
         """``[start, end)`` of the data an outstanding packet carries reached the peer.
@@ -320,24 +341,9 @@ class Session:
         """
         if not 0 <= path_id < len(self.paths):
             return
-        path = self.paths[path_id]
-        packet = path.sent.get(packet_number)
-        if packet is None or packet.chunks is None or len(packet.chunks) != 1:
-            return
-        shard_id, offset, length = packet.chunks[0]
-        start, end = max(start, 0), min(end, length)
-        if start >= end:
-            return
-        if packet.confirmed is None:
-            packet.confirmed = RangeSet()
-        if not packet.confirmed.add(start, end):
-            return
-        credit = packet.size * packet.confirmed.total // length - packet.credited  # no rounding drift
-        packet.credited += credit
-        if packet.in_flight and packet.rate_state is not None:
-            path.rate.on_bytes_delivered(credit, now)
-        if shard_id in self.outgoing.shards:
-            self.outgoing.on_acked([(shard_id, offset + start, end - start)])
+        part = self.paths[path_id].loss.confirm_part(packet_number, start, end, now)
+        if part is not None and part[0] in self.outgoing.shards:
+            self.outgoing.on_acked([part])
 
     # -- send ----------------------------------------------------------------
 
@@ -347,7 +353,7 @@ class Session:
         if self._needs_ack:
             for path_id in sorted(self._needs_ack):
                 path = self.paths[path_id]
-                if path.ack_now or path.pending_control or (path.ack_at is not None and path.ack_at <= now):
+                if path.acks.ack_due(now) or path.pending_control:
                     self._emit_path_control(path, now, out)
             self._needs_ack.clear()  # an ACK not yet due has its ack timer
         if self._control:
@@ -361,16 +367,17 @@ class Session:
 
     def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
         frames: list[Frame] = []
-        if path.recv_largest >= 0 and (path.unacked_eliciting or path.ack_now):
+        acks = path.acks
+        if acks.has_unacked:
             departs = max(now, path.last_departure_at)  # behind data already handed out
-            delay_us = int(max(0.0, departs - path.recv_largest_at) * 1e6)
-            frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), path.ack_ranges()))
-            path.ack_sent()
+            delay_us = int(max(0.0, departs - acks.largest_at) * 1e6)
+            frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), acks.ack_ranges()))
+            acks.ack_sent()
         frames.extend(path.pending_control)
         # A probe must be acknowledged (that readmits the path); a probe answer need not.
         eliciting = any(isinstance(frame, ProbeFrame) for frame in path.pending_control)
         path.pending_control = []
-        path.ack_now = False
+        acks.ack_now = False
         if frames:
             self._send(path, frames, now, now, out, in_flight=False, eliciting=eliciting)
 
@@ -504,12 +511,12 @@ class Session:
             frames: list[Frame] = [DataFrame(shard_id, offset, length, view)]
             not_before = max(now, path.next_send_at)
             self._send(path, frames, now, not_before, out, chunks=[chunk])
-            stats = path.stats
-            stats.payload_bytes += length
+            counters = path.payload
+            counters.payload_bytes += length
             if retransmission:
-                stats.retransmitted_bytes += length
+                counters.retransmitted_bytes += length
             elif picked is None:
-                stats.hedged_bytes += length
+                counters.hedged_bytes += length
             # Pace by the whole datagram, DATA frame header included: the delivery-rate
             # samples count the same bytes, so gain 1.0 is exactly the measured rate.
             # Leaving the frame header out paced ~1 % above it: a queue crept up
@@ -526,12 +533,12 @@ class Session:
         if not_before < path.last_departure_at:
             not_before = path.last_departure_at
         path.last_departure_at = not_before
-        pn = path.take_pn()
+        pn = path.loss.take_pn()
         size = self.config.packet_overhead() + sum(f.wire_size for f in frames)
         if in_flight or eliciting:
             rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
-            recovery.on_packet_sent(path, SentPacket(pn, not_before, size, chunks, control,
-                                                     eliciting, in_flight, rate_state))
+            path.loss.on_packet_sent(SentPacket(pn, not_before, size, chunks, control,
+                                                eliciting, in_flight, rate_state))
         out.append(Transmit(path.path_id, pn, frames, size, not_before))
         self._touch(path)
 
@@ -561,11 +568,9 @@ class Session:
         """Outstanding chunks ordered so the one expected latest is hedged first."""
         items: list[tuple[float, Chunk, int]] = []
         for path in self.paths:
-            for packet in path.sent.values():
-                if packet.chunks:
-                    for chunk in packet.chunks:
-                        if (chunk[0], chunk[1]) not in self._hedged:
-                            items.append((packet.sent_at + path.one_way_s, chunk, path.path_id))
+            for sent_at, chunk in path.loss.outstanding_chunks():
+                if (chunk[0], chunk[1]) not in self._hedged:
+                    items.append((sent_at + path.one_way_s, chunk, path.path_id))
         items.sort(key=lambda item: item[0])
         self._hedge_queue = items
         self._hedge_built_at = now
@@ -581,41 +586,42 @@ class Session:
         self._dirty.update(range(len(self.paths)))
         self._cutoff_stale = True
 
-    def _set_state(self, path: Path, state: PathState, now: float) -> None:
-        if state in (PathState.DEGRADED, PathState.FAILED):
-            self._release_stripe(path)
-        if path.state is not state:
-            self._events.append(PathChanged(path.path_id, path.name, path.state.value, state.value, now))
-            path.set_state(state)
+    def _health_event(self, path: Path, event: HealthEvent, now: float) -> None:
+        """Move the path's health state machine; announce a change, and free a suspected path's stripe."""
+        old = path.health.fire(event)
+        new = path.health.state
+        if new is not old:
+            if new in (PathState.DEGRADED, PathState.FAILED):
+                self._release_stripe(path)
+            self._events.append(PathChanged(path.path_id, path.name, old.value, new.value, now))
 
     def _readmit(self, path: Path, now: float) -> None:
-        if path.state is PathState.FAILED:
+        health = path.health
+        if health.state is PathState.FAILED:
             # The answer to a probe carried a fresh RTT sample: resume at the saved rate
             # if it shows the same route, else search from scratch.
-            rate_bps = path.resume_rate_bps()
+            rate_bps = health.resume_rate_bps(path.rtt)
             if rate_bps > 0.0:
                 path.cc.on_path_resume(now, rate_bps)
             else:
                 path.cc.on_path_reset(now)
             path.next_send_at = now
-            self._set_state(path, PathState.PROBING, now)
-        elif path.state is PathState.DEGRADED:
-            self._set_state(path, PathState.ACTIVE, now)
-        elif path.state is PathState.PROBING and not path.cc.in_startup:
-            self._set_state(path, PathState.ACTIVE, now)
-        path.next_probe_at = None
-        path.probe_misses = 0
+            self._health_event(path, HealthEvent.ACK, now)
+        elif health.state is PathState.PROBING and not path.cc.in_startup:
+            self._health_event(path, HealthEvent.STARTUP_DONE, now)
+        else:
+            self._health_event(path, HealthEvent.ACK, now)
+        health.answered()
         self._dirty.add(path.path_id)
 
     def _on_probe_timeout(self, path: Path, now: float) -> None:
         """No acknowledgement for a probe timeout: suspect the path, move its data elsewhere."""
-        path.save_for_resume()  # before the losses below touch the congestion state
-        path.pto_count += 1
-        lost = recovery.declare_all_lost(path, now)
+        path.health.save_for_resume(path.cc, path.rtt)  # before the losses below touch the congestion state
+        path.loss.on_pto()
+        lost = path.loss.declare_all_lost(now)
         if lost:
             self._requeue(lost)
-        if path.state in (PathState.ACTIVE, PathState.PROBING):
-            self._set_state(path, PathState.DEGRADED, now)
+        self._health_event(path, HealthEvent.PTO, now)
         self._send_probe(path, now)
 
     def _send_probe(self, path: Path, now: float) -> None:
@@ -623,11 +629,7 @@ class Session:
         # Not just the latest: a path that returns with a round trip longer than the probe
         # interval (rerouted) answers a probe that would already be forgotten, and the
         # answer to a forgotten probe readmits nothing: the path would never come back.
-        horizon = now - PROBE_MEMORY_S
-        for pn in [pn for pn, p in path.sent.items() if not p.in_flight and p.sent_at < horizon]:
-            del path.sent[pn]
-        path.probe_token += 1
-        self._control_on(path, ProbeFrame(path.probe_token))
+        path.loss.forget_probes_before(now - PROBE_MEMORY_S)
         if path.state is PathState.FAILED:
             # Out of service: probes only watch for its return, and their answers are
             # not awaited, so they may go faster than a round trip.
@@ -635,18 +637,16 @@ class Session:
         else:
             # Suspected: each interval without an answer is a miss (two fail the path),
             # so an answer must have had time to come back.
-            interval = min(path.pto_s(self.config.max_ack_delay_s), self.config.max_probe_interval_s)
-        path.next_probe_at = now + interval
+            interval = min(path.loss.pto_s(self.config.max_ack_delay_s), self.config.max_probe_interval_s)
+        self._control_on(path, ProbeFrame(path.health.next_probe(now + interval)))
 
     def _on_probe_due(self, path: Path, now: float) -> None:
-        path.probe_misses += 1
-        if path.probe_misses >= 2 and path.state is not PathState.FAILED:
-            path.stats.failures += 1
-            self._set_state(path, PathState.FAILED, now)
-        lost = recovery.declare_all_lost(path, now)
+        if path.health.probe_missed():
+            self._health_event(path, HealthEvent.PROBE_MISSES, now)
+        lost = path.loss.declare_all_lost(now)
         if lost:
             self._requeue(lost)
-        path.pto_count += 1
+        path.loss.on_pto()
         self._send_probe(path, now)
 
     # -- timers --------------------------------------------------------------
@@ -663,17 +663,19 @@ class Session:
 
     def _path_deadline(self, path: Path) -> float:
         at = float("inf")
-        if path.ack_at is not None:
-            at = path.ack_at
-        loss = recovery.loss_deadline(path)
+        ack_at = path.acks.ack_at
+        if ack_at is not None:
+            at = ack_at
+        loss = path.loss.loss_deadline()
         if loss is not None and loss < at:
             at = loss
         if path.usable:
-            pto = path.pto_deadline(self.config.max_ack_delay_s)
+            pto = path.loss.pto_deadline(self.config.max_ack_delay_s)
             if pto is not None and pto < at:
                 at = pto
-        if path.next_probe_at is not None and path.next_probe_at < at:
-            at = path.next_probe_at
+        next_probe_at = path.health.next_probe_at
+        if next_probe_at is not None and next_probe_at < at:
+            at = next_probe_at
         if path.pacing_wake is not None and path.pacing_wake < at:
             at = path.pacing_wake
         return at
@@ -688,16 +690,18 @@ class Session:
         self._flush_timers()
 
     def _fire(self, path: Path, now: float) -> None:
-        if path.ack_at is not None and path.ack_at <= now:
-            path.ack_now = True
+        acks = path.acks
+        if acks.ack_at is not None and acks.ack_at <= now:
+            acks.ack_now = True
             self._needs_ack.add(path.path_id)
-        lost = recovery.detect_losses(path, now)
+        lost = path.loss.detect_losses(now)
         if lost:
             self._requeue(lost)
-        pto = path.pto_deadline(self.config.max_ack_delay_s) if path.usable else None
+        pto = path.loss.pto_deadline(self.config.max_ack_delay_s) if path.usable else None
+        next_probe_at = path.health.next_probe_at
         if pto is not None and pto <= now:
             self._on_probe_timeout(path, now)
-        elif path.next_probe_at is not None and path.next_probe_at <= now:
+        elif next_probe_at is not None and next_probe_at <= now:
             self._on_probe_due(path, now)
         path.pacing_wake = None
         self._dirty.add(path.path_id)

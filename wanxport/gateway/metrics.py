@@ -1,11 +1,11 @@
 """Prometheus metrics of a gateway: a collector that reads the live sessions at scrape time.
 
-Nothing here runs per datagram or per packet. The transport already keeps
-the counters and estimators it needs (``PathStats``, the RTT estimator, the
-congestion controller, the data path's drop counters); the collector reads
-them when Prometheus asks, on the HTTP server's thread. Reading Python ints
-and floats there is safe under the GIL; containers the event loop may
-resize are copied with one C-level call (``list(d.values())``) first.
+Nothing here runs per datagram or per packet. The collector takes each
+live session's ``Session.stats()`` snapshot (and the data path's drop
+counters) when Prometheus asks, on the HTTP server's thread; the snapshot is
+built to be safe there under the GIL (containers the event loop may resize
+are copied with one C-level call first), and it is the only view of the
+session's paths and controllers that code outside the core gets.
 
 Counters must never go down, but a session's counters start at zero and
 vanish when it ends. So each counter is exported as the totals of finished
@@ -34,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from wanxport.core.paths import PathState
+from wanxport.core.health import PathState
 
 if TYPE_CHECKING:
     from .listener import GatewayListener
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 DEFAULT_METRICS_PORT = 9464
 Key = tuple[str, ...]  # (metric family name, *label values)
 
-# PathStats attribute -> counter family (``_total`` is added on exposition), help text.
+# core.stats.PathStats attribute -> counter family (``_total`` is added on exposition), help text.
 PATH_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("payload_bytes", "wanxport_path_payload_sent_bytes",
      "Payload bytes sent on the path, retransmissions and hedges included."),
@@ -93,22 +93,21 @@ def parse_metrics_address(text: str) -> tuple[str, int]:
 def _session_counters(session: GatewaySession) -> dict[Key, int]:
     """The counters one session contributes, read now."""
     endpoint = session.endpoint
-    core = endpoint.session
+    snapshot = endpoint.session.stats()
     peer = session.peer_name
     out: dict[Key, int] = {}
-    for path in core.paths:
+    for path in snapshot.paths:
         for attr, family, _ in PATH_COUNTERS:
-            out[(family, peer, path.name)] = int(getattr(path.stats, attr))
+            out[(family, peer, path.name)] = int(getattr(path, attr))
     for name, value in dict(endpoint.datapath.counters).items():
         if name.startswith("rejected_"):
             out[(REJECTED, name.removeprefix("rejected_"))] = int(value)
     out[(REJECTED, "malformed_control")] = endpoint.malformed_controls
     stats = session.stats
-    in_progress = sum(shard.received.total for shard in list(core.incoming.shards.values()))
     out[("wanxport_shards_sent",)] = stats.shards_sent
     out[("wanxport_shards_received",)] = stats.shards_received
-    out[("wanxport_acked_bytes",)] = sum(shard.acked.total for shard in list(core.outgoing.shards.values()))
-    out[("wanxport_received_bytes",)] = stats.bytes_received + in_progress
+    out[("wanxport_acked_bytes",)] = snapshot.acked_bytes
+    out[("wanxport_received_bytes",)] = stats.bytes_received + snapshot.receiving_bytes
     out[("wanxport_key_rotations",)] = session.keys.rotations
     return out
 
@@ -223,20 +222,19 @@ class GatewayMetrics(Collector):
                                 labels=["peer"])
         for session in sessions:
             peer = session.peer_name
-            for path in session.endpoint.session.paths:
+            for path in session.endpoint.session.stats().paths:
                 labels = [peer, path.name]
-                if path.rtt.has_sample:  # before it, the estimator holds a configured guess
-                    families["wanxport_path_srtt_seconds"].add_metric(labels, path.rtt.smoothed_s)
-                    families["wanxport_path_min_rtt_seconds"].add_metric(labels, path.rtt.min_s)
-                families["wanxport_path_cwnd_bytes"].add_metric(labels, path.cc.cwnd_bytes)
+                if path.srtt_s is not None and path.min_rtt_s is not None:  # None before a sample
+                    families["wanxport_path_srtt_seconds"].add_metric(labels, path.srtt_s)
+                    families["wanxport_path_min_rtt_seconds"].add_metric(labels, path.min_rtt_s)
+                families["wanxport_path_cwnd_bytes"].add_metric(labels, path.cwnd_bytes)
                 families["wanxport_path_pacing_rate_bytes_per_second"].add_metric(
-                    labels, path.cc.pacing_rate_bps / 8)
+                    labels, path.pacing_rate_bps / 8)
                 families["wanxport_path_bandwidth_estimate_bytes_per_second"].add_metric(
                     labels, path.bandwidth_bps / 8)
                 families["wanxport_path_in_flight_bytes"].add_metric(labels, path.bytes_in_flight)
-                current = path.state
                 for value in PathState:
-                    state.add_metric([*labels, value.value], 1.0 if value is current else 0.0)
+                    state.add_metric([*labels, value.value], 1.0 if value.value == path.state else 0.0)
             keys = session.keys
             endpoint = session.endpoint
             info.add_metric([peer, self.role, keys.schedule.cipher, endpoint.datapath_name], 1.0)

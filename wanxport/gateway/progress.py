@@ -26,7 +26,7 @@ TIMELINE_INTERVAL_S = 0.1
 
 def acked_bytes(endpoint: Any) -> int:
     """Bytes the receiver has acknowledged so far, over all shards of the session."""
-    return sum(shard.acked.total for shard in endpoint.session.outgoing.shards.values())
+    return int(endpoint.session.stats().acked_bytes)
 
 
 class ProgressMonitor:

@@ -13,14 +13,13 @@ def session_report(session: GatewaySession, *, payload_bytes: int, delivered_byt
                    completion_s: float, intact: bool, wall_s: float,
                    timeline: list[tuple[float, int]] | None = None, **extra: Any) -> dict[str, Any]:
     endpoint = session.endpoint
-    core = endpoint.session
-    paths = [PathReport(path.name, path.stats.payload_bytes, path.stats.retransmitted_bytes,
-                        path.rtt.smoothed_s if path.rtt.has_sample else None, path.state.value,
-                        {"packets_lost": path.stats.packets_lost})
-             for path in core.paths]
+    stats = endpoint.session.stats()
+    paths = [PathReport(path.name, path.payload_bytes, path.retransmitted_bytes, path.srtt_s, path.state,
+                        {"packets_lost": path.packets_lost})
+             for path in stats.paths]
     keys = session.keys
     return build_report(
-        scenario=f"gateway-{len(core.paths)}-paths", mode=session.mode, transport="wanxport",
+        scenario=f"gateway-{len(stats.paths)}-paths", mode=session.mode, transport="wanxport",
         payload_bytes=payload_bytes, completion_s=completion_s, ideal_s=None, intact=intact,
         wall_s=wall_s, paths=paths, delivered_bytes=delivered_bytes,
         role="sender" if session.role == "initiator" else "receiver", peer=session.peer_name,

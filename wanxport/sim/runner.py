@@ -223,17 +223,14 @@ class SimRun:
 
     def _report(self, finished: bool, completion: float, ideal: float, wall: float) -> dict[str, Any]:
         sender = self.a
-        path_reports = []
-        for path in sender.session.paths:
-            path_reports.append(PathReport(
-                path.name, path.stats.payload_bytes, path.stats.retransmitted_bytes,
-                path.rtt.smoothed_s if path.rtt.has_sample else None, path.state.value,
-                {"hedged_bytes": path.stats.hedged_bytes, "packets_lost": path.stats.packets_lost,
-                 "failures": path.stats.failures}))
+        path_reports = [
+            PathReport(path.name, path.payload_bytes, path.retransmitted_bytes, path.srtt_s, path.state,
+                       {"hedged_bytes": path.hedged_bytes, "packets_lost": path.packets_lost,
+                        "failures": path.failures})
+            for path in sender.session.stats().paths]
         # Verified shards, plus what had arrived of unfinished ones when time ran out.
         delivered = sum(r.size for e in self._receivers() for r in e.received if r.ok)
-        delivered += sum(shard.received.total for e in self._receivers()
-                         for shard in e.session.incoming.shards.values())
+        delivered += sum(e.session.stats().receiving_bytes for e in self._receivers())
         payload = self.size * len(self.directions)
         return build_report(
             scenario=self.scenario.name, mode="sim", transport="wanxport", payload_bytes=payload,
