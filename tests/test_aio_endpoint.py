@@ -211,12 +211,12 @@ async def test_replayed_datagram_is_rejected(pairs: Callable[..., Pair], datapat
     datagram = sealer.seal(1, 40, [ProbeFrame(9)])
     spoofed = pair.a.sockets[1]  # an on-path attacker resending a captured datagram
     spoofed.send(datagram)
-    await until(lambda: pair.b.session.paths[1].recv_largest == 40)
+    await until(lambda: pair.b.session.paths[1].acks.largest == 40)
     assert pair.b.datagrams_rejected == 0
     spoofed.send(datagram)
     await until(lambda: pair.b.datagrams_rejected == 1)
     assert pair.b.datapath.counters["rejected_replay"] == 1
-    assert pair.b.session.paths[1].recv_pns.total == 1
+    assert pair.b.session.paths[1].acks.received.total == 1
 
 
 @pytest.mark.parametrize("datapath", DATAPATHS)

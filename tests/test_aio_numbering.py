@@ -187,8 +187,9 @@ class EveryRange(WireNumbering):
 def sender_state(session: Session) -> tuple[object, ...]:
     path = session.paths[0]
     shard = session.outgoing.shards.get(0)
-    return (sorted(path.sent), path.largest_acked, path.bytes_in_flight, path.stats.packets_lost,
-            path.stats.spurious_losses, sorted(path.recently_lost),
+    loss = path.loss
+    return ([p.pn for p in loss.outstanding()], loss.largest_acked, loss.bytes_in_flight, loss.packets_lost,
+            loss.spurious_losses, loss.remembered_losses(),
             sorted(session.outgoing.retransmit), shard.acked.ranges() if shard else None)
 
 
@@ -236,7 +237,8 @@ def test_overlapping_confirmations_count_each_byte_once(spans: list[tuple[int, i
     session.submit(0, bytes(40_000), 0.0)
     session.poll_transmit(0.0)
     path = session.paths[0]
-    pn, packet = next((pn, p) for pn, p in path.sent.items() if p.chunks)
+    packet = next(p for p in path.loss.outstanding() if p.chunks)
+    pn = packet.pn
     (shard_id, offset, length), = packet.chunks  # type: ignore[misc]
     before = path.rate.delivered_bytes
     union: set[int] = set()
@@ -263,8 +265,8 @@ def test_the_arrived_part_of_a_packet_counts_as_delivered_once() -> None:
     plan_transmits(session.poll_transmit(0.0), numbering, [segment], lambda sid: memoryview(b""))
     path, wire = session.paths[0], numbering[0]
     first = 1  # core packet 0 is the SHARD_OPEN
-    sizes = {pn: p.size for pn, p in path.sent.items()}
-    chunk = path.sent[first].chunks[0][2]  # type: ignore[index]
+    sizes = {p.pn: p.size for p in path.loss.outstanding()}
+    chunk = next(p for p in path.loss.outstanding() if p.pn == first).chunks[0][2]  # type: ignore[index]
     hole = wire.first_wire(first) + 2
     top = wire.first_wire(first + 3) - 1  # core packets first .. first + 2
     ack = AckFrame(0, 0, ((hole + 1, top), (0, hole - 1)))
@@ -275,5 +277,5 @@ def test_the_arrived_part_of_a_packet_counts_as_delivered_once() -> None:
     assert session.outgoing.shards[0].acked.total >= 3 * segment * 2 + 3 * segment
     # The missing datagram arrives late: the packet is acknowledged whole, counted once.
     receive_control(session, numbering, [segment], 0, 1, [AckFrame(0, 0, ((0, top),))], 0.06)
-    assert first not in path.sent
+    assert not path.loss.is_outstanding(first)
     assert path.rate.delivered_bytes == whole + sizes[first]

@@ -1,7 +1,8 @@
-"""Loss detection timers: a loss deadline, when it fires, must declare the packet lost.
+"""The loss detector: sole owner of a path's sent packets, their loss timers and bytes in flight.
 
-If ``loss_deadline`` says "at t" but ``detect_losses(t)`` finds nothing, the
-driver re-arms the same timer at the same instant forever: virtual time stops.
+Loss deadlines first: if ``loss_deadline`` says "at t" but ``detect_losses(t)``
+finds nothing, the driver re-arms the same timer at the same instant forever:
+virtual time stops.
 """
 
 from __future__ import annotations
@@ -10,56 +11,69 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wanxport.core import recovery
 from wanxport.core.cc import create_congestion_control
-from wanxport.core.paths import Path
+from wanxport.core.delivery_rate import DeliveryRateEstimator
+from wanxport.core.recovery import (
+    INITIAL_REORDER_THRESHOLD,
+    INITIAL_TIME_THRESHOLD,
+    LossDetector,
+)
+from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
 
 MSS = 1400
+SIZE = MSS + 16
 
 
-def new_path() -> Path:
-    cc = create_congestion_control("bbr", mss_bytes=MSS + 16, initial_rtt_s=0.1)
-    return Path(0, "p", MSS, cc, 0.1)
+def new_detector() -> LossDetector:
+    cc = create_congestion_control("bbr", mss_bytes=SIZE, initial_rtt_s=0.1)
+    return LossDetector(RttEstimator(initial_rtt_s=0.1), DeliveryRateEstimator(), cc)
 
 
-def send(path: Path, at: float) -> SentPacket:
-    pn = path.take_pn()
-    packet = SentPacket(pn, at, MSS + 16, [(0, pn * MSS, MSS)], None, True, True,
-                        path.rate.on_packet_sent(at, path.bytes_in_flight))
-    recovery.on_packet_sent(path, packet)
+def send(loss: LossDetector, at: float) -> SentPacket:
+    pn = loss.take_pn()
+    packet = SentPacket(pn, at, SIZE, [(0, pn * MSS, MSS)], None, True, True,
+                        loss.rate.on_packet_sent(at, loss.bytes_in_flight))
+    loss.on_packet_sent(packet)
+    return packet
+
+
+def send_probe(loss: LossDetector, at: float) -> SentPacket:
+    """A probe: ack-eliciting, not in flight, nothing to re-send."""
+    packet = SentPacket(loss.take_pn(), at, 60, None, None, True, False, None)
+    loss.on_packet_sent(packet)
     return packet
 
 
 def loss_timer_fires(sent_at: float, rtt_s: float) -> None:
-    path = new_path()
-    first = send(path, sent_at)
-    send(path, sent_at)
+    loss = new_detector()
+    first = send(loss, sent_at)
+    send(loss, sent_at)
     # The second packet is acknowledged one RTT later; the first is not (yet) lost.
-    acked, lost = recovery.on_ack(path, ((1, 1),), 0.0, sent_at + rtt_s)
+    acked, lost, _ = loss.on_ack(((1, 1),), 0.0, sent_at + rtt_s)
     assert [p.pn for p in acked] == [1]
     if lost:
         return  # the time threshold was already met: nothing left to test
-    deadline = recovery.loss_deadline(path)
+    deadline = loss.loss_deadline()
     assert deadline is not None
-    lost = recovery.detect_losses(path, deadline)
+    lost = loss.detect_losses(deadline)
     assert first in lost, (
         f"loss deadline {deadline!r} fired but the packet sent at {sent_at!r} was not declared lost; "
-        f"loss delay {recovery.loss_delay_s(path)!r}")
+        f"loss delay {loss.loss_delay_s()!r}")
 
 
 def test_loss_deadline_from_a_simulator_hang() -> None:
     """Floats seen when a 2-path simulation stopped advancing time (see the report)."""
-    path = new_path()
-    path.time_threshold = 1.0
-    first = send(path, 0.028124999999999997)
-    send(path, 0.028124999999999997)
-    recovery.on_ack(path, ((1, 1),), 0.0, 0.0282)
+    loss = new_detector()
+    loss.time_threshold = 1.0
+    first = send(loss, 0.028124999999999997)
+    send(loss, 0.028124999999999997)
+    loss.on_ack(((1, 1),), 0.0, 0.0282)
     delay = 0.12493877928448763
-    path.rtt.smoothed_s = path.rtt.latest_s = delay
-    deadline = recovery.loss_deadline(path)
+    loss.rtt.smoothed_s = loss.rtt.latest_s = delay
+    deadline = loss.loss_deadline()
     assert deadline == 0.1530637792844876
-    assert first in recovery.detect_losses(path, deadline), "timer fires, nothing is lost: livelock"
+    assert first in loss.detect_losses(deadline), "timer fires, nothing is lost: livelock"
 
 
 @pytest.mark.parametrize("sent_at,rtt_s", [(0.1, 0.2), (1.0, 0.05), (3.3, 0.0123)])
@@ -71,3 +85,96 @@ def test_loss_deadline_declares_loss(sent_at: float, rtt_s: float) -> None:
 @given(st.floats(0.0, 100.0, allow_nan=False), st.floats(0.001, 0.5, allow_nan=False))
 def test_loss_deadline_always_declares_loss(sent_at: float, rtt_s: float) -> None:
     loss_timer_fires(sent_at, rtt_s)
+
+
+def test_bytes_in_flight_follow_sends_acks_and_losses() -> None:
+    loss = new_detector()
+    for _ in range(6):
+        send(loss, 0.0)
+    send_probe(loss, 0.0)  # not in flight: counted as sent, not in flight
+    assert loss.bytes_in_flight == 6 * SIZE
+    assert (loss.packets_sent, loss.bytes_sent) == (7, 6 * SIZE + 60)
+    acked, lost, sample = loss.on_ack(((5, 5),), 0.0, 0.1)
+    # Packet threshold 3: pns 5 - 3 = 2 and below are lost; 3 and 4 wait.
+    assert [p.pn for p in acked] == [5]
+    assert [p.pn for p in lost] == [0, 1, 2]
+    assert sample is not None
+    assert loss.bytes_in_flight == 2 * SIZE
+    assert loss.packets_lost == 3
+    assert [p.pn for p in loss.outstanding()] == [3, 4, 6]
+    assert loss.largest_acked == 5 and loss.last_ack_at == 0.1
+
+
+def test_an_ack_of_nothing_outstanding_changes_nothing() -> None:
+    loss = new_detector()
+    send(loss, 0.0)
+    assert loss.on_ack(((3, 7),), 0.0, 0.1) == ([], [], None)  # beyond anything sent
+    assert loss.bytes_in_flight == SIZE and loss.largest_acked == -1
+
+
+def test_a_spurious_loss_widens_both_thresholds_and_is_counted() -> None:
+    loss = new_detector()
+    for _ in range(10):
+        send(loss, 0.0)
+    _, lost, _ = loss.on_ack(((9, 9),), 0.0, 0.1)
+    assert [p.pn for p in lost] == list(range(7))
+    assert loss.remembered_losses() == list(range(7))
+    loss.on_ack(((0, 9),), 0.0, 0.11)  # every "lost" packet arrived after all: reordering
+    assert loss.spurious_losses == 7
+    assert loss.remembered_losses() == []
+    assert loss.reorder_threshold == 10  # the largest gap seen: 9 - 0 + 1
+    assert loss.time_threshold == 4.0  # x1.25 per spurious loss, capped at 4 smoothed RTTs
+    assert INITIAL_TIME_THRESHOLD * 1.25 ** 7 > 4.0
+    assert INITIAL_REORDER_THRESHOLD < loss.reorder_threshold
+
+
+def test_a_remembered_loss_keeps_the_oldest_packet_of_interest() -> None:
+    loss = new_detector()
+    for _ in range(6):
+        send(loss, 0.0)
+    assert loss.oldest_of_interest() == 0
+    loss.on_ack(((5, 5),), 0.0, 0.1)  # 0, 1, 2 lost; 3 and 4 outstanding
+    assert loss.oldest_of_interest() == 0  # a late ACK of 0 would prove its loss spurious
+    loss.on_ack(((3, 5),), 0.0, 0.1 + 10.0)  # long after: the losses are forgotten
+    assert loss.oldest_of_interest() is None
+
+
+def test_declare_all_lost_keeps_probes_and_forget_probes_drops_old_ones() -> None:
+    loss = new_detector()
+    send(loss, 0.0)
+    old_probe = send_probe(loss, 0.5)
+    send(loss, 1.0)
+    new_probe = send_probe(loss, 2.0)
+    lost = loss.declare_all_lost(3.0)
+    assert [p.pn for p in lost] == [0, 2]
+    assert loss.bytes_in_flight == 0
+    assert loss.outstanding() == [old_probe, new_probe]
+    loss.forget_probes_before(1.0)
+    assert loss.outstanding() == [new_probe]
+    assert loss.is_outstanding(new_probe.pn) and not loss.is_outstanding(old_probe.pn)
+
+
+def test_pto_backs_off_and_an_ack_resets_it() -> None:
+    loss = new_detector()
+    assert loss.pto_deadline(0.025) is None  # nothing in flight: no probe timer
+    send(loss, 1.0)
+    base = loss.pto_s(0.025)
+    assert loss.pto_deadline(0.025) == pytest.approx(1.0 + base)
+    for _ in range(10):
+        loss.on_pto()
+    assert loss.pto_s(0.025) == pytest.approx(base * 64)  # the backoff is capped at 2**6
+    send(loss, 1.1)
+    loss.on_ack(((1, 1),), 0.0, 1.2)
+    assert loss.pto_count == 0
+
+
+def test_outstanding_chunks_and_partial_confirmation() -> None:
+    loss = new_detector()
+    first = send(loss, 0.0)
+    send(loss, 0.01)
+    assert list(loss.outstanding_chunks()) == [(0.0, (0, 0, MSS)), (0.01, (0, MSS, MSS))]
+    assert loss.confirm_part(first.pn, 100, 700, 0.05) == (0, 100, 600)
+    assert loss.confirm_part(first.pn, 200, 600, 0.05) is None  # nothing new
+    assert loss.confirm_part(first.pn, 700, 10 * MSS, 0.05) == (0, 700, MSS - 700)  # clipped to the chunk
+    assert first.credited == SIZE * (MSS - 100) // MSS
+    assert loss.confirm_part(99, 0, 10, 0.05) is None  # not outstanding

@@ -454,10 +454,9 @@ def test_receive_data_run_equals_one_packet_at_a_time(first_pn: int) -> None:
         sessions.append(session)
 
     plain, batched_session = sessions
-    for a, b in [(plain.paths[0], batched_session.paths[0])]:
-        assert a.recv_pns.ranges() == b.recv_pns.ranges()
-        assert (a.recv_largest, a.unacked_eliciting, a.ack_now) == (b.recv_largest, b.unacked_eliciting,
-                                                                    b.ack_now)
+    for a, b in [(plain.paths[0].acks, batched_session.paths[0].acks)]:
+        assert a.received.ranges() == b.received.ranges()
+        assert (a.largest, a.unacked_eliciting, a.ack_now) == (b.largest, b.unacked_eliciting, b.ack_now)
     received = [[e for e in s.events() if isinstance(e, ShardReceived)] for s in sessions]
     assert received[0] == received[1] and received[0][0].ok
 
@@ -471,7 +470,7 @@ def test_receive_data_run_for_an_unopened_shard_is_not_acknowledged() -> None:
     session = Session(make_config(paths=1))
     session.receive_data_run(0, 0, 4, 3, 0, 4000, 0.0)
     assert session.data_dropped >= 1
-    assert session.paths[0].recv_pns.total == 0
+    assert session.paths[0].acks.received.total == 0
     assert not [f for tx in session.poll_transmit(1.0) for f in tx.frames if isinstance(f, AckFrame)]
 
 

@@ -15,7 +15,8 @@ from wanxport.core.cc.fixed import FixedRateCongestionController
 from wanxport.core.config import SessionConfig
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.events import PathChanged
-from wanxport.core.paths import Path, PathState
+from wanxport.core.health import HealthEvent, PathState
+from wanxport.core.paths import Path
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.session import Transmit
 from wanxport.sim.runner import SimOptions, SimRun
@@ -96,16 +97,21 @@ def _path_after_failure(resume_rtt_s: float) -> Path:
     path = Path(0, "p", 1400, FixedRateCongestionController(mss_bytes=MSS, rate_bps=RATE_BPS), 0.1)
     for i in range(10):
         path.rtt.update(MIN_RTT_S, 0.0, i * 0.1)
-    path.save_for_resume()  # an active, measured path is suspected
-    path.set_state(PathState.FAILED)
+    path.health.save_for_resume(path.cc, path.rtt)  # an active, measured path is suspected
+    path.health.fire(HealthEvent.PROBE_MISSES)
+    assert path.state is PathState.FAILED
     path.rtt.update(resume_rtt_s, 0.0, 5.0)  # the answer to a probe
     return path
 
 
+def _resume_rate(path: Path) -> float:
+    return path.health.resume_rate_bps(path.rtt)
+
+
 def test_a_readmitted_path_reuses_its_rate_only_over_the_same_route() -> None:
-    assert _path_after_failure(MIN_RTT_S * 1.1).resume_rate_bps() == RATE_BPS
-    assert _path_after_failure(MIN_RTT_S * 3).resume_rate_bps() == 0.0  # rerouted: longer
-    assert _path_after_failure(MIN_RTT_S / 3).resume_rate_bps() == 0.0  # rerouted: shorter
+    assert _resume_rate(_path_after_failure(MIN_RTT_S * 1.1)) == RATE_BPS
+    assert _resume_rate(_path_after_failure(MIN_RTT_S * 3)) == 0.0  # rerouted: longer
+    assert _resume_rate(_path_after_failure(MIN_RTT_S / 3)) == 0.0  # rerouted: shorter
 
 
 FLAP = """

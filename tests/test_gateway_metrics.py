@@ -23,7 +23,7 @@ from gateway_helpers import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from wanxport.control.certs import make_test_pki
-from wanxport.core.paths import PathState
+from wanxport.core.health import PathState
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener

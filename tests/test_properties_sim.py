@@ -24,8 +24,8 @@ from unittest import mock
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from wanxport.core import recovery
 from wanxport.core.config import SessionConfig
+from wanxport.core.recovery import LossDetector
 from wanxport.core.sent_packets import SentPacket
 from wanxport.core.session import PROBE_MEMORY_S
 from wanxport.sim import runner as runner_module
@@ -163,8 +163,9 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
             # Data packets are held to the window; small control packets (SHARD_OPEN,
             # SHARD_DONE, CREDIT) are bounded by the shards, and a failed path's probes
             # by how long they are remembered (plus the few sent while it was suspected).
-            data_packets = sum(1 for packet in path.sent.values() if packet.chunks)
-            control_packets = len(path.sent) - data_packets
+            outstanding = path.loss.outstanding()
+            data_packets = sum(1 for packet in outstanding if packet.chunks)
+            control_packets = len(outstanding) - data_packets
             probes = math.ceil(PROBE_MEMORY_S / session.config.failed_probe_interval_s) + 3
             if data_packets > limit or control_packets > 4 * len(run.shard_sizes) + SLACK_PACKETS + probes:
                 observed.violations.append(
@@ -179,25 +180,25 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
 
     run._service = checked_service  # type: ignore[method-assign]
 
-    original_sent = recovery.on_packet_sent
-    control_since_data: dict[int, int] = {}  # id(path) -> bytes of control packets since its last data
+    original_sent = LossDetector.on_packet_sent
+    control_since_data: dict[int, int] = {}  # id(detector) -> bytes of control packets since its last data
 
-    def on_packet_sent(path: Any, packet: SentPacket) -> None:
+    def on_packet_sent(loss: LossDetector, packet: SentPacket) -> None:
         # A SHARD_OPEN travels in its own small packet right before the shard's first
         # DATA packet, in the same window check; only data is held to the window.
         if not packet.chunks:
             if packet.in_flight:
-                control_since_data[id(path)] = control_since_data.get(id(path), 0) + packet.size
+                control_since_data[id(loss)] = control_since_data.get(id(loss), 0) + packet.size
         else:
             observed.data_sends += 1
-            before = path.bytes_in_flight - control_since_data.pop(id(path), 0)
-            if before >= path.cc.cwnd_bytes:
+            before = loss.bytes_in_flight - control_since_data.pop(id(loss), 0)
+            if before >= loss.cc.cwnd_bytes:
                 observed.violations.append(
-                    f"path {path.path_id}: data sent with {before} B of data in flight, "
-                    f"cwnd {path.cc.cwnd_bytes} B")
-        original_sent(path, packet)
+                    f"packet {packet.pn}: data sent with {before} B of data in flight, "
+                    f"cwnd {loss.cc.cwnd_bytes} B")
+        original_sent(loss, packet)
 
-    with mock.patch.object(recovery, "on_packet_sent", on_packet_sent):
+    with mock.patch.object(LossDetector, "on_packet_sent", on_packet_sent):
         observed.report = run.run()
     return observed
 

@@ -1,0 +1,89 @@
+"""The ACK tracker: what a path received, and when the receiver acknowledges it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wanxport.core.ack_tracker import MAX_ACK_RANGES, RECEIVED_RANGES_KEPT, AckTracker
+
+THRESHOLD = 4
+DELAY_S = 0.025
+
+
+def receive(tracker: AckTracker, pn: int, now: float = 0.0, eliciting: bool = True) -> None:
+    tracker.on_packet_received(pn, eliciting, now, THRESHOLD, DELAY_S)
+
+
+def test_in_order_packets_wait_for_the_delay_or_the_threshold() -> None:
+    tracker = AckTracker()
+    assert not tracker.has_unacked and not tracker.ack_due(0.0)
+    receive(tracker, 0, now=1.0)
+    assert tracker.ack_at == 1.0 + DELAY_S and not tracker.ack_now
+    assert not tracker.ack_due(1.0) and tracker.ack_due(1.0 + DELAY_S)
+    receive(tracker, 1, now=1.01)
+    receive(tracker, 2, now=1.02)
+    assert not tracker.ack_now and tracker.ack_at == 1.0 + DELAY_S  # the first packet set the deadline
+    receive(tracker, 3, now=1.03)
+    assert tracker.ack_now  # THRESHOLD eliciting packets: acknowledge at once
+    assert (tracker.largest, tracker.largest_at) == (3, 1.03)
+    assert tracker.ack_ranges() == ((0, 3),)
+    tracker.ack_sent()
+    assert (tracker.unacked_eliciting, tracker.ack_at, tracker.ack_now) == (0, None, False)
+    assert not tracker.has_unacked
+
+
+def test_a_gap_asks_for_an_ack_at_once_but_an_ack_only_packet_does_not() -> None:
+    tracker = AckTracker()
+    receive(tracker, 0)
+    receive(tracker, 5, eliciting=False)  # a gap, but only an ACK: no ping-pong
+    assert not tracker.ack_now
+    receive(tracker, 7)
+    assert tracker.ack_now
+    assert tracker.ack_ranges() == ((7, 7), (5, 5), (0, 0))  # highest first, inclusive
+
+
+def test_a_reordered_late_packet_does_not_move_the_largest() -> None:
+    tracker = AckTracker()
+    receive(tracker, 4, now=1.0)
+    receive(tracker, 2, now=2.0)
+    assert (tracker.largest, tracker.largest_at) == (4, 1.0)
+
+
+def test_an_ack_only_packet_is_recorded_but_owes_no_ack() -> None:
+    tracker = AckTracker()
+    receive(tracker, 0, eliciting=False)
+    assert tracker.received.total == 1
+    assert tracker.ack_at is None and not tracker.has_unacked
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(0, 50), st.integers(2, 40), st.integers(0, 3))
+def test_a_data_run_equals_its_packets_one_by_one(start: int, count: int, before: int) -> None:
+    """A run's packets but the last, then the last one: as if each had arrived alone."""
+    one, run = AckTracker(), AckTracker()
+    for pn in range(before):
+        receive(one, pn)
+        receive(run, pn)
+    for pn in range(start, start + count):
+        receive(one, pn, now=1.0)
+    last = start + count - 1
+    run.on_run_received(start, last, 1.0)
+    receive(run, last, now=1.0)
+    assert one.received.ranges() == run.received.ranges()
+    assert (one.largest, one.largest_at, one.unacked_eliciting) == (run.largest, run.largest_at,
+                                                                    run.unacked_eliciting)
+    # A gap before the run asks for an ACK in both; so does reaching the threshold.
+    assert one.ack_now == run.ack_now
+
+
+def test_ack_ranges_are_bounded_and_the_record_forgets_the_oldest() -> None:
+    tracker = AckTracker()
+    for pn in range(0, 4 * RECEIVED_RANGES_KEPT, 2):  # every other packet: one range each
+        receive(tracker, pn)
+    assert len(tracker.received) <= RECEIVED_RANGES_KEPT
+    ranges = tracker.ack_ranges()
+    assert len(ranges) == MAX_ACK_RANGES
+    top = 4 * RECEIVED_RANGES_KEPT - 2
+    assert ranges[0] == (top, top)
+    assert tracker.received.contains(top, top + 1) and not tracker.received.contains(0, 1)
