@@ -38,6 +38,7 @@ EXTENSIONS = [
 # about 3x faster: WANXPORT_MYPYC=1 pip install .  (a regular, not an editable,
 # install: a compiled module would shadow later edits of its source file).
 COMPILED_MODULES = [
+    "wanxport/core/ack_tracker.py", "wanxport/core/health.py", "wanxport/core/stats.py",
     "wanxport/core/cc/base.py", "wanxport/core/cc/bbr.py", "wanxport/core/cc/cubic.py",
     "wanxport/core/cc/fixed.py", "wanxport/core/config.py", "wanxport/core/deadlines.py",
     "wanxport/core/delivery_rate.py",
