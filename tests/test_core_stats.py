@@ -99,6 +99,7 @@ FORBIDDEN = [
     (re.compile(r"\.cc\.\w"), "reads a congestion controller"),
     (re.compile(r"\.rtt\.(smoothed_s|min_s|latest_s|has_sample)\b"), "reads an RTT estimator"),
     (re.compile(r"\.(outgoing|incoming)\.shards\b"), "reads the session's shard tables"),
+    (re.compile(r"\.(loss|acks|health)\.\w"), "reads a path part"),
     (re.compile(r"\bhasattr\([^)]*\bcc\b"), "probes a controller's attributes"),
 ]
 # ``cfg.session.paths`` / ``config.session.paths`` are the SessionConfig's path list.
@@ -130,6 +131,7 @@ def test_the_leak_check_catches_what_it_should() -> None:
     assert leaks("from wanxport.core.paths import Path")
     assert leaks("if hasattr(p.cc, 'max_bw_bps'):")
     assert leaks("sum(s.acked.total for s in core.outgoing.shards.values())")
+    assert leaks("n = path.loss.bytes_in_flight") and leaks("if p.health.state is FAILED:")
     assert not leaks("slot = max(p.mtu for p in cfg.session.paths)")
     assert not leaks("for spec in scenario.paths:")
     assert not leaks("for path in session.stats().paths:")
