@@ -43,8 +43,12 @@ class HealthEvent(StrEnum):
     STARTUP_DONE = "startup_done"  # a PROBING path acknowledged something and its controller left Startup
 
 
-class IllegalTransition(RuntimeError):
-    """An event the path's current state cannot receive: the caller's logic is wrong."""
+class IllegalTransition(Exception):
+    """An event the path's current state cannot receive: the caller's logic is wrong.
+
+    A plain ``Exception`` subclass: mypyc compiles this module, and it can subclass
+    only a few built-in exceptions (not ``RuntimeError``).
+    """
 
 
 _A, _P, _D, _F = PathState.ACTIVE, PathState.PROBING, PathState.DEGRADED, PathState.FAILED
