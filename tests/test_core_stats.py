@@ -74,6 +74,8 @@ def test_a_snapshot_is_frozen_and_does_not_follow_the_session(finished_run: Pair
         stats.hedged_bytes = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.paths[0].payload_bytes = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        stats.paths[0].cc_metrics["cwnd_bytes"] = 0.0  # type: ignore[index]
     before = stats.paths[0].packets_sent
     session.submit(99, b"x" * 1000, finished_run.now)
     assert session.poll_transmit(finished_run.now)

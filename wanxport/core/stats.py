@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from wanxport.core.paths import Path
 
@@ -41,7 +42,7 @@ class PathStats:
     cwnd_bytes: int
     pacing_rate_bps: float
     cc_state: str  # the controller's state label ("startup", "probe_bw", ...)
-    cc_metrics: Mapping[str, float]  # ``CongestionController.metrics()``
+    cc_metrics: Mapping[str, float]  # ``CongestionController.metrics()``, read-only (dict() it for JSON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,5 +85,5 @@ def path_stats(path: Path) -> PathStats:
         cwnd_bytes=cc.cwnd_bytes,
         pacing_rate_bps=cc.pacing_rate_bps,
         cc_state=cc.state,
-        cc_metrics=cc.metrics(),
+        cc_metrics=MappingProxyType(cc.metrics()),  # read-only, like the rest of the snapshot
     )
