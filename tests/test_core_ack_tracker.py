@@ -21,6 +21,7 @@ def test_in_order_packets_wait_for_the_delay_or_the_threshold() -> None:
     receive(tracker, 0, now=1.0)
     assert tracker.ack_at == 1.0 + DELAY_S and not tracker.ack_now
     assert not tracker.ack_due(1.0) and tracker.ack_due(1.0 + DELAY_S)
+    assert not tracker.on_timer(1.0) and not tracker.ack_now  # another timer of the path
     receive(tracker, 1, now=1.01)
     receive(tracker, 2, now=1.02)
     assert not tracker.ack_now and tracker.ack_at == 1.0 + DELAY_S  # the first packet set the deadline
@@ -31,6 +32,8 @@ def test_in_order_packets_wait_for_the_delay_or_the_threshold() -> None:
     tracker.ack_sent()
     assert (tracker.unacked_eliciting, tracker.ack_at, tracker.ack_now) == (0, None, False)
     assert not tracker.has_unacked
+    receive(tracker, 4, now=2.0)
+    assert tracker.on_timer(2.0 + DELAY_S) and tracker.ack_now  # the delayed ACK's deadline
 
 
 def test_a_gap_asks_for_an_ack_at_once_but_an_ack_only_packet_does_not() -> None:

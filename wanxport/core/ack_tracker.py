@@ -73,6 +73,13 @@ class AckTracker:
             self.largest_at = now
         self.unacked_eliciting += last_pn - first_pn
 
+    def on_timer(self, now: float) -> bool:
+        """The path's timer fired: True if that was the delayed ACK's, which is now due at once."""
+        if self.ack_at is not None and self.ack_at <= now:
+            self.ack_now = True
+            return True
+        return False
+
     def ack_due(self, now: float) -> bool:
         """Whether an ACK should be sent at ``now`` (at once, or its delay has run out)."""
         return self.ack_now or (self.ack_at is not None and self.ack_at <= now)
@@ -87,6 +94,7 @@ class AckTracker:
         return tuple((lo, hi - 1) for lo, hi in self.received.last(MAX_ACK_RANGES))
 
     def ack_sent(self) -> None:
+        """An ACK covering everything received went out: nothing is owed until more arrives."""
         self.unacked_eliciting = 0
         self.ack_at = None
         self.ack_now = False

@@ -377,7 +377,6 @@ class Session:
         # A probe must be acknowledged (that readmits the path); a probe answer need not.
         eliciting = any(isinstance(frame, ProbeFrame) for frame in path.pending_control)
         path.pending_control = []
-        acks.ack_now = False
         if frames:
             self._send(path, frames, now, now, out, in_flight=False, eliciting=eliciting)
 
@@ -690,9 +689,7 @@ class Session:
         self._flush_timers()
 
     def _fire(self, path: Path, now: float) -> None:
-        acks = path.acks
-        if acks.ack_at is not None and acks.ack_at <= now:
-            acks.ack_now = True
+        if path.acks.on_timer(now):
             self._needs_ack.add(path.path_id)
         lost = path.loss.detect_losses(now)
         if lost:
