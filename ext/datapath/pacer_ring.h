@@ -6,7 +6,7 @@
  * and fairness, and it needs neither Python, threads nor sockets. Times are
  * inputs (CLOCK_MONOTONIC nanoseconds), so the release schedule is tested on
  * its own (tests/c/test_pacer_ring.c). Locking is the caller's business: the
- * pacer (pacer.c) holds its mutex around every call except wx_ring_fill().
+ * pacer (pacer_thread.c) holds its mutex around every call except wx_ring_fill().
  */
 #ifndef WANXPORT_PACER_RING_H
 #define WANXPORT_PACER_RING_H
