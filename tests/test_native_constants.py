@@ -7,6 +7,7 @@ refuses a mismatching build and would turn this failure into a skip).
 
 from __future__ import annotations
 
+import importlib
 from types import SimpleNamespace
 
 import pytest
@@ -31,7 +32,17 @@ def test_a_build_with_other_constants_is_named_in_the_mismatch() -> None:
 
 def test_loader_refuses_a_stale_build_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     stale = SimpleNamespace(**{**native.WIRE_CONSTANTS, "HEADER_LEN": 17})
-    monkeypatch.setattr(native.importlib, "import_module", lambda name: stale)
+    monkeypatch.setattr(importlib, "import_module", lambda name: stale)
     ext, error = native._load()
     assert ext is None and error is not None and "\n" not in error
     assert "HEADER_LEN 17 (Python: 16)" in error and native.BUILD_HINT in error
+
+
+def test_loader_without_the_extension_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str) -> None:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    ext, error = native._load()
+    assert ext is None and error is not None and "\n" not in error
+    assert "No module named 'wanxport._native'" in error and native.BUILD_HINT in error
