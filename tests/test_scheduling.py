@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from wanxport.core import scheduler as scheduler_module
 from wanxport.core.cc import create_congestion_control
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.flow import SendCredit
@@ -21,6 +22,8 @@ from wanxport.core.scheduling.stripes import Stripes
 from wanxport.core.scheduling.tail import Tail, tail_threshold_bytes, water_fill_cutoff
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.shards import OutgoingShard
+from wanxport.sim.runner import SimOptions, simulate
+from wanxport.sim.scenario import parse_scenario
 
 MSS = 1000
 
@@ -234,3 +237,59 @@ def test_round_robin_keeps_its_stripes_holds_nobody_and_never_hedges() -> None:
     assert scheduler.next_chunk(fast, 0.0, [fast, slow]) is None
     put_in_flight(slow, 0, 0.0, (0, 0, 1000))
     assert scheduler.next_chunk(fast, 0.01, [fast, slow]) is None, "no hedging"
+
+
+# -- in the simulator -----------------------------------------------------------------
+
+NEAR_FAR = """
+name = "near-far"
+seed = 1
+[transfer]
+size = "4MiB"
+shards = 4
+[[paths]]
+name = "near"
+rtt_ms = 10.0
+bandwidth_mbps = 40.0
+[[paths]]
+name = "far"
+rtt_ms = 150.0
+bandwidth_mbps = 4.0
+"""
+
+
+def far_payload_and_hedged(scheduler: str) -> tuple[int, int]:
+    report = simulate(parse_scenario(NEAR_FAR), SimOptions(scheduler=scheduler, payload_mode="virtual"))
+    assert report["intact"] and report["scheduler"] == scheduler
+    near, far = report["paths"]
+    return far["payload_bytes"], near["hedged_bytes"] + far["hedged_bytes"]
+
+
+def test_the_named_scheduler_decides_where_the_last_bytes_go() -> None:
+    """Round-robin keeps striping onto the far path to the end and hedges nothing;
+    earliest-arrival holds the far path back in the tail; without its cutoff it hedges instead."""
+    rr_far, rr_hedged = far_payload_and_hedged("round-robin")
+    ea_far, ea_hedged = far_payload_and_hedged("earliest-arrival")
+    no_cutoff_far, no_cutoff_hedged = far_payload_and_hedged("earliest-arrival-no-cutoff")
+    assert rr_hedged == 0
+    assert ea_far < no_cutoff_far and ea_far < rr_far, "the cutoff keeps the far path out of the tail"
+    assert no_cutoff_hedged > 0
+
+
+class NearOnly(ComposedScheduler):
+    """The default's parts, but path 1 always waits: nothing else may send on it."""
+
+    def hold(self, path: Path, now: float) -> float | None:
+        return now + 0.01 if path.path_id == 1 else super().hold(path, now)
+
+
+def test_a_registered_scheduler_is_what_the_session_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    def near_only(config: SessionConfig, outgoing: OutgoingData) -> NearOnly:
+        return NearOnly("near-only", outgoing, order=ExpectedArrivalOrder(),
+                        tail=Tail(config.pacing_horizon_s), stripe_chunks=config.stripe_chunks,
+                        hedger=Hedger())
+
+    monkeypatch.setitem(scheduler_module._REGISTRY, "near-only", near_only)
+    report = simulate(parse_scenario(NEAR_FAR), SimOptions(scheduler="near-only", payload_mode="virtual"))
+    near, far = report["paths"]
+    assert report["intact"] and far["payload_bytes"] == 0 and near["payload_bytes"] >= 4 << 20
