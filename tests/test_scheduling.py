@@ -171,7 +171,7 @@ def test_hedging_copies_the_chunk_expected_latest_onto_a_faster_path() -> None:
     assert hedger.next_chunk(fast, 0.02, [fast, slow], out) == (0, 1000, 1000)
     out.on_acked([(0, 0, 1000)])
     assert hedger.next_chunk(fast, 0.02, [fast, slow], out) is None, "acknowledged, and its own chunk"
-    assert hedger.hedged_bytes == 1000
+    assert hedger.hedged == {(0, 1000)}
 
 
 def test_a_chunk_is_hedged_at_most_once() -> None:

@@ -92,6 +92,7 @@ class Session:
         self._dirty: set[int] = set(range(len(self.paths)))
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
+        self.hedged_bytes = 0
         self._touched: set[int] = set()
         self._needs_ack: set[int] = set()  # paths with an ACK or path control frames to send
 
@@ -473,6 +474,7 @@ class Session:
                 stats.retransmitted_bytes += length
             elif kind is ChunkKind.HEDGE:
                 stats.hedged_bytes += length
+                self.hedged_bytes += length
             # Pace by the whole datagram, DATA frame header included: the delivery-rate
             # samples count the same bytes, so gain 1.0 is exactly the measured rate.
             # Leaving the frame header out paced ~1 % above it: a queue crept up

@@ -35,7 +35,6 @@ class Hedger:
 
     def __init__(self) -> None:
         self.hedged: set[tuple[int, int]] = set()  # (shard id, offset) of every chunk hedged
-        self.hedged_bytes = 0
         self._queue: list[tuple[float, Chunk, int]] = []  # latest expected arrival last
         self._built_at = -1.0
 
@@ -53,7 +52,6 @@ class Hedger:
                 return None  # the latest remaining chunk is already due sooner elsewhere
             self._queue.pop()
             self.hedged.add((chunk[0], chunk[1]))
-            self.hedged_bytes += chunk[2]
             return chunk
         return None
 
