@@ -31,7 +31,10 @@ class SessionConfig:
     congestion_control: str = "bbr"
     cc_options: dict[str, object] = field(default_factory=dict)
     scheduler: str = "earliest-arrival"
-    chunk_bytes: int | None = None  # payload per data packet; None: as much as the MTU allows
+    chunk_bytes: int | None = None  # payload per core data packet; None: one full datagram
+    # Payload per DATA datagram; None: as much as the MTU allows. Only the simulator
+    # sets it (``--quantum``: datagrams larger than any MTU keep huge runs affordable).
+    segment_bytes: int | None = None
     tag_bytes: int = 16  # AEAD tag per packet (0 with null protection)
     initial_rtt_s: float = 0.1
     # Long-haul paths have large bandwidth-delay products: start above RFC 6928's
@@ -65,6 +68,8 @@ class SessionConfig:
             raise ValueError("a session needs at least one path")
         if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
             raise ValueError("chunk_bytes must be between 1 and 1 GiB (above 65535 only for virtual shards)")
+        if self.segment_bytes is not None and not 0 < self.segment_bytes <= (1 << 30):
+            raise ValueError("segment_bytes must be between 1 and 1 GiB (above 65535: virtual shards only)")
         if isinstance(self.initial_cwnd_packets, bool) or not (
                 isinstance(self.initial_cwnd_packets, int) and self.initial_cwnd_packets >= 1):
             raise ValueError(f"initial_cwnd_packets must be a positive integer (full-size datagrams), "
@@ -85,7 +90,10 @@ class SessionConfig:
         return self.datagram_payload(path)
 
     def datagram_payload(self, path: PathConfig) -> int:
-        """Data bytes that one full-size DATA datagram carries on a path."""
+        """Data bytes that one full-size DATA datagram carries on a path (``segment_bytes``,
+        else as much as the MTU allows)."""
+        if self.segment_bytes is not None:
+            return self.segment_bytes
         return datagram_payload(path, self.tag_bytes)
 
     def initial_window_core_packets(self, path: PathConfig) -> int:
@@ -96,7 +104,7 @@ class SessionConfig:
         window by its segment count: 64 packets of 16 datagrams is a 1.5 MB first
         flight on every path. Never below the controllers' minimum window.
         """
-        window_bytes = self.initial_cwnd_packets * self.datagram_payload(path)
+        window_bytes = self.initial_cwnd_packets * datagram_payload(path, self.tag_bytes)
         return max(MIN_INITIAL_CORE_PACKETS, -(-window_bytes // self.data_payload(path)))
 
     def packet_overhead(self) -> int:
