@@ -32,6 +32,7 @@ from wanxport.aio.plan import plan_transmits
 from wanxport.aio.python_path import PythonDatapath
 from wanxport.aio.sockets import open_path_socket
 from wanxport.aio.verify import ShardHasher
+from wanxport.core.config import PACER_HEADROOM
 from wanxport.core.events import PathChanged, SessionClosed, ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
 from wanxport.wire import native
@@ -42,13 +43,6 @@ log = logging.getLogger(__name__)
 
 Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
 BACKLOG_RETRY_S = 0.0005
-# The core already paces: each core packet carries its departure time. The
-# native pacer only spreads a core packet's datagrams, so it runs this much
-# faster than the core's rate. At exactly the core's rate, every stall of the
-# pacer thread on a busy host would become a standing queue in its ring that
-# the congestion controller reads as a queue at the bottleneck (a sender-side
-# RTT inflation that collapsed BBR's estimate on lossy emulated paths).
-PACER_HEADROOM = 1.25
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,14 @@ from wanxport.wire.header import HEADER_LEN
 IP_UDP_OVERHEAD = 28  # IPv4 + UDP headers
 # The smallest window any controller accepts, in core packets (BBR's minimum).
 MIN_INITIAL_CORE_PACKETS = 4
+# The core paces per core packet: each Transmit carries its departure time. The
+# data path only spreads a core packet's datagrams, this much faster than the
+# core's rate (the native pacer; the simulator models it). At exactly the core's
+# rate, every stall of the pacer thread on a busy host would become a standing
+# queue in its ring that the congestion controller reads as a queue at the
+# bottleneck (a sender-side RTT inflation that collapsed BBR's estimate on lossy
+# emulated paths).
+PACER_HEADROOM = 1.25
 
 
 def datagram_payload(path: PathConfig, tag_bytes: int) -> int:

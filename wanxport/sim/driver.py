@@ -42,8 +42,9 @@ class Driver:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def submit(self, shard_id: int, data: bytes | memoryview | None, now: float, size: int) -> None:
-        self.session.submit(shard_id, data, now, size=size)
+    def submit(self, shard_id: int, data: bytes | bytearray | memoryview | None, now: float, *,
+               size: int | None = None, meta: bytes = b"", digest: bytes | None = None) -> None:
+        self.session.submit(shard_id, data, now, size=size, meta=meta, digest=digest)
 
     def receive(self, runs: Sequence[Run], controls: Sequence[Control], now: float) -> None:
         """One receive batch, as the data path hands it over: placed runs first, then controls."""

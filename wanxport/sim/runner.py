@@ -34,14 +34,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from wanxport.core.config import IP_UDP_OVERHEAD, PathConfig, SessionConfig
+from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig
 from wanxport.core.events import ShardFilled, ShardReceived
 from wanxport.core.session import Session
 from wanxport.report import PathReport, build_report
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.sim.eventloop import EventLoop
 from wanxport.sim.ideal import ideal_time_s
-from wanxport.sim.network import Link, Network
+from wanxport.sim.network import Network
 from wanxport.sim.scenario import Scenario
 from wanxport.sim.wire import DatagramCutter, VirtualDatagram, VirtualReceiver
 from wanxport.wire.datapath import PacketSealer
@@ -177,7 +177,7 @@ class SimRun:
             sender = self.a if direction == "a->b" else self.b
             for shard_id, size in enumerate(self.shard_sizes):
                 data = self._payload(direction, shard_id, size) if self.mode == "bytes" else None
-                sender.driver.submit(shard_id, data, 0.0, size)
+                sender.driver.submit(shard_id, data, 0.0, size=size)
         ideal = ideal_time_s(self.scenario, self.size)
         deadline = self.options.deadline_s or max(60.0, 20.0 * ideal if ideal != float("inf") else 60.0)
         for endpoint in (self.a, self.b):
@@ -253,14 +253,20 @@ class SimRun:
         serviced = driver.service(now)
         links = self.network.forward if endpoint is self.a else self.network.reverse
         cutter = endpoint.cutter
+        paths = endpoint.session.paths
+        call_at = self.loop.call_at
         for tx in serviced.transmits:
-            datagrams = cutter.cut(tx)
             link = links[tx.path_id]
-            if tx.not_before <= now:
-                for datagram, size in datagrams:
+            at = max(now, tx.not_before)
+            # The data path spreads a core packet's datagrams PACER_HEADROOM faster than
+            # the core paces (aio's native pacer): a shallow queue must see them spaced.
+            s_per_byte = 8.0 / (paths[tx.path_id].cc.pacing_rate_bps * PACER_HEADROOM)
+            for datagram, size in cutter.cut(tx):
+                if at <= now:
                     link.send(datagram, size + IP_UDP_OVERHEAD)
-            else:
-                self.loop.call_at(tx.not_before, _send_all, link, datagrams)
+                else:
+                    call_at(at, link.send, datagram, size + IP_UDP_OVERHEAD)
+                at += size * s_per_byte
         deadline = serviced.deadline
         if deadline is not None and deadline < endpoint.timer_at:
             endpoint.timer_at = max(deadline, now)
@@ -319,12 +325,6 @@ class SimRun:
             datagrams_rejected=self.a.rejected + self.b.rejected,
             events_processed=self.loop.processed,
         )
-
-
-def _send_all(link: Link, datagrams: list[tuple[object, int]]) -> None:
-    """A transmit's datagrams reach the link back to back at its departure time."""
-    for datagram, size in datagrams:
-        link.send(datagram, size + IP_UDP_OVERHEAD)
 
 
 @contextmanager
