@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wanxport.aio.plan import ControlPlan, DataPlan, plan_transmits
-from wanxport.core.session import Transmit
+from wanxport.core.transmit import Transmit
 from wanxport.wire.frames import DataFrame, Frame, ProbeFrame
 
 SEGMENT = 10

@@ -10,7 +10,8 @@ from wanxport.core import numbering as numbering_module
 from wanxport.core import session as session_module
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.ranges import RangeSet
-from wanxport.core.session import Session, Transmit
+from wanxport.core.session import Session
+from wanxport.core.transmit import Transmit
 from wanxport.wire.frames import AckFrame, DataFrame
 
 SEGMENT, SEGMENTS = 1000, 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from wanxport.core.session import Transmit
+from wanxport.core.transmit import Transmit
 from wanxport.wire.frames import DataFrame, Frame
 
 ShardLookup = Callable[[int], memoryview]

@@ -19,8 +19,6 @@ and are translated here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from wanxport.core import recovery
 from wanxport.core.cc import CongestionController, create_congestion_control
 from wanxport.core.config import SessionConfig
@@ -42,8 +40,8 @@ from wanxport.core.ranges import RangeSet
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
+from wanxport.core.transmit import Transmit, number_datagrams
 from wanxport.wire.frames import (
-    DATA_OVERHEAD,
     AckFrame,
     CloseFrame,
     CreditFrame,
@@ -61,27 +59,6 @@ MAX_CONTROL_PAYLOAD = 1200
 # How long an unanswered probe is remembered: its answer readmits the path only while
 # it is. Longer than any round trip a usable path has, even after a reroute.
 PROBE_MEMORY_S = 2.0
-
-
-@dataclass(slots=True)
-class Transmit:
-    """Datagrams to send on ``path_id`` no earlier than ``not_before`` (the pacing schedule).
-
-    Like quinn-proto's ``Transmit { segment_size }``, every datagram is a real
-    protocol packet: they are numbered ``first_pn .. first_pn + count - 1`` on the
-    wire. A DATA transmit (``frames`` is one ``DataFrame``) is ``count`` datagrams
-    each carrying the next ``segment_size`` bytes of the frame's range (the last
-    may be shorter), each with its own DATA frame header; any other transmit is
-    one datagram carrying ``frames``.
-    """
-
-    path_id: int
-    first_pn: int
-    count: int
-    segment_size: int
-    frames: list[Frame]
-    size: int  # bytes of all its datagrams: headers + frames + tags (no IP/UDP)
-    not_before: float
 
 
 class Session:
@@ -578,15 +555,9 @@ class Session:
             rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
             recovery.on_packet_sent(path, SentPacket(pn, not_before, size, chunks, control,
                                                      eliciting, in_flight, rate_state))
-        segment = self._segments[path.path_id]
-        if chunks is not None:  # one DATA frame, cut into datagrams by the data path
-            length = chunks[0][2]
-            count = -(-length // segment)
-            wire_size = count * (overhead + DATA_OVERHEAD) + length
-        else:
-            count, wire_size = 1, size
-        first = self._wire[path.path_id].allocate(pn, count)
-        out.append(Transmit(path.path_id, first, count, segment, frames, wire_size, not_before))
+        out.append(number_datagrams(self._wire[path.path_id], path.path_id, pn, frames,
+                                    chunks[0][2] if chunks is not None else None,
+                                    self._segments[path.path_id], overhead, not_before))
         self._touch(path)
 
     # -- hedging -------------------------------------------------------------

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from wanxport.core.events import Event
-from wanxport.core.session import Session, Transmit
+from wanxport.core.session import Session
+from wanxport.core.transmit import Transmit
 from wanxport.wire.frames import Frame
 
 #: A run of placed DATA datagrams: (path_id, first_pn, count, shard_id, offset, length).

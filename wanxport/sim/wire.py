@@ -13,7 +13,7 @@ the shards the session opened, everything else handed over as control.
 from __future__ import annotations
 
 from wanxport.core.config import SessionConfig
-from wanxport.core.session import Transmit
+from wanxport.core.transmit import Transmit
 from wanxport.sim.driver import Control, Run
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.frames import DATA_OVERHEAD, DataFrame, Frame
