@@ -87,6 +87,7 @@ class Endpoint:
         self.timer_at = float("inf")
         self.received: list[ShardReceived] = []
         self.buffers: dict[int, memoryview] = {}  # bytes mode: shards being received
+        self.pacer_free = [0.0] * len(config.paths)  # per path: when its pacer ring is empty
 
     @property
     def rejected(self) -> int:
@@ -255,18 +256,23 @@ class SimRun:
         cutter = endpoint.cutter
         paths = endpoint.session.paths
         call_at = self.loop.call_at
+        pacer_free = endpoint.pacer_free
         for tx in serviced.transmits:
-            link = links[tx.path_id]
-            at = max(now, tx.not_before)
-            # The data path spreads a core packet's datagrams PACER_HEADROOM faster than
-            # the core paces (aio's native pacer): a shallow queue must see them spaced.
-            s_per_byte = 8.0 / (paths[tx.path_id].cc.pacing_rate_bps * PACER_HEADROOM)
+            path_id = tx.path_id
+            link = links[path_id]
+            # aio's native pacer: one FIFO ring per path that spreads a core packet's
+            # datagrams PACER_HEADROOM faster than the core paces (a shallow queue sees them
+            # spaced); a datagram never overtakes one queued before it (an ACK that did
+            # would look like reordering to the peer), and leaves at once when nothing waits.
+            at = max(now, tx.not_before, pacer_free[path_id])
+            s_per_byte = 8.0 / (paths[path_id].cc.pacing_rate_bps * PACER_HEADROOM)
             for datagram, size in cutter.cut(tx):
                 if at <= now:
                     link.send(datagram, size + IP_UDP_OVERHEAD)
                 else:
                     call_at(at, link.send, datagram, size + IP_UDP_OVERHEAD)
                 at += size * s_per_byte
+            pacer_free[path_id] = at
         deadline = serviced.deadline
         if deadline is not None and deadline < endpoint.timer_at:
             endpoint.timer_at = max(deadline, now)
