@@ -46,7 +46,7 @@ from wanxport.sim.scenario import Scenario
 from wanxport.sim.wire import DatagramCutter, VirtualDatagram, VirtualReceiver
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.errors import WireError
-from wanxport.wire.frames import decode_frames
+from wanxport.wire.frames import AckFrame, PaddingFrame, decode_frames
 from wanxport.wire.protection import AeadProtection, Protection
 from wanxport.wire.receiver import ReferenceReceiver, fold_runs
 
@@ -262,8 +262,9 @@ class SimRun:
             link = links[path_id]
             # aio's native pacer: one FIFO ring per path that spreads a core packet's
             # datagrams PACER_HEADROOM faster than the core paces (a shallow queue sees them
-            # spaced); a datagram never overtakes one queued before it (an ACK that did
-            # would look like reordering to the peer), and leaves at once when nothing waits.
+            # spaced). Nothing overtakes a datagram queued before it (an ACK that did would
+            # look like reordering to the peer); an ACK-only datagram takes no pacing time
+            # (the native path sends it past the pacer), so it leaves at once when nothing waits.
             at = max(now, tx.not_before, pacer_free[path_id])
             s_per_byte = 8.0 / (paths[path_id].cc.pacing_rate_bps * PACER_HEADROOM)
             for datagram, size in cutter.cut(tx):
@@ -272,7 +273,8 @@ class SimRun:
                 else:
                     call_at(at, link.send, datagram, size + IP_UDP_OVERHEAD)
                 at += size * s_per_byte
-            pacer_free[path_id] = at
+            if not all(isinstance(frame, AckFrame | PaddingFrame) for frame in tx.frames):
+                pacer_free[path_id] = at
         deadline = serviced.deadline
         if deadline is not None and deadline < endpoint.timer_at:
             endpoint.timer_at = max(deadline, now)
