@@ -22,13 +22,12 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from wanxport.wire.frames import DATA, DATA_OVERHEAD
+from wanxport.wire.frames import DATA, DATA_OVERHEAD, MAX_OFFSET
 from wanxport.wire.header import HEADER_LEN, KEY_PHASE_BIT, MARKER, MAX_PACKET_NUMBER
 from wanxport.wire.protection import Protection
 from wanxport.wire.replay import ReplayWindow
 
-MAX_UDP_PAYLOAD = 65507
-MAX_OFFSET = 1 << 62
+MAX_UDP_PAYLOAD = 65507  # the largest UDP payload over IPv4 (the C receiver's bound too)
 _HEADER = struct.Struct(">BBHIQ")
 _DATA = struct.Struct(">BIQH")
 
