@@ -111,7 +111,7 @@ class Pair:
             if self.drop(side, tx.path_id, depart, tx.frames):
                 self.dropped.append((side, tx.path_id, depart, tx.frames))
                 continue
-            datagram = self.sealer[side].seal(tx.path_id, tx.packet_number, tx.frames)
+            datagram = self.sealer[side].seal(tx.path_id, tx.first_pn, tx.frames)
             if self.mutate is not None:
                 datagram = self.mutate(side, tx.path_id, depart, datagram)
             arrival = self._busy[key] + self.owd_s[tx.path_id]

@@ -18,10 +18,9 @@ from wanxport.core.events import PathChanged
 from wanxport.core.health import HealthEvent, PathState
 from wanxport.core.paths import Path
 from wanxport.core.rtt import RttEstimator
-from wanxport.core.session import Transmit
 from wanxport.sim.runner import SimOptions, SimRun
 from wanxport.sim.scenario import parse_scenario
-from wanxport.wire.frames import DataFrame
+from wanxport.sim.wire import VirtualDatagram
 
 MSS = 1500
 RATE_BPS = 100e6
@@ -141,14 +140,17 @@ bandwidth_mbps = 200.0
 def _readmission_run(route_change: str, back_s: float = 1.6) -> tuple[float, list[tuple[float, int]]]:
     """(time the long path was readmitted, [(arrival time, payload bytes)] on it at the receiver)."""
     scenario = parse_scenario(FLAP.format(route_change=route_change, back_s=back_s))
-    run = SimRun(scenario, SimOptions(payload_mode="virtual"))
+    # One datagram per core packet: with 16 the long path is still in Startup when it
+    # fails at 0.8 s (save_for_resume keeps no rate from Startup), so there is no
+    # careful resume to measure; these tests are about the resume, not the segmentation.
+    run = SimRun(scenario, SimOptions(payload_mode="virtual", datagrams_per_packet=1))
     arrivals: list[tuple[float, int]] = []
     readmitted: list[float] = []
     deliver, service = run._deliver, run._service
 
     def record(endpoint: object, index: int, packet: object, now: float) -> None:
-        if endpoint is run.b and index == 1 and isinstance(packet, Transmit):
-            arrivals.extend((now, f.length) for f in packet.frames if isinstance(f, DataFrame))
+        if endpoint is run.b and index == 1 and isinstance(packet, VirtualDatagram) and packet.frames is None:
+            arrivals.append((now, packet.length))  # a DATA datagram
         deliver(endpoint, index, packet, now)  # type: ignore[arg-type]
 
     def watch(endpoint: object) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from wanxport.aio import native_io
 from wanxport.aio.config import DirectionKey
+from wanxport.aio.datapath import Received
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.wire import native
 from wanxport.wire.frames import AckFrame, PaddingFrame, encode_frames
@@ -194,13 +195,12 @@ class NativeDatapath:
         """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
         self.receiver.freeze(shard_id, upto)
 
-    def receive(self, path_id: int) -> tuple[list[native.Run], int, list[tuple[int, int, bytes]]]:
+    def receive(self, path_id: int) -> Received:
         """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how
         many datagrams they hold, and opened control datagrams."""
         sock = self._sockets[path_id]
-        runs: list[native.Run] = []
-        placed = 0
-        controls: list[tuple[int, int, bytes]] = []
+        out = Received()
+        runs, controls = out.runs, out.controls
         for _ in range(MAX_BATCHES_PER_WAKE):
             try:
                 batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS)
@@ -211,10 +211,10 @@ class NativeDatapath:
             result = self.receiver.process(batch)
             if len(result.records):
                 runs += native.fold_runs(result.records)
-                placed += len(result.records)
+                out.datagrams += len(result.records)
             for c in result.controls:
                 controls.append((c.path_id, c.packet_number, c.plaintext))
-        return runs, placed, controls
+        return out
 
     @property
     def rejected(self) -> int:

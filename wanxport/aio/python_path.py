@@ -1,10 +1,12 @@
-"""The pure-Python data path: the reference sealer/opener and one syscall per datagram.
+"""The pure-Python data path: the reference sealer and receiver, one syscall per datagram.
 
 It exists so the endpoint runs where the extension is not built, and as the
-reference the native path is compared against end to end. It does not pace
-below the core's pacing horizon (datagrams leave when the core releases
-them) and costs a Python frame per datagram, so expect a fraction of the
-native throughput.
+reference the native path is compared against end to end: it seals each
+datagram with ``wire.datapath.PacketSealer`` and opens, replay-checks and
+places with ``wire.receiver.ReferenceReceiver``, so the endpoint drives the
+core exactly as with the native path. It does not pace below the core's
+pacing horizon (datagrams leave when the core releases them) and costs a
+Python frame per datagram, so expect a fraction of the native throughput.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ import socket
 from collections.abc import Sequence
 
 from wanxport.aio.config import DirectionKey
+from wanxport.aio.datapath import Received
 from wanxport.aio.plan import DataPlan, Plan
-from wanxport.wire.datapath import PacketOpener, PacketSealer
-from wanxport.wire.frames import DataFrame, Frame
+from wanxport.wire.datapath import PacketSealer
+from wanxport.wire.frames import DataFrame
 from wanxport.wire.protection import AeadProtection
+from wanxport.wire.receiver import ReferenceReceiver, fold_runs
 
 MAX_DATAGRAM = 65535
 MAX_DATAGRAMS_PER_WAKE = 512
-
-OpenedPacket = tuple[int, int, list[Frame]]
 
 
 class PythonDatapath:
@@ -33,8 +35,8 @@ class PythonDatapath:
         self._attached = [False] * len(sockets)
         self._sealer = PacketSealer(remote_conn_id, {0: AeadProtection(send_key.cipher, send_key.key,
                                                                          send_key.iv)})
-        self.opener = PacketOpener(local_conn_id, len(sockets),
-                                   {0: AeadProtection(recv_key.cipher, recv_key.key, recv_key.iv)})
+        self.receiver = ReferenceReceiver(local_conn_id, len(sockets))
+        self.receiver.set_key(0, AeadProtection(recv_key.cipher, recv_key.key, recv_key.iv))
         self.send_errors = 0
         self.key_phase = 0
         self.packets_under_key = 0  # sealed under the current sending key: the rotation trigger
@@ -49,7 +51,7 @@ class PythonDatapath:
 
     def install_recv_key(self, phase: int, key: DirectionKey) -> None:
         """Open datagrams whose key-phase bit is ``phase`` with ``key``."""
-        self.opener.keys[phase & 1] = AeadProtection(key.cipher, key.key, key.iv)
+        self.receiver.set_key(phase, AeadProtection(key.cipher, key.key, key.iv))
 
     def attach(self, path_id: int) -> None:
         self._attached[path_id] = True
@@ -86,29 +88,39 @@ class PythonDatapath:
     def flush(self) -> None:
         """Nothing is ever held back."""
 
-    def receive(self, path_id: int) -> list[OpenedPacket]:
+    def add_shard(self, shard_id: int, buffer: memoryview) -> None:
+        self.receiver.add_shard(shard_id, buffer)
+
+    def remove_shard(self, shard_id: int) -> None:
+        self.receiver.remove_shard(shard_id)
+
+    def freeze(self, shard_id: int, upto: int) -> None:
+        """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
+        self.receiver.freeze(shard_id, upto)
+
+    def receive(self, path_id: int) -> Received:
+        """Drain the path's socket: runs of placed DATA datagrams and opened control datagrams."""
         sock = self._sockets[path_id]
-        out: list[OpenedPacket] = []
+        datagrams: list[bytes] = []
         for _ in range(MAX_DATAGRAMS_PER_WAKE):
             try:
-                datagram = sock.recv(MAX_DATAGRAM)
+                datagrams.append(sock.recv(MAX_DATAGRAM))
             except BlockingIOError:
                 break
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
-            opened = self.opener.open(datagram)
-            if opened is not None:
-                out.append((opened.header.path_id, opened.header.packet_number, opened.frames))
-        return out
+        placed, controls = self.receiver.process(datagrams)
+        return Received(fold_runs(placed), len(placed),
+                        [(c.path_id, c.packet_number, c.plaintext) for c in controls])
 
     @property
     def rejected(self) -> int:
-        return self.opener.dropped
+        return sum(v for k, v in self.receiver.counters.items() if k.startswith("rejected_"))
 
     @property
     def counters(self) -> dict[str, int]:
         # dict() copies in one C call: a metrics scrape reads this from another thread.
-        return {f"rejected_{k}": v for k, v in dict(self.opener.drops).items()}
+        return dict(self.receiver.counters)
 
     def close(self, drain_s: float = 0.0) -> None:
         """Nothing to stop."""

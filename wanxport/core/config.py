@@ -10,6 +10,14 @@ from wanxport.wire.header import HEADER_LEN
 IP_UDP_OVERHEAD = 28  # IPv4 + UDP headers
 # The smallest window any controller accepts, in core packets (BBR's minimum).
 MIN_INITIAL_CORE_PACKETS = 4
+# The core paces per core packet: each Transmit carries its departure time. The
+# data path only spreads a core packet's datagrams, this much faster than the
+# core's rate (the native pacer; the simulator models it). At exactly the core's
+# rate, every stall of the pacer thread on a busy host would become a standing
+# queue in its ring that the congestion controller reads as a queue at the
+# bottleneck (a sender-side RTT inflation that collapsed BBR's estimate on lossy
+# emulated paths).
+PACER_HEADROOM = 1.25
 
 
 def datagram_payload(path: PathConfig, tag_bytes: int) -> int:
@@ -31,7 +39,10 @@ class SessionConfig:
     congestion_control: str = "bbr"
     cc_options: dict[str, object] = field(default_factory=dict)
     scheduler: str = "earliest-arrival"
-    chunk_bytes: int | None = None  # payload per data packet; None: as much as the MTU allows
+    chunk_bytes: int | None = None  # payload per core data packet; None: one full datagram
+    # Payload per DATA datagram; None: as much as the MTU allows. Only the simulator
+    # sets it (``--quantum``: datagrams larger than any MTU keep huge runs affordable).
+    segment_bytes: int | None = None
     tag_bytes: int = 16  # AEAD tag per packet (0 with null protection)
     initial_rtt_s: float = 0.1
     # Long-haul paths have large bandwidth-delay products: start above RFC 6928's
@@ -66,6 +77,8 @@ class SessionConfig:
             raise ValueError("a session needs at least one path")
         if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
             raise ValueError("chunk_bytes must be between 1 and 1 GiB (above 65535 only for virtual shards)")
+        if self.segment_bytes is not None and not 0 < self.segment_bytes <= (1 << 30):
+            raise ValueError("segment_bytes must be between 1 and 1 GiB (above 65535: virtual shards only)")
         if isinstance(self.initial_cwnd_packets, bool) or not (
                 isinstance(self.initial_cwnd_packets, int) and self.initial_cwnd_packets >= 1):
             raise ValueError(f"initial_cwnd_packets must be a positive integer (full-size datagrams), "
@@ -86,7 +99,10 @@ class SessionConfig:
         return self.datagram_payload(path)
 
     def datagram_payload(self, path: PathConfig) -> int:
-        """Data bytes that one full-size DATA datagram carries on a path."""
+        """Data bytes that one full-size DATA datagram carries on a path (``segment_bytes``,
+        else as much as the MTU allows)."""
+        if self.segment_bytes is not None:
+            return self.segment_bytes
         return datagram_payload(path, self.tag_bytes)
 
     def initial_window_core_packets(self, path: PathConfig) -> int:
@@ -97,7 +113,7 @@ class SessionConfig:
         window by its segment count: 64 packets of 16 datagrams is a 1.5 MB first
         flight on every path. Never below the controllers' minimum window.
         """
-        window_bytes = self.initial_cwnd_packets * self.datagram_payload(path)
+        window_bytes = self.initial_cwnd_packets * datagram_payload(path, self.tag_bytes)
         return max(MIN_INITIAL_CORE_PACKETS, -(-window_bytes // self.data_payload(path)))
 
     def packet_overhead(self) -> int:
