@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from wanxport.core.cc import (
@@ -85,3 +87,27 @@ def test_fixed_paces_at_its_rate_ignores_loss_and_sizes_the_window_from_srtt() -
     slow = create_congestion_control("fixed", mss_bytes=MSS, rate_bps=1e5)
     slow.on_ack(1.0, MSS, tiny, None, 0)
     assert slow.cwnd_bytes == 4 * MSS
+
+
+def test_metrics_are_finite_and_name_each_controllers_model() -> None:
+    """metrics() is the one view of a controller outside the core: common figures plus the
+    model's, all finite (JSON and Prometheus take them as they are), unknown ones left out."""
+    rtt = RttEstimator()
+    rtt.update(0.050, 0.0, 1.0)
+    bbr = create_congestion_control("bbr", mss_bytes=MSS)
+    before = bbr.metrics()
+    assert "min_rtt_s" not in before and "bw_cap_bps" not in before
+    assert before["cwnd_bytes"] == bbr.cwnd_bytes and before["pacing_rate_bps"] == bbr.pacing_rate_bps
+    bbr.on_ack(1.0, MSS, rtt, None, 0)
+    assert bbr.metrics()["min_rtt_s"] == 0.050
+    cubic = create_congestion_control("cubic", mss_bytes=MSS)
+    assert "ssthresh_bytes" not in cubic.metrics()
+    cubic.on_packet_sent(1.0, MSS, 0)
+    cubic.on_loss(1.1, MSS, 0, 1.0, rtt)
+    assert cubic.metrics()["ssthresh_bytes"] == pytest.approx(0.7 * 32 * MSS)
+    fixed = create_congestion_control("fixed", mss_bytes=MSS, rate_bps=1e9)
+    assert fixed.metrics()["rate_bps"] == 1e9
+    for cc in (bbr, cubic, fixed):
+        figures = cc.metrics()
+        assert {"cwnd_bytes", "pacing_rate_bps", "bandwidth_bps"} <= set(figures)
+        assert all(isinstance(v, float) and math.isfinite(v) for v in figures.values())

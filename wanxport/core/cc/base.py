@@ -108,3 +108,22 @@ class CongestionController(abc.ABC):
     def state(self) -> str:
         """Short state label for statistics and logs (e.g. "probe_bw")."""
         return self.name
+
+    def metrics(self) -> dict[str, float]:
+        """The controller's figures, by name, for statistics, reports and metrics.
+
+        This is the one way to read a controller from outside the core, so no
+        caller has to know which controller a path runs. Every controller
+        reports ``cwnd_bytes``, ``pacing_rate_bps`` and ``bandwidth_bps``;
+        subclasses add their model's figures (BBR: ``max_bw_bps``,
+        ``min_rtt_s``, ``pacing_gain``, ...; CUBIC: ``ssthresh_bytes``, ...).
+        Every value is a finite float, so the dict goes straight into JSON
+        and Prometheus: a figure the controller does not have (no RTT sample
+        yet, no congestion cap, slow start's unbounded threshold) is left out
+        rather than reported as infinity. The state label is :attr:`state`.
+        """
+        return {
+            "cwnd_bytes": float(self.cwnd_bytes),
+            "pacing_rate_bps": self.pacing_rate_bps,
+            "bandwidth_bps": self.bandwidth_bps,
+        }

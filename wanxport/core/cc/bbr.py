@@ -494,6 +494,24 @@ class BbrCongestionController(CongestionController):
     def state(self) -> str:
         return _STATE_NAMES[self._mode]
 
+    def metrics(self) -> dict[str, float]:
+        """The path model besides the common figures.
+
+        ``max_bw_bps`` is the max filter before any congestion cap;
+        ``bw_cap_bps`` (only while a cap holds) is that cap; ``min_rtt_s``
+        appears with the first RTT sample.
+        """
+        figures = super().metrics()
+        figures["max_bw_bps"] = self._max_bw
+        figures["pacing_gain"] = self._pacing_gain
+        figures["cwnd_gain"] = self._cwnd_gain
+        figures["round_count"] = float(self._round_count)
+        if self._bw_cap < math.inf:
+            figures["bw_cap_bps"] = self._bw_cap
+        if self._min_rtt_s < math.inf:
+            figures["min_rtt_s"] = self._min_rtt_s
+        return figures
+
     # -- introspection (tests, statistics) ---------------------------------------
 
     @property

@@ -212,6 +212,15 @@ class CubicCongestionController(CongestionController):
             return "recovery"
         return "congestion_avoidance"
 
+    def metrics(self) -> dict[str, float]:
+        """The window model besides the common figures (``ssthresh_bytes`` once slow start ended)."""
+        figures = super().metrics()
+        figures["w_max_bytes"] = self._w_max
+        figures["k_s"] = self._k
+        if self._ssthresh < math.inf:
+            figures["ssthresh_bytes"] = self._ssthresh
+        return figures
+
     # -- introspection (tests, statistics) ---------------------------------------
 
     @property

@@ -86,3 +86,9 @@ class FixedRateCongestionController(CongestionController):
     @property
     def in_startup(self) -> bool:
         return False
+
+    def metrics(self) -> dict[str, float]:
+        """The provisioned rate besides the common figures."""
+        figures = super().metrics()
+        figures["rate_bps"] = self._rate_bps
+        return figures
