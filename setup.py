@@ -45,6 +45,7 @@ COMPILED_MODULES = [
     "wanxport/core/outgoing.py", "wanxport/core/paths.py", "wanxport/core/ranges.py",
     "wanxport/core/recovery.py", "wanxport/core/rtt.py", "wanxport/core/scheduler.py",
     "wanxport/core/sent_packets.py", "wanxport/core/session.py", "wanxport/core/shards.py",
+    "wanxport/core/windowed_filter.py",
     "wanxport/sim/eventloop.py", "wanxport/sim/network.py", "wanxport/sim/runner.py",
     "wanxport/wire/frames.py", "wanxport/wire/header.py", "wanxport/wire/replay.py",
 ]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from wanxport.core.cc import BbrConfig, CcContext, FixedConfig
 from wanxport.core.cc.bbr import RESUME_JUMP_GAIN, BbrCongestionController
-from wanxport.core.cc.fixed import FixedRateCongestionController
 from wanxport.core.config import SessionConfig
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.events import PathChanged
@@ -46,7 +46,7 @@ def _drive(cc: BbrCongestionController, rtt: RttEstimator, now: float, rounds: i
 
 
 def _measured() -> tuple[BbrCongestionController, RttEstimator, float, int]:
-    cc = BbrCongestionController(mss_bytes=MSS)
+    cc = BbrConfig(probe_rtt=True).build(CcContext(mss_bytes=MSS))
     rtt = RttEstimator()
     now, delivered, _ = _drive(cc, rtt, 0.0, 8, RATE_BPS)
     assert cc.state == "probe_bw"
@@ -86,14 +86,14 @@ def test_losses_of_packets_handed_out_before_a_reduction_do_not_cap_again() -> N
     now, delivered, _ = _drive(cc, rtt, now, 2, RATE_BPS, rtt_s=2 * MIN_RTT_S, delivered=delivered)
     cc.on_packet_sent(now + 0.002, MSS, 1)
     cc.on_loss(now, MSS, 1, now - 0.05, rtt)
-    capped = cc.bw_cap_bps
+    capped = cc.metrics()["bw_cap_bps"]
     assert capped < RATE_BPS
     cc.on_loss(now + 0.1, MSS, 1, now + 0.001, rtt)  # sent after the reduction, but handed out before
-    assert cc.bw_cap_bps == capped
+    assert cc.metrics()["bw_cap_bps"] == capped
 
 
 def _path_after_failure(resume_rtt_s: float) -> Path:
-    path = Path(0, "p", 1400, FixedRateCongestionController(mss_bytes=MSS, rate_bps=RATE_BPS), 0.1)
+    path = Path(0, "p", 1400, FixedConfig(rate_bps=RATE_BPS).build(CcContext(mss_bytes=MSS)), 0.1)
     for i in range(10):
         path.rtt.update(MIN_RTT_S, 0.0, i * 0.1)
     path.save_for_resume()  # an active, measured path is suspected

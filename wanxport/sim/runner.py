@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from wanxport.core.cc import cc_config
 from wanxport.core.config import IP_UDP_OVERHEAD, PathConfig, SessionConfig
 from wanxport.core.events import ShardReceived
 from wanxport.core.session import Session, Transmit
@@ -97,7 +98,7 @@ class SimRun:
         settings.update(options.session)
         config = SessionConfig(
             paths=tuple(PathConfig(p.name, p.forward.mtu) for p in scenario.paths),
-            congestion_control=options.congestion_control,
+            congestion_control=cc_config(options.congestion_control),
             scheduler=options.scheduler,
             chunk_bytes=options.quantum,
             **settings,
