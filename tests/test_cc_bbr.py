@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wanxport.core.cc import BbrConfig, CcContext, CongestionController
+from wanxport.core.cc import BbrConfig, CcContext, CongestionController, cc_config
 from wanxport.core.cc.bbr import (
     LOSS_CAP_BETA,
     PACING_GAIN_CYCLE,
@@ -298,6 +298,6 @@ def test_invalid_options_name_the_field() -> None:
     with pytest.raises(ValueError, match="initial_window_packets=2"):
         bbr(initial_window_packets=2)
     with pytest.raises(ValueError, match="probe_rtt"):
-        BbrConfig(probe_rtt="no")  # type: ignore[arg-type]
+        cc_config("bbr", {"probe_rtt": "no"})
     with pytest.raises(ValueError, match="mss_bytes"):
         CcContext(mss_bytes=0)

@@ -12,6 +12,7 @@ comparison) and "fixed" (:class:`FixedConfig`, a provisioned rate).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +65,38 @@ def cc_config(name: str, options: Mapping[str, Any] | None = None) -> CcConfig:
         raise ValueError(
             f"unknown congestion control {name!r}; valid: {', '.join(available_congestion_controls())}"
         )
-    return config_class.from_options(options or {})
+    options = options or {}
+    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}  # type: ignore[arg-type]
+    for key, value in options.items():
+        if key not in fields:
+            raise ValueError(f"unknown option {key!r} for congestion control {name!r}; "
+                             f"valid: {', '.join(sorted(fields)) or '(none)'}")
+        _check_type(name, key, fields[key].type, value)
+    for key, spec in fields.items():
+        required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+        if required and key not in options:
+            raise ValueError(f"congestion control {name!r} needs option {key}")
+    return config_class(**options)
+
+
+#: What a file's value must be for a field of each simple type. Checked here, not only in
+#: the configs' __post_init__, because a mypyc-compiled config converts or rejects a value
+#: of the wrong type in its constructor, before __post_init__ could name the option.
+_OPTION_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "bool": ((bool,), "true or false"),
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+}
+
+
+def _check_type(name: str, key: str, annotation: object, value: object) -> None:
+    type_name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    kind = _OPTION_KINDS.get(type_name)
+    if kind is None:
+        return  # another type: the config's own checks judge it
+    types, description = kind
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise ValueError(f"{name} option {key} must be {description}, got {value!r}")
 
 
 register_congestion_control("bbr", BbrConfig)

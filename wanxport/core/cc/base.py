@@ -21,10 +21,8 @@ session creates every controller the same way, whatever its name.
 from __future__ import annotations
 
 import abc
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
@@ -54,36 +52,21 @@ class CcContext:
             raise ValueError(f"initial_rtt_s must be > 0 seconds, got {self.initial_rtt_s!r}")
 
 
-@dataclass(frozen=True)
-class CcConfig(abc.ABC):
+class CcConfig:
     """A controller's settings: validated fields, and :meth:`build` to make one per path.
 
     Subclasses are frozen dataclasses whose fields are the controller's
     options (what a user may write in a file), each checked in
     ``__post_init__`` with a message naming it and what would be valid.
+    (A plain base rather than an ``abc.ABC``: mypyc cannot compile a
+    dataclass derived from one.)
     """
 
-    #: Registry name ("bbr", "cubic", "fixed"), for messages and reports.
-    name: ClassVar[str]
+    __slots__ = ()
 
-    @abc.abstractmethod
     def build(self, context: CcContext) -> CongestionController:
         """A fresh controller for the path ``context`` describes."""
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> CcConfig:
-        """The config for options read from a user's file: unknown or missing names are a
-        ValueError that lists the valid ones (bad values are the fields' own checks)."""
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-        for key in options:
-            if key not in fields:
-                raise ValueError(f"unknown option {key!r} for congestion control {cls.name!r}; "
-                                 f"valid: {', '.join(sorted(fields)) or '(none)'}")
-        for key, spec in fields.items():
-            required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
-            if required and key not in options:
-                raise ValueError(f"congestion control {cls.name!r} needs option {key}")
-        return cls(**options)
+        raise NotImplementedError
 
 
 class CongestionController(abc.ABC):

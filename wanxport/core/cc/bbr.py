@@ -86,8 +86,6 @@ _STATE_NAMES = ("startup", "drain", "probe_bw", "probe_rtt")
 class BbrConfig(CcConfig):
     """Options of the BBR-family controller (the default)."""
 
-    name: ClassVar[str] = "bbr"
-
     #: ProbeRTT drains a path to 4 packets for a round trip every ~10 s to
     #: re-measure the minimum RTT. On provisioned long-haul paths that costs ~3 %
     #: of every long transfer for a route change that rarely happens, and the

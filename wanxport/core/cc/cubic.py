@@ -37,8 +37,6 @@ MIN_CWND_PACKETS = 2
 class CubicConfig(CcConfig):
     """CUBIC has no options: RFC 9438's constants, the session's initial window and RTT."""
 
-    name: ClassVar[str] = "cubic"
-
     def build(self, context: CcContext) -> CubicCongestionController:
         return CubicCongestionController(context)
 

@@ -24,8 +24,6 @@ _MIN_WINDOW_RTT_S = 0.001
 class FixedConfig(CcConfig):
     """The provisioned rate; there is nothing to measure, so nothing else to set."""
 
-    name: ClassVar[str] = "fixed"
-
     #: What the link is provisioned for, bits/s: every path of the session paces at it.
     rate_bps: float
 
