@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from wanxport.core.cc.fixed import FixedRateCongestionController
+from wanxport.core.cc import CcContext
+from wanxport.core.cc.fixed import FixedConfig, FixedRateCongestionController
 from wanxport.core.health import (
     PROBE_MISS_LIMIT,
     TRANSITIONS,
@@ -88,7 +89,7 @@ def _measured(rtt_s: float) -> tuple[FixedRateCongestionController, RttEstimator
     rtt = RttEstimator(initial_rtt_s=0.1)
     for i in range(5):
         rtt.update(rtt_s, 0.0, i * 0.1)
-    return FixedRateCongestionController(mss_bytes=1416, rate_bps=50e6), rtt
+    return FixedConfig(rate_bps=50e6).build(CcContext(mss_bytes=1416)), rtt
 
 
 def test_resume_state_is_saved_only_from_an_active_measured_path() -> None:

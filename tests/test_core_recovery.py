@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wanxport.core.cc import create_congestion_control
+from wanxport.core.cc import BbrConfig, CcContext
 from wanxport.core.delivery_rate import DeliveryRateEstimator
 from wanxport.core.recovery import (
     INITIAL_REORDER_THRESHOLD,
@@ -26,7 +26,7 @@ SIZE = MSS + 16
 
 
 def new_detector() -> LossDetector:
-    cc = create_congestion_control("bbr", mss_bytes=SIZE, initial_rtt_s=0.1)
+    cc = BbrConfig(probe_rtt=True).build(CcContext(mss_bytes=SIZE, initial_rtt_s=0.1))
     return LossDetector(RttEstimator(initial_rtt_s=0.1), DeliveryRateEstimator(), cc)
 
 

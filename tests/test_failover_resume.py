@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from wanxport.core.cc import BbrConfig, CcContext, FixedConfig
 from wanxport.core.cc.bbr import RESUME_JUMP_GAIN, BbrCongestionController
-from wanxport.core.cc.fixed import FixedRateCongestionController
-from wanxport.core.config import SessionConfig
+from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.events import PathChanged
 from wanxport.core.health import HealthEvent, PathState
@@ -24,6 +24,8 @@ from wanxport.sim.wire import VirtualDatagram
 
 MSS = 1500
 RATE_BPS = 100e6
+# Read from an instance: a mypyc-compiled SessionConfig has no class-level defaults.
+FAILED_PROBE_INTERVAL_S = SessionConfig(paths=(PathConfig("p"),)).failed_probe_interval_s
 MIN_RTT_S = 0.05
 
 
@@ -46,7 +48,7 @@ def _drive(cc: BbrCongestionController, rtt: RttEstimator, now: float, rounds: i
 
 
 def _measured() -> tuple[BbrCongestionController, RttEstimator, float, int]:
-    cc = BbrCongestionController(mss_bytes=MSS)
+    cc = BbrConfig(probe_rtt=True).build(CcContext(mss_bytes=MSS))
     rtt = RttEstimator()
     now, delivered, _ = _drive(cc, rtt, 0.0, 8, RATE_BPS)
     assert cc.state == "probe_bw"
@@ -86,14 +88,14 @@ def test_losses_of_packets_handed_out_before_a_reduction_do_not_cap_again() -> N
     now, delivered, _ = _drive(cc, rtt, now, 2, RATE_BPS, rtt_s=2 * MIN_RTT_S, delivered=delivered)
     cc.on_packet_sent(now + 0.002, MSS, 1)
     cc.on_loss(now, MSS, 1, now - 0.05, rtt)
-    capped = cc.bw_cap_bps
+    capped = cc.metrics()["bw_cap_bps"]
     assert capped < RATE_BPS
     cc.on_loss(now + 0.1, MSS, 1, now + 0.001, rtt)  # sent after the reduction, but handed out before
-    assert cc.bw_cap_bps == capped
+    assert cc.metrics()["bw_cap_bps"] == capped
 
 
 def _path_after_failure(resume_rtt_s: float) -> Path:
-    path = Path(0, "p", 1400, FixedRateCongestionController(mss_bytes=MSS, rate_bps=RATE_BPS), 0.1)
+    path = Path(0, "p", 1400, FixedConfig(rate_bps=RATE_BPS).build(CcContext(mss_bytes=MSS)), 0.1)
     for i in range(10):
         path.rtt.update(MIN_RTT_S, 0.0, i * 0.1)
     path.health.save_for_resume(path.cc, path.rtt)  # an active, measured path is suspected
@@ -186,13 +188,13 @@ def test_readmitted_path_is_back_at_most_of_its_rate_in_its_third_round_trip() -
 def test_failed_path_is_readmitted_within_a_probe_interval_and_a_round_trip(back_s: float) -> None:
     """Failed paths are probed every failed_probe_interval_s (50 ms), whatever the outage's phase."""
     readmitted, _ = _readmission_run("", back_s)
-    assert back_s < readmitted <= back_s + SessionConfig.failed_probe_interval_s + 0.08 + 0.005
+    assert back_s < readmitted <= back_s + FAILED_PROBE_INTERVAL_S + 0.08 + 0.005
 
 
 def test_path_rerouted_to_a_round_trip_of_many_probe_intervals_is_still_readmitted() -> None:
     # 600 ms is 12 probe intervals: the answer comes to a probe sent long before the latest.
     readmitted, arrivals = _readmission_run("[[paths.events]]\n  at_s = 1.6\n  set = { rtt_ms = 600.0 }")
-    assert 1.6 + 0.6 <= readmitted <= 1.6 + 0.6 + SessionConfig.failed_probe_interval_s + 0.005
+    assert 1.6 + 0.6 <= readmitted <= 1.6 + 0.6 + FAILED_PROBE_INTERVAL_S + 0.005
     assert arrivals and max(at for at, _ in arrivals) > readmitted
 
 

@@ -31,6 +31,7 @@ from emulation.baselines.tcp_app import emit, run_async_role
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
 from wanxport.aio.loop import run
+from wanxport.core.cc import cc_config
 from wanxport.core.config import PathConfig, SessionConfig
 
 SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
@@ -55,7 +56,7 @@ def endpoint_config(spec: dict[str, Any], sender: bool) -> EndpointConfig:
     paths = tuple(PathConfig(p["name"], int(p["mtu"])) for p in spec["paths"])
     budget = max(1 << 30, 2 * max(length for _, length in payload.split(spec["size"],
                                                                          spec["shards"])))
-    session = SessionConfig(paths=paths, congestion_control=spec.get("cc") or "bbr",
+    session = SessionConfig(paths=paths, congestion_control=cc_config(spec.get("cc") or "bbr"),
                             chunk_bytes=offload_chunk_bytes(paths, SEGMENTS),
                             receive_budget_bytes=budget, peer_credit_bytes=budget,
                             ack_threshold=ACK_THRESHOLD)

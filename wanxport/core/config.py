@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wanxport.core.cc import BbrConfig, CcConfig, CcContext
 from wanxport.wire.frames import DATA_OVERHEAD
 from wanxport.wire.header import HEADER_LEN
 
@@ -36,8 +37,10 @@ class SessionConfig:
     """Both gateways of a session must agree on ``paths`` (same order) and the credits."""
 
     paths: tuple[PathConfig, ...]
-    congestion_control: str = "bbr"
-    cc_options: dict[str, object] = field(default_factory=dict)
+    # One validated config object, not a name plus loose options: every path's
+    # controller is built from it the same way. A name and options from a user's
+    # file become one with wanxport.core.cc.cc_config(name, options).
+    congestion_control: CcConfig = field(default_factory=BbrConfig)
     scheduler: str = "earliest-arrival"
     chunk_bytes: int | None = None  # payload per core data packet; None: one full datagram
     # Payload per DATA datagram; None: as much as the MTU allows. Only the simulator
@@ -51,11 +54,6 @@ class SessionConfig:
     # initial_window_core_packets), so the window on the wire does not grow with
     # the offload's segment count.
     initial_cwnd_packets: int = 64
-    # BBR's ProbeRTT drains a path to 4 packets for a round trip every ~10 s to
-    # re-measure the minimum RTT. On provisioned long-haul paths that costs ~3 % of
-    # every long transfer for a route change that rarely happens; the windowed
-    # minimum still follows a path whose RTT really moved. Set True for shared paths.
-    bbr_probe_rtt: bool = False
     max_ack_delay_s: float = 0.005
     ack_threshold: int = 8
     receive_budget_bytes: int = 1 << 30  # our receive memory bound; granted to the peer
@@ -75,6 +73,10 @@ class SessionConfig:
     def __post_init__(self) -> None:
         if not self.paths:
             raise ValueError("a session needs at least one path")
+        if not isinstance(self.congestion_control, CcConfig):
+            raise ValueError(f"congestion_control must be a controller config such as BbrConfig() "
+                             f"(cc_config(name, options) makes one from a name), "
+                             f"got {self.congestion_control!r}")
         if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
             raise ValueError("chunk_bytes must be between 1 and 1 GiB (above 65535 only for virtual shards)")
         if self.segment_bytes is not None and not 0 < self.segment_bytes <= (1 << 30):
@@ -115,6 +117,13 @@ class SessionConfig:
         """
         window_bytes = self.initial_cwnd_packets * datagram_payload(path, self.tag_bytes)
         return max(MIN_INITIAL_CORE_PACKETS, -(-window_bytes // self.data_payload(path)))
+
+    def cc_context(self, index: int) -> CcContext:
+        """What the controller of path ``index`` needs to know about it."""
+        path = self.paths[index]
+        return CcContext(mss_bytes=self.data_payload(path) + self.packet_overhead(),
+                         initial_window_packets=self.initial_window_core_packets(path),
+                         path_index=index, initial_rtt_s=self.initial_rtt_s)
 
     def packet_overhead(self) -> int:
         return HEADER_LEN + self.tag_bytes

@@ -19,7 +19,7 @@ and are translated here.
 
 from __future__ import annotations
 
-from wanxport.core.cc import CongestionController, create_congestion_control
+from wanxport.core.cc import CongestionController
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.events import (
@@ -97,15 +97,7 @@ class Session:
 
     @staticmethod
     def _make_cc(config: SessionConfig, index: int) -> CongestionController:
-        options: dict[str, object] = {"initial_rtt_s": config.initial_rtt_s}
-        if config.congestion_control in ("bbr", "cubic"):
-            options["initial_cwnd_packets"] = config.initial_window_core_packets(config.paths[index])
-        if config.congestion_control == "bbr":
-            options["seed"] = index  # paths start their gain cycles out of phase
-            options["probe_rtt"] = config.bbr_probe_rtt
-        options.update(config.cc_options)
-        mss = config.data_payload(config.paths[index]) + config.packet_overhead()
-        return create_congestion_control(config.congestion_control, mss_bytes=mss, **options)
+        return config.congestion_control.build(config.cc_context(index))
 
     # -- application side ----------------------------------------------------
 

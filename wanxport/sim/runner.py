@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from wanxport.core.cc import cc_config
 from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig
 from wanxport.core.events import ShardFilled, ShardReceived
 from wanxport.core.session import Session
@@ -142,7 +143,7 @@ class SimRun:
         settings.update(options.session)
         config = SessionConfig(
             paths=paths,
-            congestion_control=options.congestion_control,
+            congestion_control=cc_config(options.congestion_control),
             scheduler=options.scheduler,
             segment_bytes=options.quantum,
             **settings,

@@ -8,15 +8,65 @@ controller answers with two numbers the sender obeys: a congestion window
 
 Controllers are pure: time is the ``now`` argument, there is no clock, no I/O,
 and randomness, if any, comes from a seed option.
+
+A controller is made from two parts (quinn-proto's ``ControllerFactory``
+shape): a frozen :class:`CcConfig`, which says *how* the user wants it to
+behave, is validated once when the session configuration is built and is
+shared by every path; and a :class:`CcContext`, which says *where* it runs
+(one path's packet size, initial window and index), known only when the
+session creates that path. ``config.build(context)`` joins them, so the
+session creates every controller the same way, whatever its name.
 """
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import ClassVar
 
 from wanxport.core.delivery_rate import RateSample
-from wanxport.core.rtt import RttEstimator
+from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
+
+
+@dataclass(frozen=True)
+class CcContext:
+    """What a controller needs to know about the one path it runs on."""
+
+    #: Bytes of the path's full-size core packet (data, header and tag), the unit of its window.
+    mss_bytes: int
+    #: Initial window in core packets (the session converts its datagram count for this path).
+    initial_window_packets: int = 32
+    #: The path's position in the session: seeds per-path randomness, so paths differ.
+    path_index: int = 0
+    #: The RTT to assume before the first sample, seconds.
+    initial_rtt_s: float = INITIAL_RTT_S
+
+    def __post_init__(self) -> None:
+        for name in ("mss_bytes", "initial_window_packets"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.path_index, bool) or not isinstance(self.path_index, int) or self.path_index < 0:
+            raise ValueError(f"path_index must be an integer >= 0, got {self.path_index!r}")
+        if not self.initial_rtt_s > 0:
+            raise ValueError(f"initial_rtt_s must be > 0 seconds, got {self.initial_rtt_s!r}")
+
+
+class CcConfig:
+    """A controller's settings: validated fields, and :meth:`build` to make one per path.
+
+    Subclasses are frozen dataclasses whose fields are the controller's
+    options (what a user may write in a file), each checked in
+    ``__post_init__`` with a message naming it and what would be valid.
+    (A plain base rather than an ``abc.ABC``: mypyc cannot compile a
+    dataclass derived from one.)
+    """
+
+    __slots__ = ()
+
+    def build(self, context: CcContext) -> CongestionController:
+        """A fresh controller for the path ``context`` describes."""
+        raise NotImplementedError
 
 
 class CongestionController(abc.ABC):
