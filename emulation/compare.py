@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from emulation import plots
+from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
-from emulation.run import TRANSPORTS, RunOptions, check_options, run_experiment
+from emulation.run import TRANSPORTS, RunOptions, check_options, exit_on_sigterm, run_experiment
 from wanxport.report import dumps
-from wanxport.sim.scenario import Scenario
+from wanxport.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -200,29 +201,26 @@ def table(reports: list[Report], columns: list[str], failures: dict[tuple[str, s
     return "\n".join(lines) + "\n"
 
 
-def scenario_with_size(resolve: Any, arg: str, default_size: int | None) -> Scenario:
+def scenario_with_size(arg: str, default_size: int | None) -> Scenario:
     """``NAME`` or ``NAME@SIZE`` (e.g. ``lossy-long-2path@8MiB``): a per-scenario payload size."""
     from wanxport.units import parse_size
 
     name, at, size = arg.rpartition("@")
     if not at:
-        scenario: Scenario = resolve(arg)
+        scenario = resolve_scenario(arg)
         return scenario.with_transfer(size_bytes=default_size) if default_size else scenario
     try:
         size_bytes = parse_size(size)
     except ValueError as exc:
         raise ValueError(f"scenario {arg!r}: size after '@': {exc}") from None
-    return resolve(name).with_transfer(size_bytes=size_bytes)  # type: ignore[no-any-return]
+    return resolve_scenario(name).with_transfer(size_bytes=size_bytes)
 
 
 def main_compare(args: Any) -> int:
     """``python -m emulation compare``: 0 when every run was intact."""
-    from emulation.cli import resolve_scenario
-    from emulation.run import exit_on_sigterm
-
     exit_on_sigterm()
     columns = parse_columns(args.transports)
-    scenarios = [scenario_with_size(resolve_scenario, s, args.size) for s in args.scenarios]
+    scenarios = [scenario_with_size(s, args.size) for s in args.scenarios]
     out = Path(args.out)
     reports = compare(scenarios, columns, args.repeat, out,
                       deadline_s=args.deadline, backend=args.backend, with_sim=not args.no_sim)

@@ -18,8 +18,8 @@ from wanxport.core.events import PathChanged
 from wanxport.core.paths import Path, PathState
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.session import Transmit
+from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, SimRun
-from wanxport.sim.scenario import parse_scenario
 from wanxport.wire.frames import DataFrame
 
 MSS = 1500

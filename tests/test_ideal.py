@@ -5,8 +5,7 @@ import random
 
 import pytest
 
-from wanxport.sim.ideal import ideal_time_s
-from wanxport.sim.scenario import Scenario, parse_scenario
+from wanxport.scenario import Scenario, ideal_time_s, parse_scenario
 
 MB = 1_000_000
 

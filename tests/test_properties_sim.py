@@ -28,9 +28,9 @@ from wanxport.core import recovery
 from wanxport.core.config import SessionConfig
 from wanxport.core.sent_packets import SentPacket
 from wanxport.core.session import PROBE_MEMORY_S
+from wanxport.scenario import Scenario, parse_scenario
 from wanxport.sim import runner as runner_module
 from wanxport.sim.runner import Endpoint, SimOptions, SimRun
-from wanxport.sim.scenario import Scenario, parse_scenario
 from wanxport.wire.protection import NullProtection
 
 # Packets a path may hold beyond cwnd/mss: the packet that crossed the window,

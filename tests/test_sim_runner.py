@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, SimRun, simulate
-from wanxport.sim.scenario import parse_scenario
 
 TWO_PATHS = """
 name = "two-paths"

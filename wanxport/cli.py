@@ -79,8 +79,8 @@ def _add_sim(sub: Any) -> None:
 
 def _run_sim(args: argparse.Namespace) -> int:
     from wanxport.report import dumps
+    from wanxport.scenario import ScenarioError, load_scenario
     from wanxport.sim.runner import SimOptions, simulate
-    from wanxport.sim.scenario import ScenarioError, load_scenario
 
     try:
         scenario = load_scenario(args.scenario)

@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
 
         baseline = run_iperf3_udp()
     if args.transport == "aioquic":
-        from wanxport.gateway.aioquic_bench import run_aioquic_bench
+        from wanxport.bench.aioquic_bench import run_aioquic_bench
 
         report = run_aioquic_bench(size, args.seed)
     elif args.pps is not None:

@@ -27,10 +27,9 @@ from wanxport.core.config import IP_UDP_OVERHEAD, PathConfig, SessionConfig
 from wanxport.core.events import ShardReceived
 from wanxport.core.session import Session, Transmit
 from wanxport.report import PathReport, build_report
+from wanxport.scenario import Scenario, ideal_time_s
 from wanxport.sim.eventloop import EventLoop
-from wanxport.sim.ideal import ideal_time_s
 from wanxport.sim.network import Network
-from wanxport.sim.scenario import Scenario
 from wanxport.wire.datapath import PacketOpener, PacketSealer
 from wanxport.wire.protection import AeadProtection, Protection
 from wanxport.wire.replay import ReplayWindow
