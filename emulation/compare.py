@@ -28,7 +28,7 @@ from emulation import plots
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
 from emulation.run import TRANSPORTS, RunOptions, check_options, exit_on_sigterm, run_experiment
-from wanxport.report import dumps
+from wanxport.report import dumps, with_wall_time
 from wanxport.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def simulate_scenario(scenario: Scenario, size: int | None) -> Report:
     """wanxport in the simulator on the same scenario and size (sizes only: virtual payload)."""
     from wanxport.sim.runner import SimOptions, simulate
 
-    return simulate(scenario, SimOptions(size_bytes=size, payload_mode="virtual"))
+    return with_wall_time(lambda: simulate(scenario, SimOptions(size_bytes=size, payload_mode="virtual")))
 
 
 def compare(scenarios: list[Scenario], columns: list[Column], repeat: int, out: Path, *,
