@@ -16,9 +16,10 @@ from pathlib import Path
 
 import wanxport
 
+# argv is ["-c", root, module, *args]; the module then sees [its file, *args].
 _BOOTSTRAP = (
     "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)"
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
 )
 
 
