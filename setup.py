@@ -44,8 +44,7 @@ EXTENSIONS = [
 # WANXPORT_MYPYC=0 asks for a pure build; =1 makes a failed compilation an error.
 COMPILED_PACKAGES = ("wanxport/core", "wanxport/wire", "wanxport/sim", "wanxport/scenario")
 NOT_COMPILED = {
-    # The wrapper of the C data path (wanxport._native): its work is already C,
-    # and its socket I/O is not part of the pure layers (issue 13 item 6 moves it).
+    # A thin wrapper of the C data path (wanxport._native): its work is already C.
     "wanxport/wire/native.py",
     # mypyc 2.4 compiles ShardFilled (a dataclass with a memoryview field) into a
     # module that fails to import (KeyError: 'memoryview'); events are tiny records.
