@@ -62,7 +62,7 @@ def test_a_lost_datagram_resends_only_its_own_bytes() -> None:
 
 
 @pytest.mark.skipif(session_module.__file__.endswith(".so"),
-                    reason="patches a core function; a mypyc-compiled core does not let it be replaced")
+                    reason="patches a core method; a mypyc-compiled core does not let it be replaced")
 def test_ranges_below_what_is_outstanding_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """An ACK repeats its old ranges; once the packets they name are settled they do not
     reach loss recovery again, and the rest still does."""
