@@ -21,8 +21,9 @@ static PyMethodDef module_methods[] = {
      "build_data_datagrams(protector, conn_id, path_id, first_pn, key_phase, shard_id, "
      "shard_buffer, offset, length, max_payload) -> (bytearray, stride, count)."},
     {"recv_batch", (PyCFunction)(void (*)(void))wx_recv_batch, METH_VARARGS | METH_KEYWORDS,
-     "recv_batch(fd, buffer, max_datagrams, want_addrs=False) -> "
-     "(count, descriptors: bytes, addrs | None, truncated)."},
+     "recv_batch(fd, buffer, max_datagrams, want_addrs=False, quic_addrs=False) -> "
+     "(count, descriptors: bytes, addrs | None, truncated); quic_addrs: addresses of "
+     "QUIC-looking datagrams only (None for the rest)."},
     {"enable_timestamps", (PyCFunction)wx_enable_timestamps, METH_VARARGS,
      "enable_timestamps(fd): ask the kernel for SO_TIMESTAMPNS receive timestamps."},
     {"enable_gro", (PyCFunction)wx_enable_gro, METH_VARARGS,

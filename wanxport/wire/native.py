@@ -205,7 +205,8 @@ class DatagramBatch:
 
 
 def recv_batch(
-    fd: FdLike, buffer: bytearray | memoryview, max_datagrams: int, want_addrs: bool = False
+    fd: FdLike, buffer: bytearray | memoryview, max_datagrams: int, want_addrs: bool = False,
+    quic_addrs: bool = False,
 ) -> DatagramBatch:
     """Drain up to ``max_datagrams`` messages (non-blocking; an empty batch on EAGAIN).
 
@@ -213,8 +214,11 @@ def recv_batch(
     slot should hold 64 KiB, and coalesced messages are split back into
     datagrams (so ``count`` may exceed ``max_datagrams``). Timestamps are the
     kernel's CLOCK_REALTIME receive times when enable_timestamps() was called.
+    ``quic_addrs``: ``addrs`` holds the sender only of QUIC-looking datagrams
+    (None elsewhere), what a socket shared with the control channel needs.
     """
-    count, desc, addrs, truncated = _require().recv_batch(fd, buffer, max_datagrams, want_addrs)
+    count, desc, addrs, truncated = _require().recv_batch(fd, buffer, max_datagrams, want_addrs,
+                                                          quic_addrs)
     return DatagramBatch(buffer, desc, count, addrs, truncated)
 
 
@@ -254,6 +258,9 @@ class ControlDatagram:
 class ProcessResult:
     records: npt.NDArray[Any]  # RECORD_DTYPE, one row per placed DATA datagram
     controls: list[ControlDatagram]
+    # QUIC-looking datagrams (first byte & 0x40), untouched, with their index in the
+    # batch: they belong to the control channel sharing the socket (aioquic).
+    quic: list[tuple[int, bytes]]
 
 
 class Receiver:
@@ -302,10 +309,11 @@ class Receiver:
         return out
 
     def process(self, batch: DatagramBatch) -> ProcessResult:
-        records, controls = self._c.process(batch.buffer, batch.descriptors)
+        records, controls, quic = self._c.process(batch.buffer, batch.descriptors)
         return ProcessResult(
             np.frombuffer(records, dtype=RECORD_DTYPE),
             [ControlDatagram(*c) for c in controls],
+            quic,
         )
 
 
