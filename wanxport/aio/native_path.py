@@ -13,9 +13,9 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from wanxport.aio.config import DirectionKey
+from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.wire import native
 from wanxport.wire.frames import AckFrame, PaddingFrame, encode_frames
@@ -46,14 +46,23 @@ def not_eliciting(plan: ControlPlan) -> bool:
     return all(isinstance(frame, AckFrame | PaddingFrame) for frame in plan.frames)
 
 
+QuicSink = Callable[[bytes, Address], None]
+
+
 class NativeDatapath:
     name = "native"
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
                  remote_conn_id: int, local_conn_id: int, slot_size: int, capacity: int,
-                 spin_ns: int, burst_ns: int) -> None:
+                 spin_ns: int, burst_ns: int, destinations: Sequence[Address | None] | None = None,
+                 on_quic: Sequence[QuicSink | None] | None = None) -> None:
         n = len(sockets)
         self._sockets = list(sockets)
+        # A path's socket shared with the control channel (aio.port) is unconnected:
+        # sends name the peer, and QUIC-looking datagrams go to its control side.
+        self._dest = list(destinations or [None] * n)
+        self._on_quic = list(on_quic or [None] * n)
+        self.quic_unclaimed = 0  # QUIC-looking datagrams on a socket nobody's control side reads
         self._seal = native.Protector(send_key.cipher, send_key.key, send_key.iv)
         self._conn = remote_conn_id
         self.receiver = native.Receiver(local_conn_id, n)
@@ -90,8 +99,8 @@ class NativeDatapath:
         self.receiver.set_key(phase & 1, native.Protector(key.cipher, key.key, key.iv))
 
     def attach(self, path_id: int) -> None:
-        """Start sending on a path (its socket is connected)."""
-        self.pacer.set_path(path_id, self._sockets[path_id])
+        """Start sending on a path (to its socket's peer, or to its destination)."""
+        self.pacer.set_path(path_id, self._sockets[path_id], self._dest[path_id])
 
     # -- send ----------------------------------------------------------------
 
@@ -138,7 +147,11 @@ class NativeDatapath:
         """
         if overtake and not self._pending[path_id]:
             try:
-                self._sockets[path_id].send(datagram)
+                dest = self._dest[path_id]
+                if dest is None:
+                    self._sockets[path_id].send(datagram)
+                else:
+                    self._sockets[path_id].sendto(datagram, dest)
                 return
             except (BlockingIOError, InterruptedError):
                 pass
@@ -197,12 +210,13 @@ class NativeDatapath:
         """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how
         many datagrams they hold, and opened control datagrams."""
         sock = self._sockets[path_id]
+        on_quic = self._on_quic[path_id]
         runs: list[native.Run] = []
         placed = 0
         controls: list[tuple[int, int, bytes]] = []
         for _ in range(MAX_BATCHES_PER_WAKE):
             try:
-                batch = native.recv_batch(sock, self._rx_buffer, RECV_SLOTS)
+                batch = native.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=on_quic is not None)
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
             if batch.count == 0:
@@ -213,15 +227,26 @@ class NativeDatapath:
                 placed += len(result.records)
             for c in result.controls:
                 controls.append((c.path_id, c.packet_number, c.plaintext))
+            if result.quic:
+                self._hand_quic(on_quic, result.quic, batch.addrs)
         return runs, placed, controls
+
+    def _hand_quic(self, on_quic: QuicSink | None, quic: list[tuple[int, bytes]],
+                   addrs: list[Address | None] | None) -> None:
+        for index, datagram in quic:
+            addr = None if addrs is None else addrs[index]
+            if on_quic is None or addr is None:
+                self.quic_unclaimed += 1
+            else:
+                on_quic(datagram, addr)
 
     @property
     def rejected(self) -> int:
-        return sum(v for k, v in self.receiver.counters.items() if k.startswith("rejected_"))
+        return sum(v for k, v in self.counters.items() if k.startswith("rejected_"))
 
     @property
     def counters(self) -> dict[str, int]:
-        return self.receiver.counters
+        return {**self.receiver.counters, "rejected_quic": self.quic_unclaimed}
 
     def close(self, drain_s: float = 0.2) -> None:
         """Let queued datagrams leave (bounded wait), then stop the pacer thread."""

@@ -10,26 +10,35 @@ native throughput.
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from wanxport.aio.config import DirectionKey
+from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.plan import DataPlan, Plan
 from wanxport.wire.datapath import PacketOpener, PacketSealer
 from wanxport.wire.frames import DataFrame, Frame
+from wanxport.wire.header import is_quic
 from wanxport.wire.protection import AeadProtection
 
 MAX_DATAGRAM = 65535
 MAX_DATAGRAMS_PER_WAKE = 512
 
 OpenedPacket = tuple[int, int, list[Frame]]
+QuicSink = Callable[[bytes, Address], None]
 
 
 class PythonDatapath:
     name = "python"
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
-                 remote_conn_id: int, local_conn_id: int) -> None:
+                 remote_conn_id: int, local_conn_id: int,
+                 destinations: Sequence[Address | None] | None = None,
+                 on_quic: Sequence[QuicSink | None] | None = None) -> None:
         self._sockets = list(sockets)
+        # A socket shared with the control channel (aio.port) is unconnected: sends
+        # name the peer, QUIC-looking datagrams (0x40) go to its control side.
+        self._dest = list(destinations or [None] * len(sockets))
+        self._on_quic = list(on_quic or [None] * len(sockets))
+        self.quic_unclaimed = 0
         self._attached = [False] * len(sockets)
         self._sealer = PacketSealer(remote_conn_id, {0: AeadProtection(send_key.cipher, send_key.key,
                                                                          send_key.iv)})
@@ -63,19 +72,22 @@ class PythonDatapath:
             self.bytes_under_key += plan.length if isinstance(plan, DataPlan) else 0
             if not self._attached[plan.path_id]:
                 continue
-            sock = self._sockets[plan.path_id]
+            sock, dest = self._sockets[plan.path_id], self._dest[plan.path_id]
             if isinstance(plan, DataPlan):
                 for i in range(plan.count):
                     start = plan.offset + i * plan.segment
                     length = min(plan.segment, plan.offset + plan.length - start)
                     frame = DataFrame(plan.shard_id, start, length, plan.buffer[start:start + length])
-                    self._send(sock, self._sealer.seal(plan.path_id, plan.first_pn + i, [frame]))
+                    self._send(sock, dest, self._sealer.seal(plan.path_id, plan.first_pn + i, [frame]))
             else:
-                self._send(sock, self._sealer.seal(plan.path_id, plan.pn, plan.frames))
+                self._send(sock, dest, self._sealer.seal(plan.path_id, plan.pn, plan.frames))
 
-    def _send(self, sock: socket.socket, datagram: bytes) -> None:
+    def _send(self, sock: socket.socket, dest: Address | None, datagram: bytes) -> None:
         try:
-            sock.send(datagram)
+            if dest is None:
+                sock.send(datagram)
+            else:
+                sock.sendto(datagram, dest)
         except (BlockingIOError, ConnectionRefusedError):
             self.send_errors += 1  # UDP semantics: the core repairs the loss
 
@@ -88,14 +100,21 @@ class PythonDatapath:
 
     def receive(self, path_id: int) -> list[OpenedPacket]:
         sock = self._sockets[path_id]
+        on_quic = self._on_quic[path_id]
         out: list[OpenedPacket] = []
         for _ in range(MAX_DATAGRAMS_PER_WAKE):
             try:
-                datagram = sock.recv(MAX_DATAGRAM)
+                datagram, addr = sock.recvfrom(MAX_DATAGRAM)
             except BlockingIOError:
                 break
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
+            if is_quic(datagram):  # the control channel's, on a port shared with it
+                if on_quic is None:
+                    self.quic_unclaimed += 1
+                else:
+                    on_quic(datagram, (str(addr[0]), int(addr[1])))
+                continue
             opened = self.opener.open(datagram)
             if opened is not None:
                 out.append((opened.header.path_id, opened.header.packet_number, opened.frames))
@@ -103,12 +122,15 @@ class PythonDatapath:
 
     @property
     def rejected(self) -> int:
-        return self.opener.dropped
+        return self.opener.dropped + self.quic_unclaimed
 
     @property
     def counters(self) -> dict[str, int]:
         # dict() copies in one C call: a metrics scrape reads this from another thread.
-        return {f"rejected_{k}": v for k, v in dict(self.opener.drops).items()}
+        out = {f"rejected_{k}": v for k, v in dict(self.opener.drops).items()}
+        if self.quic_unclaimed:
+            out["rejected_quic"] = out.get("rejected_quic", 0) + self.quic_unclaimed
+        return out
 
     def close(self, drain_s: float = 0.0) -> None:
         """Nothing to stop."""
