@@ -10,9 +10,9 @@ both top bits clear (``wire.header.is_data_plane``).
 and after any data session:
 
 * the control side plugs in any ``asyncio.DatagramProtocol`` (aioquic's
-  ``QuicServer``) with ``set_quic``; it gets ``port.transport``, a
-  ``DatagramTransport`` whose ``sendto`` writes on the shared socket, exactly as
-  if it had bound its own;
+  ``QuicServer``) with ``set_quic``; its ``connection_made`` gets a
+  ``DatagramTransport`` whose ``sendto`` writes on the shared socket, exactly
+  as if it had bound its own;
 * while a data session runs, its endpoint registers ``attach_data`` and drains
   the socket itself (batched, in C for the native path); QUIC-looking datagrams
   it meets come back through ``quic_received``;
@@ -61,11 +61,7 @@ class PortTransport(asyncio.DatagramTransport):
         self._port.send_quic(bytes(data), addr)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "sockname":
-            return self._port.address
-        if name == "socket":
-            return self._port.socket
-        return default
+        return self._port.address if name == "sockname" else default
 
     def is_closing(self) -> bool:
         return self._closing
@@ -86,7 +82,6 @@ class PathPort:
         self.socket = sock
         # Datagrams dropped by reason: no_session, marker, short, quic (no control side).
         self.counters: Counter[str] = Counter()
-        self.quic_send_errors = 0
         self._quic: asyncio.DatagramProtocol | None = None
         self._transport: PortTransport | None = None
         self._data: Callable[[], None] | None = None
@@ -131,10 +126,6 @@ class PathPort:
 
     # -- control side --------------------------------------------------------
 
-    @property
-    def transport(self) -> PortTransport | None:
-        return self._transport
-
     def set_quic(self, protocol: asyncio.DatagramProtocol) -> PortTransport:
         """Hand QUIC datagrams to ``protocol`` from now on (``connection_made`` is called)."""
         if self._transport is not None:
@@ -154,7 +145,6 @@ class PathPort:
         try:
             self.socket.sendto(data, addr)
         except OSError as exc:  # full buffer, ICMP error, a closed port: a lost datagram
-            self.quic_send_errors += 1
             log.debug("control datagram to %s not sent (%s)", addr, exc)
 
     def quic_received(self, data: bytes, addr: Address) -> None:
