@@ -98,6 +98,8 @@ class Endpoint:
         self._numbering = [WireNumbering() for _ in paths]
         self._wire_factor = [self._pacing_factor(i) for i in range(len(paths))]
         self.ports = list(ports) if ports is not None else None
+        # Kept, so that a port detaches only this endpoint's own reader (by identity).
+        self._readers = [functools.partial(self._on_readable, i) for i in range(len(config.sockets))]
         self.sockets = []
         try:
             if self.ports is not None:
@@ -184,7 +186,7 @@ class Endpoint:
         for path_id, sock in enumerate(self.sockets):
             self.datapath.attach(path_id)
             if self.ports is not None:
-                self.ports[path_id].attach_data(functools.partial(self._on_readable, path_id))
+                self.ports[path_id].attach_data(self._readers[path_id])
             else:
                 loop.add_reader(sock.fileno(), self._on_readable, path_id)
         self._service()
@@ -243,8 +245,8 @@ class Endpoint:
         finally:
             if self.ports is not None:
                 if self._loop is not None:  # the ports stay open (the control side still listens)
-                    for port in self.ports:
-                        port.detach_data()
+                    for port, reader in zip(self.ports, self._readers, strict=True):
+                        port.detach_data(reader)
             else:
                 for sock in self.sockets:
                     if self._loop is not None and sock.fileno() >= 0:

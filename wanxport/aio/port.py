@@ -162,8 +162,10 @@ class PathPort:
             raise RuntimeError(f"port {self.address[0]}:{self.address[1]} already carries a session")
         self._data = on_readable
 
-    def detach_data(self) -> None:
-        self._data = None
+    def detach_data(self, on_readable: Callable[[], None]) -> None:
+        """The session ended; only its own registration is removed (a later one stays)."""
+        if self._data == on_readable:
+            self._data = None
 
     @property
     def data_attached(self) -> bool:
