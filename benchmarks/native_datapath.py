@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from wanxport.aio import native_io
 from wanxport.wire import native
 from wanxport.wire.datapath import PacketOpener, PacketSealer
 from wanxport.wire.frames import DataFrame
@@ -91,7 +92,7 @@ def bench_pacer(pps: float, seconds: float, gso: bool, burst_ns: int) -> dict[st
     rx.bind(("127.0.0.1", 0))
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
     rx.setblocking(False)
-    native.enable_timestamps(rx)
+    native_io.enable_timestamps(rx)
     tx.connect(rx.getsockname())
     tx.setblocking(False)
     n = int(pps * seconds)
@@ -100,7 +101,7 @@ def bench_pacer(pps: float, seconds: float, gso: bool, burst_ns: int) -> dict[st
     stamps: list[np.ndarray] = []
     received = 0
     buf = bytearray(256 * 2048)
-    with native.Pacer(1, capacity=n + 1, slot_size=size, gso=gso, burst_ns=burst_ns) as pacer:
+    with native_io.Pacer(1, capacity=n + 1, slot_size=size, gso=gso, burst_ns=burst_ns) as pacer:
         pacer.set_path(0, tx)
         pacer.set_pps(0, pps)
         if pacer.enqueue(0, payload, stride=size) != n:
@@ -108,7 +109,7 @@ def bench_pacer(pps: float, seconds: float, gso: bool, burst_ns: int) -> dict[st
         deadline = time.monotonic() + seconds * 3 + 2
         while received < n and time.monotonic() < deadline:
             select.select([rx], [], [], 0.05)
-            batch = native.recv_batch(rx, buf, 256)
+            batch = native_io.recv_batch(rx, buf, 256)
             if batch.count:
                 stamps.append(batch.table["rx_time_ns"].copy())
                 received += batch.count
@@ -164,7 +165,7 @@ def bench_pacer_unpaced(seconds: float, gso: bool) -> float:
     tx.setblocking(False)
     size = 1200
     chunk = bytes(size * 4096)
-    with native.Pacer(1, capacity=16384, slot_size=size, gso=gso, max_batch=256) as pacer:
+    with native_io.Pacer(1, capacity=16384, slot_size=size, gso=gso, max_batch=256) as pacer:
         pacer.set_path(0, tx)
         t0 = time.perf_counter()
         offset = 0

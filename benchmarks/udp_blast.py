@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
+from wanxport.aio import native_io
 from wanxport.aio.sockets import set_buffers
-from wanxport.wire import native
 
 DATAGRAM = 1472  # a full 1500-byte IPv4 frame
 RING = 16384
@@ -36,7 +36,7 @@ def sink(addr: str, port: int, seconds: float) -> dict[str, float]:
     sock.bind((addr, port))
     set_buffers(sock, recv_bytes=32 << 20)
     sock.setblocking(False)
-    native.enable_timestamps(sock)
+    native_io.enable_timestamps(sock)
     print("listening", flush=True)
     buf = bytearray(SLOTS * 2048)
     datagrams = total = 0
@@ -44,7 +44,7 @@ def sink(addr: str, port: int, seconds: float) -> dict[str, float]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         select.select([sock], [], [], 0.05)
-        while (batch := native.recv_batch(sock, buf, SLOTS)).count:
+        while (batch := native_io.recv_batch(sock, buf, SLOTS)).count:
             table = batch.table
             datagrams += batch.count
             total += int(table["length"].sum())
@@ -62,7 +62,7 @@ def send(addr: str, port: int, seconds: float, rate_mbps: float) -> dict[str, fl
     sock.setblocking(False)
     block = np.zeros(RING * DATAGRAM, dtype=np.uint8)
     queued = 0
-    with native.Pacer(1, capacity=RING, gso=False) as pacer:
+    with native_io.Pacer(1, capacity=RING, gso=False) as pacer:
         pacer.set_path(0, sock)
         pacer.set_rate(0, rate_mbps * 125_000.0)
         end = time.monotonic() + seconds

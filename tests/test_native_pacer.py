@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from wanxport.aio import native_io
 from wanxport.wire import native
 
 pytestmark = pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
@@ -26,7 +27,7 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
         rx.bind(("127.0.0.1", 0))
         rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         rx.setblocking(False)
-        native.enable_timestamps(rx)
+        native_io.enable_timestamps(rx)
         tx.connect(rx.getsockname())
         tx.setblocking(False)
         yield rx, tx
@@ -45,7 +46,7 @@ def drain(rx: socket.socket) -> tuple[list[int], list[int], list[int]]:
     seqs: list[int] = []
     lengths: list[int] = []
     stamps: list[int] = []
-    while (batch := native.recv_batch(rx, buf, 1024)).count:
+    while (batch := native_io.recv_batch(rx, buf, 1024)).count:
         for i in range(batch.count):
             seqs.append(struct.unpack_from(">I", batch.datagram(i))[0])
         lengths += batch.table["length"].tolist()
@@ -56,7 +57,7 @@ def drain(rx: socket.socket) -> tuple[list[int], list[int], list[int]]:
 def test_fixed_pps_keeps_order_count_and_rate(pair: tuple[socket.socket, socket.socket]) -> None:
     rx, tx = pair
     n, pps = 400, 4000.0
-    with native.Pacer(1) as pacer:
+    with native_io.Pacer(1) as pacer:
         pacer.set_path(0, tx)
         pacer.set_pps(0, pps)
         assert pacer.enqueue(0, numbered(0, n), stride=SIZE) == n
@@ -71,7 +72,7 @@ def test_fixed_pps_keeps_order_count_and_rate(pair: tuple[socket.socket, socket.
 
 def test_byte_rate_paces_by_size(pair: tuple[socket.socket, socket.socket]) -> None:
     rx, tx = pair
-    with native.Pacer(1) as pacer:
+    with native_io.Pacer(1) as pacer:
         pacer.set_path(0, tx)
         pacer.set_rate(0, 1_000_000.0)  # 1 MB/s: 100 x 1000 B = 0.1 s
         lengths = [500, 1500] * 50
@@ -87,7 +88,7 @@ def test_byte_rate_paces_by_size(pair: tuple[socket.socket, socket.socket]) -> N
 def test_unpaced_uses_gso_and_keeps_order(pair: tuple[socket.socket, socket.socket]) -> None:
     rx, tx = pair
     n = 300
-    with native.Pacer(1, max_batch=256) as pacer:
+    with native_io.Pacer(1, max_batch=256) as pacer:
         pacer.set_path(0, tx)
         # A burst as build_data_datagrams lays it out: equal strides, shorter last one.
         payload = numbered(0, n)[:-200]
@@ -109,7 +110,7 @@ def test_paths_are_independent_fifos(pair: tuple[socket.socket, socket.socket]) 
     try:
         rx2.bind(("127.0.0.1", 0))
         rx2.setblocking(False)
-        with native.Pacer(2) as pacer:
+        with native_io.Pacer(2) as pacer:
             pacer.set_path(0, tx)
             pacer.set_path(1, tx2.fileno(), dest=rx2.getsockname())
             pacer.set_pps(0, 20000)
@@ -128,7 +129,7 @@ def test_paths_are_independent_fifos(pair: tuple[socket.socket, socket.socket]) 
 
 
 def test_bounded_ring_gives_backpressure() -> None:
-    with native.Pacer(1, capacity=8) as pacer:  # no socket: nothing drains
+    with native_io.Pacer(1, capacity=8) as pacer:  # no socket: nothing drains
         assert pacer.enqueue(0, numbered(0, 20), stride=SIZE) == 8
         assert pacer.enqueue(0, numbered(0, 1), stride=SIZE) == 0
         assert pacer.stats()[0].queue_depth == 8
@@ -150,7 +151,7 @@ def test_concurrent_producers_never_interleave_or_lose(pair: tuple[socket.socket
             while done < chunk:
                 done += pacer.enqueue(0, data[done * SIZE:], stride=SIZE)
 
-    with native.Pacer(1, capacity=64) as pacer:
+    with native_io.Pacer(1, capacity=64) as pacer:
         pacer.set_path(0, tx)
         pacer.set_pps(0, 20000.0)
         threads = [threading.Thread(target=produce, args=(base,)) for base in (0, 1 << 20)]
@@ -175,7 +176,7 @@ def test_send_errors_are_counted_not_raised() -> None:
         probe.bind(("127.0.0.1", 0))
         tx.connect(probe.getsockname())
         probe.close()  # nobody listens: ICMP port unreachable -> ECONNREFUSED on later sends
-        with native.Pacer(1) as pacer:
+        with native_io.Pacer(1) as pacer:
             pacer.set_path(0, tx)
             pacer.set_pps(0, 5000)
             assert pacer.enqueue(0, numbered(0, 50), stride=SIZE) == 50
@@ -190,7 +191,7 @@ def test_close_joins_and_dealloc_with_queued_data_is_safe(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     _, tx = pair
-    pacer = native.Pacer(1)
+    pacer = native_io.Pacer(1)
     pacer.set_path(0, tx)
     pacer.set_pps(0, 1.0)  # one per second: the queue stays full
     assert pacer.enqueue(0, numbered(0, 100), stride=SIZE) == 100
@@ -199,7 +200,7 @@ def test_close_joins_and_dealloc_with_queued_data_is_safe(
     pacer.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         pacer.enqueue(0, b"x", stride=1)
-    other = native.Pacer(1)
+    other = native_io.Pacer(1)
     other.set_path(0, tx)
     other.set_pps(0, 1.0)
     other.enqueue(0, numbered(0, 100), stride=SIZE)
@@ -210,10 +211,10 @@ def test_close_joins_and_dealloc_with_queued_data_is_safe(
 def test_bad_arguments_raise(pair: tuple[socket.socket, socket.socket]) -> None:
     _, tx = pair
     with pytest.raises(ValueError, match="n_paths"):
-        native.Pacer(0)
+        native_io.Pacer(0)
     with pytest.raises(ValueError, match="capacity"):
-        native.Pacer(1, capacity=0)
-    with native.Pacer(2, slot_size=1500) as pacer:
+        native_io.Pacer(1, capacity=0)
+    with native_io.Pacer(2, slot_size=1500) as pacer:
         with pytest.raises(ValueError, match="path_id"):
             pacer.set_rate(2, 1.0)
         with pytest.raises(ValueError, match="rate_bytes_per_s"):

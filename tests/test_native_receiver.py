@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wanxport.wire import native
+from wanxport.wire.replay import WINDOW
 
 pytestmark = pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
 
@@ -181,8 +182,8 @@ def test_replay_window_edges() -> None:
     one = burst_datagrams(b"a", first_pn=5000, length=1)
     process(rx, one)
     assert rx.highest_pn(0) == 5000
-    inside = burst_datagrams(b"a", first_pn=5000 - 4095, length=1)
-    outside = burst_datagrams(b"a", first_pn=5000 - 4096, length=1)
+    inside = burst_datagrams(b"a", first_pn=5000 - WINDOW + 1, length=1)
+    outside = burst_datagrams(b"a", first_pn=5000 - WINDOW, length=1)
     process(rx, inside + outside + inside)
     assert rx.counters["accepted_data"] == 2 and rx.counters["rejected_replay"] == 2
     jump = burst_datagrams(b"a", first_pn=20000, length=1)

@@ -3,8 +3,11 @@
  *
  * The module is split by responsibility: aead.c (Protector: per-datagram
  * AEAD), packet.c (segmentation + single control datagrams), receiver.c
- * (open, validate, replay-check and place a batch), pacer.c (timed sender
- * thread), udpio.c (batched receive). module.c ties them together.
+ * (open, validate, replay-check and place a batch; the replay window is
+ * replay.h), the pacer (pacer_ring.c: rings and pacing clock, plain C;
+ * pacer_thread.c: the release thread; pacer_py.c: the Python type, the only
+ * part that sees Python), udpio.c (batched receive). module.c ties them
+ * together and exports the wire constants below.
  */
 #ifndef WANXPORT_DATAPATH_H
 #define WANXPORT_DATAPATH_H
@@ -16,9 +19,11 @@
 #include <string.h>
 #include <openssl/evp.h>
 
-/* Wire format v1 constants (docs/wire-format.md). */
+/* Wire format v1 constants (docs/wire-format.md); each must equal its
+ * definition in wanxport/wire (module.c exports them, a test compares). */
 #define WX_HEADER_LEN 16
 #define WX_MARKER 0x21
+#define WX_QUIC_FIXED_BIT 0x40 /* set in every QUIC packet; never greased by our control side */
 #define WX_QUIC_FIXED_BIT 0x40 /* set in every QUIC packet (RFC 9000 §17; never greased here) */
 #define WX_FLAG_KEY_PHASE 0x01
 #define WX_TAG_LEN 16
@@ -104,7 +109,7 @@ int wx_seal(WxProtector *p, const uint8_t *header, const uint8_t *pt1, size_t n1
  * holds p->lock and guarantees n >= tag_len. Returns 0 if authentic. */
 int wx_open(WxProtector *p, const uint8_t *header, const uint8_t *ct, size_t n, uint8_t *out);
 
-/* ---- packet.c / receiver.c / pacer.c / udpio.c ------------------------- */
+/* ---- packet.c / receiver.c / pacer_py.c / udpio.c ---------------------- */
 
 extern PyTypeObject WxReceiver_Type;
 extern PyTypeObject WxPacer_Type;

@@ -6,6 +6,7 @@
  * pace, send, receive) over whole batches with the GIL released.
  */
 #include "datapath.h"
+#include "replay.h"
 
 static PyMethodDef module_methods[] = {
     {"seal_packet", (PyCFunction)(void (*)(void))wx_seal_packet, METH_VARARGS | METH_KEYWORDS,
@@ -52,17 +53,45 @@ static int add_type(PyObject *m, PyTypeObject *t, const char *name) {
     return 0;
 }
 
+/* The values this build was compiled with. The Python wire modules define
+ * each once; wanxport/wire/native.py refuses an extension that disagrees (a
+ * stale build) and tests/test_native_constants.py fails on any difference. */
+static int add_constants(PyObject *m) {
+    static const struct {
+        const char *name;
+        long long value;
+    } constants[] = {
+        {"HEADER_LEN", WX_HEADER_LEN},
+        {"MARKER", WX_MARKER},
+        {"QUIC_FIXED_BIT", WX_QUIC_FIXED_BIT},
+        {"KEY_PHASE_BIT", WX_FLAG_KEY_PHASE},
+        {"MAX_PACKET_NUMBER", (long long)WX_MAX_PN},
+        {"TAG_LEN", WX_TAG_LEN},
+        {"KEY_LEN", WX_KEY_LEN},
+        {"IV_LEN", WX_NONCE_LEN},
+        {"FRAME_DATA", WX_FRAME_DATA},
+        {"DATA_FRAME_HEADER_LEN", WX_DATA_FRAME_HEADER_LEN},
+        {"MAX_OFFSET", (long long)WX_MAX_OFFSET},
+        {"REPLAY_WINDOW", WX_REPLAY_WINDOW},
+        {"RECORD_SIZE", (long long)sizeof(WxRecord)},
+        {"DESC_SIZE", (long long)sizeof(WxDesc)},
+    };
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++) {
+        PyObject *v = PyLong_FromLongLong(constants[i].value);
+        if (v == NULL || PyModule_AddObject(m, constants[i].name, v) < 0) {
+            Py_XDECREF(v);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
     if (add_type(m, &WxProtector_Type, "Protector") < 0 ||
         add_type(m, &WxReceiver_Type, "Receiver") < 0 || add_type(m, &WxPacer_Type, "Pacer") < 0 ||
-        PyModule_AddIntConstant(m, "HEADER_LEN", WX_HEADER_LEN) < 0 ||
-        PyModule_AddIntConstant(m, "TAG_LEN", WX_TAG_LEN) < 0 ||
-        PyModule_AddIntConstant(m, "DATA_FRAME_HEADER_LEN", WX_DATA_FRAME_HEADER_LEN) < 0 ||
-        PyModule_AddIntConstant(m, "RECORD_SIZE", sizeof(WxRecord)) < 0 ||
-        PyModule_AddIntConstant(m, "DESC_SIZE", sizeof(WxDesc)) < 0 ||
-        PyModule_AddIntConstant(m, "REPLAY_WINDOW", 4096) < 0) {
+        add_constants(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,15 +1,24 @@
 /*
- * Shared state of the Pacer: the Python type (pacer.c) and the release
- * thread (pacer_thread.c). Everything here is guarded by Pacer.mu, except the
- * free ring slots, which enqueue() fills under produce_mu before publishing.
+ * The Pacer without Python: per-path sockets, rings and pacing clocks, and the
+ * release thread that sends what is due (pacer_thread.c). The Python type in
+ * pacer_py.c only parses arguments and calls these functions; the ring and the
+ * pacing arithmetic are pacer_ring.c.
+ *
+ * Locking: every field is guarded by mu, except the free ring slots, which
+ * wx_pacer_enqueue() fills under produce_mu before publishing them under mu.
  */
 #ifndef WANXPORT_PACER_H
 #define WANXPORT_PACER_H
 
-#include "datapath.h"
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* sendmmsg, struct mmsghdr; as Python.h defines it */
+#endif
+
+#include "pacer_ring.h"
 
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -20,19 +29,14 @@
 #define UDP_SEGMENT 103
 #endif
 
-/* One path: its socket, pacing clock and bounded FIFO ring of fixed slots. */
+/* One path: its socket, pacing clock, bounded FIFO ring and counters. */
 typedef struct {
     int fd; /* -1: path not configured */
     struct sockaddr_storage dest;
     socklen_t dest_len; /* 0: connected socket */
     int gso;
-    double rate_bytes_per_s; /* 0 and pps 0: unpaced */
-    double pps;
-    double t_next; /* CLOCK_MONOTONIC ns: earliest release of the head */
-    uint8_t *slots;
-    uint32_t *lens;
-    int64_t *not_before;
-    size_t head, count;
+    WxPaceClock clock;
+    WxRing ring;
     uint64_t sent_datagrams, sent_bytes, send_errors, gso_sends, eagain;
 } PPath;
 
@@ -45,18 +49,23 @@ typedef struct {
 } Plan;
 
 typedef struct {
-    PyObject_HEAD
+    int n_paths, max_batch, gso, gso_segments;
+    size_t capacity, slot_size;
+    int64_t spin_ns, burst_ns;
+} WxPacerConfig;
+
+typedef struct {
     pthread_mutex_t mu;
-    pthread_mutex_t produce_mu; /* one enqueue() at a time; it copies without holding mu */
-    pthread_cond_t wake; /* pacer thread waits here */
-    pthread_cond_t idle; /* wait_idle() waits here */
+    pthread_mutex_t produce_mu; /* one enqueue at a time; it copies without holding mu */
+    pthread_cond_t wake; /* the release thread waits here */
+    pthread_cond_t idle; /* wx_pacer_wait_idle() waits here */
     pthread_t thread;
     int started, stop, n_paths, max_batch, gso_segments, gso_wanted, rr;
     size_t capacity, slot_size;
     int64_t spin_ns, burst_ns;
     /* When the release thread will look at the queues again: its timed wait's
      * deadline, INT64_MAX in an untimed wait, INT64_MIN while awake (it re-reads
-     * every queue before sleeping). enqueue() wakes it only for a head due before
+     * every queue before sleeping). An enqueue wakes it only for a head due before
      * this: a signal per enqueue cost a context switch per core packet. */
     int64_t wake_at;
     PPath *paths;
@@ -65,21 +74,36 @@ typedef struct {
     struct iovec *iovs;
     uint8_t *cmsgs;
     int *msg_dgs; /* datagrams per message */
-} Pacer;
+} WxPacer;
+
+typedef struct {
+    uint64_t sent_datagrams, sent_bytes, send_errors, gso_sends, eagain;
+    size_t queue_depth;
+    int gso;
+} WxPathStats;
 
 #define CMSG_SLOT CMSG_SPACE(sizeof(uint16_t))
 
-/* When a path's head may leave: its pacing clock, or later if the datagram says so. */
-static inline int64_t wx_head_release(const PPath *p) {
-    int64_t nb = p->not_before[p->head];
-    return (int64_t)p->t_next > nb ? (int64_t)p->t_next : nb;
-}
-
 int64_t wx_mono_ns(void);
-struct timespec wx_ns_to_ts(int64_t ns);
-/* 1 when no path has a queued datagram; caller holds mu. */
-int wx_pacer_all_empty(const Pacer *pc);
-/* The release thread's body (pthread_create start routine). */
-void *wx_pacer_main(void *arg);
+
+/* Allocate, and start the release thread. NULL with *err set (ENOMEM, or
+ * pthread_create's error) on failure. The config must already be valid. */
+WxPacer *wx_pacer_create(const WxPacerConfig *cfg, int *err);
+/* Stop and join the thread (idempotent); queued datagrams are not sent. */
+void wx_pacer_stop(WxPacer *pc);
+/* Stop, then free everything. */
+void wx_pacer_destroy(WxPacer *pc);
+/* The socket of a path (fd -1 disables it); dest_len 0 for a connected socket. */
+void wx_pacer_set_path(WxPacer *pc, int path, int fd, const struct sockaddr_storage *dest,
+                       socklen_t dest_len);
+void wx_pacer_set_pacing(WxPacer *pc, int path, double value, int is_pps);
+/* Queue up to n datagrams (lengths lens[i] <= slot_size, back to back in src);
+ * returns how many fit (a prefix): backpressure, never an unbounded queue. */
+size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t *lens, size_t n,
+                        int64_t not_before);
+/* Block until every queue is empty or timeout_ns passed; 1 if empty. */
+int wx_pacer_wait_idle(WxPacer *pc, int64_t timeout_ns);
+/* Each path's counters into out[0 .. n_paths - 1]. */
+void wx_pacer_stats(WxPacer *pc, WxPathStats *out);
 
 #endif

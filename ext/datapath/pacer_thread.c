@@ -1,21 +1,27 @@
 /*
- * The Pacer's release thread: never touches the GIL or any Python object.
+ * The Pacer's threading: its lifecycle, the calls that hand it work under its
+ * lock, and the release thread. Nothing here touches Python (pacer_py.c is
+ * the glue) or does pacing arithmetic (pacer_ring.c).
  *
- * Each round it finds the earliest due head over all paths, sleeps until it
- * (pthread_cond_timedwait on CLOCK_MONOTONIC, absolute, timer slack 1 ns; an
- * enqueue() of an earlier datagram wakes it), spins the last spin_ns, then
+ * Each round the release thread finds the earliest due head over all paths,
+ * sleeps until it (pthread_cond_timedwait on CLOCK_MONOTONIC, absolute, timer
+ * slack 1 ns: the same hrtimer as clock_nanosleep(TIMER_ABSTIME), but an
+ * enqueue of an earlier datagram can wake it), spins the last spin_ns, then
  * plans every datagram due within burst_ns (advancing each path's pacing
- * clock), sends without the lock, and commits the result under the lock.
- * Only a datagram due before its planned wake-up wakes it early (wake_at).
+ * clock), sends without the lock via sendmmsg, and commits the result under
+ * the lock. Runs of equal-size datagrams become one UDP GSO send where the
+ * kernel supports it (UDP_SEGMENT; disabled per path on EINVAL/EIO).
  */
 #include "pacer.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #define GSO_MAX_BYTES 65000 /* one GSO send stays below the 64 KiB IP limit */
-#define MAX_LAG_NS 1000000  /* a late thread catches up at most 1 ms of sends */
 
 int64_t wx_mono_ns(void) {
     struct timespec t;
@@ -23,49 +29,202 @@ int64_t wx_mono_ns(void) {
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-struct timespec wx_ns_to_ts(int64_t ns) {
+static struct timespec ns_to_ts(int64_t ns) {
     struct timespec t = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
     return t;
 }
 
-int wx_pacer_all_empty(const Pacer *pc) {
+/* 1 when no path has a queued datagram; caller holds mu. */
+static int all_empty(const WxPacer *pc) {
     for (int i = 0; i < pc->n_paths; i++)
-        if (pc->paths[i].count) return 0;
+        if (pc->paths[i].ring.count) return 0;
     return 1;
 }
 
-static double interval_ns(const PPath *p, uint32_t len) {
-    if (p->pps > 0) return 1e9 / p->pps;
-    if (p->rate_bytes_per_s > 0) return (double)len * 1e9 / p->rate_bytes_per_s;
-    return 0;
+/* ---- lifecycle --------------------------------------------------------- */
+
+static int kernel_has_gso(void) {
+    int fd = socket(AF_INET, SOCK_DGRAM, 0), val = 0;
+    socklen_t len = sizeof val;
+    if (fd < 0) return 0;
+    int ok = getsockopt(fd, SOL_UDP, UDP_SEGMENT, &val, &len) == 0;
+    close(fd);
+    return ok;
 }
+
+static void init_monotonic_cond(pthread_cond_t *c) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static void *pacer_main(void *arg);
+
+static void pacer_free(WxPacer *pc) {
+    if (pc->paths)
+        for (int i = 0; i < pc->n_paths; i++) wx_ring_free(&pc->paths[i].ring);
+    free(pc->paths);
+    free(pc->plans);
+    free(pc->msgs);
+    free(pc->iovs);
+    free(pc->cmsgs);
+    free(pc->msg_dgs);
+    pthread_cond_destroy(&pc->wake);
+    pthread_cond_destroy(&pc->idle);
+    pthread_mutex_destroy(&pc->mu);
+    pthread_mutex_destroy(&pc->produce_mu);
+    free(pc);
+}
+
+WxPacer *wx_pacer_create(const WxPacerConfig *cfg, int *err) {
+    WxPacer *pc = calloc(1, sizeof *pc);
+    if (pc == NULL) {
+        *err = ENOMEM;
+        return NULL;
+    }
+    pthread_mutex_init(&pc->mu, NULL);
+    pthread_mutex_init(&pc->produce_mu, NULL);
+    init_monotonic_cond(&pc->wake);
+    init_monotonic_cond(&pc->idle);
+    pc->n_paths = cfg->n_paths;
+    pc->capacity = cfg->capacity;
+    pc->slot_size = cfg->slot_size;
+    pc->max_batch = cfg->max_batch;
+    pc->gso_segments = cfg->gso_segments;
+    pc->gso_wanted = cfg->gso && kernel_has_gso();
+    pc->spin_ns = cfg->spin_ns;
+    pc->burst_ns = cfg->burst_ns;
+    pc->paths = calloc((size_t)cfg->n_paths, sizeof(PPath));
+    pc->plans = calloc((size_t)cfg->n_paths, sizeof(Plan));
+    pc->msgs = calloc((size_t)cfg->max_batch, sizeof(struct mmsghdr));
+    pc->iovs = calloc((size_t)cfg->max_batch, sizeof(struct iovec));
+    pc->cmsgs = calloc((size_t)cfg->max_batch, CMSG_SLOT);
+    pc->msg_dgs = calloc((size_t)cfg->max_batch, sizeof(int));
+    int ok = pc->paths && pc->plans && pc->msgs && pc->iovs && pc->cmsgs && pc->msg_dgs;
+    for (int i = 0; ok && i < pc->n_paths; i++) {
+        pc->paths[i].fd = -1;
+        ok = wx_ring_init(&pc->paths[i].ring, pc->capacity, pc->slot_size) == 0;
+    }
+    if (!ok) {
+        pacer_free(pc);
+        *err = ENOMEM;
+        return NULL;
+    }
+    pc->wake_at = INT64_MIN;
+    int rc = pthread_create(&pc->thread, NULL, pacer_main, pc);
+    if (rc != 0) {
+        pacer_free(pc);
+        *err = rc;
+        return NULL;
+    }
+    pc->started = 1;
+    return pc;
+}
+
+void wx_pacer_stop(WxPacer *pc) {
+    if (!pc->started) return;
+    pthread_mutex_lock(&pc->mu);
+    pc->stop = 1;
+    pthread_cond_broadcast(&pc->wake);
+    pthread_mutex_unlock(&pc->mu);
+    pthread_join(pc->thread, NULL);
+    pc->started = 0;
+}
+
+void wx_pacer_destroy(WxPacer *pc) {
+    wx_pacer_stop(pc);
+    pacer_free(pc);
+}
+
+/* ---- calls from the owner (under mu) ------------------------------------ */
+
+void wx_pacer_set_path(WxPacer *pc, int path, int fd, const struct sockaddr_storage *dest,
+                       socklen_t dest_len) {
+    pthread_mutex_lock(&pc->mu);
+    PPath *p = &pc->paths[path];
+    p->fd = fd;
+    p->dest_len = dest_len;
+    if (dest_len) p->dest = *dest;
+    p->gso = pc->gso_wanted;
+    pthread_cond_signal(&pc->wake);
+    pthread_mutex_unlock(&pc->mu);
+}
+
+void wx_pacer_set_pacing(WxPacer *pc, int path, double value, int is_pps) {
+    pthread_mutex_lock(&pc->mu);
+    wx_pace_set(&pc->paths[path].clock, value, is_pps);
+    /* No wake-up: the head's release was fixed when its predecessor left; the
+     * new rate spaces the datagrams after it. */
+    pthread_mutex_unlock(&pc->mu);
+}
+
+size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t *lens, size_t n,
+                        int64_t not_before) {
+    /* Copy into the free slots without holding mu, so a large enqueue never
+     * stalls the release thread: it only reads the queued slots and only
+     * advances head, so the tail and the free slots beyond it stay ours until
+     * count is raised under mu. produce_mu keeps two producers apart. */
+    pthread_mutex_lock(&pc->produce_mu);
+    PPath *p = &pc->paths[path];
+    pthread_mutex_lock(&pc->mu);
+    size_t tail = wx_ring_index(&p->ring, p->ring.count), room = wx_ring_room(&p->ring);
+    pthread_mutex_unlock(&pc->mu);
+    size_t accepted = wx_ring_fill(&p->ring, tail, room, src, lens, n, not_before);
+    pthread_mutex_lock(&pc->mu);
+    int was_empty = p->ring.count == 0;
+    if (was_empty) wx_pace_restart(&p->clock, wx_mono_ns());
+    wx_ring_publish(&p->ring, accepted);
+    /* A queue that was not empty keeps its head, so the thread's plan stands. */
+    if (accepted > 0 && was_empty && p->fd >= 0 &&
+        wx_pace_head_release(&p->clock, &p->ring) < pc->wake_at)
+        pthread_cond_signal(&pc->wake);
+    pthread_mutex_unlock(&pc->mu);
+    pthread_mutex_unlock(&pc->produce_mu);
+    return accepted;
+}
+
+int wx_pacer_wait_idle(WxPacer *pc, int64_t timeout_ns) {
+    struct timespec deadline = ns_to_ts(wx_mono_ns() + timeout_ns);
+    pthread_mutex_lock(&pc->mu);
+    while (!all_empty(pc) && !pc->stop) {
+        if (pthread_cond_timedwait(&pc->idle, &pc->mu, &deadline) == ETIMEDOUT) break;
+    }
+    int idle = all_empty(pc);
+    pthread_mutex_unlock(&pc->mu);
+    return idle;
+}
+
+void wx_pacer_stats(WxPacer *pc, WxPathStats *out) {
+    pthread_mutex_lock(&pc->mu); /* held briefly: the thread never blocks while holding it */
+    for (int i = 0; i < pc->n_paths; i++) {
+        const PPath *p = &pc->paths[i];
+        out[i] = (WxPathStats){p->sent_datagrams, p->sent_bytes, p->send_errors, p->gso_sends,
+                               p->eagain,         p->ring.count, p->gso};
+    }
+    pthread_mutex_unlock(&pc->mu);
+}
+
+/* ---- the release thread -------------------------------------------------- */
 
 /* Under the lock: pick every due datagram (release <= now + burst_ns), up to
  * max_batch over all paths, advancing each path's pacing clock. */
-static int plan_round(Pacer *pc, int64_t now) {
+static int plan_round(WxPacer *pc, int64_t now) {
     int n_plans = 0, budget = pc->max_batch;
     for (int step = 0; step < pc->n_paths && budget > 0; step++) {
         int i = (pc->rr + step) % pc->n_paths;
         PPath *p = &pc->paths[i];
-        if (p->fd < 0 || p->count == 0) continue;
-        double t = p->t_next > (double)(now - MAX_LAG_NS) ? p->t_next : (double)(now - MAX_LAG_NS);
-        size_t k = 0;
-        while (k < p->count && (int)k < budget) {
-            size_t idx = (p->head + k) % pc->capacity;
-            double rel = (double)p->not_before[idx] > t ? (double)p->not_before[idx] : t;
-            if (rel > (double)(now + pc->burst_ns)) break;
-            t = rel + interval_ns(p, p->lens[idx]);
-            k++;
-        }
+        if (p->fd < 0 || p->ring.count == 0) continue;
+        size_t k = wx_pace_take_due(&p->clock, &p->ring, now, pc->burst_ns, (size_t)budget);
         if (k == 0) continue;
-        p->t_next = t;
         Plan *pl = &pc->plans[n_plans++];
         pl->path = i;
         pl->fd = p->fd;
         pl->gso = p->gso;
         pl->dest = p->dest;
         pl->dest_len = p->dest_len;
-        pl->first = p->head;
+        pl->first = p->ring.head;
         pl->k = k;
         budget -= (int)k;
     }
@@ -79,16 +238,16 @@ typedef struct {
     int gso_failed;
 } SendResult;
 
-/* Without the lock: the planned slots are not touched by enqueue() (they are
+/* Without the lock: the planned slots are not touched by an enqueue (they are
  * still counted as queued). */
-static SendResult send_plan(Pacer *pc, const Plan *pl) {
+static SendResult send_plan(WxPacer *pc, const Plan *pl) {
     SendResult r = {0};
-    const PPath *p = &pc->paths[pl->path];
+    const WxRing *ring = &pc->paths[pl->path].ring;
     int nmsg = 0;
     size_t j = 0;
     while (j < pl->k) {
         size_t idx = (pl->first + j) % pc->capacity;
-        uint32_t seg = p->lens[idx];
+        uint32_t seg = ring->lens[idx];
         struct msghdr *h = &pc->msgs[nmsg].msg_hdr;
         memset(h, 0, sizeof *h);
         h->msg_iov = &pc->iovs[j];
@@ -99,11 +258,11 @@ static SendResult send_plan(Pacer *pc, const Plan *pl) {
         size_t n = 0, total = 0;
         while (j < pl->k) {
             size_t id2 = (pl->first + j) % pc->capacity;
-            uint32_t len = p->lens[id2];
+            uint32_t len = ring->lens[id2];
             if (n > 0 && (!pl->gso || len > seg || (int)n >= pc->gso_segments ||
                           total + len > GSO_MAX_BYTES))
                 break;
-            pc->iovs[j].iov_base = p->slots + id2 * pc->slot_size;
+            pc->iovs[j].iov_base = wx_ring_slot(ring, id2);
             pc->iovs[j].iov_len = len;
             n++;
             total += len;
@@ -157,21 +316,21 @@ static SendResult send_plan(Pacer *pc, const Plan *pl) {
     return r;
 }
 
-void *wx_pacer_main(void *arg) {
-    Pacer *pc = arg;
+static void *pacer_main(void *arg) {
+    WxPacer *pc = arg;
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     pthread_mutex_lock(&pc->mu);
     while (!pc->stop) {
         int64_t now = wx_mono_ns(), best = INT64_MAX;
         for (int i = 0; i < pc->n_paths; i++) {
             PPath *p = &pc->paths[i];
-            if (p->fd >= 0 && p->count) {
-                int64_t rel = wx_head_release(p);
+            if (p->fd >= 0 && p->ring.count) {
+                int64_t rel = wx_pace_head_release(&p->clock, &p->ring);
                 if (rel < best) best = rel;
             }
         }
         if (best == INT64_MAX) {
-            if (wx_pacer_all_empty(pc)) pthread_cond_broadcast(&pc->idle);
+            if (all_empty(pc)) pthread_cond_broadcast(&pc->idle);
             pc->wake_at = INT64_MAX;
             pthread_cond_wait(&pc->wake, &pc->mu);
             pc->wake_at = INT64_MIN;
@@ -182,7 +341,7 @@ void *wx_pacer_main(void *arg) {
          * instead of merely shifting the schedule earlier. */
         if (best > now + pc->spin_ns) {
             pc->wake_at = best - pc->spin_ns;
-            struct timespec ts = wx_ns_to_ts(pc->wake_at);
+            struct timespec ts = ns_to_ts(pc->wake_at);
             pthread_cond_timedwait(&pc->wake, &pc->mu, &ts);
             pc->wake_at = INT64_MIN;
             continue;
@@ -209,8 +368,7 @@ void *wx_pacer_main(void *arg) {
         pthread_mutex_lock(&pc->mu);
         for (int i = 0; i < n_plans; i++) {
             PPath *p = &pc->paths[pc->plans[i].path];
-            p->head = (p->head + res[i].done) % pc->capacity;
-            p->count -= res[i].done;
+            wx_ring_consume(&p->ring, res[i].done);
             p->sent_datagrams += res[i].datagrams;
             p->sent_bytes += res[i].bytes;
             p->send_errors += res[i].errors;

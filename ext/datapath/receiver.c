@@ -15,8 +15,7 @@
  * for aioquic; anything else that is not ours is rejected by reason.
  */
 #include "datapath.h"
-
-#define WX_REPLAY_BITS 4096
+#include "replay.h"
 
 enum {
     C_REJ_SHORT,
@@ -41,14 +40,6 @@ static const char *counter_names[C_COUNT] = {
     "passed_quic",
 };
 
-/* Highest accepted packet number plus a ring bitmap of the 4096 numbers
- * ending at it: bit (pn % 4096) is set when pn was accepted. */
-typedef struct {
-    uint64_t hi;
-    int has_hi;
-    uint64_t bits[WX_REPLAY_BITS / 64];
-} Replay;
-
 typedef struct {
     uint64_t start, end;
 } Range;
@@ -68,35 +59,11 @@ typedef struct {
     int n_paths;
     int busy; /* set (under the GIL) while process() runs without it */
     WxProtector *keys[2];
-    Replay *replay;
+    WxReplay *replay;
     Shard **shards; /* sorted by id */
     size_t n_shards, cap_shards;
     uint64_t counters[C_COUNT];
 } Receiver;
-
-static int replay_fresh(const Replay *r, uint64_t pn) {
-    if (!r->has_hi || pn > r->hi) return 1;
-    if (r->hi - pn >= WX_REPLAY_BITS) return 0;
-    uint64_t b = pn % WX_REPLAY_BITS;
-    return !((r->bits[b / 64] >> (b % 64)) & 1);
-}
-
-static void replay_mark(Replay *r, uint64_t pn) {
-    if (!r->has_hi || pn > r->hi) {
-        if (!r->has_hi || pn - r->hi >= WX_REPLAY_BITS) {
-            memset(r->bits, 0, sizeof r->bits);
-        } else {
-            for (uint64_t k = r->hi + 1; k <= pn; k++) {
-                uint64_t b = k % WX_REPLAY_BITS;
-                r->bits[b / 64] &= ~((uint64_t)1 << (b % 64));
-            }
-        }
-        r->hi = pn;
-        r->has_hi = 1;
-    }
-    uint64_t b = pn % WX_REPLAY_BITS;
-    r->bits[b / 64] |= (uint64_t)1 << (b % 64);
-}
 
 /* Merge [a, b) into the shard's ranges. Returns -1 only if out of memory.
  * Runs without the GIL, hence the raw allocator. */
@@ -178,7 +145,7 @@ static int Receiver_init(Receiver *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_RuntimeError, "Receiver is already initialised");
         return -1;
     }
-    self->replay = PyMem_Calloc((size_t)n_paths, sizeof(Replay));
+    self->replay = PyMem_Calloc((size_t)n_paths, sizeof(WxReplay));
     if (self->replay == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -328,7 +295,7 @@ static PyObject *Receiver_highest_pn(Receiver *self, PyObject *o_path) {
     long long path;
     if (ready(self) || wx_int_in_range(o_path, "path_id", 0, self->n_paths - 1, &path))
         return NULL;
-    const Replay *r = &self->replay[path];
+    const WxReplay *r = &self->replay[path];
     if (!r->has_hi) Py_RETURN_NONE;
     return PyLong_FromUnsignedLongLong(r->hi);
 }
@@ -398,8 +365,8 @@ static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
         self->counters[C_REJ_SHORT]++;
         return 0;
     }
-    Replay *rp = &self->replay[path];
-    if (!replay_fresh(rp, pn)) {
+    WxReplay *rp = &self->replay[path];
+    if (!wx_replay_fresh(rp, pn)) {
         self->counters[C_REJ_REPLAY]++;
         return 0;
     }
@@ -430,7 +397,7 @@ static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
                 self->counters[C_REJ_FRAME]++;
                 return 0;
             }
-            replay_mark(rp, pn);
+            wx_replay_mark(rp, pn);
             if (off + dlen > s->frozen) { /* below it: a duplicate of bytes already hashed */
                 uint64_t skip = off < s->frozen ? s->frozen - off : 0;
                 memcpy((uint8_t *)s->view.buf + off + skip,
@@ -446,7 +413,7 @@ static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
             return 1;
         }
     }
-    replay_mark(rp, pn);
+    wx_replay_mark(rp, pn);
     ctl->pn = pn;
     ctl->rx_time_ns = rx;
     ctl->pt_len = pt_len;

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from wanxport.aio import native_io
 from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.wire import native
@@ -67,12 +68,12 @@ class NativeDatapath:
         self._conn = remote_conn_id
         self.receiver = native.Receiver(local_conn_id, n)
         self.receiver.set_key(0, native.Protector(recv_key.cipher, recv_key.key, recv_key.iv))
-        self.pacer = native.Pacer(n, capacity=capacity, slot_size=slot_size, spin_ns=spin_ns,
-                                  burst_ns=burst_ns)
+        self.pacer = native_io.Pacer(n, capacity=capacity, slot_size=slot_size, spin_ns=spin_ns,
+                                     burst_ns=burst_ns)
         self.gro = [False] * n
         for i, sock in enumerate(sockets):
-            native.enable_timestamps(sock)
-            self.gro[i] = native.enable_gro(sock)
+            native_io.enable_timestamps(sock)
+            self.gro[i] = native_io.enable_gro(sock)
         slot = GRO_SLOT_BYTES if any(self.gro) else slot_size
         self._rx_buffer = bytearray(RECV_SLOTS * slot)
         self._pending: list[deque[_Pending]] = [deque() for _ in range(n)]
@@ -216,7 +217,8 @@ class NativeDatapath:
         controls: list[tuple[int, int, bytes]] = []
         for _ in range(MAX_BATCHES_PER_WAKE):
             try:
-                batch = native.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=on_quic is not None)
+                batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS,
+                                             quic_addrs=on_quic is not None)
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
             if batch.count == 0:

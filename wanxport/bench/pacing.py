@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from wanxport.aio import native_io
 from wanxport.aio.sockets import set_buffers
 from wanxport.report import build_report
-from wanxport.wire import native
 
 RING = 32768  # 330 ms at 100 k/s: a slow Python turn never drains it
 RECV_SLOTS = 1024
@@ -33,10 +33,10 @@ def run_pacing(pps: float, duration_s: float, datagram_bytes: int) -> dict[str, 
         rx.bind(("127.0.0.1", 0))
         set_buffers(rx, recv_bytes=32 << 20)
         rx.setblocking(False)
-        native.enable_timestamps(rx)
+        native_io.enable_timestamps(rx)
         tx.connect(rx.getsockname())
         tx.setblocking(False)
-        with native.Pacer(1, capacity=RING, gso=False) as pacer:
+        with native_io.Pacer(1, capacity=RING, gso=False) as pacer:
             pacer.set_path(0, tx)
             pacer.set_pps(0, pps)
             stamps, seqs = _pump(pacer, rx, total, datagram_bytes, duration_s)
@@ -47,7 +47,7 @@ def run_pacing(pps: float, duration_s: float, datagram_bytes: int) -> dict[str, 
     return _report(pps, total, datagram_bytes, stamps, seqs, name, time.perf_counter() - wall_start)
 
 
-def _pump(pacer: native.Pacer, rx: socket.socket, total: int, size: int, duration_s: float
+def _pump(pacer: native_io.Pacer, rx: socket.socket, total: int, size: int, duration_s: float
           ) -> tuple[np.ndarray, np.ndarray]:
     """Keep the ring fed and the socket drained until everything arrived or time ran out.
 
@@ -68,7 +68,7 @@ def _pump(pacer: native.Pacer, rx: socket.socket, total: int, size: int, duratio
             template[:n, :4] = _be32(np.arange(queued, queued + n, dtype=np.uint32))
             queued += pacer.enqueue(0, template[:n].ravel(), stride=size)
         select.select([rx], [], [], 0.005)
-        while (batch := native.recv_batch(rx, buf, RECV_SLOTS)).count:
+        while (batch := native_io.recv_batch(rx, buf, RECV_SLOTS)).count:
             table = batch.table
             stamps.append(table["rx_time_ns"].copy())
             at = table["offset"].astype(np.int64)[:, None] + np.arange(4)

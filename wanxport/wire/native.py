@@ -1,4 +1,4 @@
-"""Typed wrapper of the native data path, ``wanxport._native`` (ext/datapath/*.c).
+"""Typed wrapper of the pure half of the native data path, ``wanxport._native``.
 
 Why a wrapper: the C module works on raw buffers and packed descriptor arrays
 so that no Python object is created per datagram; this module gives those
@@ -6,39 +6,35 @@ buffers names, types and numpy views, and lets callers check
 ``NATIVE_AVAILABLE`` (and print ``import_error``, one line) instead of
 failing on import when the extension was not built.
 
+Only the bytes-in, bytes-out pieces live here (sealing, segmentation, opening
+and placing a batch, folding placed records into runs), because wire is the
+pure layer. The same extension's socket I/O and pacer thread are wrapped in
+``wanxport/aio/native_io.py``.
+
 The contract is the same as the pure-Python reference in
 ``wanxport/wire/datapath.py``; ``tests/test_native_cross.py`` holds the two to
-identical bytes.
+identical bytes. The wire constants are defined once, in the Python wire
+modules; the C module exports the values it was compiled with, and an
+extension whose values differ (a stale build) is refused here with one line
+rather than trusted to parse a format it does not share.
 """
 
 from __future__ import annotations
 
 import importlib
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from wanxport.wire.frames import DATA, DATA_OVERHEAD, MAX_OFFSET
+from wanxport.wire.header import HEADER_LEN, KEY_PHASE_BIT, MARKER, MAX_PACKET_NUMBER, QUIC_FIXED_BIT
+from wanxport.wire.protection import IV_LEN, KEY_LEN, TAG_LEN
+from wanxport.wire.replay import WINDOW
+
 BUILD_HINT = "WANXPORT_ONLY_EXT=wanxport._native python setup.py build_ext --inplace"
-
-_native: Any
-try:
-    _native = importlib.import_module("wanxport._native")
-    NATIVE_AVAILABLE = True
-    import_error: str | None = None
-except ImportError as exc:  # the extension is optional at import time
-    _native = None
-    NATIVE_AVAILABLE = False
-    import_error = f"native data path unavailable ({exc}); build it with: {BUILD_HINT}"
-
-HEADER_LEN = 16
-TAG_LEN = 16
-DATA_FRAME_HEADER_LEN = 15
-REPLAY_WINDOW = 4096
 
 #: One placed DATA datagram (Receiver.process records), native byte order.
 RECORD_DTYPE = np.dtype(
@@ -54,11 +50,57 @@ RECORD_DTYPE = np.dtype(
 #: One datagram inside a batch buffer (recv_batch output, Receiver.process input).
 DESC_DTYPE = np.dtype([("offset", "=i8"), ("length", "=i8"), ("rx_time_ns", "=i8")])
 
+#: What the C code must have been compiled with: the name it exports -> the Python value.
+WIRE_CONSTANTS: dict[str, int] = {
+    "HEADER_LEN": HEADER_LEN,
+    "MARKER": MARKER,
+    "QUIC_FIXED_BIT": QUIC_FIXED_BIT,
+    "KEY_PHASE_BIT": KEY_PHASE_BIT,
+    "MAX_PACKET_NUMBER": MAX_PACKET_NUMBER,
+    "TAG_LEN": TAG_LEN,
+    "KEY_LEN": KEY_LEN,
+    "IV_LEN": IV_LEN,
+    "FRAME_DATA": DATA,
+    "DATA_FRAME_HEADER_LEN": DATA_OVERHEAD,
+    "MAX_OFFSET": MAX_OFFSET,
+    "REPLAY_WINDOW": WINDOW,
+    "RECORD_SIZE": RECORD_DTYPE.itemsize,
+    "DESC_SIZE": DESC_DTYPE.itemsize,
+}
+
+
+def constant_mismatches(ext: Any) -> list[str]:
+    """Each WIRE_CONSTANTS entry the extension ``ext`` disagrees with, as "NAME c (Python p)"."""
+    return [
+        f"{name} {getattr(ext, name, 'missing')} (Python: {value})"
+        for name, value in WIRE_CONSTANTS.items()
+        if getattr(ext, name, None) != value
+    ]
+
+
+def _load() -> tuple[Any, str | None]:
+    try:
+        ext = importlib.import_module("wanxport._native")
+    except ImportError as exc:  # the extension is optional at import time
+        return None, f"native data path unavailable ({exc}); build it with: {BUILD_HINT}"
+    if mismatches := constant_mismatches(ext):
+        return None, (
+            f"native data path unavailable (built for another wire format: {', '.join(mismatches)}); "
+            f"rebuild it with: {BUILD_HINT}"
+        )
+    return ext, None
+
+
+_native: Any
+import_error: str | None
+_native, import_error = _load()
+NATIVE_AVAILABLE = _native is not None
+
 Buffer = bytes | bytearray | memoryview
-FdLike = int | socket.socket
 
 
-def _require() -> Any:
+def require() -> Any:
+    """The extension module, or RuntimeError carrying ``import_error``."""
     if _native is None:
         raise RuntimeError(import_error)
     return _native
@@ -74,7 +116,7 @@ class Protector:
     __slots__ = ("_c",)
 
     def __init__(self, cipher: str, key: bytes, iv: bytes) -> None:
-        self._c = _require().Protector(cipher, key, iv)
+        self._c = require().Protector(cipher, key, iv)
 
     @property
     def cipher(self) -> str:
@@ -148,7 +190,7 @@ def build_data_datagrams(
     max_payload: int,
 ) -> DataBurst:
     """Cut ``shard_buffer[offset:offset+length]`` into sealed DATA datagrams."""
-    buf, stride, count = _require().build_data_datagrams(
+    buf, stride, count = require().build_data_datagrams(
         protector._c,
         conn_id,
         path_id,
@@ -204,33 +246,6 @@ class DatagramBatch:
         return cls(b"".join(datagrams), table.tobytes(), len(datagrams))
 
 
-def recv_batch(
-    fd: FdLike, buffer: bytearray | memoryview, max_datagrams: int, want_addrs: bool = False,
-    quic_addrs: bool = False,
-) -> DatagramBatch:
-    """Drain up to ``max_datagrams`` messages (non-blocking; an empty batch on EAGAIN).
-
-    ``buffer`` is split into ``max_datagrams`` equal slots; with UDP GRO each
-    slot should hold 64 KiB, and coalesced messages are split back into
-    datagrams (so ``count`` may exceed ``max_datagrams``). Timestamps are the
-    kernel's CLOCK_REALTIME receive times when enable_timestamps() was called.
-    ``quic_addrs``: ``addrs`` holds the sender only of QUIC-looking datagrams
-    (None elsewhere), what a socket shared with the control channel needs.
-    """
-    count, desc, addrs, truncated = _require().recv_batch(fd, buffer, max_datagrams, want_addrs,
-                                                          quic_addrs)
-    return DatagramBatch(buffer, desc, count, addrs, truncated)
-
-
-def enable_timestamps(fd: FdLike) -> None:
-    _require().enable_timestamps(fd)
-
-
-def enable_gro(fd: FdLike) -> bool:
-    """Turn on UDP GRO; False when the kernel does not support it."""
-    return bool(_require().enable_gro(fd))
-
-
 #: One run of placed DATA datagrams: (path_id, first_pn, count, shard_id, offset, length).
 Run = tuple[int, int, int, int, int, int]
 
@@ -240,7 +255,7 @@ def fold_runs(records: npt.NDArray[Any]) -> list[Run]:
     packet numbers, contiguous bytes; in record order."""
     if records.dtype != RECORD_DTYPE:
         raise TypeError(f"records: dtype {records.dtype} is not RECORD_DTYPE")
-    runs: list[Run] = _require().fold_runs(np.ascontiguousarray(records))
+    runs: list[Run] = require().fold_runs(np.ascontiguousarray(records))
     return runs
 
 
@@ -269,7 +284,7 @@ class Receiver:
     __slots__ = ("_c",)
 
     def __init__(self, conn_id: int, n_paths: int) -> None:
-        self._c = _require().Receiver(conn_id, n_paths)
+        self._c = require().Receiver(conn_id, n_paths)
 
     def set_key(self, phase: int, protector: Protector | None) -> None:
         self._c.set_key(phase, None if protector is None else protector._c)
@@ -315,98 +330,3 @@ class Receiver:
             [ControlDatagram(*c) for c in controls],
             quic,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class PathStats:
-    sent_datagrams: int
-    sent_bytes: int
-    send_errors: int
-    queue_depth: int
-    gso_sends: int
-    eagain: int
-    gso: bool
-
-
-class Pacer:
-    """Timed sender thread: per-path bounded FIFO rings released at pacing times.
-
-    The Python side owns the sockets; close() (or leaving the ``with`` block)
-    stops the thread before they may be closed.
-    """
-
-    __slots__ = ("_c",)
-
-    def __init__(
-        self,
-        n_paths: int,
-        *,
-        capacity: int = 4096,
-        slot_size: int = 2048,
-        max_batch: int = 64,
-        gso: bool = True,
-        gso_segments: int = 64,
-        spin_ns: int = 20_000,
-        burst_ns: int = 0,
-    ) -> None:
-        self._c = _require().Pacer(
-            n_paths, capacity, slot_size, max_batch, gso, gso_segments, spin_ns, burst_ns
-        )
-
-    @property
-    def name(self) -> str:
-        return str(self._c.name)
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._c.closed)
-
-    def set_path(self, path_id: int, fd: FdLike | None, dest: tuple[str, int] | None = None) -> None:
-        """The socket of a path (None disables it); ``dest`` for unconnected sockets."""
-        self._c.set_path(path_id, fd, dest)
-
-    def set_rate(self, path_id: int, rate_bytes_per_s: float) -> None:
-        self._c.set_rate(path_id, float(rate_bytes_per_s))
-
-    def set_pps(self, path_id: int, pps: float) -> None:
-        self._c.set_pps(path_id, float(pps))
-
-    def enqueue(
-        self,
-        path_id: int,
-        buffer: Buffer,
-        *,
-        stride: int | None = None,
-        lengths: Sequence[int] | None = None,
-        not_before_ns: int = 0,
-    ) -> int:
-        """Copy datagrams into the path's ring; returns how many fit (a prefix)."""
-        return int(self._c.enqueue(path_id, buffer, stride, lengths, not_before_ns))
-
-    def enqueue_burst(self, path_id: int, burst: DataBurst, start: int = 0, not_before_ns: int = 0) -> int:
-        """Enqueue datagrams ``start..`` of a burst; returns how many were accepted."""
-        if start >= burst.count:
-            return 0
-        view = memoryview(burst.buffer)[start * burst.stride :]
-        return self.enqueue(path_id, view, stride=burst.stride, not_before_ns=not_before_ns)
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Block (without the GIL) until every queue is empty; False on timeout."""
-        return bool(self._c.wait_idle(timeout_s))
-
-    def stats(self) -> list[PathStats]:
-        return [PathStats(**s) for s in self._c.stats()]
-
-    def close(self) -> None:
-        self._c.close()
-
-    def __enter__(self) -> Pacer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

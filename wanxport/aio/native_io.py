@@ -1,0 +1,143 @@
+"""Typed wrapper of the I/O half of the native data path, ``wanxport._native``.
+
+Why apart from ``wanxport/wire/native.py``: wire is the pure layer (bytes in,
+bytes out); receiving from sockets, setting socket options and the pacer's
+sender thread are I/O, which belongs to the asyncio adapter. Both wrap the same
+extension module, loaded once by wire/native.py, so ``native.NATIVE_AVAILABLE``
+and ``native.import_error`` answer for these functions too.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from wanxport.wire.native import Buffer, DataBurst, DatagramBatch, require
+
+FdLike = int | socket.socket
+
+
+def recv_batch(
+    fd: FdLike, buffer: bytearray | memoryview, max_datagrams: int, want_addrs: bool = False,
+    quic_addrs: bool = False,
+) -> DatagramBatch:
+    """Drain up to ``max_datagrams`` messages (non-blocking; an empty batch on EAGAIN).
+
+    ``buffer`` is split into ``max_datagrams`` equal slots; with UDP GRO each
+    slot should hold 64 KiB, and coalesced messages are split back into
+    datagrams (so ``count`` may exceed ``max_datagrams``). Timestamps are the
+    kernel's CLOCK_REALTIME receive times when enable_timestamps() was called.
+    ``quic_addrs``: ``addrs`` holds the sender only of QUIC-looking datagrams
+    (None elsewhere), what a socket shared with the control channel needs.
+    """
+    count, desc, addrs, truncated = require().recv_batch(fd, buffer, max_datagrams, want_addrs,
+                                                         quic_addrs)
+    return DatagramBatch(buffer, desc, count, addrs, truncated)
+
+
+def enable_timestamps(fd: FdLike) -> None:
+    require().enable_timestamps(fd)
+
+
+def enable_gro(fd: FdLike) -> bool:
+    """Turn on UDP GRO; False when the kernel does not support it."""
+    return bool(require().enable_gro(fd))
+
+
+@dataclass(frozen=True, slots=True)
+class PathStats:
+    """One path's pacer counters (Pacer.stats())."""
+
+    sent_datagrams: int
+    sent_bytes: int
+    send_errors: int
+    queue_depth: int
+    gso_sends: int
+    eagain: int
+    gso: bool
+
+
+class Pacer:
+    """Timed sender thread: per-path bounded FIFO rings released at pacing times.
+
+    The Python side owns the sockets; close() (or leaving the ``with`` block)
+    stops the thread before they may be closed.
+    """
+
+    __slots__ = ("_c",)
+
+    def __init__(
+        self,
+        n_paths: int,
+        *,
+        capacity: int = 4096,
+        slot_size: int = 2048,
+        max_batch: int = 64,
+        gso: bool = True,
+        gso_segments: int = 64,
+        spin_ns: int = 20_000,
+        burst_ns: int = 0,
+    ) -> None:
+        self._c = require().Pacer(
+            n_paths, capacity, slot_size, max_batch, gso, gso_segments, spin_ns, burst_ns
+        )
+
+    @property
+    def name(self) -> str:
+        return str(self._c.name)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._c.closed)
+
+    def set_path(self, path_id: int, fd: FdLike | None, dest: tuple[str, int] | None = None) -> None:
+        """The socket of a path (None disables it); ``dest`` for unconnected sockets."""
+        self._c.set_path(path_id, fd, dest)
+
+    def set_rate(self, path_id: int, rate_bytes_per_s: float) -> None:
+        self._c.set_rate(path_id, float(rate_bytes_per_s))
+
+    def set_pps(self, path_id: int, pps: float) -> None:
+        self._c.set_pps(path_id, float(pps))
+
+    def enqueue(
+        self,
+        path_id: int,
+        buffer: Buffer,
+        *,
+        stride: int | None = None,
+        lengths: Sequence[int] | None = None,
+        not_before_ns: int = 0,
+    ) -> int:
+        """Copy datagrams into the path's ring; returns how many fit (a prefix)."""
+        return int(self._c.enqueue(path_id, buffer, stride, lengths, not_before_ns))
+
+    def enqueue_burst(self, path_id: int, burst: DataBurst, start: int = 0, not_before_ns: int = 0) -> int:
+        """Enqueue datagrams ``start..`` of a burst; returns how many were accepted."""
+        if start >= burst.count:
+            return 0
+        view = memoryview(burst.buffer)[start * burst.stride :]
+        return self.enqueue(path_id, view, stride=burst.stride, not_before_ns=not_before_ns)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block (without the GIL) until every queue is empty; False on timeout."""
+        return bool(self._c.wait_idle(timeout_s))
+
+    def stats(self) -> list[PathStats]:
+        return [PathStats(**s) for s in self._c.stats()]
+
+    def close(self) -> None:
+        self._c.close()
+
+    def __enter__(self) -> Pacer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
