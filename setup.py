@@ -44,6 +44,8 @@ COMPILED_MODULES = [
     "wanxport/core/events.py", "wanxport/core/flow.py", "wanxport/core/incoming.py",
     "wanxport/core/outgoing.py", "wanxport/core/paths.py", "wanxport/core/ranges.py",
     "wanxport/core/recovery.py", "wanxport/core/rtt.py", "wanxport/core/scheduler.py",
+    "wanxport/core/scheduling/hedge.py", "wanxport/core/scheduling/order.py",
+    "wanxport/core/scheduling/stripes.py", "wanxport/core/scheduling/tail.py",
     "wanxport/core/sent_packets.py", "wanxport/core/session.py", "wanxport/core/shards.py",
     "wanxport/sim/eventloop.py", "wanxport/sim/network.py", "wanxport/sim/runner.py",
     "wanxport/wire/frames.py", "wanxport/wire/header.py", "wanxport/wire/replay.py",

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.incoming import IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
+from wanxport.core.scheduling.stripes import Stripes
 from wanxport.core.sent_packets import Chunk
 from wanxport.core.shards import IncomingShard, OutgoingShard
 from wanxport.wire.frames import STATUS_INTEGRITY_FAILURE, STATUS_VERIFIED, ShardOpenFrame
@@ -27,9 +28,23 @@ def chunk_bytes(chunks: list[Chunk]) -> set[tuple[int, int]]:
 # -- OutgoingData -----------------------------------------------------------------
 
 
-def check_accounting(out: OutgoingData) -> None:
+def next_chunk(out: OutgoingData, stripes: Stripes, path_id: int, max_len: int, stripe_len: int
+               ) -> tuple[Chunk, bool] | None:
+    """What a scheduler asks of the two parts: lost data first, then the path's stripe."""
+    chunk = out.next_retransmission(max_len)
+    if chunk is not None:
+        return chunk, True
+    chunk = stripes.next_chunk(path_id, max_len, stripe_len)
+    return None if chunk is None else (chunk, False)
+
+
+def check_accounting(out: OutgoingData, stripes: Stripes) -> None:
     live = [s for s in out.shards.values() if s.done_status is None]
     assert out.unsent_bytes == sum(s.size - s.next_offset for s in live)
+    reserved = [(sid, end - off) for sid, off, end in stripes.stripes.values()]
+    reserved += [(sid, n) for sid, _, n in stripes.spare]
+    assert all(out.shards[sid].done_status is None for sid, n in reserved if n), "runs of done shards dropped"
+    assert stripes.reserved_bytes == sum(n for _, n in reserved)
     assert out.retransmit_bytes == sum(n for _, _, n in out.retransmit)
     assert out.unfinished == len(live)
     assert out.credit.used <= out.credit.limit
@@ -37,7 +52,8 @@ def check_accounting(out: OutgoingData) -> None:
 
 
 def exercise_outgoing(data: st.DataObject, hedge: bool) -> None:
-    """Random sends, acks, losses, SHARD_ACKs, SHARD_DONEs and credit; then drain everything.
+    """Random sends on three paths with stripes, stripe releases, acks, losses, SHARD_ACKs,
+    SHARD_DONEs and credit; then drain everything.
 
     Without hedging every chunk has one copy in flight, and a chunk handed out
     must not contain a byte the receiver already acknowledged. With hedging
@@ -46,9 +62,11 @@ def exercise_outgoing(data: st.DataObject, hedge: bool) -> None:
     """
     credit = SendCredit(data.draw(st.integers(1, 400), label="initial credit"))
     out = OutgoingData(credit)
+    stripes = Stripes(out)
     flight: list[Chunk] = []
     next_id = 0
-    kinds = ["submit", "send", "send", "send", "ack", "lose", "lose", "shard_ack", "done", "credit"]
+    kinds = ["submit", "send", "send", "send", "ack", "lose", "lose", "shard_ack", "done", "credit",
+             "release"]
     for _ in range(data.draw(st.integers(1, 60), label="steps")):
         op = data.draw(st.sampled_from(kinds + (["hedge"] if hedge else [])))
         if op == "submit":
@@ -56,7 +74,8 @@ def exercise_outgoing(data: st.DataObject, hedge: bool) -> None:
             next_id += 1
         elif op == "send":
             out.open_ready()
-            picked = out.next_chunk(data.draw(st.integers(1, 64)))
+            picked = next_chunk(out, stripes, data.draw(st.integers(0, 2)), data.draw(st.integers(1, 64)),
+                                data.draw(st.sampled_from([0, 100])))
             if picked is not None:
                 (shard_id, offset, length), _ = picked
                 shard = out.shards[shard_id]
@@ -82,22 +101,28 @@ def exercise_outgoing(data: st.DataObject, hedge: bool) -> None:
             # the session's tail hedging sends a second copy of a chunk still in flight
             flight.append(flight[data.draw(st.integers(0, len(flight) - 1))])
         elif op == "done" and out.shards:
-            out.on_done(data.draw(st.sampled_from(sorted(out.shards))), STATUS_VERIFIED)
+            done = out.on_done(data.draw(st.sampled_from(sorted(out.shards))), STATUS_VERIFIED)
+            if done is not None:
+                stripes.forget_shard(done.shard_id)
         elif op == "credit":
             credit.update(credit.limit + data.draw(st.integers(-50, 200)))
-        check_accounting(out)
+        elif op == "release":
+            stripes.release(data.draw(st.integers(0, 2)))
+        check_accounting(out, stripes)
 
     # Drain: everything in flight is lost, credit becomes plentiful, every chunk is acknowledged.
     out.requeue(flight)
+    stripes.release_all()  # the tail: every path's stripe is served by whichever path asks
     credit.update(1 << 40)
     while True:
         out.open_ready()
-        picked = out.next_chunk(37)
+        picked = next_chunk(out, stripes, 0, 37, 100)
         if picked is None:
             break
         out.on_acked([picked[0]])
-        check_accounting(out)
-    assert out.remaining_bytes == 0
+        check_accounting(out, stripes)
+    assert out.remaining_bytes == 0 and stripes.reserved_bytes == 0
+    assert stripes.release_all() is False, "nothing reserved is left behind in another path's stripe"
     for shard in out.shards.values():
         assert shard.fully_acked, f"shard {shard.shard_id} lost bytes: {shard.acked.ranges()}"
 
@@ -119,24 +144,23 @@ def test_retransmission_skips_bytes_acknowledged_after_requeue() -> None:
     out = OutgoingData(SendCredit(1 << 20))
     out.submit(make_shard(0, 2000))
     out.open_ready()
-    assert out.next_chunk(2000) == ((0, 0, 2000), False)
+    assert out.take_new(2000) == (0, 0, 2000)
     out.requeue([(0, 0, 2000)])
     out.on_acked([(0, 0, 1000)])
-    assert out.next_chunk(1000) == ((0, 1000, 1000), True)
+    assert out.next_retransmission(1000) == (0, 1000, 1000)
 
 
 def test_requeue_sends_only_the_unacked_gaps_first() -> None:
     out = OutgoingData(SendCredit(1 << 20))
     out.submit(make_shard(1, 100))
     out.open_ready()
-    first = out.next_chunk(100)
-    assert first == ((1, 0, 100), False)
+    assert out.take_new(100) == (1, 0, 100)
     out.on_acked([(1, 10, 20), (1, 50, 10)])
     out.requeue([(1, 0, 100)])
     assert out.retransmit_bytes == 70
-    resent = [out.next_chunk(1000) for _ in range(3)]
-    assert resent == [((1, 0, 10), True), ((1, 30, 20), True), ((1, 60, 40), True)]
-    assert out.next_chunk(1000) is None
+    resent = [out.next_retransmission(1000) for _ in range(3)]
+    assert resent == [(1, 0, 10), (1, 30, 20), (1, 60, 40)]
+    assert out.next_retransmission(1000) is None and out.take_new(1000) is None
 
 
 def test_credit_holds_shards_back_until_granted() -> None:
@@ -144,8 +168,8 @@ def test_credit_holds_shards_back_until_granted() -> None:
     for i in range(3):
         out.submit(make_shard(i, 100))
     assert [s.shard_id for s in out.open_ready()] == [0]
-    assert out.next_chunk(1000) == ((0, 0, 100), False)
-    assert out.next_chunk(1000) is None
+    assert out.take_new(1000) == (0, 0, 100)
+    assert out.take_new(1000) is None
     out.credit.update(100)  # an old, smaller limit changes nothing
     assert out.open_ready() == []
     out.credit.update(300)
@@ -157,11 +181,11 @@ def test_done_shard_drops_its_pending_retransmissions() -> None:
     out = OutgoingData(SendCredit(1 << 20))
     out.submit(make_shard(4, 50))
     out.open_ready()
-    out.next_chunk(20)
+    out.take_new(20)
     out.requeue([(4, 0, 20)])
     assert out.on_done(4, STATUS_INTEGRITY_FAILURE) is not None
     assert out.on_done(4, STATUS_VERIFIED) is None, "a second SHARD_DONE is ignored"
-    assert out.next_chunk(100) is None
+    assert out.next_retransmission(100) is None and out.take_new(100) is None
     assert out.remaining_bytes == 0 and out.unfinished == 0
 
 

@@ -21,6 +21,7 @@ def test_the_expected_scenarios_are_bundled() -> None:
         "ack-loss-jitter",
         "wide-256path",
         "east-west-us",
+        "near-far-6path",
     } <= names
 
 

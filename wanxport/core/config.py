@@ -51,8 +51,9 @@ class SessionConfig:
     peer_credit_bytes: int = 1 << 30  # the peer's budget, agreed at setup
     pacing_horizon_s: float = 0.002  # hand packets out this far ahead of departure ...
     burst_packets: int = 8  # ... or this many packets' worth, whichever is longer
-    stripe_chunks: int = 64  # new data goes to a path in contiguous runs of this many chunks
-    hedge: bool = True
+    # New data goes to a path in contiguous runs of this many chunks (with a scheduler
+    # that stripes; see wanxport.core.scheduler for what each one composes).
+    stripe_chunks: int = 64
     # A suspected path is probed at least this often, each probe awaited for an answer
     # (two misses fail it) ...
     max_probe_interval_s: float = 0.25

@@ -1,16 +1,10 @@
-"""Sender's data selection: what the next chunk is, across shards and retransmissions.
+"""Sender's data: shards being sent, what is left of them, and what must be re-sent.
 
-Lost data goes to the front (retransmissions before new data); new data is
-taken from shards in submission order, opened only as far as receive credit
-allows; at the tail, chunks still in flight on slow paths are offered for
-hedging on faster ones.
-
-New data is handed to each path in *stripes*: a contiguous run of a shard that
-the path sends in order. The receiver then sees a few long runs per path
-instead of every path's chunks interleaved, so its received-range bookkeeping
-(and the sender's acknowledged ranges) stays small at hundreds of paths. A
-path's unsent stripe goes back to a spare queue that any path serves first
-when the path fails or the transfer reaches its tail.
+Lost data waits in a retransmission queue (the scheduler serves it before new
+data); new data is taken from shards in submission order, opened only as far
+as receive credit allows. *Which* path takes which run of new data, and what is
+hedged at the tail, is scheduling policy (``wanxport.core.scheduling``): this
+module only hands out runs and keeps the byte accounting.
 """
 
 from __future__ import annotations
@@ -32,9 +26,7 @@ class OutgoingData:
         self.sending: deque[OutgoingShard] = deque()  # opened, with unsent bytes
         self.retransmit: deque[Chunk] = deque()
         self.retransmit_bytes = 0
-        self.stripes: dict[int, list[int]] = {}  # path id -> [shard id, next offset, end]
-        self.spare: deque[Chunk] = deque()  # stripes given back, never sent yet
-        self.unsent_bytes = 0  # in opened and waiting shards
+        self.unsent_bytes = 0  # in opened and waiting shards, not yet taken
         self.unfinished = 0  # shards without a SHARD_DONE yet
 
     def submit(self, shard: OutgoingShard) -> None:
@@ -58,6 +50,7 @@ class OutgoingData:
 
     @property
     def remaining_bytes(self) -> int:
+        """Bytes not yet taken plus bytes to re-send (runs already taken are not counted)."""
         return self.unsent_bytes + self.retransmit_bytes
 
     def requeue(self, chunks: list[Chunk]) -> None:
@@ -69,13 +62,8 @@ class OutgoingData:
                 self.retransmit.append((shard_id, start, end - start))
                 self.retransmit_bytes += end - start
 
-    def next_chunk(self, max_len: int, path_id: int = 0, stripe_len: int = 0
-                   ) -> tuple[Chunk, bool] | None:
-        """The next chunk for ``path_id`` and whether it is a retransmission.
-
-        New data comes from the path's stripe; a new stripe is ``stripe_len`` bytes
-        (0: one chunk, i.e. no striping).
-        """
+    def next_retransmission(self, max_len: int) -> Chunk | None:
+        """Up to ``max_len`` bytes of lost data, skipping what has been acknowledged since."""
         while self.retransmit:
             shard_id, offset, length = self.retransmit[0]
             shard = self.shards[shard_id]
@@ -97,54 +85,25 @@ class OutgoingData:
             else:
                 self.retransmit[0] = (shard_id, offset + take, length - take)
             self.retransmit_bytes -= take
-            return (shard_id, offset, take), True
-        chunk = self._next_new(max_len, path_id, stripe_len)
-        return None if chunk is None else (chunk, False)
+            return shard_id, offset, take
+        return None
 
-    def _next_new(self, max_len: int, path_id: int, stripe_len: int) -> Chunk | None:
-        stripe = self.stripes.get(path_id)
-        if stripe is None or stripe[1] >= stripe[2]:
-            stripe = self._new_stripe(max(stripe_len, max_len))
-            if stripe is None:
-                self.stripes.pop(path_id, None)
-                return None
-            self.stripes[path_id] = stripe
-        shard_id, offset, end = stripe
-        take = min(max_len, end - offset)
-        stripe[1] = offset + take
-        self.unsent_bytes -= take
-        return shard_id, offset, take
+    def take_new(self, max_len: int) -> Chunk | None:
+        """The next run of up to ``max_len`` never-sent bytes of the oldest opened shard.
 
-    def _new_stripe(self, stripe_len: int) -> list[int] | None:
-        if self.spare:
-            shard_id, offset, length = self.spare.popleft()
-            return [shard_id, offset, offset + length]
+        The run leaves this object's accounting (``unsent_bytes``): whoever
+        takes it (a path's stripe) owns it until it is sent.
+        """
         while self.sending:
             shard = self.sending[0]
             if shard.next_offset >= shard.size:
                 self.sending.popleft()
                 continue
             offset = shard.next_offset
-            shard.next_offset = min(shard.size, offset + stripe_len)
-            return [shard.shard_id, offset, shard.next_offset]
+            shard.next_offset = min(shard.size, offset + max_len)
+            self.unsent_bytes -= shard.next_offset - offset
+            return shard.shard_id, offset, shard.next_offset - offset
         return None
-
-    def release_stripe(self, path_id: int) -> bool:
-        """The path stops taking new data (failed, or the tail): its unsent stripe is spare.
-
-        Returns whether any data became spare (other paths may now take it).
-        """
-        stripe = self.stripes.pop(path_id, None)
-        if stripe is not None and stripe[1] < stripe[2]:
-            self.spare.append((stripe[0], stripe[1], stripe[2] - stripe[1]))
-            return True
-        return False
-
-    def release_all_stripes(self) -> bool:
-        released = False
-        for path_id in list(self.stripes):
-            released = self.release_stripe(path_id) or released
-        return released
 
     def on_acked(self, chunks: list[Chunk]) -> None:
         for shard_id, offset, length in chunks:
@@ -168,11 +127,4 @@ class OutgoingData:
         if shard.next_offset < shard.size:
             self.unsent_bytes -= shard.size - shard.next_offset
             shard.next_offset = shard.size
-        for path_id, stripe in list(self.stripes.items()):
-            if stripe[0] == shard_id:
-                self.unsent_bytes -= stripe[2] - stripe[1]
-                del self.stripes[path_id]
-        kept = [chunk for chunk in self.spare if chunk[0] != shard_id]
-        self.unsent_bytes -= sum(chunk[2] for chunk in self.spare if chunk[0] == shard_id)
-        self.spare = deque(kept)
         return shard

@@ -1,95 +1,206 @@
-"""Which path carries the next burst: schedule by expected arrival (DESIGN.md section 3).
+"""The scheduler: every policy decision about which data goes on which path, and when.
 
-The earliest-arrival scheduler sends each burst on the path where it is
-expected to be delivered first: departure (pacing) plus one-way delay. While
-plenty of data remains, every path with room is kept busy. Near the end it
-water-fills: given the bytes left R, it finds the time T at which paths
-starting in order of expected arrival would together deliver R, and a path
-whose first byte would arrive after T gets nothing, so all paths run dry
-together instead of a slow path delivering the last byte late.
+The session asks the scheduler, once per fill round and per path: is the
+round's view of the transfer fresh (``refresh``), in which order are the ready
+paths filled (``order``), should this path wait (``hold``), and which chunk does
+it carry next (``next_chunk``: a retransmission, new data, or a hedged copy).
+The session does the mechanics (windows, pacing, packets, timers).
 
-Schedulers are registered by name, like congestion controllers.
+A scheduler composes parts from ``wanxport.core.scheduling``: a path order, the
+tail (detection and water-filling cutoff), stripes and hedging. Schedulers are
+registered by name, like congestion controllers; the registered ones compose:
+
+==============================  ================  ====================  ==========================  ========
+name                            order             tail                  stripes                     hedging
+==============================  ================  ====================  ==========================  ========
+earliest-arrival (default)      expected arrival  water-filling cutoff  ``stripe_chunks``, single   in the
+                                                                        chunks in the tail          tail
+round-robin (naive baseline)    rotating          none                  ``stripe_chunks`` always    none
+earliest-arrival-no-hedge       expected arrival  water-filling cutoff  as earliest-arrival         none
+earliest-arrival-no-cutoff      expected arrival  detected, no cutoff   as earliest-arrival         in the
+                                                                                                    tail
+earliest-arrival-no-stripes     expected arrival  water-filling cutoff  none (one chunk a run)      in the
+                                                                                                    tail
+==============================  ================  ====================  ==========================  ========
+
+The last three are ablations: each leaves one part of the default out.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from enum import Enum
 
+from wanxport.core.config import SessionConfig
+from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
+from wanxport.core.scheduling.hedge import Hedger
+from wanxport.core.scheduling.order import ExpectedArrivalOrder, PathOrder, RotatingOrder
+from wanxport.core.scheduling.stripes import Stripes
+from wanxport.core.scheduling.tail import Tail
+from wanxport.core.sent_packets import Chunk
+
+
+class ChunkKind(Enum):
+    NEW = "new"
+    RETRANSMISSION = "retransmission"
+    HEDGE = "hedge"  # a second copy of a chunk still in flight on another path
 
 
 class Scheduler(ABC):
+    """What the session asks; one instance per session, over the session's ``OutgoingData``."""
+
     name: str
 
+    @property
     @abstractmethod
-    def cutoff(self, paths: list[Path], now: float, remaining_bytes: int) -> float:
-        """Latest expected arrival at which a path should still take new data."""
+    def remaining_bytes(self) -> int:
+        """Bytes still to be sent at least once or re-sent."""
 
     @abstractmethod
-    def order(self, candidates: list[Path], now: float) -> list[Path]:
-        """Candidates in the order they should be filled."""
+    def refresh(self, paths: list[Path], now: float) -> bool:
+        """A fill round starts. True: data became free for any path (fill them all)."""
+
+    @abstractmethod
+    def order(self, ready: list[Path], now: float) -> list[Path]:
+        """The paths ready to send, in the order they should be filled."""
+
+    @abstractmethod
+    def hold(self, path: Path, now: float) -> float | None:
+        """None: ``path`` may take data now; else it waits, to be asked again at that time.
+
+        A path that waits gives back its reserved data (the session calls ``release``).
+        """
+
+    @abstractmethod
+    def next_chunk(self, path: Path, now: float, paths: list[Path]) -> tuple[Chunk, ChunkKind] | None:
+        """The next chunk ``path`` carries, or None: it has nothing to send."""
+
+    @abstractmethod
+    def release(self, path_id: int) -> bool:
+        """The path takes no new data for now (failed, or held): hand what it reserved to others.
+
+        Returns whether any data became free.
+        """
+
+    @abstractmethod
+    def forget_shard(self, shard_id: int) -> None:
+        """The shard is done: drop whatever the scheduler still holds of it."""
+
+    @abstractmethod
+    def data_requeued(self) -> None:
+        """Lost data went back to the retransmission queue."""
 
 
-def expected_arrival(path: Path, now: float) -> float:
-    return max(now, path.next_send_at) + path.one_way_s
+class ComposedScheduler(Scheduler):
+    """A scheduler made of parts; ``None`` leaves a part out (see the module's table)."""
+
+    def __init__(self, name: str, outgoing: OutgoingData, *, order: PathOrder, tail: Tail | None,
+                 stripe_chunks: int, hedger: Hedger | None) -> None:
+        self.name = name
+        self.outgoing = outgoing
+        self.path_order = order
+        self.tail = tail
+        self.stripes = Stripes(outgoing)
+        self.stripe_chunks = stripe_chunks
+        self.hedger = hedger
+
+    @property
+    def remaining_bytes(self) -> int:
+        return self.outgoing.remaining_bytes + self.stripes.reserved_bytes
+
+    @property
+    def in_tail(self) -> bool:
+        return self.tail is not None and self.tail.in_tail
+
+    def refresh(self, paths: list[Path], now: float) -> bool:
+        tail = self.tail
+        if tail is None or not tail.due(now):
+            return False
+        entered = tail.update([p for p in paths if p.usable], now, self.remaining_bytes)
+        # In the tail each chunk goes where it lands first, not where a stripe put it.
+        return entered and self.stripes.release_all()
+
+    def order(self, ready: list[Path], now: float) -> list[Path]:
+        return self.path_order.order(ready, now)
+
+    def hold(self, path: Path, now: float) -> float | None:
+        tail = self.tail
+        if tail is None or not tail.holds(path, now, self.remaining_bytes):
+            return None
+        # The cutoff moves with the tail, and a stale one could exclude every path
+        # forever: look again shortly with a fresh one.
+        tail.mark_stale()
+        return now + tail.recheck_s
+
+    def next_chunk(self, path: Path, now: float, paths: list[Path]) -> tuple[Chunk, ChunkKind] | None:
+        chunk = self.outgoing.next_retransmission(path.mss)
+        if chunk is not None:
+            return chunk, ChunkKind.RETRANSMISSION
+        stripe_len = 0 if self.in_tail else self.stripe_chunks * path.mss
+        chunk = self.stripes.next_chunk(path.path_id, path.mss, stripe_len)
+        if chunk is not None:
+            return chunk, ChunkKind.NEW
+        if self.hedger is not None and self.in_tail and not self.remaining_bytes:
+            chunk = self.hedger.next_chunk(path, now, paths, self.outgoing)
+            if chunk is not None:
+                return chunk, ChunkKind.HEDGE
+        return None
+
+    def release(self, path_id: int) -> bool:
+        return self.stripes.release(path_id)
+
+    def forget_shard(self, shard_id: int) -> None:
+        self.stripes.forget_shard(shard_id)
+
+    def data_requeued(self) -> None:
+        if self.tail is not None:
+            self.tail.mark_stale()
 
 
-class EarliestArrivalScheduler(Scheduler):
-    name = "earliest-arrival"
-
-    def cutoff(self, paths: list[Path], now: float, remaining_bytes: int) -> float:
-        starts = sorted((expected_arrival(p, now), p.send_rate_Bps()) for p in paths)
-        rate_sum = 0.0
-        weighted = 0.0
-        for i, (arrival, rate) in enumerate(starts):
-            rate_sum += rate
-            weighted += rate * arrival
-            finish = (remaining_bytes + weighted) / rate_sum if rate_sum > 0 else float("inf")
-            if i + 1 == len(starts) or finish <= starts[i + 1][0]:
-                return finish
-        return float("inf")
-
-    def order(self, candidates: list[Path], now: float) -> list[Path]:
-        return sorted(candidates, key=lambda p: expected_arrival(p, now))
+SchedulerFactory = Callable[[SessionConfig, OutgoingData], Scheduler]
+_REGISTRY: dict[str, SchedulerFactory] = {}
 
 
-class RoundRobinScheduler(Scheduler):
-    """Ignores delays: the naive striping baseline, for comparison."""
-
-    name = "round-robin"
-
-    def __init__(self) -> None:
-        self._turn = 0
-
-    def cutoff(self, paths: list[Path], now: float, remaining_bytes: int) -> float:
-        return float("inf")
-
-    def order(self, candidates: list[Path], now: float) -> list[Path]:
-        self._turn += 1
-        k = self._turn % len(candidates) if candidates else 0
-        return candidates[k:] + candidates[:k]
-
-
-_REGISTRY: dict[str, Callable[[], Scheduler]] = {}
-
-
-def register_scheduler(name: str, factory: Callable[[], Scheduler]) -> None:
+def register_scheduler(name: str, factory: SchedulerFactory) -> None:
     _REGISTRY[name] = factory
 
 
-def create_scheduler(name: str) -> Scheduler:
+def create_scheduler(name: str, config: SessionConfig, outgoing: OutgoingData) -> Scheduler:
     try:
-        return _REGISTRY[name]()
+        factory = _REGISTRY[name]
     except KeyError:
         raise ValueError(
             f"unknown scheduler {name!r}; valid: {', '.join(sorted(_REGISTRY))}"
         ) from None
+    return factory(config, outgoing)
 
 
 def available_schedulers() -> list[str]:
     return sorted(_REGISTRY)
 
 
-register_scheduler("earliest-arrival", EarliestArrivalScheduler)
-register_scheduler("round-robin", RoundRobinScheduler)
+def _earliest_arrival(name: str, *, water_fill: bool = True, stripes: bool = True,
+                      hedge: bool = True) -> SchedulerFactory:
+    def factory(config: SessionConfig, outgoing: OutgoingData) -> Scheduler:
+        return ComposedScheduler(
+            name, outgoing, order=ExpectedArrivalOrder(),
+            tail=Tail(config.pacing_horizon_s, water_fill=water_fill),
+            stripe_chunks=config.stripe_chunks if stripes else 0,
+            hedger=Hedger() if hedge else None)
+    return factory
+
+
+def _round_robin(config: SessionConfig, outgoing: OutgoingData) -> Scheduler:
+    return ComposedScheduler("round-robin", outgoing, order=RotatingOrder(), tail=None,
+                             stripe_chunks=config.stripe_chunks, hedger=None)
+
+
+register_scheduler("earliest-arrival", _earliest_arrival("earliest-arrival"))
+register_scheduler("round-robin", _round_robin)
+register_scheduler("earliest-arrival-no-hedge", _earliest_arrival("earliest-arrival-no-hedge", hedge=False))
+register_scheduler("earliest-arrival-no-cutoff",
+                   _earliest_arrival("earliest-arrival-no-cutoff", water_fill=False))
+register_scheduler("earliest-arrival-no-stripes",
+                   _earliest_arrival("earliest-arrival-no-stripes", stripes=False))

@@ -34,7 +34,7 @@ from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path, PathState
 from wanxport.core.ranges import RangeSet
-from wanxport.core.scheduler import create_scheduler
+from wanxport.core.scheduler import ChunkKind, create_scheduler
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
 from wanxport.wire.frames import (
@@ -82,24 +82,17 @@ class Session:
             Path(i, p.name, config.data_payload(p), self._make_cc(config, i), config.initial_rtt_s)
             for i, p in enumerate(config.paths)
         ]
-        self.scheduler = create_scheduler(config.scheduler)
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
+        self.scheduler = create_scheduler(config.scheduler, config, self.outgoing)
         self.incoming = IncomingData(ReceiveBudget(config.receive_budget_bytes),
                                      allocator or allocate_bytearray)
         self._control: list[Frame] = []
         self._events: list[Event] = []
         self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
         self._dirty: set[int] = set(range(len(self.paths)))
-        self._hedged: set[tuple[int, int]] = set()
-        self._hedge_queue: list[tuple[float, Chunk, int]] = []
-        self._hedge_built_at = -1.0
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
         self.hedged_bytes = 0
-        self._in_tail = False
-        self._tail_checked_at = -1.0
-        self._cutoff = float("inf")
-        self._cutoff_stale = True
         self._touched: set[int] = set()
         self._needs_ack: set[int] = set()  # paths with an ACK or path control frames to send
 
@@ -259,6 +252,7 @@ class Session:
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:
+                self.scheduler.forget_shard(shard.shard_id)
                 self._events.append(ShardAcknowledged(shard.shard_id, frame.status == 0, now))
         elif isinstance(frame, CreditFrame):
             self.outgoing.credit.update(frame.max_bytes)
@@ -400,13 +394,13 @@ class Session:
         """Fill the paths whose state changed (an ack, a timer, new data) since the last poll.
 
         Every other path is waiting for its window (an ack will change it), its
-        pacing timer, or a re-check timer set when the tail cutoff excluded it.
+        pacing timer, or a re-check timer set when the scheduler held it back.
+        What to send where is the scheduler's decision; this is the mechanics.
         """
         if not self.outgoing.unfinished or not self._dirty:
             return
-        if now >= self._tail_checked_at + self.config.pacing_horizon_s or self._cutoff_stale:
-            self._update_cutoff(now)
-        cutoff = self._cutoff
+        if self.scheduler.refresh(self.paths, now):
+            self._dirty.update(range(len(self.paths)))  # data became free for every path
         # A path without window room, or whose pacing holds it beyond the horizon,
         # waits whatever the others do: settle those first, so only the paths that
         # may send are ordered (after a loss every path is dirty; with hundreds of
@@ -425,45 +419,21 @@ class Session:
                 continue
             ready.append(path)
         self._dirty.clear()
-        hedge = self._in_tail and self.config.hedge
         if len(ready) > 1:
             ready = self.scheduler.order(ready, now)
         for path in ready:
-            horizon = now + self._horizon_s(path)
-            if max(now, path.next_send_at) + path.one_way_s > cutoff and self.outgoing.remaining_bytes:
-                # Not worth it now; look again shortly with a fresh cutoff (the cutoff
-                # moves with the tail, and a stale one can exclude every path forever).
+            wait_until = self.scheduler.hold(path, now)
+            if wait_until is not None:
                 self._release_stripe(path)
-                self._cutoff_stale = True
-                path.pacing_wake = now + self.config.pacing_horizon_s
+                path.pacing_wake = wait_until
                 self._touch(path)
                 continue
-            self._fill(path, now, horizon, out, hedge)
+            self._fill(path, now, now + self._horizon_s(path), out)
 
     def _release_stripe(self, path: Path) -> None:
-        """Give the path's unsent stripe to the others, and let them know."""
-        if self.outgoing.release_stripe(path.path_id):
+        """Give the data the path reserved to the others, and let them know."""
+        if self.scheduler.release(path.path_id):
             self._dirty.update(i for i, p in enumerate(self.paths) if p.usable and p is not path)
-
-    def _update_cutoff(self, now: float) -> None:
-        """Enter or leave the tail, and water-fill the remaining bytes when in it."""
-        self._tail_checked_at = now
-        self._cutoff_stale = False
-        usable = [p for p in self.paths if p.usable]
-        remaining = self.outgoing.remaining_bytes
-        was_in_tail = self._in_tail
-        self._in_tail = bool(usable) and remaining < self._tail_threshold(usable)
-        if self._in_tail and not was_in_tail and self.outgoing.release_all_stripes():
-            self._dirty.update(range(len(self.paths)))  # each chunk now goes where it lands first
-        if self._in_tail and remaining:
-            self._cutoff = self.scheduler.cutoff(usable, now, remaining)
-        else:
-            self._cutoff = float("inf")
-
-    def _tail_threshold(self, usable: list[Path]) -> float:
-        """Bytes the paths move in one of the longest round trips: below it, schedule carefully."""
-        longest = max(p.rtt.smoothed_s for p in usable)
-        return sum(p.send_rate_Bps() for p in usable) * longest * 1.5
 
     def _horizon_s(self, path: Path) -> float:
         """How far ahead of its departure a packet is handed out: about one burst.
@@ -474,7 +444,7 @@ class Session:
         burst_s = self.config.burst_packets * (path.mss + self.config.packet_overhead()) * 8
         return max(self.config.pacing_horizon_s, min(burst_s / path.cc.pacing_rate_bps, path.rtt.min_s / 8))
 
-    def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit], hedge: bool) -> None:
+    def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit]) -> None:
         overhead = self.config.packet_overhead()
         path.pacing_wake = None
         while path.cwnd_space > 0:
@@ -482,17 +452,11 @@ class Session:
                 path.pacing_wake = path.next_send_at - (horizon - now)
                 self._touch(path)
                 return
-            picked = self.outgoing.next_chunk(path.mss, path.path_id,
-                                              0 if self._in_tail else self.config.stripe_chunks * path.mss)
-            retransmission = False
-            if picked is not None:
-                chunk, retransmission = picked
-            else:
-                hedged = self._next_hedge(path, now) if hedge else None
-                if hedged is None:
-                    path.rate.on_app_limited(path.bytes_in_flight)
-                    return
-                chunk = hedged
+            picked = self.scheduler.next_chunk(path, now, self.paths)
+            if picked is None:
+                path.rate.on_app_limited(path.bytes_in_flight)
+                return
+            chunk, kind = picked
             shard_id, offset, length = chunk
             if shard_id in path.needs_open:
                 path.needs_open.discard(shard_id)
@@ -506,10 +470,11 @@ class Session:
             self._send(path, frames, now, not_before, out, chunks=[chunk])
             stats = path.stats
             stats.payload_bytes += length
-            if retransmission:
+            if kind is ChunkKind.RETRANSMISSION:
                 stats.retransmitted_bytes += length
-            elif picked is None:
+            elif kind is ChunkKind.HEDGE:
                 stats.hedged_bytes += length
+                self.hedged_bytes += length
             # Pace by the whole datagram, DATA frame header included: the delivery-rate
             # samples count the same bytes, so gain 1.0 is exactly the measured rate.
             # Leaving the frame header out paced ~1 % above it: a queue crept up
@@ -535,41 +500,6 @@ class Session:
         out.append(Transmit(path.path_id, pn, frames, size, not_before))
         self._touch(path)
 
-    # -- hedging -------------------------------------------------------------
-
-    def _next_hedge(self, path: Path, now: float) -> Chunk | None:
-        """A chunk in flight on a slower path that this path would deliver sooner."""
-        if self.outgoing.remaining_bytes:
-            return None  # hedge only once everything has been sent at least once
-        if now - self._hedge_built_at > max(0.002, path.rtt.min_s / 2):
-            self._build_hedge_queue(now)
-        arrival = max(now, path.next_send_at) + path.one_way_s
-        while self._hedge_queue:
-            eta, chunk, owner = self._hedge_queue[-1]
-            if owner == path.path_id or self.outgoing.is_acked(chunk):
-                self._hedge_queue.pop()
-                continue
-            if eta <= arrival:
-                return None  # the latest remaining chunk is already due sooner elsewhere
-            self._hedge_queue.pop()
-            self._hedged.add((chunk[0], chunk[1]))
-            self.hedged_bytes += chunk[2]
-            return chunk
-        return None
-
-    def _build_hedge_queue(self, now: float) -> None:
-        """Outstanding chunks ordered so the one expected latest is hedged first."""
-        items: list[tuple[float, Chunk, int]] = []
-        for path in self.paths:
-            for packet in path.sent.values():
-                if packet.chunks:
-                    for chunk in packet.chunks:
-                        if (chunk[0], chunk[1]) not in self._hedged:
-                            items.append((packet.sent_at + path.one_way_s, chunk, path.path_id))
-        items.sort(key=lambda item: item[0])
-        self._hedge_queue = items
-        self._hedge_built_at = now
-
     # -- loss, failure, readmission -----------------------------------------
 
     def _requeue(self, lost: list[SentPacket]) -> None:
@@ -579,7 +509,7 @@ class Session:
             if packet.control:
                 self._control.extend(packet.control)
         self._dirty.update(range(len(self.paths)))
-        self._cutoff_stale = True
+        self.scheduler.data_requeued()
 
     def _set_state(self, path: Path, state: PathState, now: float) -> None:
         if state in (PathState.DEGRADED, PathState.FAILED):

@@ -1,0 +1,1 @@
+"""The parts schedulers are composed of (``wanxport.core.scheduler``): path order, tail, stripes, hedging."""
