@@ -47,6 +47,7 @@ COMPILED_MODULES = [
     "wanxport/core/scheduling/hedge.py", "wanxport/core/scheduling/order.py",
     "wanxport/core/scheduling/stripes.py", "wanxport/core/scheduling/tail.py",
     "wanxport/core/sent_packets.py", "wanxport/core/session.py", "wanxport/core/shards.py",
+    "wanxport/core/windowed_filter.py",
     "wanxport/sim/eventloop.py", "wanxport/sim/network.py", "wanxport/sim/runner.py",
     "wanxport/wire/frames.py", "wanxport/wire/header.py", "wanxport/wire/replay.py",
 ]

@@ -106,25 +106,6 @@ async def test_transfer_arrives_byte_exact(pairs: Callable[..., Pair], datapath:
 
 
 @pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
-async def test_native_pacer_runs_ahead_of_the_core_pacing(pairs: Callable[..., Pair]) -> None:
-    """The core paces core packets; the native pacer only spreads their datagrams. If it
-    paced at the core's rate or below, its stalls would queue datagrams in its ring and
-    inflate every RTT sample (a standing queue the congestion controller reacts to)."""
-    pair = pairs("native", 2, 16)
-    ratios: list[float] = []
-    set_rate = pair.a.datapath.set_rate
-
-    def recording(path_id: int, rate_bytes_per_s: float) -> None:
-        core_bytes_per_s = pair.a.session.paths[path_id].cc.pacing_rate_bps / 8
-        ratios.append(rate_bytes_per_s / core_bytes_per_s)
-        set_rate(path_id, rate_bytes_per_s)
-
-    pair.a.datapath.set_rate = recording
-    await pair.transfer([payload(2 << 20, 3)])
-    assert ratios and min(ratios) >= 1.2
-
-
-@pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
 @pytest.mark.parametrize("honest", [True, False])
 async def test_large_shard_is_hashed_while_it_arrives(pairs: Callable[..., Pair], honest: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,7 +166,8 @@ async def test_forged_datagrams_are_rejected_and_the_transfer_completes(
     assert counters.get("rejected_auth", 0) >= 2 * 40
     assert counters.get("rejected_conn", 0) >= 2 * 20
     assert counters.get("rejected_marker", 0) >= 2 * 20
-    assert counters.get("rejected_quic", 0) >= 2 * 10
+    # QUIC-looking ones are set apart by both receivers and, with no control side, dropped.
+    assert counters.get("passed_quic", 0) >= 2 * 10 and pair.b.quic_unclaimed >= 2 * 10
 
 
 def throw(pair: Pair, rng: random.Random) -> int:

@@ -6,12 +6,17 @@ import math
 
 import pytest
 
+from wanxport.core.cc import CcContext, CubicConfig
 from wanxport.core.cc.cubic import ALPHA, BETA, C, CubicCongestionController
 from wanxport.core.rtt import RttEstimator
 
 MSS = 1000
 RTT_S = 0.1
 STEP_S = 0.01  # ten ack batches per round trip
+
+
+def cubic(initial_window_packets: int = 32) -> CubicCongestionController:
+    return CubicConfig().build(CcContext(mss_bytes=MSS, initial_window_packets=initial_window_packets))
 
 
 class Clock:
@@ -38,14 +43,14 @@ class Clock:
 
 
 def grown_to(packets: int) -> Clock:
-    clock = Clock(CubicCongestionController(mss_bytes=MSS, initial_cwnd_packets=10))
+    clock = Clock(cubic(initial_window_packets=10))
     while clock.cc.cwnd_bytes < packets * MSS:
         clock.run(STEP_S)
     return clock
 
 
 def test_slow_start_grows_by_the_acked_bytes_and_paces_at_twice_cwnd() -> None:
-    clock = Clock(CubicCongestionController(mss_bytes=MSS))
+    clock = Clock(cubic())
     cc = clock.cc
     assert cc.cwnd_bytes == 32 * MSS and cc.in_startup
     clock.run(STEP_S)
@@ -54,7 +59,7 @@ def test_slow_start_grows_by_the_acked_bytes_and_paces_at_twice_cwnd() -> None:
 
 
 def test_window_does_not_grow_when_the_sender_is_not_using_it() -> None:
-    cc = CubicCongestionController(mss_bytes=MSS)
+    cc = cubic()
     rtt = RttEstimator()
     rtt.update(RTT_S, 0.0, 0.0)
     for i in range(1, 50):
@@ -135,7 +140,7 @@ def test_path_reset_returns_to_slow_start() -> None:
 
 
 def test_invalid_options_name_the_field() -> None:
-    with pytest.raises(ValueError, match="initial_cwnd_packets"):
-        CubicCongestionController(mss_bytes=MSS, initial_cwnd_packets=1)
+    with pytest.raises(ValueError, match="initial_window_packets=1"):
+        cubic(initial_window_packets=1)
     with pytest.raises(ValueError, match="mss_bytes"):
-        CubicCongestionController(mss_bytes=-5)
+        CcContext(mss_bytes=-5)

@@ -63,6 +63,7 @@ def test_human_summary_names_every_path(scenario: Path) -> None:
     (["--size", "12QB"], "--size"),
     (["--seed", "-1"], "--seed"),
     (["--cc", "reno"], "--cc"),
+    (["--cc", "fixed"], "--cc fixed: congestion control 'fixed' needs option rate_bps"),
     (["--deadline", "0"], "--deadline"),
     (["--quantum", "1MiB", "--payload", "bytes"], "--quantum"),
 ])

@@ -33,7 +33,7 @@ def run_until_acknowledged(size: int) -> float | None:
         for sender, receiver in ((a, b), (b, a)):
             for tx in sender.poll_transmit(now):
                 heapq.heappush(wire, (now + ONE_WAY_S, next(seq), receiver, tx.path_id,
-                                      tx.packet_number, tx.frames))
+                                      tx.first_pn, tx.frames))
         if any(isinstance(e, ShardAcknowledged) for e in a.events()):
             return now
         b.events()

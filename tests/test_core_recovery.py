@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wanxport.core import recovery
-from wanxport.core.cc import create_congestion_control
+from wanxport.core.cc import BbrConfig, CcContext
 from wanxport.core.paths import Path
 from wanxport.core.sent_packets import SentPacket
 
@@ -19,7 +19,7 @@ MSS = 1400
 
 
 def new_path() -> Path:
-    cc = create_congestion_control("bbr", mss_bytes=MSS + 16, initial_rtt_s=0.1)
+    cc = BbrConfig(probe_rtt=True).build(CcContext(mss_bytes=MSS + 16, initial_rtt_s=0.1))
     return Path(0, "p", MSS, cc, 0.1)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from wanxport.core import recovery
@@ -159,18 +159,21 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
             # cwnd may shrink below what was legitimately sent earlier, so bound by its peak
             key = (endpoint.name, path.path_id)
             peak_cwnd[key] = max(peak_cwnd.get(key, 0), path.cc.cwnd_bytes)
-            limit = peak_cwnd[key] / (path.mss + overhead) + SLACK_PACKETS
-            # Data packets are held to the window; small control packets (SHARD_OPEN,
-            # SHARD_DONE, CREDIT) are bounded by the shards, and a failed path's probes
-            # by how long they are remembered (plus the few sent while it was suspected).
+            limit = peak_cwnd[key] + SLACK_PACKETS * (path.mss + overhead)
+            # Data is held to the window (in bytes: a core packet re-sending the lost
+            # datagrams of a segmented one is smaller than a full one); small control
+            # packets (SHARD_OPEN, SHARD_DONE, CREDIT) are bounded by the shards, and a
+            # failed path's probes by how long they are remembered (plus the few sent
+            # while it was suspected).
             data_packets = sum(1 for packet in path.sent.values() if packet.chunks)
+            data_bytes = sum(packet.size for packet in path.sent.values() if packet.chunks)
             control_packets = len(path.sent) - data_packets
             probes = math.ceil(PROBE_MEMORY_S / session.config.failed_probe_interval_s) + 3
-            if data_packets > limit or control_packets > 4 * len(run.shard_sizes) + SLACK_PACKETS + probes:
+            if data_bytes > limit or control_packets > 4 * len(run.shard_sizes) + SLACK_PACKETS + probes:
                 observed.violations.append(
-                    f"{endpoint.name} path {path.path_id}: {data_packets} data + {control_packets} "
-                    f"control packets outstanding, "
-                    f"peak cwnd {peak_cwnd[key]} B allows {limit:.1f} at t={run.loop.now}")
+                    f"{endpoint.name} path {path.path_id}: {data_packets} data packets ({data_bytes} B) + "
+                    f"{control_packets} control packets outstanding, "
+                    f"peak cwnd {peak_cwnd[key]} B allows {limit} B at t={run.loop.now}")
         budget_state = session.incoming.budget
         if budget_state.opened - budget_state.released > budget_state.budget:
             observed.violations.append(
@@ -241,14 +244,24 @@ def check_integrity(observed: Observed) -> None:
           suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from([0.0, 0.0, 0.02]), st.sampled_from([0.0, 0.0, 0.02]),
        st.booleans(), st.sampled_from(["bbr", "bbr", "cubic"]),
-       st.sampled_from(["earliest-arrival", "earliest-arrival", "round-robin"]))
+       st.sampled_from(["earliest-arrival", "earliest-arrival", "round-robin"]), st.sampled_from([1, 16]))
 def test_random_scenarios_never_deliver_wrong_bytes_and_respect_bounds(
-        text: str, duplicate: float, corrupt: float, small_budget: bool, cc: str, scheduler: str) -> None:
+        text: str, duplicate: float, corrupt: float, small_budget: bool, cc: str, scheduler: str,
+        datagrams_per_packet: int) -> None:
     scenario = parse_scenario(text)
+    # A bottleneck queue shorter than a core packet's burst (16 datagrams of ~1.5 kB spread
+    # 1.25x faster than the core paces) lets only the head of each core packet through;
+    # such packets are only ever confirmed in part, which yields no rate sample, so the
+    # controller never learns the path's rate (a known limitation, see the packet-path
+    # report). Segmented runs are drawn where every queue holds a core packet.
+    assume(datagrams_per_packet == 1 or all(
+        p.forward.queue_ms / 1000 * p.forward.bandwidth_mbps * 125_000 >= datagrams_per_packet * 1500
+        for p in scenario.paths))
     size = scenario.transfer.size_bytes
     largest_shard = -(-size // scenario.transfer.shards)
     options = SimOptions(payload_mode="bytes", duplicate=duplicate, corrupt=corrupt, deadline_s=120.0,
-                         congestion_control=cc, scheduler=scheduler)
+                         congestion_control=cc, scheduler=scheduler,
+                         datagrams_per_packet=datagrams_per_packet)
     observed = observe(text, options, budget=2 * largest_shard if small_budget else None)
     event(f"paths={len(scenario.paths)}")
     event(f"outage={'down = true' in text}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wanxport.core import scheduler as scheduler_module
-from wanxport.core.cc import create_congestion_control
+from wanxport.core.cc import CcContext, FixedConfig
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.flow import SendCredit
 from wanxport.core.outgoing import OutgoingData
@@ -30,7 +30,7 @@ MSS = 1000
 
 def make_path(path_id: int, rtt_s: float, rate_Bps: float) -> Path:
     """A path whose smoothed RTT is ``rtt_s`` and whose rate the scheduler takes as ``rate_Bps``."""
-    cc = create_congestion_control("fixed", mss_bytes=MSS + 32, rate_bps=rate_Bps * 8, initial_rtt_s=rtt_s)
+    cc = FixedConfig(rate_bps=rate_Bps * 8).build(CcContext(mss_bytes=MSS + 32, initial_rtt_s=rtt_s))
     return Path(path_id, f"p{path_id}", MSS, cc, rtt_s)
 
 

@@ -78,6 +78,7 @@ def _add_sim(sub: Any) -> None:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
+    from wanxport.core.cc import cc_config
     from wanxport.report import dumps
     from wanxport.sim.runner import SimOptions, simulate
     from wanxport.sim.scenario import ScenarioError, load_scenario
@@ -90,6 +91,10 @@ def _run_sim(args: argparse.Namespace) -> int:
         raise UsageError("--quantum simulates aggregate packets and needs --payload virtual or auto")
     if args.deadline is not None and not args.deadline > 0:
         raise UsageError("--deadline must be more than 0 seconds")
+    try:
+        cc_config(args.cc)  # a controller that needs options (fixed: rate_bps) cannot run from --cc
+    except ValueError as exc:
+        raise UsageError(f"--cc {args.cc}: {exc}") from None
     options = SimOptions(size_bytes=args.size, seed=args.seed, quantum=args.quantum,
                          payload_mode="virtual" if args.quantum else args.payload,
                          congestion_control=args.cc, scheduler=args.scheduler, deadline_s=args.deadline)

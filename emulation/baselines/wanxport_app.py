@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from emulation.baselines.tcp_app import emit, run_async_role
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
 from wanxport.aio.loop import run
+from wanxport.core.cc import cc_config
 from wanxport.core.config import PathConfig, SessionConfig
 
 SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
@@ -56,7 +56,7 @@ def endpoint_config(spec: dict[str, Any], sender: bool) -> EndpointConfig:
     paths = tuple(PathConfig(p["name"], int(p["mtu"])) for p in spec["paths"])
     budget = max(1 << 30, 2 * max(length for _, length in payload.split(spec["size"],
                                                                          spec["shards"])))
-    session = SessionConfig(paths=paths, congestion_control=spec.get("cc") or "bbr",
+    session = SessionConfig(paths=paths, congestion_control=cc_config(spec.get("cc") or "bbr"),
                             chunk_bytes=offload_chunk_bytes(paths, SEGMENTS),
                             receive_budget_bytes=budget, peer_credit_bytes=budget,
                             ack_threshold=ACK_THRESHOLD)
@@ -187,17 +187,14 @@ def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
                      "min_rtt_s": p.rtt.min_s, "bandwidth_bps": p.bandwidth_bps,
                      "pacing_rate_bps": p.cc.pacing_rate_bps, "cwnd_bytes": p.cc.cwnd_bytes,
                      "cc_state": p.cc.state, "srtt_s": p.rtt.smoothed_s if p.rtt.has_sample else None,
-                     **_bbr_model(p.cc)}
+                     **_rate_model(p.cc.metrics())}
                     for p in endpoint.session.paths]
     return out
 
 
-def _bbr_model(cc: object) -> dict[str, float | None]:
-    """BBR's unclipped estimate and its congestion cap (None: no cap), when the path runs BBR."""
-    if not hasattr(cc, "max_bw_bps"):
-        return {}
-    cap = cc.bw_cap_bps  # type: ignore[attr-defined]
-    return {"max_bw_bps": cc.max_bw_bps, "bw_cap_bps": cap if math.isfinite(cap) else None}
+def _rate_model(figures: dict[str, float]) -> dict[str, float | None]:
+    """A rate model's unclipped estimate and its congestion cap (None: none, or no such model)."""
+    return {"max_bw_bps": figures.get("max_bw_bps"), "bw_cap_bps": figures.get("bw_cap_bps")}
 
 
 def udp_counters() -> dict[str, int]:

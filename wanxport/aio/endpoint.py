@@ -5,9 +5,12 @@ protocol around ``QuicConnection``: socket readiness and timers call the
 session with ``now``, and after every call ``_service`` pops events, turns
 what the session wants to send into datagrams and re-arms the one timer.
 
-Per-datagram work stays below Python: the native data path segments, seals
-and paces bursts (``native_path``), and receives, opens and places batches;
-Python runs per poll, per receive batch and per run of datagrams (``feed``).
+The session decides every datagram (its wire number and bytes) and
+translates acknowledgements; the endpoint only moves them. Per-datagram work
+stays below Python: the native data path segments, seals and paces bursts
+(``native_path``), and receives, opens and places batches; Python runs per
+poll, per receive batch and per run of datagrams. Both data paths implement
+one protocol (``aio.datapath``), so nothing here depends on which one runs.
 """
 
 from __future__ import annotations
@@ -23,31 +26,24 @@ from typing import Any
 
 import numpy as np
 
-from wanxport.aio.config import DirectionKey, EndpointConfig
-from wanxport.aio.feed import feed_runs, receive_control
-from wanxport.aio.numbering import WireNumbering
-from wanxport.aio.plan import ControlPlan, Plan, plan_transmits
+from wanxport.aio.config import Address, DirectionKey, EndpointConfig
+from wanxport.aio.datapath import Datapath
+from wanxport.aio.plan import plan_transmits
 from wanxport.aio.port import PathPort
 from wanxport.aio.python_path import PythonDatapath
 from wanxport.aio.sockets import open_path_socket
 from wanxport.aio.verify import ShardHasher
+from wanxport.core.config import PACER_HEADROOM
 from wanxport.core.events import PathChanged, SessionClosed, ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
 from wanxport.wire import native
 from wanxport.wire.errors import WireError
-from wanxport.wire.frames import DATA_OVERHEAD, ProbeFrame, decode_frames
+from wanxport.wire.frames import DATA_OVERHEAD, decode_frames
 
 log = logging.getLogger(__name__)
 
 Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
 BACKLOG_RETRY_S = 0.0005
-# The core already paces: each core packet carries its departure time. The
-# native pacer only spreads a core packet's datagrams, so it runs this much
-# faster than the core's rate. At exactly the core's rate, every stall of the
-# pacer thread on a busy host would become a standing queue in its ring that
-# the congestion controller reads as a queue at the bottleneck (a sender-side
-# RTT inflation that collapsed BBR's estimate on lossy emulated paths).
-PACER_HEADROOM = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +74,10 @@ class Endpoint:
 
     With ``ports`` (one ``aio.port.PathPort`` per path) the endpoint uses those
     shared sockets instead of binding its own: it drains them while it runs,
-    hands QUIC-looking datagrams back to their port's control side, sends to
-    ``config.sockets[i].remote`` by address, and leaves the sockets open when it ends.
+    hands the QUIC-looking datagrams its data path returns (``Received.quic``)
+    back to their port's control side, sends to ``config.sockets[i].remote`` by
+    address, and leaves the sockets open when it ends. Without ports, a
+    QUIC-looking datagram has no taker: it is counted (``quic_unclaimed``) and dropped.
     """
 
     def __init__(self, config: EndpointConfig, allocator: Allocator | None = None,
@@ -95,7 +93,6 @@ class Endpoint:
         self.session = Session(config.session, allocator=self._allocate, defer_verification=True)
         paths = config.session.paths
         self._segments = [config.session.datagram_payload(p) for p in paths]
-        self._numbering = [WireNumbering() for _ in paths]
         self._wire_factor = [self._pacing_factor(i) for i in range(len(paths))]
         self.ports = list(ports) if ports is not None else None
         # Kept, so that a port detaches only this endpoint's own reader (by identity).
@@ -109,7 +106,7 @@ class Endpoint:
                 for spec in config.sockets:
                     self.sockets.append(open_path_socket(spec, config.recv_buffer_bytes,
                                                          config.send_buffer_bytes))
-            self.datapath: Any = self._make_datapath()
+            self.datapath: Datapath = self._make_datapath()
         except BaseException:
             if self.ports is None:
                 for sock in self.sockets:
@@ -127,6 +124,7 @@ class Endpoint:
         self._heard: list[bool] | None = None  # probe_paths() in progress
         self._all_heard: asyncio.Future[None] | None = None
         self.malformed_controls = 0
+        self.quic_unclaimed = 0  # QUIC-looking datagrams on a socket no control channel shares
         self.data_runs = 0
         self.data_records = 0
 
@@ -139,21 +137,20 @@ class Endpoint:
             if port.data_attached:
                 raise OSError(f"{port.address[0]}:{port.address[1]}: port already carries a session")
 
-    def _make_datapath(self) -> Any:
+    def _make_datapath(self) -> Datapath:
         cfg = self.config
-        shared: dict[str, Any] = {}
-        if self.ports is not None:
-            shared = {"destinations": [spec.remote for spec in cfg.sockets],
-                      "on_quic": [port.quic_received for port in self.ports]}
+        # Shared ports are unconnected: the data path sends to each path's peer by address.
+        destinations = None if self.ports is None else [spec.remote for spec in cfg.sockets]
         if self.datapath_name == "python":
             return PythonDatapath(self.sockets, cfg.send_key, cfg.recv_key, cfg.remote_conn_id,
-                                  cfg.local_conn_id, **shared)
+                                  cfg.local_conn_id, destinations=destinations)
         from wanxport.aio.native_path import NativeDatapath
 
         slot = max(p.mtu for p in cfg.session.paths)
         return NativeDatapath(self.sockets, cfg.send_key, cfg.recv_key, cfg.remote_conn_id,
                               cfg.local_conn_id, slot_size=max(2048, slot), capacity=cfg.pacer_capacity,
-                              spin_ns=cfg.pacer_spin_ns, burst_ns=cfg.pacer_burst_ns, **shared)
+                              spin_ns=cfg.pacer_spin_ns, burst_ns=cfg.pacer_burst_ns,
+                              destinations=destinations)
 
     def _pacing_factor(self, path_id: int) -> float:
         """Pacer rate per core rate: a core packet leaves as several datagrams, each with its
@@ -204,14 +201,10 @@ class Endpoint:
         path, whether the peer answered within ``timeout_s``.
         """
         assert self._loop is not None, "start() the endpoint first"
-        now = self.clock()
-        plans: list[Plan] = []
-        for path_id in range(len(self.sockets)):
-            pn = self._numbering[path_id].reserve(1)
-            plans.append(ControlPlan(path_id, pn, [ProbeFrame(0)], now))
+        probes = self.session.handshake_probes(self.clock())
         self._heard = [False] * len(self.sockets)
         self._all_heard = self._loop.create_future()
-        self.datapath.send(plans)
+        self.datapath.send(plan_transmits(probes, self._shard_buffer))
         try:
             await asyncio.wait_for(asyncio.shield(self._all_heard), timeout_s)
         except TimeoutError:
@@ -290,7 +283,7 @@ class Endpoint:
 
     @property
     def datagrams_rejected(self) -> int:
-        return int(self.datapath.rejected) + self.malformed_controls
+        return int(self.datapath.rejected) + self.malformed_controls + self.quic_unclaimed
 
     # -- keys (rotation is the caller's policy; see wanxport.gateway.rekey) ----
 
@@ -322,10 +315,8 @@ class Endpoint:
         buffer: Any = (self._user_allocator(shard_id, size, meta) if self._user_allocator
                        else np.empty(size, dtype=np.uint8))
         view = memoryview(buffer).cast("B")
-        freeze = None  # the core's placement never rewrites received bytes by itself
-        if self.datapath_name == "native":
-            self.datapath.add_shard(shard_id, view)
-            freeze = functools.partial(self.datapath.freeze, shard_id)
+        self.datapath.add_shard(shard_id, view)
+        freeze = functools.partial(self.datapath.freeze, shard_id)
         self._rx_buffers[shard_id] = view
         assert self._loop is not None  # shards open only while the endpoint runs
         self._hashers[shard_id] = ShardHasher(view, self._loop, freeze)
@@ -336,30 +327,35 @@ class Endpoint:
     def _on_readable(self, path_id: int) -> None:
         now = self.clock()
         session = self.session
-        if self.datapath_name == "native":
-            runs, placed, controls = self.datapath.receive(path_id)
-            if self._heard is not None and (runs or controls):
-                self._note_heard(path_id)
-            if runs:
-                self.data_records += placed
-                self.data_runs += len(runs)
-                feed_runs(session, runs, now)
-            for pid, pn, plaintext in controls:
-                try:
-                    frames = decode_frames(plaintext)
-                except WireError:
-                    self.malformed_controls += 1
-                    continue
-                receive_control(session, self._numbering, self._segments, pid, pn, frames, now)
-        else:
-            opened = self.datapath.receive(path_id)
-            if self._heard is not None and opened:
-                self._note_heard(path_id)
-            for pid, pn, frames in opened:
-                receive_control(session, self._numbering, self._segments, pid, pn, frames, now)
+        received = self.datapath.receive(path_id)
+        if self._heard is not None and (received.runs or received.controls):
+            self._note_heard(path_id)
+        if received.runs:
+            self.data_records += received.datagrams
+            self.data_runs += len(received.runs)
+            for pid, first_pn, count, shard_id, offset, length in received.runs:
+                session.receive_data_run(pid, first_pn, count, shard_id, offset, length, now)
+        for pid, pn, plaintext in received.controls:
+            try:
+                frames = decode_frames(plaintext)
+            except WireError:
+                self.malformed_controls += 1
+                continue
+            session.receive_packet(pid, pn, frames, now)
         for shard_id, hasher in self._hashers.items():
             hasher.advance(session.received_prefix(shard_id))
         self._service()
+        if received.quic:
+            self._hand_quic(path_id, received.quic)
+
+    def _hand_quic(self, path_id: int, quic: list[tuple[bytes, Address]]) -> None:
+        """The control channel's datagrams met on a shared port go to its QUIC side."""
+        if self.ports is None:
+            self.quic_unclaimed += len(quic)
+            return
+        port = self.ports[path_id]
+        for datagram, addr in quic:
+            port.quic_received(datagram, addr)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -388,8 +384,7 @@ class Endpoint:
         if transmits:
             for path_id, path in enumerate(session.paths):
                 self.datapath.set_rate(path_id, path.cc.pacing_rate_bps / 8 * self._wire_factor[path_id])
-            plans = plan_transmits(transmits, self._numbering, self._segments, self._shard_buffer)
-            self.datapath.send(plans)
+            self.datapath.send(plan_transmits(transmits, self._shard_buffer))
         if self.datapath.backlogged and self._retry is None:
             self._retry = self._loop.call_later(BACKLOG_RETRY_S, self._on_retry)
         deadline = session.next_deadline()
@@ -416,8 +411,7 @@ class Endpoint:
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, ShardFilled):
-            if self.datapath_name == "native":
-                self.datapath.remove_shard(event.shard_id)  # no writes while the rest is hashed
+            self.datapath.remove_shard(event.shard_id)  # no writes while the rest is hashed
             check = asyncio.ensure_future(self._hashers.pop(event.shard_id).finish())
             check.add_done_callback(functools.partial(self._on_verified, event.shard_id, event.digest))
         elif isinstance(event, ShardReceived):

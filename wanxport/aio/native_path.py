@@ -13,10 +13,11 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from wanxport.aio import native_io
 from wanxport.aio.config import Address, DirectionKey
+from wanxport.aio.datapath import Received
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.wire import native
 from wanxport.wire.frames import AckFrame, PaddingFrame, encode_frames
@@ -42,12 +43,14 @@ class _Pending:
         self.not_before_ns = not_before_ns
 
 
+def _address(addr: object) -> Address:
+    assert isinstance(addr, tuple), addr  # recv_batch(quic_addrs=True) named this sender
+    return str(addr[0]), int(addr[1])
+
+
 def not_eliciting(plan: ControlPlan) -> bool:
     """Only ACK and PADDING frames: the peer records nothing that could be reordered."""
     return all(isinstance(frame, AckFrame | PaddingFrame) for frame in plan.frames)
-
-
-QuicSink = Callable[[bytes, Address], None]
 
 
 class NativeDatapath:
@@ -55,15 +58,12 @@ class NativeDatapath:
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
                  remote_conn_id: int, local_conn_id: int, slot_size: int, capacity: int,
-                 spin_ns: int, burst_ns: int, destinations: Sequence[Address | None] | None = None,
-                 on_quic: Sequence[QuicSink | None] | None = None) -> None:
+                 spin_ns: int, burst_ns: int, destinations: Sequence[Address | None] | None = None) -> None:
         n = len(sockets)
         self._sockets = list(sockets)
         # A path's socket shared with the control channel (aio.port) is unconnected:
-        # sends name the peer, and QUIC-looking datagrams go to its control side.
+        # sends name the peer.
         self._dest = list(destinations or [None] * n)
-        self._on_quic = list(on_quic or [None] * n)
-        self.quic_unclaimed = 0  # QUIC-looking datagrams on a socket nobody's control side reads
         self._seal = native.Protector(send_key.cipher, send_key.key, send_key.iv)
         self._conn = remote_conn_id
         self.receiver = native.Receiver(local_conn_id, n)
@@ -207,18 +207,16 @@ class NativeDatapath:
         """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
         self.receiver.freeze(shard_id, upto)
 
-    def receive(self, path_id: int) -> tuple[list[native.Run], int, list[tuple[int, int, bytes]]]:
+    def receive(self, path_id: int) -> Received:
         """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how
-        many datagrams they hold, and opened control datagrams."""
+        many datagrams they hold, opened control datagrams, and the QUIC-looking ones with
+        their senders (``recv_batch(quic_addrs=True)`` builds an address only for those)."""
         sock = self._sockets[path_id]
-        on_quic = self._on_quic[path_id]
-        runs: list[native.Run] = []
-        placed = 0
-        controls: list[tuple[int, int, bytes]] = []
+        out = Received()
+        runs, controls = out.runs, out.controls
         for _ in range(MAX_BATCHES_PER_WAKE):
             try:
-                batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS,
-                                             quic_addrs=on_quic is not None)
+                batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=True)
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
             if batch.count == 0:
@@ -226,29 +224,22 @@ class NativeDatapath:
             result = self.receiver.process(batch)
             if len(result.records):
                 runs += native.fold_runs(result.records)
-                placed += len(result.records)
+                out.datagrams += len(result.records)
             for c in result.controls:
                 controls.append((c.path_id, c.packet_number, c.plaintext))
             if result.quic:
-                self._hand_quic(on_quic, result.quic, batch.addrs)
-        return runs, placed, controls
-
-    def _hand_quic(self, on_quic: QuicSink | None, quic: list[tuple[int, bytes]],
-                   addrs: list[Address | None] | None) -> None:
-        for index, datagram in quic:
-            addr = None if addrs is None else addrs[index]
-            if on_quic is None or addr is None:
-                self.quic_unclaimed += 1
-            else:
-                on_quic(datagram, addr)
+                addrs = batch.addrs
+                assert addrs is not None  # quic_addrs: a sender for every QUIC-looking datagram
+                out.quic += [(datagram, _address(addrs[index])) for index, datagram in result.quic]
+        return out
 
     @property
     def rejected(self) -> int:
-        return sum(v for k, v in self.counters.items() if k.startswith("rejected_"))
+        return sum(v for k, v in self.receiver.counters.items() if k.startswith("rejected_"))
 
     @property
     def counters(self) -> dict[str, int]:
-        return {**self.receiver.counters, "rejected_quic": self.quic_unclaimed}
+        return self.receiver.counters
 
     def close(self, drain_s: float = 0.2) -> None:
         """Let queued datagrams leave (bounded wait), then stop the pacer thread."""

@@ -1,12 +1,11 @@
-"""Turn the core's Transmits into send plans: wire numbers, merged data bursts.
+"""Group the core's Transmits into send plans: one native seal call per data burst.
 
-Why a separate step: the core hands out one Transmit per core packet, and
-both data paths (native and Python) need the same decisions made once — which
-wire packet numbers each datagram gets (``numbering``), and which consecutive
-DATA transmits can be cut and sealed in one native call. Consecutive DATA
-transmits on one path, for one shard, at contiguous offsets, where every one
-but the last is a whole number of segments, become one ``DataPlan``: the
-datagrams are exactly those the transmits would have given one by one.
+An I/O optimisation only: the core has already decided every datagram — its
+wire packet number, its bytes (``Transmit.first_pn``, ``count``,
+``segment_size``). Consecutive DATA transmits on one path, for one shard, at
+contiguous offsets and consecutive wire numbers, where every one but the last
+is a whole number of segments, become one ``DataPlan``: the datagrams are
+exactly those the transmits give one by one, cut and sealed in one call.
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from wanxport.aio.numbering import WireNumbering
-from wanxport.core.session import Transmit
+from wanxport.core.transmit import Transmit
 from wanxport.wire.frames import DataFrame, Frame
 
 ShardLookup = Callable[[int], memoryview]
@@ -52,8 +50,7 @@ class ControlPlan:
 Plan = DataPlan | ControlPlan
 
 
-def plan_transmits(transmits: Sequence[Transmit], numbering: Sequence[WireNumbering],
-                   segments: Sequence[int], shard_buffer: ShardLookup) -> list[Plan]:
+def plan_transmits(transmits: Sequence[Transmit], shard_buffer: ShardLookup) -> list[Plan]:
     """Plans in send order (per path, the order of the transmits)."""
     plans: list[Plan] = []
     open_runs: dict[int, DataPlan] = {}
@@ -62,20 +59,17 @@ def plan_transmits(transmits: Sequence[Transmit], numbering: Sequence[WireNumber
         frames = tx.frames
         frame = frames[0] if len(frames) == 1 else None
         if isinstance(frame, DataFrame):
-            segment = segments[path]
-            count = -(-frame.length // segment)
-            first = numbering[path].allocate(tx.packet_number, count)
             run = open_runs.get(path)
-            if (run is not None and run.shard_id == frame.shard_id
-                    and run.offset + run.length == frame.offset and run.length % segment == 0):
+            if (run is not None and run.shard_id == frame.shard_id and run.segment == tx.segment_size
+                    and run.offset + run.length == frame.offset and run.length % run.segment == 0
+                    and run.first_pn + run.count == tx.first_pn):
                 run.length += frame.length
                 continue
-            run = DataPlan(path, first, frame.shard_id, shard_buffer(frame.shard_id), frame.offset,
-                           frame.length, segment, tx.not_before)
+            run = DataPlan(path, tx.first_pn, frame.shard_id, shard_buffer(frame.shard_id), frame.offset,
+                           frame.length, tx.segment_size, tx.not_before)
             open_runs[path] = run
             plans.append(run)
         else:
             open_runs.pop(path, None)
-            plans.append(ControlPlan(path, numbering[path].allocate(tx.packet_number, 1), frames,
-                                     tx.not_before))
+            plans.append(ControlPlan(path, tx.first_pn, frames, tx.not_before))
     return plans

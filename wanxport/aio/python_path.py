@@ -1,29 +1,29 @@
-"""The pure-Python data path: the reference sealer/opener and one syscall per datagram.
+"""The pure-Python data path: the reference sealer and receiver, one syscall per datagram.
 
 It exists so the endpoint runs where the extension is not built, and as the
-reference the native path is compared against end to end. It does not pace
-below the core's pacing horizon (datagrams leave when the core releases
-them) and costs a Python frame per datagram, so expect a fraction of the
-native throughput.
+reference the native path is compared against end to end: it seals each
+datagram with ``wire.datapath.PacketSealer`` and opens, replay-checks and
+places with ``wire.receiver.ReferenceReceiver``, so the endpoint drives the
+core exactly as with the native path. It does not pace below the core's
+pacing horizon (datagrams leave when the core releases them) and costs a
+Python frame per datagram, so expect a fraction of the native throughput.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from wanxport.aio.config import Address, DirectionKey
+from wanxport.aio.datapath import Received
 from wanxport.aio.plan import DataPlan, Plan
-from wanxport.wire.datapath import PacketOpener, PacketSealer
-from wanxport.wire.frames import DataFrame, Frame
-from wanxport.wire.header import is_quic
+from wanxport.wire.datapath import PacketSealer
+from wanxport.wire.frames import DataFrame
 from wanxport.wire.protection import AeadProtection
+from wanxport.wire.receiver import ReferenceReceiver, fold_runs
 
 MAX_DATAGRAM = 65535
 MAX_DATAGRAMS_PER_WAKE = 512
-
-OpenedPacket = tuple[int, int, list[Frame]]
-QuicSink = Callable[[bytes, Address], None]
 
 
 class PythonDatapath:
@@ -31,19 +31,16 @@ class PythonDatapath:
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
                  remote_conn_id: int, local_conn_id: int,
-                 destinations: Sequence[Address | None] | None = None,
-                 on_quic: Sequence[QuicSink | None] | None = None) -> None:
+                 destinations: Sequence[Address | None] | None = None) -> None:
         self._sockets = list(sockets)
         # A socket shared with the control channel (aio.port) is unconnected: sends
-        # name the peer, QUIC-looking datagrams (0x40) go to its control side.
+        # name the peer.
         self._dest = list(destinations or [None] * len(sockets))
-        self._on_quic = list(on_quic or [None] * len(sockets))
-        self.quic_unclaimed = 0
         self._attached = [False] * len(sockets)
         self._sealer = PacketSealer(remote_conn_id, {0: AeadProtection(send_key.cipher, send_key.key,
                                                                          send_key.iv)})
-        self.opener = PacketOpener(local_conn_id, len(sockets),
-                                   {0: AeadProtection(recv_key.cipher, recv_key.key, recv_key.iv)})
+        self.receiver = ReferenceReceiver(local_conn_id, len(sockets))
+        self.receiver.set_key(0, AeadProtection(recv_key.cipher, recv_key.key, recv_key.iv))
         self.send_errors = 0
         self.key_phase = 0
         self.packets_under_key = 0  # sealed under the current sending key: the rotation trigger
@@ -58,7 +55,7 @@ class PythonDatapath:
 
     def install_recv_key(self, phase: int, key: DirectionKey) -> None:
         """Open datagrams whose key-phase bit is ``phase`` with ``key``."""
-        self.opener.keys[phase & 1] = AeadProtection(key.cipher, key.key, key.iv)
+        self.receiver.set_key(phase, AeadProtection(key.cipher, key.key, key.iv))
 
     def attach(self, path_id: int) -> None:
         self._attached[path_id] = True
@@ -98,10 +95,22 @@ class PythonDatapath:
     def flush(self) -> None:
         """Nothing is ever held back."""
 
-    def receive(self, path_id: int) -> list[OpenedPacket]:
+    def add_shard(self, shard_id: int, buffer: memoryview) -> None:
+        self.receiver.add_shard(shard_id, buffer)
+
+    def remove_shard(self, shard_id: int) -> None:
+        self.receiver.remove_shard(shard_id)
+
+    def freeze(self, shard_id: int, upto: int) -> None:
+        """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
+        self.receiver.freeze(shard_id, upto)
+
+    def receive(self, path_id: int) -> Received:
+        """Drain the path's socket: runs of placed DATA datagrams, opened control datagrams,
+        and the QUIC-looking ones (the reference receiver sets them apart) with their senders."""
         sock = self._sockets[path_id]
-        on_quic = self._on_quic[path_id]
-        out: list[OpenedPacket] = []
+        datagrams: list[bytes] = []
+        senders: list[Address] = []
         for _ in range(MAX_DATAGRAMS_PER_WAKE):
             try:
                 datagram, addr = sock.recvfrom(MAX_DATAGRAM)
@@ -109,28 +118,21 @@ class PythonDatapath:
                 break
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
-            if is_quic(datagram):  # the control channel's, on a port shared with it
-                if on_quic is None:
-                    self.quic_unclaimed += 1
-                else:
-                    on_quic(datagram, (str(addr[0]), int(addr[1])))
-                continue
-            opened = self.opener.open(datagram)
-            if opened is not None:
-                out.append((opened.header.path_id, opened.header.packet_number, opened.frames))
-        return out
+            datagrams.append(datagram)
+            senders.append((str(addr[0]), int(addr[1])))
+        result = self.receiver.process(datagrams)
+        return Received(fold_runs(result.placed), len(result.placed),
+                        [(c.path_id, c.packet_number, c.plaintext) for c in result.controls],
+                        [(datagram, senders[index]) for index, datagram in result.quic])
 
     @property
     def rejected(self) -> int:
-        return self.opener.dropped + self.quic_unclaimed
+        return sum(v for k, v in self.receiver.counters.items() if k.startswith("rejected_"))
 
     @property
     def counters(self) -> dict[str, int]:
         # dict() copies in one C call: a metrics scrape reads this from another thread.
-        out = {f"rejected_{k}": v for k, v in dict(self.opener.drops).items()}
-        if self.quic_unclaimed:
-            out["rejected_quic"] = out.get("rejected_quic", 0) + self.quic_unclaimed
-        return out
+        return dict(self.receiver.counters)
 
     def close(self, drain_s: float = 0.0) -> None:
         """Nothing to stop."""

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wanxport.core.cc import BbrConfig, CcConfig, CcContext
 from wanxport.wire.frames import DATA_OVERHEAD
 from wanxport.wire.header import HEADER_LEN
 
 IP_UDP_OVERHEAD = 28  # IPv4 + UDP headers
 # The smallest window any controller accepts, in core packets (BBR's minimum).
 MIN_INITIAL_CORE_PACKETS = 4
+# The core paces per core packet: each Transmit carries its departure time. The
+# data path only spreads a core packet's datagrams, this much faster than the
+# core's rate (the native pacer; the simulator models it). At exactly the core's
+# rate, every stall of the pacer thread on a busy host would become a standing
+# queue in its ring that the congestion controller reads as a queue at the
+# bottleneck (a sender-side RTT inflation that collapsed BBR's estimate on lossy
+# emulated paths).
+PACER_HEADROOM = 1.25
 
 
 def datagram_payload(path: PathConfig, tag_bytes: int) -> int:
@@ -28,10 +37,15 @@ class SessionConfig:
     """Both gateways of a session must agree on ``paths`` (same order) and the credits."""
 
     paths: tuple[PathConfig, ...]
-    congestion_control: str = "bbr"
-    cc_options: dict[str, object] = field(default_factory=dict)
+    # One validated config object, not a name plus loose options: every path's
+    # controller is built from it the same way. A name and options from a user's
+    # file become one with wanxport.core.cc.cc_config(name, options).
+    congestion_control: CcConfig = field(default_factory=BbrConfig)
     scheduler: str = "earliest-arrival"
-    chunk_bytes: int | None = None  # payload per data packet; None: as much as the MTU allows
+    chunk_bytes: int | None = None  # payload per core data packet; None: one full datagram
+    # Payload per DATA datagram; None: as much as the MTU allows. Only the simulator
+    # sets it (``--quantum``: datagrams larger than any MTU keep huge runs affordable).
+    segment_bytes: int | None = None
     tag_bytes: int = 16  # AEAD tag per packet (0 with null protection)
     initial_rtt_s: float = 0.1
     # Long-haul paths have large bandwidth-delay products: start above RFC 6928's
@@ -40,11 +54,6 @@ class SessionConfig:
     # initial_window_core_packets), so the window on the wire does not grow with
     # the offload's segment count.
     initial_cwnd_packets: int = 64
-    # BBR's ProbeRTT drains a path to 4 packets for a round trip every ~10 s to
-    # re-measure the minimum RTT. On provisioned long-haul paths that costs ~3 % of
-    # every long transfer for a route change that rarely happens; the windowed
-    # minimum still follows a path whose RTT really moved. Set True for shared paths.
-    bbr_probe_rtt: bool = False
     max_ack_delay_s: float = 0.005
     ack_threshold: int = 8
     receive_budget_bytes: int = 1 << 30  # our receive memory bound; granted to the peer
@@ -64,8 +73,14 @@ class SessionConfig:
     def __post_init__(self) -> None:
         if not self.paths:
             raise ValueError("a session needs at least one path")
+        if not isinstance(self.congestion_control, CcConfig):
+            raise ValueError(f"congestion_control must be a controller config such as BbrConfig() "
+                             f"(cc_config(name, options) makes one from a name), "
+                             f"got {self.congestion_control!r}")
         if self.chunk_bytes is not None and not 0 < self.chunk_bytes <= (1 << 30):
             raise ValueError("chunk_bytes must be between 1 and 1 GiB (above 65535 only for virtual shards)")
+        if self.segment_bytes is not None and not 0 < self.segment_bytes <= (1 << 30):
+            raise ValueError("segment_bytes must be between 1 and 1 GiB (above 65535: virtual shards only)")
         if isinstance(self.initial_cwnd_packets, bool) or not (
                 isinstance(self.initial_cwnd_packets, int) and self.initial_cwnd_packets >= 1):
             raise ValueError(f"initial_cwnd_packets must be a positive integer (full-size datagrams), "
@@ -86,7 +101,10 @@ class SessionConfig:
         return self.datagram_payload(path)
 
     def datagram_payload(self, path: PathConfig) -> int:
-        """Data bytes that one full-size DATA datagram carries on a path."""
+        """Data bytes that one full-size DATA datagram carries on a path (``segment_bytes``,
+        else as much as the MTU allows)."""
+        if self.segment_bytes is not None:
+            return self.segment_bytes
         return datagram_payload(path, self.tag_bytes)
 
     def initial_window_core_packets(self, path: PathConfig) -> int:
@@ -97,8 +115,15 @@ class SessionConfig:
         window by its segment count: 64 packets of 16 datagrams is a 1.5 MB first
         flight on every path. Never below the controllers' minimum window.
         """
-        window_bytes = self.initial_cwnd_packets * self.datagram_payload(path)
+        window_bytes = self.initial_cwnd_packets * datagram_payload(path, self.tag_bytes)
         return max(MIN_INITIAL_CORE_PACKETS, -(-window_bytes // self.data_payload(path)))
+
+    def cc_context(self, index: int) -> CcContext:
+        """What the controller of path ``index`` needs to know about it."""
+        path = self.paths[index]
+        return CcContext(mss_bytes=self.data_payload(path) + self.packet_overhead(),
+                         initial_window_packets=self.initial_window_core_packets(path),
+                         path_index=index, initial_rtt_s=self.initial_rtt_s)
 
     def packet_overhead(self) -> int:
         return HEADER_LEN + self.tag_bytes

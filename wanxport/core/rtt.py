@@ -8,14 +8,14 @@ One :class:`RttEstimator` lives on each path. The loss detector reads
 Besides the RFC's path-lifetime ``min_s`` the estimator keeps a *windowed*
 minimum (``min_recent_s``) over the last ``min_window_s`` seconds. A lifetime
 minimum never forgets a route that has since changed; a windowed one follows
-the path. It is Kathleen Nichols' three-sample running-min filter (as in
-Linux ``lib/minmax.c``): constant work per sample and no allocation, exact to
-within a quarter of the window, which is all a BBR-style model needs.
+the path (:class:`~wanxport.core.windowed_filter.RunningMinFilter`).
 
 Time is an argument (``now``, seconds); the estimator never reads a clock.
 """
 
 from __future__ import annotations
+
+from wanxport.core.windowed_filter import RunningMinFilter
 
 #: RFC 9002 kInitialRtt: what the estimates are before the first sample.
 INITIAL_RTT_S = 0.333
@@ -36,12 +36,7 @@ class RttEstimator:
         "has_sample",
         "initial_rtt_s",
         "min_window_s",
-        "_t0",
-        "_v0",
-        "_t1",
-        "_v1",
-        "_t2",
-        "_v2",
+        "_recent",
     )
 
     def __init__(self, initial_rtt_s: float = INITIAL_RTT_S, min_window_s: float = MIN_WINDOW_S) -> None:
@@ -58,12 +53,12 @@ class RttEstimator:
         self.smoothed_s = self.initial_rtt_s
         self.rttvar_s = self.initial_rtt_s / 2.0
         self.min_s = self.initial_rtt_s
-        self._reset_window(0.0, self.initial_rtt_s)
+        self._recent = RunningMinFilter(self.min_window_s, 0.0, self.initial_rtt_s)
 
     @property
     def min_recent_s(self) -> float:
         """Minimum RTT over roughly the last ``min_window_s`` seconds."""
-        return self._v0
+        return self._recent.value
 
     def update(self, latest_rtt_s: float, ack_delay_s: float, now: float) -> None:
         """Take one RTT sample (RFC 9002 5.3).
@@ -81,11 +76,11 @@ class RttEstimator:
             self.min_s = latest_rtt_s
             self.smoothed_s = latest_rtt_s
             self.rttvar_s = latest_rtt_s / 2.0
-            self._reset_window(now, latest_rtt_s)
+            self._recent.reset(now, latest_rtt_s)
             return
         if latest_rtt_s < self.min_s:
             self.min_s = latest_rtt_s
-        self._update_window(now, latest_rtt_s)
+        self._recent.update(now, latest_rtt_s)
         adjusted = latest_rtt_s
         if latest_rtt_s >= self.min_s + ack_delay_s:
             adjusted = latest_rtt_s - ack_delay_s
@@ -95,39 +90,3 @@ class RttEstimator:
     def pto_s(self, max_ack_delay_s: float) -> float:
         """Probe timeout duration (RFC 9002 6.2.1), before any exponential backoff."""
         return self.smoothed_s + max(4.0 * self.rttvar_s, GRANULARITY_S) + max_ack_delay_s
-
-    def _reset_window(self, now: float, value: float) -> None:
-        self._t0 = self._t1 = self._t2 = now
-        self._v0 = self._v1 = self._v2 = value
-
-    def _update_window(self, now: float, value: float) -> None:
-        # Three (time, value) pairs: the best, second-best and third-best minimum
-        # of successive sub-windows. A new overall minimum, or the whole window
-        # having expired, resets all three.
-        window = self.min_window_s
-        if value <= self._v0 or now - self._t2 > window:
-            self._reset_window(now, value)
-            return
-        if value <= self._v1:
-            self._t1 = self._t2 = now
-            self._v1 = self._v2 = value
-        elif value <= self._v2:
-            self._t2 = now
-            self._v2 = value
-        elapsed = now - self._t0
-        if elapsed > window:
-            # The best sample aged out: promote the others.
-            self._t0, self._v0 = self._t1, self._v1
-            self._t1, self._v1 = self._t2, self._v2
-            self._t2, self._v2 = now, value
-            if now - self._t0 > window:
-                self._t0, self._v0 = self._t1, self._v1
-                self._t1, self._v1 = self._t2, self._v2
-                self._t2, self._v2 = now, value
-        elif self._t1 == self._t0 and elapsed > window / 4.0:
-            # A quarter of the window passed without a second choice: take one.
-            self._t1 = self._t2 = now
-            self._v1 = self._v2 = value
-        elif self._t2 == self._t1 and elapsed > window / 2.0:
-            self._t2 = now
-            self._v2 = value

@@ -7,18 +7,20 @@ session never reads a clock, opens a socket or draws randomness; it composes
 the parts that do the thinking (paths, recovery, scheduler, outgoing and
 incoming data, credits), each in its own module.
 
-Packets cross this boundary *opened*: header fields plus frames. DATA frames
-going out carry ``data=None`` for virtual shards, or a view of the shard
-buffer; sealing and opening datagrams is the data path's job
-(``wanxport.wire.datapath`` or the native one).
+Packets cross this boundary *opened*: header fields plus frames. The session
+owns the datagram: a ``Transmit`` names the wire packet numbers of each
+datagram (``numbering``), and a DATA transmit is ``count`` datagrams of
+``segment_size`` bytes that the data path cuts and seals. DATA frames going
+out carry ``data=None`` for virtual shards, or a view of the shard buffer;
+sealing and opening datagrams is the data path's job (``wanxport.wire.datapath``,
+``wanxport.wire.receiver`` or the native one). ACKs come back in wire numbers
+and are translated here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from wanxport.core import recovery
-from wanxport.core.cc import CongestionController, create_congestion_control
+from wanxport.core.cc import CongestionController
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.events import (
@@ -31,12 +33,14 @@ from wanxport.core.events import (
 )
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
+from wanxport.core.numbering import WireNumbering
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path, PathState
 from wanxport.core.ranges import RangeSet
 from wanxport.core.scheduler import ChunkKind, create_scheduler
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
+from wanxport.core.transmit import Transmit, number_datagrams
 from wanxport.wire.frames import (
     AckFrame,
     CloseFrame,
@@ -55,17 +59,6 @@ MAX_CONTROL_PAYLOAD = 1200
 # How long an unanswered probe is remembered: its answer readmits the path only while
 # it is. Longer than any round trip a usable path has, even after a reroute.
 PROBE_MEMORY_S = 2.0
-
-
-@dataclass(slots=True)
-class Transmit:
-    """A packet to send on ``path_id`` no earlier than ``not_before`` (the pacing schedule)."""
-
-    path_id: int
-    packet_number: int
-    frames: list[Frame]
-    size: int  # datagram bytes: header + frames + tag
-    not_before: float
 
 
 class Session:
@@ -89,6 +82,8 @@ class Session:
         self._control: list[Frame] = []
         self._events: list[Event] = []
         self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
+        self._wire = [WireNumbering() for _ in self.paths]
+        self._segments = [config.datagram_payload(p) for p in config.paths]
         self._dirty: set[int] = set(range(len(self.paths)))
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
@@ -98,15 +93,7 @@ class Session:
 
     @staticmethod
     def _make_cc(config: SessionConfig, index: int) -> CongestionController:
-        options: dict[str, object] = {"initial_rtt_s": config.initial_rtt_s}
-        if config.congestion_control in ("bbr", "cubic"):
-            options["initial_cwnd_packets"] = config.initial_window_core_packets(config.paths[index])
-        if config.congestion_control == "bbr":
-            options["seed"] = index  # paths start their gain cycles out of phase
-            options["probe_rtt"] = config.bbr_probe_rtt
-        options.update(config.cc_options)
-        mss = config.data_payload(config.paths[index]) + config.packet_overhead()
-        return create_congestion_control(config.congestion_control, mss_bytes=mss, **options)
+        return config.congestion_control.build(config.cc_context(index))
 
     # -- application side ----------------------------------------------------
 
@@ -144,10 +131,26 @@ class Session:
             self._control.append(CloseFrame(code, reason))
             self.closed = SessionClosed(code, reason, now)
 
+    def handshake_probes(self, now: float) -> list[Transmit]:
+        """One PROBE datagram per path before any data, outside the packet accounting.
+
+        A driver sends them to learn that the peer hears every path (the peer
+        answers each; see ``aio.Endpoint.probe_paths``). Their wire numbers are
+        reserved ahead of the first core packet, so no ACK of them can confirm
+        anything; only before the session has sent a packet.
+        """
+        out: list[Transmit] = []
+        for path in self.paths:
+            frames: list[Frame] = [ProbeFrame(0)]
+            first = self._wire[path.path_id].reserve(1)
+            size = self.config.packet_overhead() + frames[0].wire_size
+            out.append(Transmit(path.path_id, first, 1, self._segments[path.path_id], frames, size, now))
+        return out
+
     # -- receive -------------------------------------------------------------
 
     def receive_packet(self, path_id: int, packet_number: int, frames: list[Frame], now: float) -> None:
-        """An authenticated, de-duplicated packet arrived on ``path_id``."""
+        """An authenticated, de-duplicated datagram (wire ``packet_number``) arrived on ``path_id``."""
         if not 0 <= path_id < len(self.paths):
             self.data_dropped += 1
             return
@@ -274,11 +277,27 @@ class Session:
         self._needs_ack.add(path.path_id)
 
     def _on_ack(self, frame: AckFrame, now: float) -> None:
+        """An ACK in wire numbers: whole core packets acknowledged, partly covered ones confirmed.
+
+        A core packet counts as acknowledged only when all its datagrams are, but
+        the datagrams of a partly acknowledged one did arrive: their bytes count, so
+        a loss re-sends one datagram's worth, not the whole core packet (with 32
+        datagrams a core packet and 1 % loss, that was a quarter of the data).
+        """
         if not 0 <= frame.path_id < len(self.paths):
             return
         path = self.paths[frame.path_id]
+        oldest = self._oldest_of_interest(path)
+        if oldest is None:
+            return  # nothing outstanding or remembered: nothing to learn
+        translated, parts = self._wire[frame.path_id].translate_fresh(frame, oldest)
+        segment = self._segments[frame.path_id]
+        for core_pn, first, last in parts:
+            self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, now)
+        if translated is None:
+            return
         delay = min(frame.ack_delay_us / 1e6, self.config.max_ack_delay_s)
-        acked, lost = recovery.on_ack(path, frame.ranges, delay, now)
+        acked, lost = recovery.on_ack(path, translated.ranges, delay, now)
         if acked:
             for packet in acked:
                 if packet.chunks:
@@ -290,21 +309,19 @@ class Session:
         self._dirty.add(path.path_id)
         self._touch(path)
 
-    def oldest_acknowledgement_of_interest(self, path_id: int) -> int | None:
-        """The lowest packet number of the path an ACK can still tell us about, or None.
+    @staticmethod
+    def _oldest_of_interest(path: Path) -> int | None:
+        """The lowest core packet number of the path an ACK can still tell us about, or None.
 
         Below it every packet is acknowledged or declared lost and forgotten, so
         the ranges an ACK repeats for them (every ACK repeats its ranges) need no work.
         """
-        if not 0 <= path_id < len(self.paths):
-            return None
-        path = self.paths[path_id]
         oldest = next(iter(path.sent), None)
         if path.recently_lost_pns and (oldest is None or path.recently_lost_pns[0] < oldest):
             oldest = path.recently_lost_pns[0]  # a late delivery proves the loss spurious
         return oldest
 
-    def confirm_part(self, path_id: int, packet_number: int, start: int, end: int, now: float) -> None:
+    def _confirm_part(self, path: Path, packet_number: int, start: int, end: int, now: float) -> None:
         """``[start, end)`` of the data an outstanding packet carries reached the peer.
 
         An acknowledgement finer than a packet (some datagrams of a segmented
@@ -312,9 +329,6 @@ class Session:
         and if the packet is declared lost only the rest is sent again.
         Ignored for a packet no longer outstanding or not carrying one chunk.
         """
-        if not 0 <= path_id < len(self.paths):
-            return
-        path = self.paths[path_id]
         packet = path.sent.get(packet_number)
         if packet is None or packet.chunks is None or len(packet.chunks) != 1:
             return
@@ -492,12 +506,15 @@ class Session:
             not_before = path.last_departure_at
         path.last_departure_at = not_before
         pn = path.take_pn()
-        size = self.config.packet_overhead() + sum(f.wire_size for f in frames)
+        overhead = self.config.packet_overhead()
+        size = overhead + sum(f.wire_size for f in frames)
         if in_flight or eliciting:
             rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
             recovery.on_packet_sent(path, SentPacket(pn, not_before, size, chunks, control,
                                                      eliciting, in_flight, rate_state))
-        out.append(Transmit(path.path_id, pn, frames, size, not_before))
+        out.append(number_datagrams(self._wire[path.path_id], path.path_id, pn, frames,
+                                    chunks[0][2] if chunks is not None else None,
+                                    self._segments[path.path_id], overhead, not_before))
         self._touch(path)
 
     # -- loss, failure, readmission -----------------------------------------

@@ -1,21 +1,32 @@
 """Run a scenario's transfer between two sessions over the simulated network.
 
-The runner is the simulator's equivalent of the asyncio adapter: it feeds the
-same ``Session`` calls (receive_packet, poll_transmit, next_deadline,
-on_deadline, events) from a virtual clock instead of sockets.
+The runner is the simulator's equivalent of the asyncio adapter: through a
+``Driver`` it makes the same ``Session`` calls (receive_data_run for placed
+DATA, receive_packet for control, shard_verified, poll_transmit,
+next_deadline, on_deadline, events) from a virtual clock instead of sockets.
+The links carry the core's ``Transmit`` batches as the individual datagrams
+the sockets would send, each lost (or not) on its own.
 
 Two payload modes:
-- ``bytes``: real shard bytes, sealed with AES-256-GCM by the reference data
-  path, through the links as datagrams (corruption and forgery are caught
-  exactly as on a real network), checked byte for byte at the end;
-- ``virtual``: packets cross the links as descriptors with their wire size;
+- ``bytes``: real shard bytes; each datagram sealed with AES-256-GCM by the
+  reference data path, opened at the receiver by the reference receiver
+  (``wire.receiver``: replay check, placement into the shard buffer, run
+  folding), so corruption and forgery are caught exactly as on a real
+  network; the session verifies like aio's (``defer_verification``: a filled
+  shard is hashed and the verdict handed back, here at once); checked byte
+  for byte at the end;
+- ``virtual``: datagrams cross the links as descriptors with their wire size;
   terabyte scenarios fit in memory and run in minutes. Integrity is range
   coverage, and the report says ``payload_mode: "virtual"``.
+
+Core packets are ``datagrams_per_packet`` datagrams (16, as the emulated
+app's), each of ``quantum`` payload bytes or as much as the MTU allows.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import random
 import time
 from collections.abc import Iterator
@@ -23,20 +34,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from wanxport.core.config import IP_UDP_OVERHEAD, PathConfig, SessionConfig
-from wanxport.core.events import ShardReceived
-from wanxport.core.session import Session, Transmit
+from wanxport.core.cc import cc_config
+from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig
+from wanxport.core.events import ShardFilled, ShardReceived
+from wanxport.core.session import Session
 from wanxport.report import PathReport, build_report
+from wanxport.sim.driver import Control, Driver, Run
 from wanxport.sim.eventloop import EventLoop
 from wanxport.sim.ideal import ideal_time_s
 from wanxport.sim.network import Network
 from wanxport.sim.scenario import Scenario
-from wanxport.wire.datapath import PacketOpener, PacketSealer
+from wanxport.sim.wire import DatagramCutter, VirtualDatagram, VirtualReceiver
+from wanxport.wire.datapath import PacketSealer
+from wanxport.wire.errors import WireError
+from wanxport.wire.frames import AckFrame, PaddingFrame, decode_frames
 from wanxport.wire.protection import AeadProtection, Protection
-from wanxport.wire.replay import ReplayWindow
+from wanxport.wire.receiver import ReferenceReceiver, fold_runs
 
 BYTES_MODE_LIMIT = 256 * 1024 * 1024
 MAX_DATA_LENGTH = 0xFFFF  # a DATA frame's length field is 16 bits
+# Datagrams per core packet, as in the emulated app (emulation/baselines/wanxport_app.py):
+# the core decides per burst, the data path cuts it.
+DATAGRAMS_PER_PACKET = 16
 
 
 @dataclass
@@ -45,6 +64,9 @@ class SimOptions:
     seed: int | None = None
     quantum: int | None = None
     payload_mode: str = "auto"  # "auto" | "bytes" | "virtual"
+    # None: DATAGRAMS_PER_PACKET, or 1 with a quantum (its datagrams are already aggregates;
+    # 16 of 1 MiB would make 16 MiB core packets and a 64 MiB minimum window per path).
+    datagrams_per_packet: int | None = None
     congestion_control: str = "bbr"
     scheduler: str = "earliest-arrival"
     deadline_s: float | None = None
@@ -54,18 +76,34 @@ class SimOptions:
 
 
 class Endpoint:
-    """One gateway: a session plus its side of the data path."""
+    """One gateway: a session's driver plus its side of the data path (bytes or virtual)."""
 
-    def __init__(self, name: str, session: Session, sealer: PacketSealer | None,
-                 opener: PacketOpener | None, path_count: int) -> None:
+    def __init__(self, name: str, config: SessionConfig, cutter: DatagramCutter,
+                 receiver: ReferenceReceiver | VirtualReceiver) -> None:
         self.name = name
-        self.session = session
-        self.sealer = sealer
-        self.opener = opener
-        self.replay = [ReplayWindow() for _ in range(path_count)]
-        self.rejected = 0
+        self.session = Session(config, allocator=self.allocate, defer_verification=True)
+        self.driver = Driver(self.session)
+        self.cutter = cutter
+        self.receiver = receiver
         self.timer_at = float("inf")
         self.received: list[ShardReceived] = []
+        self.buffers: dict[int, memoryview] = {}  # bytes mode: shards being received
+        self.pacer_free = [0.0] * len(config.paths)  # per path: when its pacer ring is empty
+
+    @property
+    def rejected(self) -> int:
+        counters = self.receiver.counters
+        return sum(v for k, v in counters.items() if k.startswith("rejected_")) + counters.get("malformed", 0)
+
+    def allocate(self, shard_id: int, size: int, meta: bytes) -> memoryview | None:
+        """The session opens a shard: the data path places its DATA from now on (as aio's)."""
+        if isinstance(self.receiver, VirtualReceiver):
+            self.receiver.add_shard(shard_id)
+            return None
+        view = memoryview(bytearray(size))
+        self.receiver.add_shard(shard_id, view)
+        self.buffers[shard_id] = view
+        return view
 
 
 class SimRun:
@@ -94,32 +132,39 @@ class SimRun:
         # Virtual shards allocate nothing, so the receiver's budget need not throttle them.
         budget = self.size if mode == "virtual" else max(1 << 30, 2 * max(self.shard_sizes))
         settings: dict[str, Any] = {"receive_budget_bytes": budget, "peer_credit_bytes": budget}
+        self.datagrams_per_packet = options.datagrams_per_packet or (
+            1 if options.quantum is not None else DATAGRAMS_PER_PACKET)
+        if self.datagrams_per_packet < 1:
+            raise ValueError("datagrams_per_packet must be at least 1")
+        paths = tuple(PathConfig(p.name, p.forward.mtu) for p in scenario.paths)
+        probe = SessionConfig(paths=paths, segment_bytes=options.quantum)
+        segment = min(probe.datagram_payload(p) for p in paths)
+        settings.setdefault("chunk_bytes", self.datagrams_per_packet * segment)
         settings.update(options.session)
         config = SessionConfig(
-            paths=tuple(PathConfig(p.name, p.forward.mtu) for p in scenario.paths),
-            congestion_control=options.congestion_control,
+            paths=paths,
+            congestion_control=cc_config(options.congestion_control),
             scheduler=options.scheduler,
-            chunk_bytes=options.quantum,
+            segment_bytes=options.quantum,
             **settings,
         )
+        self.chunk_bytes = config.chunk_bytes
         self.a = self._endpoint("a", config, 0)
         self.b = self._endpoint("b", config, 1)
         self.directions = ["a->b", "b->a"] if scenario.transfer.direction == "both" else ["a->b"]
         self._shards_pending = len(self.shard_sizes) * len(self.directions)
 
     def _endpoint(self, name: str, config: SessionConfig, index: int) -> Endpoint:
-        allocator = None if self.mode == "bytes" else (lambda shard_id, size, meta: None)
-        session = Session(config, allocator=allocator)
+        n = len(config.paths)
         if self.mode == "virtual":
-            return Endpoint(name, session, None, None, len(config.paths))
+            return Endpoint(name, config, DatagramCutter(None, config), VirtualReceiver(n))
         # Key 0 seals a->b, key 1 seals b->a; each side opens with the other's.
         rng = random.Random(self.seed)
-        keys: list[dict[int, Protection]] = [
-            {0: AeadProtection("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))} for _ in range(2)]
-        send: dict[int, Protection] = keys[index]
-        recv: dict[int, Protection] = keys[1 - index]
-        return Endpoint(name, session, PacketSealer(0, send), PacketOpener(0, len(config.paths), recv),
-                        len(config.paths))
+        keys: list[Protection] = [
+            AeadProtection("aes-256-gcm", rng.randbytes(32), rng.randbytes(12)) for _ in range(2)]
+        receiver = ReferenceReceiver(0, n)
+        receiver.set_key(0, keys[1 - index])
+        return Endpoint(name, config, DatagramCutter(PacketSealer(0, {0: keys[index]}), config), receiver)
 
     # -- running -------------------------------------------------------------
 
@@ -134,7 +179,7 @@ class SimRun:
             sender = self.a if direction == "a->b" else self.b
             for shard_id, size in enumerate(self.shard_sizes):
                 data = self._payload(direction, shard_id, size) if self.mode == "bytes" else None
-                sender.session.submit(shard_id, data, 0.0, size=size)
+                sender.driver.submit(shard_id, data, 0.0, size=size)
         ideal = ideal_time_s(self.scenario, self.size)
         deadline = self.options.deadline_s or max(60.0, 20.0 * ideal if ideal != float("inf") else 60.0)
         for endpoint in (self.a, self.b):
@@ -163,53 +208,97 @@ class SimRun:
         self._deliver(self.b, path_index, packet, now)
 
     def _deliver(self, endpoint: Endpoint, path_index: int, packet: object, now: float) -> None:
-        if endpoint.opener is not None:
-            assert isinstance(packet, bytes)
-            opened = endpoint.opener.open(packet)
-            if opened is None or opened.header.path_id != path_index:
-                endpoint.rejected += 1
+        """One datagram arrived: the data path opens (and places) it, the core learns of it."""
+        receiver = endpoint.receiver
+        runs: list[Run] = []
+        controls: list[Control] = []
+        if isinstance(receiver, VirtualReceiver):
+            assert isinstance(packet, VirtualDatagram)
+            if packet.path_id != path_index:
+                receiver.counters["rejected_path"] += 1
                 return
-            endpoint.session.receive_packet(path_index, opened.header.packet_number, opened.frames, now)
+            receiver.process(packet, runs, controls)
         else:
-            assert isinstance(packet, Transmit)
-            window = endpoint.replay[path_index]
-            if packet.path_id != path_index or not window.check(packet.packet_number):
-                endpoint.rejected += 1
-                return
-            window.record(packet.packet_number)
-            endpoint.session.receive_packet(path_index, packet.packet_number, packet.frames, now)
-        self._service(endpoint)
+            assert isinstance(packet, bytes)
+            processed = receiver.process((packet,))
+            placed, opened = processed.placed, processed.controls
+            if placed:
+                if placed[0].path_id != path_index:
+                    receiver.counters["rejected_path"] += 1
+                    return
+                runs = fold_runs(placed)
+            for control in opened:
+                if control.path_id != path_index:
+                    receiver.counters["rejected_path"] += 1
+                    return
+                try:
+                    frames = decode_frames(control.plaintext)
+                except WireError:
+                    receiver.counters["malformed"] = receiver.counters.get("malformed", 0) + 1
+                    continue
+                controls.append((control.path_id, control.packet_number, frames))
+        if runs or controls:
+            endpoint.driver.receive(runs, controls, now)
+            self._service(endpoint)
 
     def _on_timer(self, endpoint: Endpoint) -> None:
         now = self.loop.now
         if now < endpoint.timer_at:
             return  # superseded by an earlier or later schedule
         endpoint.timer_at = float("inf")
-        endpoint.session.on_deadline(now)
+        endpoint.driver.fire(now)
         self._service(endpoint)
 
     def _service(self, endpoint: Endpoint) -> None:
         """Collect events, send what the session wants to send, re-arm its timer."""
-        session = endpoint.session
+        driver = endpoint.driver
         now = self.loop.now
-        for event in session.events():
-            if isinstance(event, ShardReceived):
-                endpoint.received.append(event)
-                self._shards_pending -= 1
+        serviced = driver.service(now)
         links = self.network.forward if endpoint is self.a else self.network.reverse
-        sealer = endpoint.sealer
-        for tx in session.poll_transmit(now):
-            packet: object = sealer.seal(tx.path_id, tx.packet_number, tx.frames) if sealer else tx
-            link = links[tx.path_id]
-            size = tx.size + IP_UDP_OVERHEAD
-            if tx.not_before <= now:
-                link.send(packet, size)
-            else:
-                self.loop.call_at(tx.not_before, link.send, packet, size)
-        deadline = session.next_deadline()
+        cutter = endpoint.cutter
+        paths = endpoint.session.paths
+        call_at = self.loop.call_at
+        pacer_free = endpoint.pacer_free
+        for tx in serviced.transmits:
+            path_id = tx.path_id
+            link = links[path_id]
+            # aio's native pacer: one FIFO ring per path that spreads a core packet's
+            # datagrams PACER_HEADROOM faster than the core paces (a shallow queue sees them
+            # spaced). Nothing overtakes a datagram queued before it (an ACK that did would
+            # look like reordering to the peer); an ACK-only datagram takes no pacing time
+            # (the native path sends it past the pacer), so it leaves at once when nothing waits.
+            at = max(now, tx.not_before, pacer_free[path_id])
+            s_per_byte = 8.0 / (paths[path_id].cc.pacing_rate_bps * PACER_HEADROOM)
+            for datagram, size in cutter.cut(tx):
+                if at <= now:
+                    link.send(datagram, size + IP_UDP_OVERHEAD)
+                else:
+                    call_at(at, link.send, datagram, size + IP_UDP_OVERHEAD)
+                at += size * s_per_byte
+            if not all(isinstance(frame, AckFrame | PaddingFrame) for frame in tx.frames):
+                pacer_free[path_id] = at
+        deadline = serviced.deadline
         if deadline is not None and deadline < endpoint.timer_at:
             endpoint.timer_at = max(deadline, now)
             self.loop.call_at(endpoint.timer_at, self._on_timer, endpoint)
+        filled = False
+        for event in serviced.events:
+            if isinstance(event, ShardReceived):
+                endpoint.received.append(event)
+                endpoint.buffers.pop(event.shard_id, None)
+                if isinstance(endpoint.receiver, VirtualReceiver):
+                    endpoint.receiver.remove_shard(event.shard_id)
+                self._shards_pending -= 1
+            elif isinstance(event, ShardFilled):
+                # aio hashes off its loop while the shard arrives and answers later; the
+                # simulator hashes at once, through the same calls.
+                endpoint.receiver.remove_shard(event.shard_id)  # no writes while it is hashed
+                driver.received_prefix(event.shard_id)
+                ok = hashlib.sha256(event.buffer).digest() == event.digest
+                driver.verified(event.shard_id, ok, now)
+                filled = True
+        if filled:
+            self._service(endpoint)
 
     # -- report --------------------------------------------------------------
 
@@ -241,6 +330,7 @@ class SimRun:
             paths=path_reports, delivered_bytes=delivered,
             seed=self.seed, direction=self.scenario.transfer.direction, shards=len(self.shard_sizes),
             payload_mode=self.mode, quantum_bytes=self.options.quantum,
+            datagrams_per_packet=self.datagrams_per_packet, chunk_bytes=self.chunk_bytes,
             cc=self.options.congestion_control, scheduler=self.options.scheduler,
             datagrams_rejected=self.a.rejected + self.b.rejected,
             events_processed=self.loop.processed,

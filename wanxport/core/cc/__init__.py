@@ -1,89 +1,104 @@
 """Congestion controllers by name.
 
-As in aioquic, controllers are pluggable: a factory is registered under a
-name and sessions create one controller per path from the configured name.
-Built in: "bbr" (the default; rate-based, tolerant of random loss), "cubic"
-(RFC 9438, for comparison) and "fixed" (a provisioned rate).
+As in aioquic, controllers are pluggable and registered by name; as in
+quinn-proto, what is registered is a config class, not a constructor. A name
+and its options (from a file or a command line) become a validated config
+object once, with :func:`cc_config`; the session then asks that object for
+one controller per path (``config.build(context)``), the same way for every
+controller. Built in: "bbr" (:class:`BbrConfig`, the default; rate-based,
+tolerant of random loss), "cubic" (:class:`CubicConfig`, RFC 9438, for
+comparison) and "fixed" (:class:`FixedConfig`, a provisioned rate).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-from wanxport.core.cc.base import CongestionController
-from wanxport.core.cc.bbr import BbrCongestionController
-from wanxport.core.cc.cubic import CubicCongestionController
-from wanxport.core.cc.fixed import FixedRateCongestionController
+from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.bbr import BbrConfig
+from wanxport.core.cc.cubic import CubicConfig
+from wanxport.core.cc.fixed import FixedConfig
 
 __all__ = [
     "DEFAULT_CONGESTION_CONTROL",
+    "BbrConfig",
+    "CcConfig",
+    "CcContext",
     "CongestionController",
+    "CubicConfig",
+    "FixedConfig",
     "available_congestion_controls",
-    "create_congestion_control",
+    "cc_config",
     "register_congestion_control",
 ]
 
-#: Factory signature: keyword-only ``mss_bytes`` plus controller-specific options.
-CongestionControlFactory = Callable[..., CongestionController]
-
 DEFAULT_CONGESTION_CONTROL = "bbr"
 
-_FACTORIES: dict[str, CongestionControlFactory] = {}
+_CONFIGS: dict[str, type[CcConfig]] = {}
 
 
-def register_congestion_control(name: str, factory: CongestionControlFactory) -> None:
-    """Make ``factory`` available as ``name`` (re-registering a name replaces it)."""
+def register_congestion_control(name: str, config_class: type[CcConfig]) -> None:
+    """Make ``config_class`` available as ``name`` (re-registering a name replaces it)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"congestion control name must be a non-empty string, got {name!r}")
-    _FACTORIES[name] = factory
+    if not (isinstance(config_class, type) and issubclass(config_class, CcConfig)):
+        raise ValueError(f"congestion control {name!r} must be registered with a CcConfig subclass, "
+                         f"got {config_class!r}")
+    _CONFIGS[name] = config_class
 
 
 def available_congestion_controls() -> list[str]:
     """Registered names, sorted."""
-    return sorted(_FACTORIES)
+    return sorted(_CONFIGS)
 
 
-def create_congestion_control(name: str, *, mss_bytes: int, **options: Any) -> CongestionController:
-    """Create the controller registered as ``name``.
+def cc_config(name: str, options: Mapping[str, Any] | None = None) -> CcConfig:
+    """The validated config of the controller registered as ``name``.
 
-    Unknown names and unknown options raise ValueError naming what is valid,
-    because both usually come from a user's configuration file.
+    Unknown names, unknown or missing options and bad values raise ValueError
+    naming what is valid, because all of them usually come from a user's file.
     """
-    factory = _FACTORIES.get(name)
-    if factory is None:
+    config_class = _CONFIGS.get(name)
+    if config_class is None:
         raise ValueError(
             f"unknown congestion control {name!r}; valid: {', '.join(available_congestion_controls())}"
         )
-    _check_options(name, factory, options)
-    try:
-        return factory(mss_bytes=mss_bytes, **options)
-    except TypeError as exc:  # a factory whose signature could not be read
-        raise ValueError(f"bad options for congestion control {name!r}: {exc}") from None
+    options = options or {}
+    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}  # type: ignore[arg-type]
+    for key, value in options.items():
+        if key not in fields:
+            raise ValueError(f"unknown option {key!r} for congestion control {name!r}; "
+                             f"valid: {', '.join(sorted(fields)) or '(none)'}")
+        _check_type(name, key, fields[key].type, value)
+    for key, spec in fields.items():
+        required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+        if required and key not in options:
+            raise ValueError(f"congestion control {name!r} needs option {key}")
+    return config_class(**options)
 
 
-def _check_options(name: str, factory: CongestionControlFactory, options: dict[str, Any]) -> None:
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # builtins without a signature: let the factory judge
-        return
-    if "mss_bytes" not in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return  # no usable signature (e.g. a compiled class): the factory judges
-    valid = sorted(
-        n
-        for n, p in params.items()
-        if n != "mss_bytes"
-        and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    )
-    for key in options:
-        if key not in valid:
-            raise ValueError(
-                f"unknown option {key!r} for congestion control {name!r}; "
-                f"valid: {', '.join(valid) or '(none)'}"
-            )
+#: What a file's value must be for a field of each simple type. Checked here, not only in
+#: the configs' __post_init__, because a mypyc-compiled config converts or rejects a value
+#: of the wrong type in its constructor, before __post_init__ could name the option.
+_OPTION_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "bool": ((bool,), "true or false"),
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+}
 
 
-register_congestion_control("bbr", BbrCongestionController)
-register_congestion_control("cubic", CubicCongestionController)
-register_congestion_control("fixed", FixedRateCongestionController)
+def _check_type(name: str, key: str, annotation: object, value: object) -> None:
+    type_name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    kind = _OPTION_KINDS.get(type_name)
+    if kind is None:
+        return  # another type: the config's own checks judge it
+    types, description = kind
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise ValueError(f"{name} option {key} must be {description}, got {value!r}")
+
+
+register_congestion_control("bbr", BbrConfig)
+register_congestion_control("cubic", CubicConfig)
+register_congestion_control("fixed", FixedConfig)

@@ -8,15 +8,65 @@ controller answers with two numbers the sender obeys: a congestion window
 
 Controllers are pure: time is the ``now`` argument, there is no clock, no I/O,
 and randomness, if any, comes from a seed option.
+
+A controller is made from two parts (quinn-proto's ``ControllerFactory``
+shape): a frozen :class:`CcConfig`, which says *how* the user wants it to
+behave, is validated once when the session configuration is built and is
+shared by every path; and a :class:`CcContext`, which says *where* it runs
+(one path's packet size, initial window and index), known only when the
+session creates that path. ``config.build(context)`` joins them, so the
+session creates every controller the same way, whatever its name.
 """
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import ClassVar
 
 from wanxport.core.delivery_rate import RateSample
-from wanxport.core.rtt import RttEstimator
+from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
+
+
+@dataclass(frozen=True)
+class CcContext:
+    """What a controller needs to know about the one path it runs on."""
+
+    #: Bytes of the path's full-size core packet (data, header and tag), the unit of its window.
+    mss_bytes: int
+    #: Initial window in core packets (the session converts its datagram count for this path).
+    initial_window_packets: int = 32
+    #: The path's position in the session: seeds per-path randomness, so paths differ.
+    path_index: int = 0
+    #: The RTT to assume before the first sample, seconds.
+    initial_rtt_s: float = INITIAL_RTT_S
+
+    def __post_init__(self) -> None:
+        for name in ("mss_bytes", "initial_window_packets"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.path_index, bool) or not isinstance(self.path_index, int) or self.path_index < 0:
+            raise ValueError(f"path_index must be an integer >= 0, got {self.path_index!r}")
+        if not self.initial_rtt_s > 0:
+            raise ValueError(f"initial_rtt_s must be > 0 seconds, got {self.initial_rtt_s!r}")
+
+
+class CcConfig:
+    """A controller's settings: validated fields, and :meth:`build` to make one per path.
+
+    Subclasses are frozen dataclasses whose fields are the controller's
+    options (what a user may write in a file), each checked in
+    ``__post_init__`` with a message naming it and what would be valid.
+    (A plain base rather than an ``abc.ABC``: mypyc cannot compile a
+    dataclass derived from one.)
+    """
+
+    __slots__ = ()
+
+    def build(self, context: CcContext) -> CongestionController:
+        """A fresh controller for the path ``context`` describes."""
+        raise NotImplementedError
 
 
 class CongestionController(abc.ABC):
@@ -108,3 +158,22 @@ class CongestionController(abc.ABC):
     def state(self) -> str:
         """Short state label for statistics and logs (e.g. "probe_bw")."""
         return self.name
+
+    def metrics(self) -> dict[str, float]:
+        """The controller's figures, by name, for statistics, reports and metrics.
+
+        This is the one way to read a controller from outside the core, so no
+        caller has to know which controller a path runs. Every controller
+        reports ``cwnd_bytes``, ``pacing_rate_bps`` and ``bandwidth_bps``;
+        subclasses add their model's figures (BBR: ``max_bw_bps``,
+        ``min_rtt_s``, ``pacing_gain``, ...; CUBIC: ``ssthresh_bytes``, ...).
+        Every value is a finite float, so the dict goes straight into JSON
+        and Prometheus: a figure the controller does not have (no RTT sample
+        yet, no congestion cap, slow start's unbounded threshold) is left out
+        rather than reported as infinity. The state label is :attr:`state`.
+        """
+        return {
+            "cwnd_bytes": float(self.cwnd_bytes),
+            "pacing_rate_bps": self.pacing_rate_bps,
+            "bandwidth_bps": self.bandwidth_bps,
+        }

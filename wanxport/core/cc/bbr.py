@@ -11,7 +11,7 @@ over 10 s). The sender paces at gain x bandwidth and keeps at most
 * ProbeBW: the 8-phase gain cycle 1.25, 0.75, 1 x 6, one min RTT each;
 * ProbeRTT: only when no RTT sample has matched the min RTT for 10 s. It
   drains to 4 packets for max(200 ms, 1 RTT), then restores the window, so
-  on long paths it costs little; ``probe_rtt=False`` switches it off.
+  on long paths it costs little; it is off unless ``probe_rtt`` is set.
 
 wanxport's departures from BBRv1:
 
@@ -31,8 +31,8 @@ wanxport's departures from BBRv1:
   search (as in BBRv2) rather than reducing anything.
 * The bandwidth filter ages only when a usable sample arrives, so an
   app-limited stretch (a path idling between shards) keeps its estimate.
-* ProbeBW starts at a phase drawn from a seeded RNG (``seed`` option), so
-  runs are reproducible.
+* ProbeBW starts at a phase drawn from an RNG seeded with ``seed`` plus the
+  path's index, so runs are reproducible and paths start out of phase.
 * Careful resume (draft-ietf-tsvwg-careful-resume in spirit) when a failed path is readmitted over
   an unchanged route (``on_path_resume``): instead of Startup from the
   initial window, which takes ~log2(BDP / initial window) round trips, the
@@ -49,11 +49,13 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from typing import ClassVar
 
-from wanxport.core.cc.base import CongestionController
+from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
 from wanxport.core.delivery_rate import RateSample
-from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
+from wanxport.core.rtt import RttEstimator
+from wanxport.core.windowed_filter import RoundMaxFilter
 
 STARTUP_GAIN = 2.0 / math.log(2.0)
 DRAIN_GAIN = 1.0 / STARTUP_GAIN
@@ -80,13 +82,35 @@ STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
 _STATE_NAMES = ("startup", "drain", "probe_bw", "probe_rtt")
 
 
+@dataclass(frozen=True)
+class BbrConfig(CcConfig):
+    """Options of the BBR-family controller (the default)."""
+
+    #: ProbeRTT drains a path to 4 packets for a round trip every ~10 s to
+    #: re-measure the minimum RTT. On provisioned long-haul paths that costs ~3 %
+    #: of every long transfer for a route change that rarely happens, and the
+    #: windowed minimum still follows a path whose RTT really moved, so it is
+    #: off by default. Set it for shared paths.
+    probe_rtt: bool = False
+    #: Each path's RNG (its first ProbeBW phase) is seeded with this plus the path's index.
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.probe_rtt, bool):
+            raise ValueError(f"bbr option probe_rtt must be true or false, got {self.probe_rtt!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"bbr option seed must be an integer, got {self.seed!r}")
+
+    def build(self, context: CcContext) -> BbrCongestionController:
+        return BbrCongestionController(self, context)
+
+
 class BbrCongestionController(CongestionController):
     """BBRv1 state machine with loss counted as congestion only when a queue stands."""
 
     __slots__ = (
         "_mss",
         "_initial_cwnd",
-        "_initial_rtt_s",
         "_probe_rtt_enabled",
         "_rng",
         "_mode",
@@ -95,9 +119,7 @@ class BbrCongestionController(CongestionController):
         "_cwnd",
         "_pacing_rate",
         "_srtt_s",
-        "_bw_slots",
-        "_bw_round",
-        "_max_bw",
+        "_bw_filter",
         "_has_bw",
         "_bw_cap",
         "_round_count",
@@ -127,36 +149,16 @@ class BbrCongestionController(CongestionController):
 
     name: ClassVar[str] = "bbr"
 
-    def __init__(
-        self,
-        *,
-        mss_bytes: int,
-        initial_cwnd_packets: int = 32,
-        probe_rtt: bool = True,
-        initial_rtt_s: float = INITIAL_RTT_S,
-        seed: int = 0,
-    ) -> None:
-        if isinstance(mss_bytes, bool) or not isinstance(mss_bytes, int) or mss_bytes <= 0:
-            raise ValueError(f"mss_bytes must be a positive integer, got {mss_bytes!r}")
-        if (
-            isinstance(initial_cwnd_packets, bool)
-            or not isinstance(initial_cwnd_packets, int)
-            or initial_cwnd_packets < MIN_CWND_PACKETS
-        ):
-            raise ValueError(
-                f"bbr option initial_cwnd_packets must be an integer >= {MIN_CWND_PACKETS}, "
-                f"got {initial_cwnd_packets!r}"
-            )
-        if not isinstance(probe_rtt, bool):
-            raise ValueError(f"bbr option probe_rtt must be true or false, got {probe_rtt!r}")
-        if not initial_rtt_s > 0:
-            raise ValueError(f"initial_rtt_s must be > 0 seconds, got {initial_rtt_s!r}")
-        self._mss = mss_bytes
-        self._initial_cwnd = initial_cwnd_packets * mss_bytes
-        self._initial_rtt_s = float(initial_rtt_s)
-        self._probe_rtt_enabled = probe_rtt
-        self._rng = random.Random(seed)
-        self._srtt_s = self._initial_rtt_s
+    def __init__(self, config: BbrConfig, context: CcContext) -> None:
+        if context.initial_window_packets < MIN_CWND_PACKETS:
+            raise ValueError(f"bbr needs an initial window of at least {MIN_CWND_PACKETS} packets, "
+                             f"got initial_window_packets={context.initial_window_packets}")
+        self._mss = context.mss_bytes
+        self._initial_cwnd = context.initial_window_packets * context.mss_bytes
+        self._probe_rtt_enabled = config.probe_rtt
+        self._rng = random.Random(config.seed + context.path_index)
+        self._srtt_s = float(context.initial_rtt_s)
+        self._bw_filter = RoundMaxFilter(BW_FILTER_ROUNDS)
         self._min_rtt_s = math.inf
         self._min_rtt_stamp = 0.0
         self._delivered = 0
@@ -164,9 +166,7 @@ class BbrCongestionController(CongestionController):
         self._reset(0.0)
 
     def _reset(self, now: float) -> None:
-        self._bw_slots = [0.0] * BW_FILTER_ROUNDS
-        self._bw_round = 0
-        self._max_bw = 0.0
+        self._bw_filter.reset()
         self._has_bw = False
         self._bw_cap = math.inf
         self._round_count = 0
@@ -309,7 +309,7 @@ class BbrCongestionController(CongestionController):
         # once the queue is gone.
         if self._bw_cap < math.inf and not self._congested_in_round and not self._queue_standing():
             self._bw_cap *= CAP_GROWTH_PER_ROUND
-            if self._bw_cap >= self._max_bw:
+            if self._bw_cap >= self._bw_filter.value:
                 self._bw_cap = math.inf
         self._congested_in_round = False
 
@@ -319,29 +319,17 @@ class BbrCongestionController(CongestionController):
             self._round_max_rate = rate
         # An app-limited sample says only "at least this much"; it may raise the
         # estimate but never hold it down.
-        if sample.is_app_limited and rate < self._max_bw:
+        if sample.is_app_limited and rate < self._bw_filter.value:
             return
-        slots = self._bw_slots
-        now_round = self._round_count
-        if now_round != self._bw_round:
-            # Age the filter by the rounds since its last sample. Ageing only when a
-            # sample arrives means app-limited stretches do not erase the estimate.
-            for r in range(now_round - min(now_round - self._bw_round, BW_FILTER_ROUNDS), now_round):
-                slots[(r + 1) % BW_FILTER_ROUNDS] = 0.0
-            self._bw_round = now_round
-            slots[now_round % BW_FILTER_ROUNDS] = rate
-            self._max_bw = max(slots)
-        elif rate > slots[now_round % BW_FILTER_ROUNDS]:
-            slots[now_round % BW_FILTER_ROUNDS] = rate
-            if rate > self._max_bw:
-                self._max_bw = rate
-        self._has_bw = self._max_bw > 0.0
+        self._bw_filter.update(self._round_count, rate)
+        self._has_bw = self._bw_filter.value > 0.0
 
     def _check_full_bw(self, sample: RateSample) -> None:
         if self._full_bw_reached or sample.is_app_limited:
             return
-        if self._max_bw >= self._full_bw * FULL_BW_GROWTH:
-            self._full_bw = self._max_bw
+        max_bw = self._bw_filter.value
+        if max_bw >= self._full_bw * FULL_BW_GROWTH:
+            self._full_bw = max_bw
             self._full_bw_count = 0
             return
         self._full_bw_count += 1
@@ -442,7 +430,7 @@ class BbrCongestionController(CongestionController):
     # -- outputs --------------------------------------------------------------
 
     def _bandwidth(self) -> float:
-        return min(self._max_bw, self._bw_cap)
+        return min(self._bw_filter.value, self._bw_cap)
 
     def _inflight(self, gain: float) -> float:
         if not self._has_bw or self._min_rtt_s == math.inf:
@@ -494,27 +482,15 @@ class BbrCongestionController(CongestionController):
     def state(self) -> str:
         return _STATE_NAMES[self._mode]
 
-    # -- introspection (tests, statistics) ---------------------------------------
-
-    @property
-    def min_rtt_s(self) -> float:
-        """Windowed minimum RTT (inf before the first sample)."""
-        return self._min_rtt_s
-
-    @property
-    def max_bw_bps(self) -> float:
-        """Max-filtered delivery rate, before any congestion cap."""
-        return self._max_bw
-
-    @property
-    def bw_cap_bps(self) -> float:
-        """Cap set by congestive loss (inf when none)."""
-        return self._bw_cap
-
-    @property
-    def round_count(self) -> int:
-        return self._round_count
-
-    @property
-    def pacing_gain(self) -> float:
-        return self._pacing_gain
+    def metrics(self) -> dict[str, float]:
+        """Adds the model: ``max_bw_bps`` (before any cap), ``bw_cap_bps`` (while one holds), gains."""
+        figures = super().metrics()
+        figures["max_bw_bps"] = self._bw_filter.value
+        figures["pacing_gain"] = self._pacing_gain
+        figures["cwnd_gain"] = self._cwnd_gain
+        figures["round_count"] = float(self._round_count)
+        if self._bw_cap < math.inf:
+            figures["bw_cap_bps"] = self._bw_cap
+        if self._min_rtt_s < math.inf:
+            figures["min_rtt_s"] = self._min_rtt_s
+        return figures

@@ -17,11 +17,12 @@ Pacing: 2 (slow start) or 1.25 (congestion avoidance) x cwnd / smoothed RTT.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
-from wanxport.core.cc.base import CongestionController
+from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
 from wanxport.core.delivery_rate import RateSample
-from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
+from wanxport.core.rtt import RttEstimator
 
 BETA = 0.7
 C = 0.4
@@ -30,6 +31,14 @@ ALPHA = 3.0 * (1.0 - BETA) / (1.0 + BETA)
 SLOW_START_PACING_GAIN = 2.0
 PACING_GAIN = 1.25
 MIN_CWND_PACKETS = 2
+
+
+@dataclass(frozen=True)
+class CubicConfig(CcConfig):
+    """CUBIC has no options: RFC 9438's constants, the session's initial window and RTT."""
+
+    def build(self, context: CcContext) -> CubicCongestionController:
+        return CubicCongestionController(context)
 
 
 class CubicCongestionController(CongestionController):
@@ -53,29 +62,13 @@ class CubicCongestionController(CongestionController):
 
     name: ClassVar[str] = "cubic"
 
-    def __init__(
-        self,
-        *,
-        mss_bytes: int,
-        initial_cwnd_packets: int = 32,
-        initial_rtt_s: float = INITIAL_RTT_S,
-    ) -> None:
-        if isinstance(mss_bytes, bool) or not isinstance(mss_bytes, int) or mss_bytes <= 0:
-            raise ValueError(f"mss_bytes must be a positive integer, got {mss_bytes!r}")
-        if (
-            isinstance(initial_cwnd_packets, bool)
-            or not isinstance(initial_cwnd_packets, int)
-            or initial_cwnd_packets < MIN_CWND_PACKETS
-        ):
-            raise ValueError(
-                f"cubic option initial_cwnd_packets must be an integer >= {MIN_CWND_PACKETS}, "
-                f"got {initial_cwnd_packets!r}"
-            )
-        if not initial_rtt_s > 0:
-            raise ValueError(f"initial_rtt_s must be > 0 seconds, got {initial_rtt_s!r}")
-        self._mss = mss_bytes
-        self._initial_cwnd = initial_cwnd_packets * mss_bytes
-        self._srtt_s = float(initial_rtt_s)
+    def __init__(self, context: CcContext) -> None:
+        if context.initial_window_packets < MIN_CWND_PACKETS:
+            raise ValueError(f"cubic needs an initial window of at least {MIN_CWND_PACKETS} packets, "
+                             f"got initial_window_packets={context.initial_window_packets}")
+        self._mss = context.mss_bytes
+        self._initial_cwnd = context.initial_window_packets * context.mss_bytes
+        self._srtt_s = float(context.initial_rtt_s)
         self._last_reduction: float | None = None
         self._reset()
 
@@ -211,6 +204,15 @@ class CubicCongestionController(CongestionController):
         if self._last_reduction is not None and self._epoch_start is None:
             return "recovery"
         return "congestion_avoidance"
+
+    def metrics(self) -> dict[str, float]:
+        """The window model besides the common figures (``ssthresh_bytes`` once slow start ended)."""
+        figures = super().metrics()
+        figures["w_max_bytes"] = self._w_max
+        figures["k_s"] = self._k
+        if self._ssthresh < math.inf:
+            figures["ssthresh_bytes"] = self._ssthresh
+        return figures
 
     # -- introspection (tests, statistics) ---------------------------------------
 

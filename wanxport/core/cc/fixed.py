@@ -9,14 +9,31 @@ retransmissions take their time, and still a bound if the peer vanishes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
-from wanxport.core.cc.base import CongestionController
+from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
 from wanxport.core.delivery_rate import RateSample
-from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
+from wanxport.core.rtt import RttEstimator
 
 #: Floor of the RTT used for the window, so a LAN-like RTT still leaves a usable window.
 _MIN_WINDOW_RTT_S = 0.001
+
+
+@dataclass(frozen=True)
+class FixedConfig(CcConfig):
+    """The provisioned rate; there is nothing to measure, so nothing else to set."""
+
+    #: What the link is provisioned for, bits/s: every path of the session paces at it.
+    rate_bps: float
+
+    def __post_init__(self) -> None:
+        rate = self.rate_bps
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise ValueError(f"fixed option rate_bps must be a number > 0 (bits/s), got {rate!r}")
+
+    def build(self, context: CcContext) -> FixedRateCongestionController:
+        return FixedRateCongestionController(self, context)
 
 
 class FixedRateCongestionController(CongestionController):
@@ -26,20 +43,10 @@ class FixedRateCongestionController(CongestionController):
 
     name: ClassVar[str] = "fixed"
 
-    def __init__(
-        self, *, mss_bytes: int, rate_bps: float | None = None, initial_rtt_s: float = INITIAL_RTT_S
-    ) -> None:
-        if isinstance(mss_bytes, bool) or not isinstance(mss_bytes, int) or mss_bytes <= 0:
-            raise ValueError(f"mss_bytes must be a positive integer, got {mss_bytes!r}")
-        if rate_bps is None:
-            raise ValueError("congestion control 'fixed' needs option rate_bps (bits/s, > 0)")
-        if isinstance(rate_bps, bool) or not isinstance(rate_bps, int | float) or not rate_bps > 0:
-            raise ValueError(f"fixed option rate_bps must be a number > 0 (bits/s), got {rate_bps!r}")
-        if not initial_rtt_s > 0:
-            raise ValueError(f"initial_rtt_s must be > 0 seconds, got {initial_rtt_s!r}")
-        self._mss = mss_bytes
-        self._rate_bps = float(rate_bps)
-        self._srtt_s = float(initial_rtt_s)
+    def __init__(self, config: FixedConfig, context: CcContext) -> None:
+        self._mss = context.mss_bytes
+        self._rate_bps = float(config.rate_bps)
+        self._srtt_s = float(context.initial_rtt_s)
         self._cwnd = self._window()
 
     def _window(self) -> int:
@@ -86,3 +93,9 @@ class FixedRateCongestionController(CongestionController):
     @property
     def in_startup(self) -> bool:
         return False
+
+    def metrics(self) -> dict[str, float]:
+        """The provisioned rate besides the common figures."""
+        figures = super().metrics()
+        figures["rate_bps"] = self._rate_bps
+        return figures

@@ -1,14 +1,15 @@
-"""Wire packet numbers for core packets that the data path splits into datagrams.
+"""Wire packet numbers for core packets that go out as several datagrams.
 
 Why: the sans-IO core spends Python time per *packet* (scheduling, sent-packet
-records, acknowledgement processing). Letting it decide per burst — a core
-packet of ``k`` MTU-sized segments, ``SessionConfig.chunk_bytes = k * segment``
-— and segmenting below it, the way a NIC does TSO, moves the per-datagram work
-into the native data path. Each datagram still gets its own packet number on
-the wire (the nonce and the replay window need that), so the sending side maps
-core packet ``P`` of a path to the wire numbers ``[start(P), start(P + 1))``
-and translates the peer's ACK ranges back: a core packet counts as
-acknowledged only when *all* of its datagrams are. The receiver needs no
+records, acknowledgement processing). It decides per burst — a core packet of
+``k`` MTU-sized segments, ``SessionConfig.chunk_bytes = k * segment`` — and the
+data path cuts the segments, the way a NIC does TSO. Each datagram is still a
+real protocol packet with its own wire packet number (the nonce and the
+replay window need that): the session numbers core packet ``P`` of a path
+``[start(P), start(P + 1))`` on the wire (``Transmit.first_pn``, ``count``)
+and translates the peer's ACK ranges back here: a core packet counts as
+acknowledged only when *all* of its datagrams are, and the datagrams of a
+partly acknowledged one are confirmed one by one. The receiver needs no
 mapping — it acknowledges wire numbers — so the wire format is unchanged.
 
 With ``k = 1`` the mapping is the identity and the core sees exactly what it
@@ -131,3 +132,23 @@ class WireNumbering:
         if not ranges:
             return None
         return AckFrame(frame.path_id, frame.ack_delay_us, ranges)
+
+    def translate_fresh(self, frame: AckFrame, oldest_core_pn: int
+                        ) -> tuple[AckFrame | None, list[tuple[int, int, int]]]:
+        """What an ACK (wire numbers) says that earlier ACKs did not, in core terms.
+
+        Returns the ACK of the whole core packets it covers (None: none) and the
+        partly covered ones (``partly_covered``). Ranges come highest first; those
+        wholly below ``oldest_core_pn`` (the oldest packet an ACK can still tell the
+        sender about) and those the previous ACK carried unchanged repeat what
+        earlier ACKs said — most of every ACK — and are skipped.
+        """
+        floor = self.first_wire(oldest_core_pn)
+        ranges = frame.ranges
+        kept = 0
+        while kept < len(ranges) and ranges[kept][1] >= floor:
+            kept += 1
+        fresh = self.unseen(ranges[:kept])
+        if not fresh:
+            return None, []
+        return self.translate(AckFrame(frame.path_id, frame.ack_delay_us, fresh)), self.partly_covered(fresh)

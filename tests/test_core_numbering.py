@@ -1,0 +1,101 @@
+"""Wire numbering: core packets <-> the wire numbers of their datagrams (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from wanxport.core.numbering import WireNumbering
+from wanxport.wire.frames import AckFrame
+
+
+def numbering_with(counts: list[int]) -> WireNumbering:
+    numbering = WireNumbering()
+    for core_pn, count in enumerate(counts):
+        numbering.allocate(core_pn, count)
+    return numbering
+
+
+def test_allocate_hands_out_contiguous_wire_numbers() -> None:
+    numbering = WireNumbering()
+    assert [numbering.allocate(pn, c) for pn, c in enumerate([3, 1, 4])] == [0, 3, 4]
+    assert numbering.next_wire == 8
+
+
+def test_allocate_refuses_out_of_order_core_numbers() -> None:
+    numbering = numbering_with([1])
+    with pytest.raises(ValueError, match="out of order"):
+        numbering.allocate(5, 1)
+
+
+@pytest.mark.parametrize(
+    ("wire_ranges", "core_ranges"),
+    [
+        (((0, 7),), ((0, 2),)),  # everything: packets 0 (0-2), 1 (3), 2 (4-7)
+        (((4, 7), (0, 2)), ((2, 2), (0, 0))),  # wire 3 missing: packet 1 is not acknowledged
+        (((1, 7),), ((1, 2),)),  # wire 0 missing: packet 0 is not
+        (((0, 5),), ((0, 1),)),  # packet 2 half acknowledged: not yet
+        (((5, 6),), ()),
+    ],
+)
+def test_ack_ranges_cover_whole_core_packets_only(wire_ranges: tuple[tuple[int, int], ...],
+                                                  core_ranges: tuple[tuple[int, int], ...]) -> None:
+    numbering = numbering_with([3, 1, 4])
+    assert numbering.core_ranges(wire_ranges) == core_ranges
+
+
+def test_translate_keeps_path_and_delay_and_drops_empty_acks() -> None:
+    numbering = numbering_with([2, 2])
+    assert numbering.translate(AckFrame(3, 250, ((0, 3),))) == AckFrame(3, 250, ((0, 1),))
+    assert numbering.translate(AckFrame(3, 250, ((1, 2),))) is None
+
+
+def test_reserved_numbers_belong_to_no_core_packet() -> None:
+    numbering = WireNumbering()
+    assert numbering.reserve(1) == 0  # the path probe sent before any data
+    assert numbering.allocate(0, 3) == 1
+    assert numbering.core_ranges(((0, 0),)) == ()
+    assert numbering.core_ranges(((0, 3),)) == ((0, 0),)
+    assert numbering.core_ranges(((1, 3),)) == ((0, 0),)
+
+
+def test_reserve_is_refused_once_core_packets_exist() -> None:
+    numbering = numbering_with([2])
+    with pytest.raises(ValueError, match="before the first core packet"):
+        numbering.reserve(1)
+
+
+@pytest.mark.parametrize(
+    ("wire_ranges", "partial"),
+    [
+        (((0, 7),), []),  # packets 0 (wire 0-2), 1 (3), 2 (4-7) all whole
+        (((4, 7), (0, 2)), []),  # packet 1 missing entirely: nothing partial
+        (((1, 7),), [(0, 1, 2)]),  # wire 0 missing: datagrams 1-2 of packet 0 arrived
+        (((0, 5),), [(2, 0, 1)]),  # packet 2 half there
+        (((5, 6),), [(2, 1, 2)]),  # one range inside one packet
+        (((6, 9), (1, 4)), [(2, 2, 3), (0, 1, 2), (2, 0, 0)]),  # beyond the last is ignored
+    ],
+)
+def test_partly_covered_names_the_datagrams_that_arrived(
+        wire_ranges: tuple[tuple[int, int], ...], partial: list[tuple[int, int, int]]) -> None:
+    assert numbering_with([3, 1, 4]).partly_covered(wire_ranges) == partial
+
+
+def test_first_wire_of_core_packets() -> None:
+    numbering = numbering_with([3, 1, 4])
+    assert [numbering.first_wire(pn) for pn in range(4)] == [0, 3, 4, 8]
+
+
+
+
+def test_translate_fresh_skips_ranges_below_interest_and_repeats() -> None:
+    numbering = numbering_with([3, 1, 4])  # packets 0 (wire 0-2), 1 (3), 2 (4-7)
+    # Below the oldest of interest (packet 1 starts at wire 3): the (0, 2) range is skipped.
+    ack, parts = numbering.translate_fresh(AckFrame(0, 9, ((5, 7), (3, 3), (0, 2))), 1)
+    assert ack == AckFrame(0, 9, ((1, 1),))
+    assert parts == [(2, 1, 3)]
+    # The same ranges again: nothing new to say.
+    assert numbering.translate_fresh(AckFrame(0, 9, ((5, 7), (3, 3), (0, 2))), 1) == (None, [])
+    # A gap closing changes the range: translated again.
+    ack, parts = numbering.translate_fresh(AckFrame(0, 9, ((3, 7),)), 1)
+    assert ack == AckFrame(0, 9, ((1, 2),))
+    assert parts == []

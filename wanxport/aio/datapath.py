@@ -1,0 +1,72 @@
+"""The one protocol both data paths implement, and the one result their receive() gives.
+
+Why: the endpoint drives the core with the same calls whichever data path
+moves the bytes — ``Session.receive_data_run`` per run of placed DATA
+datagrams, ``Session.receive_packet`` per opened control datagram — so it
+must not care which one it has. The native path (``native_path``) does the
+per-datagram work in C; the Python path (``python_path``) runs the pure-Python
+reference of the same receiver (``wanxport.wire.receiver``).
+
+A path's socket may be shared with its QUIC control channel (one port per
+path, ``aio.port``): both receivers demultiplex by first byte (QUIC sets
+0x40) and ``receive()`` returns those datagrams untouched with their sender,
+for the endpoint to hand to the port's control side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from wanxport.aio.config import Address, DirectionKey
+from wanxport.aio.plan import Plan
+from wanxport.wire.receiver import Run
+
+
+@dataclass(slots=True)
+class Received:
+    """What one drain of a path's socket yielded."""
+
+    runs: list[Run] = field(default_factory=list)  # placed DATA (see wire.receiver.Run)
+    datagrams: int = 0  # placed DATA datagrams the runs hold
+    controls: list[tuple[int, int, bytes]] = field(default_factory=list)  # (path_id, pn, plaintext)
+    quic: list[tuple[bytes, Address]] = field(default_factory=list)  # QUIC-looking (datagram, sender)
+
+
+class Datapath(Protocol):
+    """Seals and paces what the core sends; opens, checks and places what arrives."""
+
+    name: str
+    packets_under_key: int  # sealed under the current sending key: the rotation trigger
+    bytes_under_key: int
+
+    def use_send_key(self, phase: int, key: DirectionKey) -> None: ...
+
+    def install_recv_key(self, phase: int, key: DirectionKey) -> None: ...
+
+    def attach(self, path_id: int) -> None: ...
+
+    def set_rate(self, path_id: int, rate_bytes_per_s: float) -> None: ...
+
+    def send(self, plans: list[Plan]) -> None: ...
+
+    @property
+    def backlogged(self) -> bool: ...
+
+    def flush(self) -> None: ...
+
+    def add_shard(self, shard_id: int, buffer: memoryview) -> None: ...
+
+    def remove_shard(self, shard_id: int) -> None: ...
+
+    def freeze(self, shard_id: int, upto: int) -> None: ...
+
+    def receive(self, path_id: int) -> Received: ...
+
+    @property
+    def rejected(self) -> int: ...
+
+    @property
+    def counters(self) -> dict[str, int]: ...
+
+    def close(self, drain_s: float = 0.2) -> None: ...
