@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from emulation.api import Emulation  # noqa: E402
-from wanxport.sim.scenario import parse_scenario  # noqa: E402
+from wanxport.scenario import parse_scenario  # noqa: E402
 
 SCENARIO = """
 name = "bench-engine"

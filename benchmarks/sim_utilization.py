@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from wanxport.core import shards  # noqa: E402
 from wanxport.core.config import PathConfig, SessionConfig  # noqa: E402
+from wanxport.scenario import Scenario, load_scenario  # noqa: E402
 from wanxport.sim.runner import SimOptions, simulate  # noqa: E402
-from wanxport.sim.scenario import Scenario, load_scenario  # noqa: E402
 
 
 def payload_share(scenario: Scenario, path_index: int) -> float:

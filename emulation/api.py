@@ -30,7 +30,7 @@ from emulation import hostenv, topology
 from emulation.errors import EmulationError
 from emulation.naming import Plan, plan
 from emulation.params import path_timeline
-from wanxport.sim.scenario import Scenario
+from wanxport.scenario import Scenario
 
 log = logging.getLogger(__name__)
 

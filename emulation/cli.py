@@ -10,21 +10,11 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
+from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
 from wanxport.cli import size_argument
-from wanxport.sim.scenario import Scenario, ScenarioError, load_scenario
-
-BUNDLED = Path(__file__).resolve().parent / "scenarios"
-
-
-def resolve_scenario(arg: str) -> Scenario:
-    """A scenario file path, or the name of a bundled scenario (``emulation/scenarios``)."""
-    path = Path(arg)
-    if not path.exists() and (BUNDLED / f"{arg}.toml").exists():
-        path = BUNDLED / f"{arg}.toml"
-    return load_scenario(path)
+from wanxport.scenario import ScenarioError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from emulation import plots
+from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
-from emulation.run import TRANSPORTS, RunOptions, check_options, run_experiment
-from wanxport.report import dumps
-from wanxport.sim.scenario import Scenario
+from emulation.run import TRANSPORTS, RunOptions, check_options, exit_on_sigterm, run_experiment
+from wanxport.report import dumps, with_wall_time
+from wanxport.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def simulate_scenario(scenario: Scenario, size: int | None) -> Report:
     """wanxport in the simulator on the same scenario and size (sizes only: virtual payload)."""
     from wanxport.sim.runner import SimOptions, simulate
 
-    return simulate(scenario, SimOptions(size_bytes=size, payload_mode="virtual"))
+    return with_wall_time(lambda: simulate(scenario, SimOptions(size_bytes=size, payload_mode="virtual")))
 
 
 def compare(scenarios: list[Scenario], columns: list[Column], repeat: int, out: Path, *,
@@ -200,29 +201,26 @@ def table(reports: list[Report], columns: list[str], failures: dict[tuple[str, s
     return "\n".join(lines) + "\n"
 
 
-def scenario_with_size(resolve: Any, arg: str, default_size: int | None) -> Scenario:
+def scenario_with_size(arg: str, default_size: int | None) -> Scenario:
     """``NAME`` or ``NAME@SIZE`` (e.g. ``lossy-long-2path@8MiB``): a per-scenario payload size."""
     from wanxport.units import parse_size
 
     name, at, size = arg.rpartition("@")
     if not at:
-        scenario: Scenario = resolve(arg)
+        scenario = resolve_scenario(arg)
         return scenario.with_transfer(size_bytes=default_size) if default_size else scenario
     try:
         size_bytes = parse_size(size)
     except ValueError as exc:
         raise ValueError(f"scenario {arg!r}: size after '@': {exc}") from None
-    return resolve(name).with_transfer(size_bytes=size_bytes)  # type: ignore[no-any-return]
+    return resolve_scenario(name).with_transfer(size_bytes=size_bytes)
 
 
 def main_compare(args: Any) -> int:
     """``python -m emulation compare``: 0 when every run was intact."""
-    from emulation.cli import resolve_scenario
-    from emulation.run import exit_on_sigterm
-
     exit_on_sigterm()
     columns = parse_columns(args.transports)
-    scenarios = [scenario_with_size(resolve_scenario, s, args.size) for s in args.scenarios]
+    scenarios = [scenario_with_size(s, args.size) for s in args.scenarios]
     out = Path(args.out)
     reports = compare(scenarios, columns, args.repeat, out,
                       deadline_s=args.deadline, backend=args.backend, with_sim=not args.no_sim)

@@ -30,7 +30,7 @@ from typing import Any
 from emulation.hostenv import setns
 from emulation.params import DIRECTIONS, engine_params, link_from_dict
 from wanxport.aio.sockets import set_buffers
-from wanxport.sim.scenario import LinkParams
+from wanxport.scenario import LinkParams
 
 log = logging.getLogger("emulation.engine")
 

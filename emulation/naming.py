@@ -16,7 +16,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from wanxport.sim.scenario import Scenario
+from wanxport.scenario import Scenario
 
 STATE_ROOT = "/run/wanxport-emulation"
 PREFIXLEN = 30

@@ -36,7 +36,7 @@ from pyroute2.netlink.rtnl.tcmsg import plugins as tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_netem
 
 from emulation.params import netem_limit
-from wanxport.sim.scenario import LinkParams
+from wanxport.scenario import LinkParams
 
 log = logging.getLogger(__name__)
 

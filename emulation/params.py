@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any
 
-from wanxport.sim.scenario import BurstLoss, LinkParams, PathSpec
+from wanxport.scenario import BurstLoss, LinkParams, PathSpec
 
 DIRECTIONS = ("a->b", "b->a")
 

@@ -37,10 +37,10 @@ from emulation.baselines.transports import (
     path_stats,
     paths_used,
 )
+from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
 from wanxport.report import PathReport, build_report
-from wanxport.sim.ideal import ideal_time_s
-from wanxport.sim.scenario import Scenario
+from wanxport.scenario import Scenario, ideal_time_s
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,6 @@ def exit_on_sigterm() -> None:
 
 def main_run(args: Any) -> int:
     """``python -m emulation run``: 0 intact, 1 not (or the environment cannot run it)."""
-    from emulation.cli import resolve_scenario
     from wanxport.report import dumps
 
     exit_on_sigterm()

@@ -27,7 +27,7 @@ from typing import Any
 from emulation.api import Emulation, PathInfo
 from emulation.errors import EmulationError
 from emulation.hostenv import require_tool
-from wanxport.sim.scenario import LinkParams, Scenario
+from wanxport.scenario import LinkParams, Scenario
 
 UDP_PAYLOAD = 1400
 UDP_IP_OVERHEAD = 28  # IPv4 + UDP headers

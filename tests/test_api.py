@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from gateway_helpers import free_path_ports
 from wanxport.api import connect, listen
 from wanxport.control import CertificateError
 from wanxport.control.certs import make_foreign_leaf, make_test_pki
+from wanxport.core.events import ShardAcknowledged
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,3 +69,29 @@ async def test_foreign_certificate_is_refused_by_both(pki: Path) -> None:
             await connect(pki / "gw-evil", pki / "ca.pem", paths)
         refused = await server.rejections.get()
     assert "certificate" in str(refused) and "gw-evil" in str(refused)
+
+
+async def test_send_succeeds_when_the_verdict_outruns_the_data_plane_ack(
+        pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver that leaves right after its verdict may end the session before the sender
+    processed the data plane's acknowledgement: the verdict (sent only once the shard is
+    verified) answers for both. Here the sender never sees a data-plane acknowledgement."""
+    paths = [f"127.0.0.1:{p}" for p in free_path_ports(2)]
+    data = np.random.default_rng(3).bytes(2_000_000)
+    async with listen(pki / "gw-b", pki / "ca.pem", paths) as server:
+        async with await connect(pki / "gw-a", pki / "ca.pem", paths) as sender:
+            endpoint = sender.session.endpoint
+            on_event = endpoint._on_event
+
+            def drop_acknowledgements(event: object) -> None:
+                if not isinstance(event, ShardAcknowledged):
+                    on_event(event)
+
+            monkeypatch.setattr(endpoint, "_on_event", drop_acknowledgements)
+
+            async def receive_and_leave() -> bytes:
+                async with await server.accept() as receiver:
+                    return (await receiver.receive()).tobytes()
+
+            sent, got = await asyncio.gather(sender.send(data), receive_and_leave())
+    assert sent == 0 and got == data

@@ -9,9 +9,9 @@ import pytest
 
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.session import Session
+from wanxport.scenario import parse_scenario
 from wanxport.sim.network import Link
 from wanxport.sim.runner import SimOptions, SimRun
-from wanxport.sim.scenario import parse_scenario
 from wanxport.wire.frames import AckFrame, DataFrame, ShardOpenFrame
 
 BOTH_WAYS = """

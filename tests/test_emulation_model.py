@@ -10,7 +10,7 @@ from emulation import netem
 from emulation.engine import Timeline
 from emulation.naming import plan, scenario_prefix
 from emulation.params import engine_params, link_from_dict, link_to_dict, netem_limit, path_timeline
-from wanxport.sim.scenario import BurstLoss, LinkParams, PathEvent, PathSpec, Scenario
+from wanxport.scenario import BurstLoss, LinkParams, PathEvent, PathSpec, Scenario
 
 
 def spec(name: str = "p1", events: tuple[PathEvent, ...] = (), **kw: object) -> PathSpec:

@@ -18,7 +18,7 @@ import pytest
 from emulation.api import Emulation
 from emulation.errors import EmulationError
 from emulation.topology import existing_namespaces, netns_pids
-from wanxport.sim.scenario import LinkParams, PathSpec, Scenario
+from wanxport.scenario import LinkParams, PathSpec, Scenario
 
 pytestmark = [
     pytest.mark.netns,
@@ -133,7 +133,7 @@ def test_cli_up_json_then_down(tmp_path: Path) -> None:
     finally:
         down = cli("down", str(path))
     assert down.returncode == 0, down.stderr
-    from wanxport.sim.scenario import load_scenario
+    from wanxport.scenario import load_scenario
 
     assert_nothing_left(Emulation(load_scenario(path)))
 

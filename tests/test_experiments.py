@@ -16,7 +16,7 @@ from emulation.baselines.transports import Direction, launch
 from emulation.compare import Column, parse_columns, table
 from emulation.run import RunOptions, check_options, default_deadline_s
 from wanxport.report import PathReport, build_report
-from wanxport.sim.scenario import parse_scenario
+from wanxport.scenario import parse_scenario
 
 TWO_PATHS = """
 name = "unit-two"

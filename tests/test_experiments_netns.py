@@ -20,7 +20,7 @@ from emulation.compare import Column, compare
 from emulation.run import RunOptions, run_experiment
 from emulation.topology import existing_namespaces
 from wanxport.report import SCHEMA
-from wanxport.sim.scenario import Scenario, parse_scenario
+from wanxport.scenario import Scenario, parse_scenario
 
 pytestmark = [
     pytest.mark.netns,

@@ -17,8 +17,8 @@ from wanxport.core.delivery_rate import RateSample
 from wanxport.core.events import PathChanged
 from wanxport.core.paths import Path, PathState
 from wanxport.core.rtt import RttEstimator
+from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, SimRun
-from wanxport.sim.scenario import parse_scenario
 from wanxport.sim.wire import VirtualDatagram
 
 MSS = 1500

@@ -54,6 +54,18 @@ def drain(rx: socket.socket) -> tuple[list[int], list[int], list[int]]:
     return seqs, lengths, stamps
 
 
+def assert_paced(span_s: float, expected_s: float) -> None:
+    """Never faster than the rate (the pacer's promise); slower only within a loose bound.
+
+    A loaded 2-core host delays the release thread (seen: 45 % over at load 15),
+    which is a throughput matter for the benchmarks (``wanxport bench --pps``),
+    not a broken pacer; releasing early, or a pacer that sleeps far past its
+    slots, is.
+    """
+    assert span_s >= 0.9 * expected_s, f"released in {span_s:.4f} s, paced for {expected_s:.4f} s"
+    assert span_s <= 4.0 * expected_s, f"took {span_s:.4f} s for {expected_s:.4f} s of slots"
+
+
 def test_fixed_pps_keeps_order_count_and_rate(pair: tuple[socket.socket, socket.socket]) -> None:
     rx, tx = pair
     n, pps = 400, 4000.0
@@ -66,8 +78,7 @@ def test_fixed_pps_keeps_order_count_and_rate(pair: tuple[socket.socket, socket.
     seqs, lengths, stamps = drain(rx)
     assert seqs == list(range(n)) and set(lengths) == {SIZE}
     assert (stats.sent_datagrams, stats.sent_bytes, stats.queue_depth) == (n, n * SIZE, 0)
-    span_s = (stamps[-1] - stamps[0]) / 1e9
-    assert span_s == pytest.approx((n - 1) / pps, rel=0.3)  # loose: noisy 2-core machine
+    assert_paced((stamps[-1] - stamps[0]) / 1e9, (n - 1) / pps)
 
 
 def test_byte_rate_paces_by_size(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -81,8 +92,7 @@ def test_byte_rate_paces_by_size(pair: tuple[socket.socket, socket.socket]) -> N
         assert pacer.wait_idle(10.0)
     seqs, got_lengths, stamps = drain(rx)
     assert seqs == list(range(100)) and got_lengths == lengths
-    span_s = (stamps[-1] - stamps[0]) / 1e9
-    assert span_s == pytest.approx((sum(lengths) - lengths[-1]) / 1e6, rel=0.3)
+    assert_paced((stamps[-1] - stamps[0]) / 1e9, (sum(lengths) - lengths[-1]) / 1e6)
 
 
 def test_unpaced_uses_gso_and_keeps_order(pair: tuple[socket.socket, socket.socket]) -> None:

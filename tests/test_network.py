@@ -4,8 +4,8 @@ import math
 
 import pytest
 
+from wanxport.scenario import BurstLoss, LinkParams, Scenario, parse_scenario
 from wanxport.sim.network import EventLoop, Link, Network, link_rng
-from wanxport.sim.scenario import BurstLoss, LinkParams, Scenario, parse_scenario
 
 Trace = list[tuple[float, object]]
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from wanxport.sim.scenario import (
+from wanxport.scenario import (
     BurstLoss,
     ScenarioError,
     load_scenario,

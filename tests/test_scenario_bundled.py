@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from wanxport.sim.ideal import ideal_time_s
-from wanxport.sim.scenario import load_scenario
+from emulation import bundled
+from wanxport.scenario import ScenarioError, ideal_time_s, load_scenario
 
-SCENARIOS = sorted((Path(__file__).parent.parent / "emulation" / "scenarios").glob("*.toml"))
+SCENARIOS = sorted(bundled.DIRECTORY.glob("*.toml"))
 
 
 def test_the_expected_scenarios_are_bundled() -> None:
@@ -39,3 +39,19 @@ def test_wide_scenario_shape() -> None:
     rtts = [p.forward.rtt_ms for p in wide.paths]
     assert min(rtts) == 20.0 and max(rtts) == 150.0
     assert {p.forward.bandwidth_mbps for p in wide.paths} == {10_000.0}
+
+
+def test_a_bundled_name_resolves_to_its_file_and_a_path_wins_over_a_name(tmp_path: Path) -> None:
+    assert bundled.resolve_scenario("clean-2path").source == str(bundled.DIRECTORY / "clean-2path.toml")
+    own = tmp_path / "clean-2path"
+    own.write_text('name = "mine"\n[[paths]]\nname = "p"\nrtt_ms = 1\nbandwidth_mbps = 1\n')
+    assert bundled.resolve_scenario(str(own)).name == "mine"
+    assert "hetero-8path" in bundled.names()
+
+
+def test_an_unknown_name_is_one_line_listing_the_bundled_names() -> None:
+    with pytest.raises(ScenarioError) as info:
+        bundled.resolve_scenario("no-such-scenario")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("no-such-scenario: no such file")
+    assert "clean-2path" in message and "wide-256path" in message

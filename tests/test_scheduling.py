@@ -22,8 +22,8 @@ from wanxport.core.scheduling.stripes import Stripes
 from wanxport.core.scheduling.tail import Tail, tail_threshold_bytes, water_fill_cutoff
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.shards import OutgoingShard
+from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, simulate
-from wanxport.sim.scenario import parse_scenario
 
 MSS = 1000
 

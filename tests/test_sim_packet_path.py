@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from wanxport.core.session import Session
+from wanxport.scenario import parse_scenario
 from wanxport.sim.network import Link
 from wanxport.sim.runner import SimOptions, SimRun
-from wanxport.sim.scenario import parse_scenario
 
 LOSSY = """
 name = "lossy-pair"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import pytest
 
+from wanxport.report import with_wall_time
+from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, SimRun, simulate
-from wanxport.sim.scenario import parse_scenario
 
 TWO_PATHS = """
 name = "two-paths"
@@ -89,7 +91,7 @@ def check_report_contract(report: dict[str, Any], name: str, payload: int, paths
 
 @pytest.mark.parametrize("direction,mode", [("a->b", "bytes"), ("both", "bytes"), ("a->b", "virtual")])
 def test_report_has_every_contract_field(direction: str, mode: str) -> None:
-    report = simulate(scenario(direction), SimOptions(payload_mode=mode))
+    report = with_wall_time(lambda: simulate(scenario(direction), SimOptions(payload_mode=mode)))
     size = 512 * 1024
     check_report_contract(report, "two-paths", size * (2 if direction == "both" else 1), ["short", "long"])
     assert report["intact"] is True
@@ -99,21 +101,31 @@ def test_report_has_every_contract_field(direction: str, mode: str) -> None:
     assert sum(p["payload_bytes"] for p in report["paths"]) >= size, "the sender moved every byte"
 
 
-def without_wall(report: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in report.items() if k != "wall_s"})
-
-
 @pytest.mark.parametrize("mode", ["bytes", "virtual"])
 def test_same_scenario_and_seed_give_identical_reports(mode: str) -> None:
     options = dict(payload_mode=mode, duplicate=0.02, corrupt=0.02 if mode == "bytes" else 0.0)
     first = simulate(scenario("both"), SimOptions(**options))  # type: ignore[arg-type]
     second = simulate(scenario("both"), SimOptions(**options))  # type: ignore[arg-type]
-    assert without_wall(first) == without_wall(second)
+    assert json.dumps(first) == json.dumps(second), "virtual time: the whole report repeats"
     assert first["events_processed"] > 0
 
 
+def test_the_simulator_reads_no_wall_clock_and_its_caller_times_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_clock() -> float:
+        raise AssertionError("the simulator read the wall clock")
+
+    with monkeypatch.context() as patch:
+        for name in ("perf_counter", "monotonic", "time"):
+            patch.setattr(time, name, no_clock)
+        report = simulate(scenario(), SimOptions(payload_mode="bytes"))
+    assert report["intact"] is True and report["wall_s"] is None
+    timed = with_wall_time(lambda: simulate(scenario(), SimOptions(payload_mode="bytes")))
+    assert is_number(timed["wall_s"]) and timed["wall_s"] > 0
+    assert list(timed) == list(report), "wall_s keeps its place in the report"
+
+
 def test_seed_changes_the_run() -> None:
-    reports = [without_wall(simulate(scenario(), SimOptions(payload_mode="virtual", seed=s))) for s in (1, 2)]
+    reports = [json.dumps(simulate(scenario(), SimOptions(payload_mode="virtual", seed=s))) for s in (1, 2)]
     assert reports[0] != reports[1]
 
 

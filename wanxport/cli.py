@@ -14,12 +14,7 @@ from typing import Any, NoReturn
 
 from wanxport import __version__
 from wanxport.units import format_rate, format_size, parse_size
-
-USAGE_ERROR = 2
-
-
-class UsageError(Exception):
-    """A mistake the user can fix; reported as one line with exit status 2."""
+from wanxport.usage import USAGE_ERROR, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,9 +74,9 @@ def _add_sim(sub: Any) -> None:
 
 def _run_sim(args: argparse.Namespace) -> int:
     from wanxport.core.cc import cc_config
-    from wanxport.report import dumps
+    from wanxport.report import dumps, with_wall_time
+    from wanxport.scenario import ScenarioError, load_scenario
     from wanxport.sim.runner import SimOptions, simulate
-    from wanxport.sim.scenario import ScenarioError, load_scenario
 
     try:
         scenario = load_scenario(args.scenario)
@@ -98,7 +93,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     options = SimOptions(size_bytes=args.size, seed=args.seed, quantum=args.quantum,
                          payload_mode="virtual" if args.quantum else args.payload,
                          congestion_control=args.cc, scheduler=args.scheduler, deadline_s=args.deadline)
-    report = simulate(scenario, options)
+    report = with_wall_time(lambda: simulate(scenario, options))
     if args.json:
         print(dumps(report))
     else:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,13 +34,15 @@ class PathReport:
 
 
 def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int,
-                 completion_s: float, ideal_s: float | None, intact: bool, wall_s: float,
+                 completion_s: float, ideal_s: float | None, intact: bool, wall_s: float | None,
                  paths: list[PathReport], delivered_bytes: int | None = None,
                  **extra: Any) -> dict[str, Any]:
     """The v1 report; ``extra`` fields are added after the required ones.
 
     ``goodput_bps`` is the payload delivered intact divided by the completion time,
-    so an incomplete run reports what actually arrived.
+    so an incomplete run reports what actually arrived. ``wall_s`` None means the
+    runner keeps no real time (the simulator): its caller fills it in with
+    ``with_wall_time``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
@@ -58,10 +62,22 @@ def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int
         "efficiency": _round(efficiency) if efficiency is not None else None,
         "goodput_bps": _round(goodput),
         "intact": intact,
-        "wall_s": _round(wall_s),
+        "wall_s": _round(wall_s) if wall_s is not None else None,
         "paths": [p.to_dict() for p in paths],
     }
     report.update(extra)
+    return report
+
+
+def with_wall_time(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Call ``run`` and set its report's ``wall_s`` to the real seconds the call took.
+
+    The simulator runs on virtual time only (DESIGN.md section 2), so the real
+    time a run took is measured here, by whoever starts it.
+    """
+    start = time.perf_counter()
+    report = run()
+    report["wall_s"] = _round(time.perf_counter() - start)
     return report
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from emulation.api import Emulation
 from emulation.errors import EmulationError
-from wanxport.sim.scenario import LinkParams, Scenario
+from wanxport.scenario import LinkParams, Scenario
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from mininet.net import Mininet  # noqa: E402
 from wan import WanTopo, start_events  # noqa: E402
 
 from emulation.naming import plan  # noqa: E402
-from wanxport.sim.scenario import load_scenario  # noqa: E402
+from wanxport.scenario import load_scenario  # noqa: E402
 
 
 def ping_stats(host, addr: str, count: int) -> dict[str, float]:  # type: ignore[no-untyped-def]

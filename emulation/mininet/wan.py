@@ -41,7 +41,7 @@ from mininet.topo import Topo  # noqa: E402
 
 from emulation.naming import plan  # noqa: E402
 from emulation.params import netem_limit, path_timeline  # noqa: E402
-from wanxport.sim.scenario import LinkParams, load_scenario  # noqa: E402
+from wanxport.scenario import LinkParams, load_scenario  # noqa: E402
 
 OFFLOADS_OFF = "tx off tso off gso off gro off"
 READY_TIMEOUT_S = 20.0

@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
 
         baseline = run_iperf3_udp()
     if args.transport == "aioquic":
-        from wanxport.gateway.aioquic_bench import run_aioquic_bench
+        from wanxport.bench.aioquic_bench import run_aioquic_bench
 
         report = run_aioquic_bench(size, args.seed)
     elif args.pps is not None:
@@ -119,8 +119,9 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"{report['achieved_pps']:.0f} pps, gap error p50 {report['gap_error_p50_us']} us, "
               f"p99 {report['gap_error_p99_us']} us")
     else:
+        datapath = report.get("datapath", report["transport"])  # aioquic's report has none
         print(f"{format_size(report['payload_bytes'])} over {len(report['paths'])} loopback paths "
-              f"({report['datapath']} data path, {report['cipher']}): {report['completion_s']:.3f} s, "
+              f"({datapath} data path, {report['cipher']}): {report['completion_s']:.3f} s, "
               f"goodput {format_rate(report['goodput_bps'])}, intact {report['intact']}, "
               f"{report['datagrams_rejected']} datagrams rejected")
     if "baseline_iperf3_udp_bps" in report:

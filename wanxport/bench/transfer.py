@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
 from wanxport.aio.loop import run
+from wanxport.bench.child import module_command
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.report import PathReport, build_report
 
@@ -86,7 +87,7 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
 
 
 def receiver_main() -> None:
-    """Child process entry (``python -m wanxport.bench.transfer``): one JSON line in, lines out.
+    """Child process entry (this module as ``__main__``): one JSON line in, lines out.
 
     In: the spec, both keys and the sender's addresses. Out: ``["ports", addrs]``,
     then ``["ok", result]`` or ``["error", text]``. A plain subprocess instead of
@@ -154,7 +155,7 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
     endpoint = Endpoint(endpoint_config(spec, a_to_b, b_to_a, SENDER_CONN_ID, RECEIVER_CONN_ID))
     child: subprocess.Popen[bytes] | None = None
     try:
-        child = subprocess.Popen([sys.executable, "-m", "wanxport.bench.transfer"], stdin=subprocess.PIPE,
+        child = subprocess.Popen(module_command("wanxport.bench.transfer"), stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, bufsize=0)
         job = {"spec": asdict(spec), "send": _key_json(b_to_a), "recv": _key_json(a_to_b),
                "sender": endpoint.local_addresses}

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from wanxport.cli import UsageError
 from wanxport.control import CertificateError, ControlConnectError, RotationLimits
 from wanxport.control.certs import KEY_TYPES, make_test_pki
 from wanxport.units import format_rate, format_size, parse_size
+from wanxport.usage import UsageError
 
 from .config import DEFAULT_CONTROL_TIMEOUT_S, GatewayOptions, parse_hostport
 from .files import FileError, FileSink, check_output_dir, plan_files

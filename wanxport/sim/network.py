@@ -33,8 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from functools import partial
 
+from wanxport.scenario import LinkParams, Scenario
 from wanxport.sim.eventloop import EventLoop
-from wanxport.sim.scenario import LinkParams, Scenario
 
 __all__ = ["EventLoop", "Link", "Network", "link_rng"]
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import random
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,11 +38,10 @@ from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, Se
 from wanxport.core.events import ShardFilled, ShardReceived
 from wanxport.core.session import Session
 from wanxport.report import PathReport, build_report
+from wanxport.scenario import Scenario, ideal_time_s
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.sim.eventloop import EventLoop
-from wanxport.sim.ideal import ideal_time_s
 from wanxport.sim.network import Network
-from wanxport.sim.scenario import Scenario
 from wanxport.sim.wire import DatagramCutter, VirtualDatagram, VirtualReceiver
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.errors import WireError
@@ -173,7 +171,6 @@ class SimRun:
             return self._run()
 
     def _run(self) -> dict[str, Any]:
-        wall_start = time.perf_counter()
         self.network.start(0.0)
         for direction in self.directions:
             sender = self.a if direction == "a->b" else self.b
@@ -189,7 +186,7 @@ class SimRun:
         completion = max((r.at for e in self._receivers() for r in e.received), default=self.loop.now)
         if not finished:
             completion = deadline  # gave up at the deadline
-        return self._report(finished, completion, ideal, time.perf_counter() - wall_start)
+        return self._report(finished, completion, ideal)
 
     def _payload(self, direction: str, shard_id: int, size: int) -> bytes:
         rng = random.Random(f"{self.seed}:{direction}:{shard_id}")
@@ -310,7 +307,7 @@ class SimRun:
                 return False
         return True
 
-    def _report(self, finished: bool, completion: float, ideal: float, wall: float) -> dict[str, Any]:
+    def _report(self, finished: bool, completion: float, ideal: float) -> dict[str, Any]:
         sender = self.a
         path_reports = []
         for path in sender.session.paths:
@@ -326,7 +323,7 @@ class SimRun:
         payload = self.size * len(self.directions)
         return build_report(
             scenario=self.scenario.name, mode="sim", transport="wanxport", payload_bytes=payload,
-            completion_s=completion, ideal_s=ideal, intact=self._intact(finished), wall_s=wall,
+            completion_s=completion, ideal_s=ideal, intact=self._intact(finished), wall_s=None,
             paths=path_reports, delivered_bytes=delivered,
             seed=self.seed, direction=self.scenario.transfer.direction, shards=len(self.shard_sizes),
             payload_mode=self.mode, quantum_bytes=self.options.quantum,
@@ -357,5 +354,9 @@ def _quiet_gc() -> Iterator[None]:
 
 
 def simulate(scenario: Scenario, options: SimOptions | None = None) -> dict[str, Any]:
-    """Run the scenario's transfer in virtual time; return the run report v1."""
+    """Run the scenario's transfer in virtual time; return the run report v1.
+
+    The report's ``wall_s`` is None: virtual time reads no clock, so the caller
+    measures real time around this call (``wanxport.report.with_wall_time``).
+    """
     return SimRun(scenario, options or SimOptions()).run()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from wanxport.sim.scenario import PathSpec, Scenario
+from wanxport.scenario.model import PathSpec, Scenario
 
 
 def _rate_Bps(spec: PathSpec, t_s: float, direction: str) -> float:

@@ -1,6 +1,6 @@
 """Baseline: the same loopback transfer over one aioquic QUIC stream, same mutual TLS.
 
-A receiver child process (``python -m wanxport.gateway.aioquic_bench``) runs
+A receiver child process (this module as ``__main__``, see ``bench.child``) runs
 an aioquic server that demands a client certificate from the test CA
 (``control.tlsauth``), hashes the one stream it receives and answers with the
 digest; this process sends the seeded payload and compares. Both sides run
@@ -27,6 +27,7 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wanxport.aio.loop import run
+from wanxport.bench.child import module_command
 from wanxport.control.certs import make_test_pki
 from wanxport.control.link import make_configuration
 from wanxport.control.tlsauth import install_client_auth
@@ -122,7 +123,7 @@ def run_aioquic_bench(size: int, seed: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         pki = Path(tmp)
         make_test_pki(pki, ["a", "b"])
-        child = subprocess.Popen([sys.executable, "-m", "wanxport.gateway.aioquic_bench", str(pki)],
+        child = subprocess.Popen(module_command("wanxport.bench.aioquic_bench", str(pki)),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         try:
             assert child.stdout is not None and child.stdin is not None

@@ -1,0 +1,49 @@
+"""No module over 500 lines in the pure layers (wanxport/core, wanxport/wire, wanxport/scenario).
+
+DESIGN.md section 2: compose the session from parts, a module each; no module
+should need more than a few hundred lines. The check lists every offender with
+its length, so a failure says what to split.
+"""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PURE_LAYERS = ("wanxport/core", "wanxport/wire", "wanxport/scenario")
+MAX_LINES = 500
+# Being split by other parts of issue 13 while this check landed; the integrator
+# removes an entry (and the xfail below) once its split is merged.
+SPLIT_IN_PROGRESS = {"wanxport/core/session.py", "wanxport/core/cc/bbr.py"}
+
+
+def module_lengths() -> dict[str, int]:
+    lengths = {}
+    for layer in PURE_LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            lengths[path.relative_to(ROOT).as_posix()] = len(path.read_text(encoding="utf-8").splitlines())
+    return lengths
+
+
+def offenders(names: set[str] | None = None) -> list[str]:
+    return [f"{name} ({n} lines)" for name, n in module_lengths().items()
+            if n > MAX_LINES and (names is None or name in names)]
+
+
+def test_the_check_sees_every_pure_layer() -> None:
+    lengths = module_lengths()
+    for layer in PURE_LAYERS:
+        assert any(name.startswith(layer + "/") for name in lengths), f"no modules found under {layer}"
+
+
+def test_no_other_module_over_500_lines() -> None:
+    others = set(module_lengths()) - SPLIT_IN_PROGRESS
+    found = offenders(others)
+    assert not found, f"modules over {MAX_LINES} lines (split them): {', '.join(found)}"
+
+
+@pytest.mark.xfail(reason="session.py split in progress (issue 13 items 1-4); cc/bbr.py's filters in item 5",
+                   strict=False)
+def test_modules_being_split_are_under_500_lines() -> None:
+    found = offenders(SPLIT_IN_PROGRESS)
+    assert not found, f"modules over {MAX_LINES} lines (split them): {', '.join(found)}"
