@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wanxport.core.cc import BbrConfig, CcContext, CongestionController, cc_config
-from wanxport.core.cc import bbr as bbr_module
 from wanxport.core.cc.bbr import (
     LOSS_CAP_BETA,
     PACING_GAIN_CYCLE,
@@ -295,10 +294,6 @@ def test_outputs_stay_sane_under_any_event_sequence(
         assert cc.cwnd_bytes >= 4 * MSS
 
 
-@pytest.mark.xfail(bbr_module.__file__.endswith(".so"), strict=True,
-                   reason="compiled constructors reject a wrong type or an unknown keyword with a "
-                          "TypeError before the controller can name the field: validate options "
-                          "before construction (issue 13 item 5)")
 def test_invalid_options_name_the_field() -> None:
     with pytest.raises(ValueError, match="initial_window_packets=2"):
         bbr(initial_window_packets=2)

@@ -60,6 +60,8 @@ def test_a_lost_datagram_resends_only_its_own_bytes() -> None:
     assert list(outgoing.retransmit) == [(0, frame.offset + 2 * SEGMENT, SEGMENT)]
 
 
+@pytest.mark.skipif(session_module.__file__.endswith(".so"),
+                    reason="patches a core function; a mypyc-compiled core does not let it be replaced")
 def test_ranges_below_what_is_outstanding_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """An ACK repeats its old ranges; once the packets they name are settled they do not
     reach loss recovery again, and the rest still does."""
