@@ -127,6 +127,8 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
                        keys=_fresh_keys()) for d in directions]
     settings["connections"] = len(launches[0].sender.get("conns", [None]))
     settings["paths_used"] = [paths[k].name for k in paths_used(transport, best, len(paths))]
+    if transport == "wanxport":
+        settings["ports"] = [p["port"] for p in launches[0].receiver["paths"]]
     programs: list[Program] = []
     try:
         receivers, senders = [], []

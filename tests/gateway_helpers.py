@@ -30,27 +30,28 @@ _PORTS = random.Random(os.getpid())  # distinct sequences for concurrent test ru
 
 
 def free_path_ports(count: int) -> list[int]:
-    """``count`` data ports whose PORT and PORT+1 (control) are both free right now.
+    """``count`` consecutive path ports (PORT, PORT+1, ...), all free right now.
 
-    Drawn below the kernel's ephemeral range, so no socket bound to port 0 (in
-    this process, a gateway subprocess or anything else on the host) can take
-    one between this check and the gateway binding it.
+    Consecutive on purpose: each path is one UDP port for data and control, so
+    neighbouring ports must work as separate paths. Drawn below the kernel's
+    ephemeral range, so no socket bound to port 0 (in this process, a gateway
+    subprocess or anything else on the host) can take one between this check
+    and the gateway binding it.
     """
-    high = _ephemeral_low() - 2
-    ports: list[int] = []
-    while len(ports) < count:
-        port = _PORTS.randrange(10_000, high)
-        if port in ports or port + 1 in ports or port - 1 in ports:
-            continue
+    high = _ephemeral_low() - count
+    while True:
+        first = _PORTS.randrange(10_000, high)
+        ports = list(range(first, first + count))
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in ports]
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
-                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
+            for sock, port in zip(socks, ports, strict=True):
+                sock.bind(("127.0.0.1", port))
         except OSError:
             continue
-        ports.append(port)
-    return ports
+        finally:
+            for sock in socks:
+                sock.close()
+        return ports
 
 
 def cli(*args: str, prefix: tuple[str, ...] = ()) -> list[str]:
@@ -82,7 +83,7 @@ def stop(proc: subprocess.Popen[str], timeout: float = 10) -> tuple[str, str]:
 
 
 def wait_listening(proc: subprocess.Popen[str], port: int, timeout: float = 20) -> None:
-    """Until the receiver's control port (PORT+1) is bound (the port cannot be bound by us)."""
+    """Until the receiver's path port is bound (the port cannot be bound by us)."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -91,7 +92,7 @@ def wait_listening(proc: subprocess.Popen[str], port: int, timeout: float = 20) 
             raise RuntimeError(f"receiver exited: {proc.communicate()}")
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             try:
-                probe.bind(("127.0.0.1", port + 1))
+                probe.bind(("127.0.0.1", port))
             except OSError:
                 return
         time.sleep(0.02)
@@ -122,16 +123,24 @@ async def transfer_all(sender: GatewaySession, receiver: GatewaySession, shards:
     return all(sent) and received
 
 
-def throw_hostile_datagrams(sender: GatewaySession, rng: random.Random) -> None:
+def throw_hostile_datagrams(sender: GatewaySession, rng: random.Random) -> int:
     """61 bad datagrams at the receiver from the sender's own addresses (past the
     kernel's connected-socket filter): 40 garbage, 20 well-formed headers with a
-    forged tag, and one replay of packet number 0 sealed with the real key."""
+    forged tag, and one replay of packet number 0 sealed with the real key.
+
+    Returns how many of the garbage ones look like QUIC (first byte & 0x40): on
+    the receiver's shared port those go to aioquic, which drops and counts them
+    (``reason="quic"``); the data path counts the rest."""
     socks = sender.endpoint.sockets
+    quic = 0
     for i in range(40):
-        socks[i % 2].send(rng.randbytes(rng.randrange(1, 1500)))
+        garbage = rng.randbytes(rng.randrange(1, 1500))
+        quic += bool(garbage[0] & 0x40)
+        socks[i % 2].send(garbage)
     conn = sender.endpoint.config.remote_conn_id
     for i in range(20):
         socks[0].send(encode_header(0, conn, 10_000_000 + i) + rng.randbytes(200))
     keys = sender.keys.current
     replay = native.Protector(keys.cipher, keys.key, keys.iv)
     socks[1].send(replay.seal(encode_header(1, conn, 0), encode_frames([PaddingFrame(64)])))
+    return quic

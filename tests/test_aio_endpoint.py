@@ -137,7 +137,9 @@ def forged_datagrams(rng: random.Random, path_id: int) -> dict[str, list[bytes]]
     """
     header = encode_header(path_id, B_CONN, rng.randrange(1 << 20))
     return {
-        "marker": [b"\xff" + rng.randbytes(rng.randrange(40, 1400)) for _ in range(20)],
+        "marker": [b"\x9f" + rng.randbytes(rng.randrange(40, 1400)) for _ in range(20)],
+        # QUIC-looking (0x40): on a socket no control channel shares, unclaimed and rejected.
+        "quic": [b"\xff" + rng.randbytes(rng.randrange(40, 1400)) for _ in range(10)],
         "short": [rng.randbytes(rng.randrange(1, 31)).replace(b"\xff", b"\x21", 1) for _ in range(5)],
         "conn": [encode_header(path_id, B_CONN + 1, rng.randrange(1 << 20)) + rng.randbytes(200)
                  for _ in range(20)],
@@ -164,6 +166,8 @@ async def test_forged_datagrams_are_rejected_and_the_transfer_completes(
     assert counters.get("rejected_auth", 0) >= 2 * 40
     assert counters.get("rejected_conn", 0) >= 2 * 20
     assert counters.get("rejected_marker", 0) >= 2 * 20
+    # QUIC-looking ones are set apart by both receivers and, with no control side, dropped.
+    assert counters.get("passed_quic", 0) >= 2 * 10 and pair.b.quic_unclaimed >= 2 * 10
 
 
 def throw(pair: Pair, rng: random.Random) -> int:

@@ -26,7 +26,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def test_arrays_and_bytes_arrive_in_place(pki: Path) -> None:
-    paths = [f"127.0.0.1:{p}" for p in free_path_ports(2)]
+    first_port, second_port = free_path_ports(2)
+    assert second_port == first_port + 1  # consecutive ports, two paths: one UDP port per path
+    paths = [f"127.0.0.1:{first_port}", f"127.0.0.1:{second_port}"]
     rng = np.random.default_rng(7)
     grads = rng.standard_normal((256, 1024)).astype(np.float32)
     blob = rng.bytes(123_457)

@@ -97,6 +97,22 @@ def test_launch_gives_each_parallel_connection_its_path_and_slice() -> None:
     assert [c["dst"] for c in single.sender["conns"]] == [paths[2].b_addr]
 
 
+def test_wanxport_paths_get_consecutive_ports_that_both_ends_share() -> None:
+    from emulation.api import PathInfo
+
+    paths = [PathInfo(f"p{k}", f"10.0.{k}.1", f"10.0.{k}.2", f"wan{k}") for k in (1, 2, 3)]
+    forward = launch("wanxport", paths, 0, Direction("a", "b", 5201), seed=1, size=10, cc=None,
+                     buffer=1 << 22, mtu=1500)
+    backward = launch("wanxport", paths, 0, Direction("b", "a", 5202), seed=1, size=10, cc=None,
+                      buffer=1 << 22, mtu=1500)
+    ports = [p["port"] for p in forward.receiver["paths"]]
+    assert ports == [ports[0], ports[0] + 1, ports[0] + 2]  # one UDP port per path
+    assert [p["port"] for p in forward.sender["paths"]] == ports
+    # On each path (one address per end) the two directions' ports differ.
+    assert all(b["port"] != f["port"] for f, b in zip(forward.receiver["paths"],
+                                                      backward.receiver["paths"], strict=True))
+
+
 def test_options_are_checked_in_one_line() -> None:
     assert check_options(RunOptions(transport="tcp")) == "cubic"
     assert check_options(RunOptions(transport="mptcp", cc="bbr")) == "bbr"

@@ -126,6 +126,8 @@ def test_deadline_stops_a_stalled_run_and_reports_what_arrived() -> None:
 def test_wanxport_uses_every_path_and_reports_a_timeline(two_paths: Scenario) -> None:
     report = run_experiment(two_paths, RunOptions(transport="wanxport"))
     check_report(report, "wanxport", {p["name"] for p in report["paths"] if p["state"] == "active"})
+    first = report["settings"]["ports"][0]
+    assert report["settings"]["ports"] == [first, first + 1]  # two consecutive ports, two paths
     assert report["cc"] == "bbr"
     assert all(p["payload_bytes"] > 0 for p in report["paths"])
     assert {e["path"] for e in report["timeline"]} == {"p1", "p2"}

@@ -51,6 +51,7 @@ def test_files_arrive_byte_exact_with_report(pki: Path, tmp_path: Path) -> None:
     (src / "empty").write_bytes(b"")
     out = tmp_path / "out"
     ports = free_path_ports(2)
+    assert ports[1] == ports[0] + 1  # consecutive ports, two paths: one UDP port per path
     listen = [a for p in ports for a in ("--listen", f"127.0.0.1:{p}")]
     to = [a for p in ports for a in ("--to", f"127.0.0.1:{p}")]
     recv = start("recv", "--identity", str(pki / "gw-b"), "--ca", str(pki / "ca.pem"), *listen,

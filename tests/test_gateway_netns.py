@@ -1,9 +1,9 @@
 """Path failures with nftables inside a test's own network namespace (root only).
 
 A named nftables quota makes the blackhole deterministic: every packet to or
-from a path's data port and control port counts against the quota, and once
-it is used up all of them are dropped, i.e. the path dies mid-transfer at a
-byte count, not at a time.
+from a path's port (data and control share it) counts against the quota, and
+once it is used up all of them are dropped, i.e. the path dies mid-transfer at
+a byte count, not at a time. The paths are consecutive ports.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from wanxport.control.certs import make_test_pki
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 
-PORTS = [7400, 7410, 7420]
+PORTS = [7400, 7401, 7402]  # consecutive: one UDP port per path
 
 
 def _can_netns() -> str | None:
@@ -53,14 +53,14 @@ def netns() -> Iterator[str]:
 
 
 def blackhole(ns: str, port: int, after_bytes: int | None) -> None:
-    """Drop everything to/from ``port`` and ``port+1`` (after ``after_bytes`` of them)."""
+    """Drop everything to/from ``port`` (after ``after_bytes`` of it)."""
     quota = f"over {after_bytes or 0} bytes"
     script = f"""
 table inet wxgw {{
   quota q {{ {quota} }}
   chain out {{ type filter hook output priority 0; policy accept;
-    udp dport {{ {port}, {port + 1} }} quota name "q" drop
-    udp sport {{ {port}, {port + 1} }} quota name "q" drop
+    udp dport {port} quota name "q" drop
+    udp sport {port} quota name "q" drop
   }}
 }}
 """
@@ -68,7 +68,7 @@ table inet wxgw {{
 
 
 def wait_bound(ns: str, proc: subprocess.Popen[str], port: int, timeout_s: float = 20) -> None:
-    """Until ``port`` is bound inside ``ns`` (the receiver's last control listener)."""
+    """Until ``port`` is bound inside ``ns`` (the receiver's last path port)."""
     import socket
     import time
 
@@ -101,7 +101,7 @@ def transfer(ns: str, tmp: Path, size: int) -> tuple[subprocess.CompletedProcess
     recv = start("recv", "--identity", str(pki / "gw-b"), "--ca", str(pki / "ca.pem"), *listen,
                  "--out", str(out), "--control-timeout", "1", prefix=prefix)
     try:
-        wait_bound(ns, recv, PORTS[-1] + 1)
+        wait_bound(ns, recv, PORTS[-1])
         sent = run("send", "--identity", str(pki / "gw-a"), "--ca", str(pki / "ca.pem"), *to,
                    "--control-timeout", "1", "--piece", "8MiB", "--json", str(src),
                    prefix=prefix, timeout=90)
@@ -125,7 +125,7 @@ def test_path_blackholed_mid_transfer(netns: str, tmp_path: Path, path: int) -> 
     # The control channel starts on whichever path answers first (a race on a busy
     # host); wherever it started, it must end on one that still works.
     assert report["control_via"] is not None
-    assert not report["control_via"].endswith(f":{PORTS[path] + 1}")
+    assert not report["control_via"].endswith(f":{PORTS[path]}")
 
 
 def test_first_path_dead_before_the_session(netns: str, tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -61,16 +63,61 @@ async def test_hostile_datagrams_are_counted_and_transfer_stays_exact(pki: Path)
     try:
         first = rng.randbytes(4 << 20)
         assert await transfer(sender, receiver, 0, first)
-        throw_hostile_datagrams(sender, rng)  # 40 garbage, 20 forged, 1 replayed
+        quic = throw_hostile_datagrams(sender, rng)  # 40 garbage, 20 forged, 1 replayed
         second = rng.randbytes(4 << 20)
         assert await transfer(sender, receiver, 1, second)
+        quic_dropped = listener.port_counters.get("quic", 0)
     finally:
         await sender.close()
         await receiver.close()
         listener.close()
     counters = receiver.endpoint.datapath.counters
-    assert receiver.datagrams_rejected == 61
+    assert quic > 0 and quic_dropped == quic  # the QUIC-looking garbage went to aioquic
+    assert receiver.datagrams_rejected == 61 - quic
     assert counters["rejected_replay"] == 1 and counters["rejected_auth"] >= 20
+
+
+def fake_initial(rng: random.Random) -> bytes:
+    """A full-size QUIC v1 Initial (1200 bytes) with random ids and an undecryptable payload."""
+    head = bytes([0xC3]) + (1).to_bytes(4, "big") + b"\x08" + rng.randbytes(8) + b"\x08" + rng.randbytes(8)
+    body = 1200 - len(head) - 3  # token length (1 byte) + payload length (2-byte varint)
+    return head + b"\x00" + (0x4000 | body).to_bytes(2, "big") + rng.randbytes(body)
+
+
+@pytest.mark.parametrize("datapath", ["native", "python"])
+async def test_forged_quic_on_a_shared_port_is_counted_and_dropped(pki: Path, datapath: str) -> None:
+    """Two consecutive ports, each carrying a path's data and the QUIC control channel:
+    QUIC-looking forgeries aimed at them during a transfer (random bytes with 0x40 set,
+    fake Initials) reach aioquic through the data path's demultiplexing, are dropped and
+    counted (reason "quic"), leave no connection behind, and the transfer stays exact."""
+    listener, sender, receiver = await pair(pki, 2, GatewayOptions(datapath=datapath))
+    rng = random.Random(17)
+    assert listener.server is not None and listener.listens[1][1] == listener.listens[0][1] + 1
+    connections = sum(len(server._protocols) for server in listener.server._listeners)
+    forged = [bytes([rng.randrange(256) | 0x40]) + rng.randbytes(rng.randrange(0, 1400))
+              for _ in range(30)] + [fake_initial(rng) for _ in range(4)]
+    try:
+        data = rng.randbytes(6 << 20)
+        moving = asyncio.ensure_future(transfer(sender, receiver, 0, data))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
+            for i, datagram in enumerate(forged):
+                attacker.sendto(datagram, listener.listens[i % 2])
+            assert await moving
+            # The forgeries are read before the next transfer's data (one socket per path, in order).
+            assert await transfer(sender, receiver, 1, data[::-1])
+        counts = listener.port_counters
+        drops = dict(listener.server.quic_drops.reasons)
+        after = sum(len(server._protocols) for server in listener.server._listeners)
+    finally:
+        await sender.close()
+        await receiver.close()
+        listener.close()
+    assert counts.get("quic") == len(forged) == sum(drops.values())
+    assert drops.get("payload_decrypt_error", 0) >= 4  # the fake Initials opened nothing
+    assert after == connections  # ... and left no connection state
+    assert receiver.datagrams_rejected == 0  # none of it reached the data plane's opener
+    assert receiver.endpoint.quic_unclaimed == 0  # each went to its port's control side
+    assert receiver.endpoint.datapath.counters["passed_quic"] >= len(forged)  # + the real control
 
 
 async def test_control_moves_to_another_path_when_its_path_dies(pki: Path) -> None:

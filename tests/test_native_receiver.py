@@ -138,7 +138,7 @@ def test_tampering_is_counted_and_buffer_untouched(cipher: str) -> None:
     wrong_key = burst_datagrams(data, key=protector(cipher, key=bytes(32)))
     hdr_changed = bytearray(good[1])
     hdr_changed[2:4] = b"\x00\x01"  # path id is authenticated too
-    bad_marker = b"\x61" + good[2][1:]
+    bad_marker = b"\xa1" + good[2][1:]  # neither ours nor QUIC (fixed bit 0x40 clear)
     bad_flags = good[2][:1] + b"\x02" + good[2][2:]
     huge_pn = good[2][:8] + struct.pack(">Q", 1 << 62) + good[2][16:]
     batch = [
@@ -357,3 +357,20 @@ def test_fold_runs_refuses_what_is_not_whole_records() -> None:
     with pytest.raises(ValueError, match="whole number"):
         _native.fold_runs(bytes(33))
     assert _native.fold_runs(b"") == []
+
+
+def test_quic_looking_datagrams_are_handed_back_not_rejected() -> None:
+    """On a port shared with the control channel the first byte demultiplexes:
+    0x40 set is QUIC (handed back untouched, with its batch index), both top
+    bits clear is ours, 0x80 alone is neither (rejected as a bad marker)."""
+    data = bytes(range(200))
+    rx, buf = make_receiver(200)
+    good = burst_datagrams(data)
+    rng = random.Random(13)
+    random_quic = bytes([rng.randrange(256) | 0x40]) + rng.randbytes(40)
+    initial = bytes([0xC3]) + b"\x00\x00\x00\x01" + bytes([8]) + rng.randbytes(8) + b"\x00" * 1180
+    neither = b"\x80" + good[0][1:]
+    res = process(rx, [random_quic, good[0], initial, neither, good[1]])
+    assert res.quic == [(0, random_quic), (2, initial)]
+    assert len(res.records) == 2 and bytes(buf) == data
+    assert rx.counters["passed_quic"] == 2 and rejected(rx) == {"rejected_marker": 1}

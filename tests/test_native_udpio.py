@@ -117,3 +117,13 @@ def test_bad_arguments_raise(pair: tuple[socket.socket, socket.socket]) -> None:
         native_io.enable_timestamps(fd)
     with pytest.raises(ValueError):
         native_io.enable_gro(-1)
+
+
+def test_quic_addrs_names_only_the_senders_of_quic_looking_datagrams(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    rx, tx = pair
+    for first in (0x21, 0x41, 0xC3, 0x80):
+        tx.send(bytes([first]) + bytes(30))
+    batch = native_io.recv_batch(rx, bytearray(8 * 200), 8, quic_addrs=True)
+    sender = tx.getsockname()[:2]
+    assert batch.count == 4 and batch.addrs == [None, sender, sender, None]

@@ -2,9 +2,10 @@
 
 Both open, replay-check and place the same random streams — good DATA for
 registered and unregistered shards, out-of-bounds and short frames, control
-packets, tampered, replayed and misaddressed datagrams, freezes in between —
-and must agree byte for byte: records, runs, controls, counters, ranges and
-the shard buffers.
+packets, tampered, replayed and misaddressed datagrams, QUIC-looking ones
+(first byte & 0x40: the control channel's, on a shared port) and empty ones,
+freezes in between — and must agree byte for byte: records, runs, controls,
+the QUIC hand-off, counters, ranges and the shard buffers.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def datagrams(rng: random.Random, cipher: str) -> list[bytes]:
             out.append(sealer.seal(path, pn, frames))
             pn += rng.choice([1, 1, 1, 2, 70])
     out += [damage(rng, rng.choice(out)) for _ in range(len(out) // 3)]
+    out += [bytes([rng.randrange(256) | 0x40]) + rng.randbytes(rng.randrange(0, 300)) for _ in range(4)]
+    out.append(b"")
     rng.shuffle(out)
     return out
 
@@ -98,11 +101,13 @@ def test_native_and_reference_receivers_agree_byte_for_byte(cipher: str, seed: i
         batch = stream[at:at + rng.randrange(1, 20)]
         at += len(batch)
         result = fast.process(native.DatagramBatch.from_datagrams(batch))
-        placed, controls = ref.process(batch)
+        processed = ref.process(batch)
+        placed, controls = processed.placed, processed.controls
         assert native_records(result) == placed
         assert native.fold_runs(result.records) == fold_runs(placed)
         assert [(c.path_id, c.packet_number, c.plaintext) for c in result.controls] == \
             [(c.path_id, c.packet_number, c.plaintext) for c in controls]
+        assert result.quic == processed.quic
         if rng.random() < 0.3:
             upto = rng.randrange(0, SIZE + 1)
             fast.freeze(SHARD, upto)
@@ -122,12 +127,13 @@ def test_reference_places_folds_and_never_rewrites_frozen_bytes() -> None:
     payload = bytes(range(1, 31))
     stream = [sealer.seal(0, pn, [DataFrame(SHARD, pn * 10, 10, payload[pn * 10:pn * 10 + 10])])
               for pn in range(3)]
-    placed, controls = rx.process(stream[:2])
+    first = rx.process(stream[:2])
+    placed, controls = first.placed, first.controls
     assert fold_runs(placed) == [(0, 0, 2, SHARD, 0, 20)] and controls == []
     rx.freeze(SHARD, 20)
     buffer[0] = 0xFF  # a hasher's view: a duplicate below the freeze must not rewrite it
     dup = sealer.seal(0, 7, [DataFrame(SHARD, 0, 10, payload[:10])])
-    placed, _ = rx.process([stream[2], dup, stream[0]])
+    placed = rx.process([stream[2], dup, stream[0]]).placed
     assert [p.pn for p in placed] == [2, 7]  # the exact replay of pn 0 is refused
     assert buffer[0] == 0xFF and bytes(buffer[20:]) == payload[20:]
     assert rx.ranges(SHARD) == [(0, 30)] and rx.received_bytes(SHARD) == 30
@@ -142,6 +148,23 @@ def test_reference_hands_unplaceable_datagrams_over_as_control() -> None:
     unknown = sealer.seal(0, 0, [DataFrame(OTHER, 0, 4, b"abcd")])
     beyond = sealer.seal(0, 1, [DataFrame(SHARD, 8, 4, b"abcd")])  # past the buffer's end
     probe = sealer.seal(0, 2, [ProbeFrame(3)])
-    placed, controls = rx.process([unknown, beyond, probe])
-    assert placed == [] and [c.packet_number for c in controls] == [0, 2]
+    result = rx.process([unknown, beyond, probe])
+    assert result.placed == [] and [c.packet_number for c in result.controls] == [0, 2]
     assert rx.counters["rejected_frame"] == 1
+
+
+def test_reference_hands_quic_looking_datagrams_back_untouched_before_any_check() -> None:
+    """The first byte decides, as in the C receiver: 0x40 set is the control channel's
+    (handed back with its batch index, counted passed_quic), even when it is too short
+    or its second byte is garbage; an empty datagram is short; 0x80 alone is not QUIC."""
+    sealer = PacketSealer(CONN, {0: NullProtection()})
+    rx = ReferenceReceiver(CONN, 1)
+    rx.set_key(0, NullProtection())
+    probe = sealer.seal(0, 0, [ProbeFrame(1)])
+    initial = bytes([0xC3]) + bytes(1199)
+    stream = [initial, probe, b"\x40", b"", b"\x80" + bytes(40), b"\x7f" + probe[1:]]
+    result = rx.process(stream)
+    assert result.quic == [(0, initial), (2, b"\x40"), (5, b"\x7f" + probe[1:])]
+    assert [c.packet_number for c in result.controls] == [0]
+    assert rx.counters["passed_quic"] == 3 and rx.counters["rejected_short"] == 1
+    assert rx.counters["rejected_marker"] == 1

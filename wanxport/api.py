@@ -15,8 +15,9 @@ Receiver::
             peer.expect(0, out)                 # shard 0 is written straight into `out`
             shard = await peer.receive()        # shard.array is out
 
-Each path is ``HOST:PORT``: data on UDP PORT, the QUIC control channel on
-PORT+1 (see ``wanxport.gateway.config``). Shard ids count from 0 per
+Each path is ``HOST:PORT``: one UDP port for the data and the QUIC control
+channel (see ``wanxport.gateway.config``), so ``7400`` and ``7401`` can be two
+paths of one host. Shard ids count from 0 per
 connection unless given. Authentication is mutual TLS against ``ca``.
 """
 

@@ -15,7 +15,10 @@ from emulation.api import PathInfo
 from emulation.baselines import payload
 
 BASELINES = ("tcp", "tcp-parallel", "mptcp", "aioquic")
-WANXPORT_PORT_BASE = 6000  # UDP port of every path socket, per direction (+ receiver's TCP port)
+# Path k of a direction uses UDP port WANXPORT_PORT_BASE + direction.port + k at both ends:
+# consecutive ports, one per path (as a gateway's --listen). The other direction's
+# ports are one higher, so on any one path (one address per end) they never meet.
+WANXPORT_PORT_BASE = 6000
 TCP_BASED = ("tcp", "tcp-parallel", "mptcp")
 QUIC_HEADROOM = 28  # IPv4 + UDP headers inside the MTU
 
@@ -59,12 +62,12 @@ def launch(transport: str, paths: list[PathInfo], best: int, direction: Directio
     """The receiver's and sender's specs for one direction of ``transport``."""
     if transport == "wanxport":
         def side(sender: bool) -> dict[str, Any]:
-            return {"port": WANXPORT_PORT_BASE + direction.port, "cc": cc, "seed": seed,
-                    "size": size, "shards": shards, "keys": keys,
+            return {"cc": cc, "seed": seed, "size": size, "shards": shards, "keys": keys,
                     "paths": [{"name": p.name, "mtu": mtu, "device": p.ifname,
+                               "port": WANXPORT_PORT_BASE + direction.port + k,
                                "local": direction.src(p) if sender else direction.dst(p),
                                "remote": direction.dst(p) if sender else direction.src(p)}
-                              for p in paths]}
+                              for k, p in enumerate(paths)]}
 
         return Launch("emulation.baselines.wanxport_app", side(False), side(True))
     if transport == "aioquic":

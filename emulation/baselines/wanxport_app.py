@@ -60,8 +60,8 @@ def endpoint_config(spec: dict[str, Any], sender: bool) -> EndpointConfig:
                             chunk_bytes=offload_chunk_bytes(paths, SEGMENTS),
                             receive_budget_bytes=budget, peer_credit_bytes=budget,
                             ack_threshold=ACK_THRESHOLD)
-    sockets = tuple(PathSocket((p["local"], spec["port"]), (p["remote"], spec["port"]), p["device"])
-                    for p in spec["paths"])
+    sockets = tuple(PathSocket((p["local"], p["port"]), (p["remote"], p["port"]), p["device"])
+                    for p in spec["paths"])  # one UDP port per path, the same at both ends
     forward, backward = _key(spec["keys"]["forward"]), _key(spec["keys"]["backward"])
     return EndpointConfig(
         session, sockets, send_key=forward if sender else backward,

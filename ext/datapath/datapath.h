@@ -23,6 +23,8 @@
  * definition in wanxport/wire (module.c exports them, a test compares). */
 #define WX_HEADER_LEN 16
 #define WX_MARKER 0x21
+#define WX_QUIC_FIXED_BIT 0x40 /* set in every QUIC packet; never greased by our control side */
+#define WX_QUIC_FIXED_BIT 0x40 /* set in every QUIC packet (RFC 9000 §17; never greased here) */
 #define WX_FLAG_KEY_PHASE 0x01
 #define WX_TAG_LEN 16
 #define WX_NONCE_LEN 12

@@ -22,8 +22,9 @@ static PyMethodDef module_methods[] = {
      "build_data_datagrams(protector, conn_id, path_id, first_pn, key_phase, shard_id, "
      "shard_buffer, offset, length, max_payload) -> (bytearray, stride, count)."},
     {"recv_batch", (PyCFunction)(void (*)(void))wx_recv_batch, METH_VARARGS | METH_KEYWORDS,
-     "recv_batch(fd, buffer, max_datagrams, want_addrs=False) -> "
-     "(count, descriptors: bytes, addrs | None, truncated)."},
+     "recv_batch(fd, buffer, max_datagrams, want_addrs=False, quic_addrs=False) -> "
+     "(count, descriptors: bytes, addrs | None, truncated); quic_addrs: addresses of "
+     "QUIC-looking datagrams only (None for the rest)."},
     {"enable_timestamps", (PyCFunction)wx_enable_timestamps, METH_VARARGS,
      "enable_timestamps(fd): ask the kernel for SO_TIMESTAMPNS receive timestamps."},
     {"enable_gro", (PyCFunction)wx_enable_gro, METH_VARARGS,
@@ -62,6 +63,7 @@ static int add_constants(PyObject *m) {
     } constants[] = {
         {"HEADER_LEN", WX_HEADER_LEN},
         {"MARKER", WX_MARKER},
+        {"QUIC_FIXED_BIT", WX_QUIC_FIXED_BIT},
         {"KEY_PHASE_BIT", WX_FLAG_KEY_PHASE},
         {"MAX_PACKET_NUMBER", (long long)WX_MAX_PN},
         {"TAG_LEN", WX_TAG_LEN},

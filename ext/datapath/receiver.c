@@ -7,6 +7,12 @@
  * shard's received-ranges set. Everything else that authenticates goes back
  * to Python as plaintext. Nothing reaches a shard buffer, and no replay
  * state changes, unless the datagram authenticated.
+ *
+ * A path's socket is shared with its QUIC control channel, so the first byte
+ * demultiplexes: QUIC always sets the fixed bit 0x40 (the control side never
+ * greases it, RFC 9287), our marker has both top bits clear. QUIC-looking
+ * datagrams are handed back untouched (counted as passed_quic, not rejected)
+ * for aioquic; anything else that is not ours is rejected by reason.
  */
 #include "datapath.h"
 #include "replay.h"
@@ -24,12 +30,14 @@ enum {
     C_ACC_CONTROL,
     C_OPEN_PHASE0,
     C_OPEN_PHASE1,
+    C_PASS_QUIC,
     C_COUNT,
 };
 static const char *counter_names[C_COUNT] = {
     "rejected_short",   "rejected_marker", "rejected_path", "rejected_conn",
     "rejected_key",     "rejected_auth",   "rejected_replay", "rejected_frame",
     "accepted_data",    "accepted_control", "opened_phase0", "opened_phase1",
+    "passed_quic",
 };
 
 typedef struct {
@@ -321,9 +329,14 @@ typedef struct {
  * (cheap, before any crypto), open, then placement. The replay window
  * records the pn only once the datagram authenticated and was accepted.
  * Returns 1 if a record was written, 2 if a control entry was written,
- * 0 if the datagram was dropped (and counted). */
+ * 3 if the datagram looks like QUIC (handed back to Python), 0 if the
+ * datagram was dropped (and counted). */
 static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
                        uint8_t *scratch, WxRecord *rec, Control *ctl) {
+    if (len > 0 && (d[0] & WX_QUIC_FIXED_BIT)) {
+        self->counters[C_PASS_QUIC]++;
+        return 3;
+    }
     if (len < WX_HEADER_LEN || len > WX_MAX_UDP_PAYLOAD) {
         self->counters[C_REJ_SHORT]++;
         return 0;
@@ -460,9 +473,11 @@ done:
 static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"buffer", "descriptors", NULL};
     Py_buffer buf = {0}, desc = {0};
-    PyObject *records = NULL, *controls = NULL, *res = NULL;
+    PyObject *records = NULL, *controls = NULL, *quic = NULL, *res = NULL;
     uint8_t *scratch = NULL;
     Control *ctls = NULL;
+    Py_ssize_t *quic_idx = NULL;
+    WxDesc *dv = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*:process", kwlist, &buf, &desc))
         return NULL;
     if (ready(self)) goto done;
@@ -472,7 +487,7 @@ static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwar
         goto done;
     }
     Py_ssize_t n = desc.len / (Py_ssize_t)sizeof(WxDesc);
-    WxDesc *dv = PyMem_Malloc((n ? n : 1) * sizeof(WxDesc));
+    dv = PyMem_Malloc((n ? n : 1) * sizeof(WxDesc));
     if (dv == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -485,7 +500,6 @@ static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwar
             PyErr_Format(PyExc_ValueError,
                          "descriptors[%zd]: offset %lld length %lld outside the %zd-byte buffer",
                          i, (long long)dv[i].offset, (long long)dv[i].length, buf.len);
-            PyMem_Free(dv);
             goto done;
         }
         total += (size_t)dv[i].length;
@@ -493,12 +507,12 @@ static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwar
     records = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(WxRecord));
     scratch = PyMem_Malloc(total ? total : 1);
     ctls = PyMem_Malloc((n ? n : 1) * sizeof(Control));
-    if (records == NULL || scratch == NULL || ctls == NULL) {
+    quic_idx = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
+    if (records == NULL || scratch == NULL || ctls == NULL || quic_idx == NULL) {
         if (records != NULL) PyErr_NoMemory();
-        PyMem_Free(dv);
         goto done;
     }
-    Py_ssize_t n_rec = 0, n_ctl = 0;
+    Py_ssize_t n_rec = 0, n_ctl = 0, n_quic = 0;
     WxRecord *rec = (WxRecord *)PyBytes_AS_STRING(records);
     self->busy = 1; /* keys and shards cannot change until the loop ends */
     Py_BEGIN_ALLOW_THREADS
@@ -514,11 +528,12 @@ static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwar
             c->pt_offset = scratch_off;
             scratch_off += c->pt_len;
             n_ctl++;
+        } else if (r == 3) {
+            quic_idx[n_quic++] = i;
         }
     }
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    PyMem_Free(dv);
     if (_PyBytes_Resize(&records, n_rec * (Py_ssize_t)sizeof(WxRecord)) < 0) goto done;
     controls = PyList_New(n_ctl);
     if (controls == NULL) goto done;
@@ -529,10 +544,22 @@ static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwar
         if (t == NULL) goto done;
         PyList_SET_ITEM(controls, i, t);
     }
-    res = PyTuple_Pack(2, records, controls);
+    quic = PyList_New(n_quic);
+    if (quic == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n_quic; i++) {
+        const WxDesc *q = &dv[quic_idx[i]];
+        PyObject *t = Py_BuildValue("(ny#)", quic_idx[i], (const char *)buf.buf + q->offset,
+                                    (Py_ssize_t)q->length);
+        if (t == NULL) goto done;
+        PyList_SET_ITEM(quic, i, t);
+    }
+    res = PyTuple_Pack(3, records, controls, quic);
 done:
+    PyMem_Free(dv);
+    PyMem_Free(quic_idx);
     Py_XDECREF(records);
     Py_XDECREF(controls);
+    Py_XDECREF(quic);
     PyMem_Free(scratch);
     PyMem_Free(ctls);
     PyBuffer_Release(&buf);
@@ -564,7 +591,7 @@ static PyMethodDef Receiver_methods[] = {
      "highest_pn(path_id) -> int | None: highest authenticated packet number."},
     {"process", (PyCFunction)(void (*)(void))Receiver_process, METH_VARARGS | METH_KEYWORDS,
      "process(buffer, descriptors) -> (records: bytes, controls: list[(path_id, pn, "
-     "plaintext, rx_time_ns)])"},
+     "plaintext, rx_time_ns)], quic: list[(descriptor index, datagram)])"},
     {NULL},
 };
 

@@ -41,17 +41,17 @@ static PyObject *sockaddr_to_tuple(const struct sockaddr_storage *ss) {
 }
 
 PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"fd", "buffer", "max_datagrams", "want_addrs", NULL};
+    static char *kwlist[] = {"fd", "buffer", "max_datagrams", "want_addrs", "quic_addrs", NULL};
     PyObject *o_fd, *o_max, *res = NULL, *desc = NULL, *addrs = NULL;
     Py_buffer buf = {0};
-    int want_addrs = 0;
+    int want_addrs = 0, quic_addrs = 0;
     long long max_dg;
     struct mmsghdr *msgs = NULL;
     struct iovec *iovs = NULL;
     struct sockaddr_storage *names = NULL;
     uint8_t *ctrl = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ow*O|p:recv_batch", kwlist, &o_fd, &buf,
-                                     &o_max, &want_addrs))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ow*O|pp:recv_batch", kwlist, &o_fd, &buf,
+                                     &o_max, &want_addrs, &quic_addrs))
         return NULL;
     int fd = PyObject_AsFileDescriptor(o_fd);
     if (fd < 0) goto done;
@@ -125,9 +125,14 @@ PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs) {
         unsigned int len = msgs[i].msg_len;
         count += (gso[i] > 0 && len > (unsigned int)gso[i]) ? (len + gso[i] - 1) / gso[i] : 1;
     }
+    /* quic_addrs: the address list, but a tuple only for QUIC-looking datagrams
+     * (first byte has the fixed bit 0x40), None elsewhere: on a port shared with
+     * the control channel aioquic needs the sender of those, and building a
+     * tuple per data datagram would cost the hot path. */
+    int list_addrs = want_addrs || quic_addrs;
     desc = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(WxDesc));
-    if (desc && want_addrs) addrs = PyList_New(count);
-    if (desc == NULL || (want_addrs && addrs == NULL)) {
+    if (desc && list_addrs) addrs = PyList_New(count);
+    if (desc == NULL || (list_addrs && addrs == NULL)) {
         PyMem_Free(gso);
         PyMem_Free(ts);
         goto done;
@@ -143,10 +148,15 @@ PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs) {
         if (want_addrs && addr == NULL) break;
         do {
             size_t l = len - pos < seg ? len - pos : seg;
+            const uint8_t *first = (const uint8_t *)buf.buf + i * slot + (Py_ssize_t)pos;
             dv[k].offset = (int64_t)(i * slot + (Py_ssize_t)pos);
             dv[k].length = (int64_t)l;
             dv[k].rx_time_ns = ts[i];
-            if (want_addrs) PyList_SET_ITEM(addrs, k, Py_NewRef(addr));
+            if (addr == NULL && quic_addrs && l > 0 && (first[0] & WX_QUIC_FIXED_BIT)) {
+                addr = sockaddr_to_tuple(&names[i]);
+                if (addr == NULL) break;
+            }
+            if (list_addrs) PyList_SET_ITEM(addrs, k, Py_NewRef(addr ? addr : Py_None));
             k++;
             pos += l;
         } while (pos < len);

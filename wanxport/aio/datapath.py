@@ -6,6 +6,11 @@ datagrams, ``Session.receive_packet`` per opened control datagram — so it
 must not care which one it has. The native path (``native_path``) does the
 per-datagram work in C; the Python path (``python_path``) runs the pure-Python
 reference of the same receiver (``wanxport.wire.receiver``).
+
+A path's socket may be shared with its QUIC control channel (one port per
+path, ``aio.port``): both receivers demultiplex by first byte (QUIC sets
+0x40) and ``receive()`` returns those datagrams untouched with their sender,
+for the endpoint to hand to the port's control side.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from wanxport.aio.config import DirectionKey
+from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.plan import Plan
 from wanxport.wire.receiver import Run
 
@@ -25,6 +30,7 @@ class Received:
     runs: list[Run] = field(default_factory=list)  # placed DATA (see wire.receiver.Run)
     datagrams: int = 0  # placed DATA datagrams the runs hold
     controls: list[tuple[int, int, bytes]] = field(default_factory=list)  # (path_id, pn, plaintext)
+    quic: list[tuple[bytes, Address]] = field(default_factory=list)  # QUIC-looking (datagram, sender)
 
 
 class Datapath(Protocol):

@@ -20,15 +20,16 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from wanxport.aio.config import DirectionKey, EndpointConfig
+from wanxport.aio.config import Address, DirectionKey, EndpointConfig
 from wanxport.aio.datapath import Datapath
 from wanxport.aio.plan import plan_transmits
+from wanxport.aio.port import PathPort
 from wanxport.aio.python_path import PythonDatapath
 from wanxport.aio.sockets import open_path_socket
 from wanxport.aio.verify import ShardHasher
@@ -69,10 +70,19 @@ def resolve_datapath(requested: str) -> str:
 
 
 class Endpoint:
-    """One gateway's side of a session. Create, ``start()`` inside the loop, ``close()``."""
+    """One gateway's side of a session. Create, ``start()`` inside the loop, ``close()``.
+
+    With ``ports`` (one ``aio.port.PathPort`` per path) the endpoint uses those
+    shared sockets instead of binding its own: it drains them while it runs,
+    hands the QUIC-looking datagrams its data path returns (``Received.quic``)
+    back to their port's control side, sends to ``config.sockets[i].remote`` by
+    address, and leaves the sockets open when it ends. Without ports, a
+    QUIC-looking datagram has no taker: it is counted (``quic_unclaimed``) and dropped.
+    """
 
     def __init__(self, config: EndpointConfig, allocator: Allocator | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 ports: Sequence[PathPort] | None = None) -> None:
         self.config = config
         self.clock = clock
         self._user_allocator = allocator
@@ -84,15 +94,23 @@ class Endpoint:
         paths = config.session.paths
         self._segments = [config.session.datagram_payload(p) for p in paths]
         self._wire_factor = [self._pacing_factor(i) for i in range(len(paths))]
+        self.ports = list(ports) if ports is not None else None
+        # Kept, so that a port detaches only this endpoint's own reader (by identity).
+        self._readers = [functools.partial(self._on_readable, i) for i in range(len(config.sockets))]
         self.sockets = []
         try:
-            for spec in config.sockets:
-                self.sockets.append(open_path_socket(spec, config.recv_buffer_bytes,
-                                                     config.send_buffer_bytes))
+            if self.ports is not None:
+                self._check_ports(self.ports)
+                self.sockets = [port.socket for port in self.ports]
+            else:
+                for spec in config.sockets:
+                    self.sockets.append(open_path_socket(spec, config.recv_buffer_bytes,
+                                                         config.send_buffer_bytes))
             self.datapath: Datapath = self._make_datapath()
         except BaseException:
-            for sock in self.sockets:
-                sock.close()
+            if self.ports is None:
+                for sock in self.sockets:
+                    sock.close()
             raise
         self._rx_buffers: dict[int, memoryview] = {}
         self._hashers: dict[int, ShardHasher] = {}
@@ -106,20 +124,33 @@ class Endpoint:
         self._heard: list[bool] | None = None  # probe_paths() in progress
         self._all_heard: asyncio.Future[None] | None = None
         self.malformed_controls = 0
+        self.quic_unclaimed = 0  # QUIC-looking datagrams on a socket no control channel shares
         self.data_runs = 0
         self.data_records = 0
 
+    def _check_ports(self, ports: list[PathPort]) -> None:
+        if len(ports) != len(self.config.sockets):
+            raise ValueError(f"ports: {len(ports)} given, the session has {len(self.config.sockets)} paths")
+        for i, (port, spec) in enumerate(zip(ports, self.config.sockets, strict=True)):
+            if spec.remote is None:
+                raise ValueError(f"sockets[{i}].remote: a shared port sends by address; give the peer's")
+            if port.data_attached:
+                raise OSError(f"{port.address[0]}:{port.address[1]}: port already carries a session")
+
     def _make_datapath(self) -> Datapath:
         cfg = self.config
+        # Shared ports are unconnected: the data path sends to each path's peer by address.
+        destinations = None if self.ports is None else [spec.remote for spec in cfg.sockets]
         if self.datapath_name == "python":
             return PythonDatapath(self.sockets, cfg.send_key, cfg.recv_key, cfg.remote_conn_id,
-                                  cfg.local_conn_id)
+                                  cfg.local_conn_id, destinations=destinations)
         from wanxport.aio.native_path import NativeDatapath
 
         slot = max(p.mtu for p in cfg.session.paths)
         return NativeDatapath(self.sockets, cfg.send_key, cfg.recv_key, cfg.remote_conn_id,
                               cfg.local_conn_id, slot_size=max(2048, slot), capacity=cfg.pacer_capacity,
-                              spin_ns=cfg.pacer_spin_ns, burst_ns=cfg.pacer_burst_ns)
+                              spin_ns=cfg.pacer_spin_ns, burst_ns=cfg.pacer_burst_ns,
+                              destinations=destinations)
 
     def _pacing_factor(self, path_id: int) -> float:
         """Pacer rate per core rate: a core packet leaves as several datagrams, each with its
@@ -138,6 +169,8 @@ class Endpoint:
 
     def connect(self, remotes: list[tuple[str, int]]) -> None:
         """Set the peer's address per path when it was not known at construction."""
+        if self.ports is not None:
+            raise RuntimeError("an endpoint on shared ports sends by address; give remotes up front")
         for sock, remote in zip(self.sockets, remotes, strict=True):
             sock.connect(remote)
 
@@ -149,7 +182,10 @@ class Endpoint:
         self._closed = loop.create_future()
         for path_id, sock in enumerate(self.sockets):
             self.datapath.attach(path_id)
-            loop.add_reader(sock.fileno(), self._on_readable, path_id)
+            if self.ports is not None:
+                self.ports[path_id].attach_data(self._readers[path_id])
+            else:
+                loop.add_reader(sock.fileno(), self._on_readable, path_id)
         self._service()
 
     async def probe_paths(self, timeout_s: float) -> list[bool]:
@@ -200,10 +236,15 @@ class Endpoint:
         try:
             self.datapath.close()
         finally:
-            for sock in self.sockets:
-                if self._loop is not None and sock.fileno() >= 0:
-                    self._loop.remove_reader(sock.fileno())
-                sock.close()
+            if self.ports is not None:
+                if self._loop is not None:  # the ports stay open (the control side still listens)
+                    for port, reader in zip(self.ports, self._readers, strict=True):
+                        port.detach_data(reader)
+            else:
+                for sock in self.sockets:
+                    if self._loop is not None and sock.fileno() >= 0:
+                        self._loop.remove_reader(sock.fileno())
+                    sock.close()
             for fut in self._acks.values():
                 if not fut.done():
                     fut.set_exception(ConnectionError("endpoint closed"))
@@ -242,7 +283,7 @@ class Endpoint:
 
     @property
     def datagrams_rejected(self) -> int:
-        return int(self.datapath.rejected) + self.malformed_controls
+        return int(self.datapath.rejected) + self.malformed_controls + self.quic_unclaimed
 
     # -- keys (rotation is the caller's policy; see wanxport.gateway.rekey) ----
 
@@ -304,6 +345,17 @@ class Endpoint:
         for shard_id, hasher in self._hashers.items():
             hasher.advance(session.received_prefix(shard_id))
         self._service()
+        if received.quic:
+            self._hand_quic(path_id, received.quic)
+
+    def _hand_quic(self, path_id: int, quic: list[tuple[bytes, Address]]) -> None:
+        """The control channel's datagrams met on a shared port go to its QUIC side."""
+        if self.ports is None:
+            self.quic_unclaimed += len(quic)
+            return
+        port = self.ports[path_id]
+        for datagram, addr in quic:
+            port.quic_received(datagram, addr)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -20,7 +20,8 @@ FdLike = int | socket.socket
 
 
 def recv_batch(
-    fd: FdLike, buffer: bytearray | memoryview, max_datagrams: int, want_addrs: bool = False
+    fd: FdLike, buffer: bytearray | memoryview, max_datagrams: int, want_addrs: bool = False,
+    quic_addrs: bool = False,
 ) -> DatagramBatch:
     """Drain up to ``max_datagrams`` messages (non-blocking; an empty batch on EAGAIN).
 
@@ -28,8 +29,11 @@ def recv_batch(
     slot should hold 64 KiB, and coalesced messages are split back into
     datagrams (so ``count`` may exceed ``max_datagrams``). Timestamps are the
     kernel's CLOCK_REALTIME receive times when enable_timestamps() was called.
+    ``quic_addrs``: ``addrs`` holds the sender only of QUIC-looking datagrams
+    (None elsewhere), what a socket shared with the control channel needs.
     """
-    count, desc, addrs, truncated = require().recv_batch(fd, buffer, max_datagrams, want_addrs)
+    count, desc, addrs, truncated = require().recv_batch(fd, buffer, max_datagrams, want_addrs,
+                                                         quic_addrs)
     return DatagramBatch(buffer, desc, count, addrs, truncated)
 
 

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from wanxport.aio import native_io
-from wanxport.aio.config import DirectionKey
+from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.datapath import Received
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.wire import native
@@ -43,6 +43,11 @@ class _Pending:
         self.not_before_ns = not_before_ns
 
 
+def _address(addr: object) -> Address:
+    assert isinstance(addr, tuple), addr  # recv_batch(quic_addrs=True) named this sender
+    return str(addr[0]), int(addr[1])
+
+
 def not_eliciting(plan: ControlPlan) -> bool:
     """Only ACK and PADDING frames: the peer records nothing that could be reordered."""
     return all(isinstance(frame, AckFrame | PaddingFrame) for frame in plan.frames)
@@ -53,9 +58,12 @@ class NativeDatapath:
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
                  remote_conn_id: int, local_conn_id: int, slot_size: int, capacity: int,
-                 spin_ns: int, burst_ns: int) -> None:
+                 spin_ns: int, burst_ns: int, destinations: Sequence[Address | None] | None = None) -> None:
         n = len(sockets)
         self._sockets = list(sockets)
+        # A path's socket shared with the control channel (aio.port) is unconnected:
+        # sends name the peer.
+        self._dest = list(destinations or [None] * n)
         self._seal = native.Protector(send_key.cipher, send_key.key, send_key.iv)
         self._conn = remote_conn_id
         self.receiver = native.Receiver(local_conn_id, n)
@@ -92,8 +100,8 @@ class NativeDatapath:
         self.receiver.set_key(phase & 1, native.Protector(key.cipher, key.key, key.iv))
 
     def attach(self, path_id: int) -> None:
-        """Start sending on a path (its socket is connected)."""
-        self.pacer.set_path(path_id, self._sockets[path_id])
+        """Start sending on a path (to its socket's peer, or to its destination)."""
+        self.pacer.set_path(path_id, self._sockets[path_id], self._dest[path_id])
 
     # -- send ----------------------------------------------------------------
 
@@ -140,7 +148,11 @@ class NativeDatapath:
         """
         if overtake and not self._pending[path_id]:
             try:
-                self._sockets[path_id].send(datagram)
+                dest = self._dest[path_id]
+                if dest is None:
+                    self._sockets[path_id].send(datagram)
+                else:
+                    self._sockets[path_id].sendto(datagram, dest)
                 return
             except (BlockingIOError, InterruptedError):
                 pass
@@ -197,13 +209,14 @@ class NativeDatapath:
 
     def receive(self, path_id: int) -> Received:
         """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how
-        many datagrams they hold, and opened control datagrams."""
+        many datagrams they hold, opened control datagrams, and the QUIC-looking ones with
+        their senders (``recv_batch(quic_addrs=True)`` builds an address only for those)."""
         sock = self._sockets[path_id]
         out = Received()
         runs, controls = out.runs, out.controls
         for _ in range(MAX_BATCHES_PER_WAKE):
             try:
-                batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS)
+                batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=True)
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
             if batch.count == 0:
@@ -214,6 +227,10 @@ class NativeDatapath:
                 out.datagrams += len(result.records)
             for c in result.controls:
                 controls.append((c.path_id, c.packet_number, c.plaintext))
+            if result.quic:
+                addrs = batch.addrs
+                assert addrs is not None  # quic_addrs: a sender for every QUIC-looking datagram
+                out.quic += [(datagram, _address(addrs[index])) for index, datagram in result.quic]
         return out
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 
-from wanxport.aio.config import DirectionKey
+from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.datapath import Received
 from wanxport.aio.plan import DataPlan, Plan
 from wanxport.wire.datapath import PacketSealer
@@ -30,8 +30,12 @@ class PythonDatapath:
     name = "python"
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
-                 remote_conn_id: int, local_conn_id: int) -> None:
+                 remote_conn_id: int, local_conn_id: int,
+                 destinations: Sequence[Address | None] | None = None) -> None:
         self._sockets = list(sockets)
+        # A socket shared with the control channel (aio.port) is unconnected: sends
+        # name the peer.
+        self._dest = list(destinations or [None] * len(sockets))
         self._attached = [False] * len(sockets)
         self._sealer = PacketSealer(remote_conn_id, {0: AeadProtection(send_key.cipher, send_key.key,
                                                                          send_key.iv)})
@@ -65,19 +69,22 @@ class PythonDatapath:
             self.bytes_under_key += plan.length if isinstance(plan, DataPlan) else 0
             if not self._attached[plan.path_id]:
                 continue
-            sock = self._sockets[plan.path_id]
+            sock, dest = self._sockets[plan.path_id], self._dest[plan.path_id]
             if isinstance(plan, DataPlan):
                 for i in range(plan.count):
                     start = plan.offset + i * plan.segment
                     length = min(plan.segment, plan.offset + plan.length - start)
                     frame = DataFrame(plan.shard_id, start, length, plan.buffer[start:start + length])
-                    self._send(sock, self._sealer.seal(plan.path_id, plan.first_pn + i, [frame]))
+                    self._send(sock, dest, self._sealer.seal(plan.path_id, plan.first_pn + i, [frame]))
             else:
-                self._send(sock, self._sealer.seal(plan.path_id, plan.pn, plan.frames))
+                self._send(sock, dest, self._sealer.seal(plan.path_id, plan.pn, plan.frames))
 
-    def _send(self, sock: socket.socket, datagram: bytes) -> None:
+    def _send(self, sock: socket.socket, dest: Address | None, datagram: bytes) -> None:
         try:
-            sock.send(datagram)
+            if dest is None:
+                sock.send(datagram)
+            else:
+                sock.sendto(datagram, dest)
         except (BlockingIOError, ConnectionRefusedError):
             self.send_errors += 1  # UDP semantics: the core repairs the loss
 
@@ -99,19 +106,24 @@ class PythonDatapath:
         self.receiver.freeze(shard_id, upto)
 
     def receive(self, path_id: int) -> Received:
-        """Drain the path's socket: runs of placed DATA datagrams and opened control datagrams."""
+        """Drain the path's socket: runs of placed DATA datagrams, opened control datagrams,
+        and the QUIC-looking ones (the reference receiver sets them apart) with their senders."""
         sock = self._sockets[path_id]
         datagrams: list[bytes] = []
+        senders: list[Address] = []
         for _ in range(MAX_DATAGRAMS_PER_WAKE):
             try:
-                datagrams.append(sock.recv(MAX_DATAGRAM))
+                datagram, addr = sock.recvfrom(MAX_DATAGRAM)
             except BlockingIOError:
                 break
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
-        placed, controls = self.receiver.process(datagrams)
-        return Received(fold_runs(placed), len(placed),
-                        [(c.path_id, c.packet_number, c.plaintext) for c in controls])
+            datagrams.append(datagram)
+            senders.append((str(addr[0]), int(addr[1])))
+        result = self.receiver.process(datagrams)
+        return Received(fold_runs(result.placed), len(result.placed),
+                        [(c.path_id, c.packet_number, c.plaintext) for c in result.controls],
+                        [(datagram, senders[index]) for index, datagram in result.quic])
 
     @property
     def rejected(self) -> int:

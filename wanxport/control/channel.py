@@ -17,8 +17,11 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from wanxport.aio.port import PathPort
 
 from .certs import CertificateError
 from .framing import Attach, Attached
@@ -61,9 +64,10 @@ class DialOptions:
 
 
 async def serve_control(
-    host: str | list[Address],
+    host: str | list[Address] | None = None,
     port: int = 0,
     *,
+    ports: Sequence[PathPort] = (),
     cert: PathLike,
     key: PathLike,
     ca: PathLike,
@@ -74,8 +78,9 @@ async def serve_control(
     on_reject: object = None,
 ) -> ControlServer:
     """Listen for control sessions on ``host:port``, or on every ``(host, port)``
-    of a list (one per path). ``on_session(channel)`` runs once per new
-    authenticated session (a coroutine function is run as a task)."""
+    of a list (one per path), and on every path port in ``ports`` (shared with
+    the data plane). ``on_session(channel)`` runs once per new authenticated
+    session (a coroutine function is run as a task)."""
     config = make_configuration(
         is_client=False, cert=cert, key=key, ca=ca, idle_timeout_s=idle_timeout_s
     )
@@ -88,8 +93,12 @@ async def serve_control(
         window=window,
         on_reject=on_reject if callable(on_reject) else None,
     )
-    addresses = host if isinstance(host, list) else [(host, port)]
+    addresses = host if isinstance(host, list) else [] if host is None else [(host, port)]
+    if not addresses and not ports:
+        raise ValueError("serve_control: give a host, a list of (host, port) or ports")
     try:
+        for path_port in ports:
+            server.serve_on(path_port)
         for listen_host, listen_port in addresses:
             await server.listen(listen_host, listen_port)
     except BaseException:

@@ -69,7 +69,14 @@ def make_configuration(
     server_name: str | None = None,
 ) -> QuicConfiguration:
     """QUIC/TLS settings shared by both ends: our identity, the one trusted CA,
-    ALPN ``wanxport/1`` and certificate verification required."""
+    ALPN ``wanxport/1`` and certificate verification required.
+
+    The receiver's path ports carry QUIC and data on one socket, told apart by
+    QUIC's fixed bit 0x40 (``aio.port``), so that bit must never be greased
+    (RFC 9287). aioquic 1.7 has no ``grease_quic_bit`` transport parameter: it
+    neither offers nor honours it and sets 0x40 on every packet it builds, so
+    there is nothing to turn off (tests/test_path_port.py fails if that changes).
+    """
     if idle_timeout_s <= 0:
         raise ValueError(f"idle_timeout_s: {idle_timeout_s} is not valid; use a number > 0")
     config = QuicConfiguration(
@@ -174,6 +181,15 @@ class Link(QuicConnectionProtocol):
         self._end()
         self.close(error_code=code, reason_phrase=str(exc)[:200])
         on_lost(self, exc, False)
+
+    def discard(self) -> None:
+        """Forget a connection that never authenticated a packet (a forged Initial):
+        no close frame, no timer left, nothing sent to the forged address."""
+        self._end()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._transport = cast(asyncio.DatagramTransport, _Void())
 
     def _end(self) -> None:
         self.ended = True

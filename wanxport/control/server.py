@@ -9,6 +9,11 @@ client does not come back within ``resume_window_s`` ends with
 
 Connections refused for their certificate never reach ``on_session``; they
 are logged, counted in ``rejected_total`` and kept in ``rejections``.
+
+Each listening address is a path's ``aio.port.PathPort``, the UDP socket the
+path's data plane shares (``serve_on``), or one the server opens for itself
+(``listen``). QUIC-looking datagrams that aioquic drops there (forged, stale,
+undecryptable) are counted by reason in ``quic_drops``.
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from aioquic.asyncio.server import QuicServer
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.buffer import Buffer
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.connection import NetworkAddress, QuicConnection
+from aioquic.quic.packet import QuicPacketType, pull_quic_header
+
+from wanxport.aio.port import PathPort
 
 from .certs import CertificateError
+from .drops import QuicDropCounter
 from .framing import Attach, Attached, Frame, Refused
 from .link import APP_REFUSED, ControlConnectionLost, Link
 from .messages import ControlProtocolError
@@ -35,6 +45,61 @@ from .tlsauth import install_client_auth
 log = logging.getLogger(__name__)
 
 SessionCallback = Callable[[ControlChannel], Awaitable[None] | None]
+
+
+class _PortServer(QuicServer):
+    """aioquic's server with its silent drops counted (see ``drops``).
+
+    aioquic drops, without a word, what it cannot route; this asks the same
+    questions first to count those (and does not answer an unknown version
+    with Version Negotiation: both ends are wanxport, and a reply to a forged
+    source would be a reflection). And a connection aioquic created for a
+    full-size Initial whose packet did not decrypt is discarded at once instead
+    of living until its idle timeout.
+    """
+
+    def __init__(self, *, drops: QuicDropCounter, create_protocol: Callable[..., Link],
+                 configuration: QuicConfiguration) -> None:
+        super().__init__(configuration=configuration, create_protocol=self._create)
+        self._drops = drops
+        self._make_link = create_protocol
+        self._created: Link | None = None
+
+    def _create(self, quic: QuicConnection, stream_handler: Any = None) -> Link:
+        self._created = self._make_link(quic, stream_handler)
+        return self._created
+
+    def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
+        data = data.encode() if isinstance(data, str) else data
+        reason = self._unroutable(data)
+        if reason is not None:
+            self._drops.server_drop(reason)
+            return
+        self._created = None
+        self._drops.begin()
+        super().datagram_received(data, addr)
+        if self._drops.end() and self._created is not None:
+            # aioquic opened a connection for a full-size Initial that did not decrypt:
+            # a forgery (a real client's Initial opens with keys from its own header).
+            link = self._created
+            for cid in [cid for cid, p in self._protocols.items() if p is link]:
+                del self._protocols[cid]
+            link.discard()
+
+    def _unroutable(self, data: bytes) -> str | None:
+        try:
+            header = pull_quic_header(Buffer(data=data),
+                                      host_cid_length=self._configuration.connection_id_length)
+        except ValueError:
+            return "header_parse_error"
+        if (header.packet_type != QuicPacketType.VERSION_NEGOTIATION and header.version is not None
+                and header.version not in self._configuration.supported_versions):
+            return "unsupported_version"
+        if header.destination_cid in self._protocols:
+            return None
+        if header.packet_type == QuicPacketType.INITIAL and len(data) >= SMALLEST_MAX_DATAGRAM_SIZE:
+            return None  # aioquic opens a connection for it
+        return "unknown_connection_id"
 
 
 class _ServerChannel(ControlChannel):
@@ -88,33 +153,38 @@ class ControlServer:
         self.sessions: dict[str, ControlChannel] = {}
         self.rejected_total = 0
         self.rejections: deque[Exception] = deque(maxlen=64)
+        self.quic_drops = QuicDropCounter()
+        config.quic_logger = self.quic_drops
         self._ca = ca
         self._on_session = on_session
         self._on_reject = on_reject
         self._keepalive_s = keepalive_s
         self._transports: list[asyncio.DatagramTransport | None] = []
         self._listeners: list[QuicServer] = []
+        self._owned: list[PathPort] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def listen(self, host: str, port: int) -> tuple[str, int]:
-        """Add a listening address (port 0: pick one); returns the bound address."""
-        loop = asyncio.get_running_loop()
-        where = [f"control listener {host}:{port}"]  # port known once bound
+        """Add a listening address on a port of its own (port 0: pick one); returns it."""
+        path_port = PathPort.open((host, port), recv_buffer_bytes=0, send_buffer_bytes=0)
+        self._owned.append(path_port)
+        return self.serve_on(path_port)
+
+    def serve_on(self, port: PathPort) -> tuple[str, int]:
+        """Accept control connections on a path's shared port; returns its address."""
+        address = port.address
+        where = f"control listener {address[0]}:{address[1]}"
 
         def create_protocol(quic: QuicConnection, stream_handler: Any = None) -> Link:
             install_client_auth(quic, self._ca)
-            link = Link(quic, where=where[0], keepalive_s=self._keepalive_s)
+            link = Link(quic, where=where, keepalive_s=self._keepalive_s)
             link.on_frame = self._on_setup_frame
             link.on_lost = self._on_setup_lost
             return link
 
-        transport, listener = await loop.create_datagram_endpoint(
-            lambda: QuicServer(configuration=self.config, create_protocol=create_protocol),
-            local_addr=(host, port),
-        )
-        bound = transport.get_extra_info("sockname")
-        address = (str(bound[0]), int(bound[1]))
-        where[0] = f"control listener {address[0]}:{address[1]}"
+        listener = _PortServer(configuration=self.config, create_protocol=create_protocol,
+                               drops=self.quic_drops)
+        transport = port.set_quic(listener)
         self.addresses.append(address)
         self._transports.append(transport)
         self._listeners.append(listener)
@@ -139,6 +209,9 @@ class ControlServer:
             if self._transports[index] is not None:
                 listener.close()
         self._transports = [None] * len(self._transports)
+        for port in self._owned:
+            port.close()
+        self._owned.clear()
 
     # -- session setup -----------------------------------------------------------
 

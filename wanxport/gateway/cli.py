@@ -49,8 +49,9 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("recv", help="receive files from a sending gateway",
                               description="Listen on one or more paths and write received files "
-                                          "to --out. Each --listen HOST:PORT is one path: data on "
-                                          "UDP PORT, QUIC control on UDP PORT+1.")
+                                          "to --out. Each --listen HOST:PORT is one path: data and "
+                                          "QUIC control share UDP PORT (consecutive ports can be "
+                                          "separate paths).")
     _common(p)
     p.add_argument("--listen", action="append", required=True, metavar="HOST:PORT",
                    help="one path (repeat for more); the first is listed first to senders")
@@ -62,7 +63,7 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("send", help="send files to a receiving gateway",
                               description="Send files over one or more paths. Each --to HOST:PORT is "
-                                          "one path (data on PORT, control on PORT+1); the control "
+                                          "one path (data and control share UDP PORT); the control "
                                           "channel starts on the first path that answers.")
     _common(p)
     p.add_argument("--to", action="append", required=True, metavar="HOST:PORT",

@@ -1,12 +1,11 @@
 """Gateway session settings and the address conventions of ``--listen`` / ``--to``.
 
-Each path is one ``HOST:PORT``: the data plane uses UDP ``PORT`` and the QUIC
-control channel listens on UDP ``PORT + 1`` of the same host. A second port
-(instead of demultiplexing QUIC and data-plane datagrams on one socket by the
-first byte) keeps both sides simple: the native receiver owns its socket and
-never has to hand QUIC packets back to Python, and aioquic owns its own.
-Because every path has a control port, the control channel can start on, and
-move to, any live path.
+Each path is one ``HOST:PORT``, one UDP port for both the data plane and the
+QUIC control channel: the receiver's ``aio.port.PathPort`` tells them apart by
+the first byte (QUIC sets 0x40, our marker never does), so consecutive ports
+can be separate paths and a firewall needs one hole per path. Because every
+path's port also answers QUIC, the control channel can start on, and move to,
+any live path.
 """
 
 from __future__ import annotations
@@ -70,20 +69,16 @@ def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> 
 
 
 def parse_hostport(text: str, what: str) -> Address:
-    """``HOST:PORT`` or ``[V6]:PORT``; the port leaves room for the control port (PORT+1)."""
+    """``HOST:PORT`` or ``[V6]:PORT``: one path's UDP port (data and control)."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit():
         raise ValueError(f"{what}: {text!r} is not valid; use HOST:PORT (e.g. 10.0.0.2:7400)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     port = int(port_text)
-    if not 1 <= port <= 65534:
-        raise ValueError(f"{what}: port {port} is not valid; use 1..65534 (PORT+1 carries control)")
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{what}: port {port} is not valid; use 1..65535")
     return host, port
-
-
-def control_address(data: Address) -> Address:
-    return data[0], data[1] + 1
 
 
 def format_endpoint(address: Address) -> str:

@@ -26,6 +26,7 @@ from cryptography import x509
 
 from wanxport.aio.config import EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Allocator, Endpoint
+from wanxport.aio.port import PathPort
 from wanxport.control import (
     PROTOCOL_VERSION,
     Bye,
@@ -44,7 +45,6 @@ from wanxport.control.certs import certificate_name, check_ca_file
 from .config import (
     Address,
     GatewayOptions,
-    control_address,
     format_endpoint,
     is_loopback,
     parse_endpoint,
@@ -101,14 +101,14 @@ def _check_keys(keys: Keys, direction: str, cipher: str) -> None:
 async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: os.PathLike[str] | str,
                    options: GatewayOptions | None = None, allocator: Allocator | None = None
                    ) -> GatewaySession:
-    """Dial the peer on any path's control port and set up a session (we send)."""
+    """Dial the peer on any path's port and set up a session (we send)."""
     options = options or GatewayOptions()
     if not paths:
         raise ValueError("paths: give at least one HOST:PORT")
     cert, key = load_identity(identity)
     check_ca_file(ca)
     channel = await ResilientControl.connect(
-        [control_address(p) for p in paths], cert=cert, key=key, ca=ca,
+        list(paths), cert=cert, key=key, ca=ca,
         timeout_s=options.connect_timeout_s, idle_timeout_s=options.control_timeout_s,
         resume_window_s=options.resume_window_s)
     try:
@@ -147,8 +147,13 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
 
 
 async def respond(channel: ControlChannel, listens: list[Address], name: str, options: GatewayOptions,
-                  allocator: Allocator | None = None) -> GatewaySession:
-    """Answer an initiator's Hello on an authenticated channel (we receive)."""
+                  allocator: Allocator | None = None, ports: list[PathPort] | None = None
+                  ) -> GatewaySession:
+    """Answer an initiator's Hello on an authenticated channel (we receive).
+
+    ``ports``: the listener's path ports; the endpoint shares them (one UDP port
+    per path for control and data) instead of binding ``listens`` itself.
+    """
     hello = await expect(channel, Hello, options.connect_timeout_s)
     peer_keys = await expect(channel, Keys, options.connect_timeout_s)
     try:
@@ -169,7 +174,7 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)
     try:
-        endpoint = Endpoint(cfg, allocator=allocator)
+        endpoint = Endpoint(cfg, allocator=allocator, ports=None if ports is None else ports[:n])
     except OSError as exc:
         await _refuse(channel, f"data port busy ({exc.strerror or exc})")
         raise SetupError(f"session setup: cannot open the data ports: {exc.strerror or exc}") from None

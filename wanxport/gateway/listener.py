@@ -1,11 +1,11 @@
-"""The receiving gateway: control listeners on every path, sessions one at a time.
+"""The receiving gateway: one port per path, sessions one at a time.
 
-Every ``--listen HOST:PORT`` gets a QUIC control listener on ``PORT + 1``, so
-a sender can open a session over any live path. The data ports are checked
-for availability at start (a port in use is a one-line error before anyone
-connects) and bound per session by its endpoint. Sessions are served one at
-a time; a second concurrent sender is refused with a goodbye naming the
-reason.
+Every ``--listen HOST:PORT`` is bound once, at start, as an ``aio.port.PathPort``
+(a port in use is a one-line error before anyone connects): its QUIC control
+listener runs on it from then on, so a sender can open a session over any live
+path, and each session's data endpoint shares it while the session runs.
+Sessions are served one at a time; a second concurrent sender is refused with
+a goodbye naming the reason.
 """
 
 from __future__ import annotations
@@ -13,27 +13,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 
 from wanxport.aio.endpoint import Allocator
+from wanxport.aio.port import PathPort
 from wanxport.control import ControlChannel, ControlServer, load_identity, serve_control
 from wanxport.control.certs import check_ca_file
 
-from .config import Address, GatewayOptions, control_address
+from .config import Address, GatewayOptions
 from .handshake import SetupError, _refuse, identity_name, respond
 from .session import GatewaySession
 
 log = logging.getLogger(__name__)
 
 
-def check_port_free(address: Address) -> None:
-    """Raise OSError (naming the address) when the UDP port cannot be bound."""
-    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            raise OSError(exc.errno, f"{address[0]}:{address[1]}: {exc.strerror}") from None
+def open_port(address: Address) -> PathPort:
+    """Bind one path's port; OSError naming the address when it cannot be bound."""
+    try:
+        return PathPort.open(address)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{address[0]}:{address[1]}: {exc.strerror or exc}") from None
 
 
 class GatewayListener:
@@ -49,6 +47,8 @@ class GatewayListener:
         self.name = identity_name(self.cert)
         self.allocator = allocator
         self.server: ControlServer | None = None
+        self.ports: list[PathPort] = []
+        self._session: GatewaySession | None = None
         self.rejections: asyncio.Queue[Exception] = asyncio.Queue()
         self._sessions: asyncio.Queue[GatewaySession | Exception] = asyncio.Queue()
         self._busy = False
@@ -58,13 +58,28 @@ class GatewayListener:
     async def start(self) -> None:
         if not self.listens:
             raise ValueError("listens: give at least one HOST:PORT")
-        for address in self.listens:
-            check_port_free(address)
-            check_port_free(control_address(address))
-        self.server = await serve_control(
-            [control_address(a) for a in self.listens], cert=self.cert, key=self.key, ca=self.ca,
-            on_session=self._on_session, idle_timeout_s=self.options.control_timeout_s,
-            resume_window_s=self.options.resume_window_s, on_reject=self.rejections.put_nowait)
+        try:
+            for address in self.listens:
+                self.ports.append(open_port(address))
+            self.server = await serve_control(
+                ports=self.ports, cert=self.cert, key=self.key, ca=self.ca,
+                on_session=self._on_session, idle_timeout_s=self.options.control_timeout_s,
+                resume_window_s=self.options.resume_window_s, on_reject=self.rejections.put_nowait)
+        except BaseException:
+            self._close_ports()
+            raise
+
+    @property
+    def port_counters(self) -> dict[str, int]:
+        """Datagrams the ports dropped by reason: outside any session (``no_session``,
+        ``marker``, ``short``) and QUIC-looking ones aioquic dropped (``quic``)."""
+        total: dict[str, int] = {}
+        for port in self.ports:
+            for reason, value in dict(port.counters).items():
+                total[reason] = total.get(reason, 0) + value
+        if self.server is not None:
+            total["quic"] = total.get("quic", 0) + self.server.quic_drops.total
+        return total
 
     async def accept(self) -> GatewaySession:
         """The next session, set up and running (raises SetupError if setup failed)."""
@@ -84,7 +99,8 @@ class GatewayListener:
             return
         self._busy = True
         try:
-            session = await respond(channel, self.listens, self.name, self.options, self.allocator)
+            session = await respond(channel, self.listens, self.name, self.options, self.allocator,
+                                    ports=self.ports)
         except (SetupError, OSError) as exc:
             self._busy = False
             self.setup_failures += 1
@@ -97,12 +113,22 @@ class GatewayListener:
             channel.close()
             self._sessions.put_nowait(SetupError(f"session setup with {channel.peer_name!r} failed: {exc}"))
             return
+        self._session = session
         self._sessions.put_nowait(session)
 
     def close(self) -> None:
+        if self._session is not None:
+            self._session.endpoint.abort()  # its pacer must not outlive the sockets
+            self._session = None
         if self.server is not None:
             self.server.close()
             self.server = None
+        self._close_ports()
+
+    def _close_ports(self) -> None:
+        for port in self.ports:
+            port.close()
+        self.ports = []
 
     async def __aenter__(self) -> GatewayListener:
         await self.start()

@@ -131,6 +131,7 @@ class GatewayMetrics(Collector):
         self._live: dict[int, tuple[GatewaySession, dict[Key, int]]] = {}
         self._finished: dict[Key, int] = {(family,): 0 for family, _ in GATEWAY_COUNTERS}
         self._refused_certificate = 0
+        self._port_drops: dict[Key, int] = {}
 
     # -- session lifecycle (event loop thread) ---------------------------------
 
@@ -166,6 +167,7 @@ class GatewayMetrics(Collector):
                 self._live[key] = (session, current)
                 _add_into(counters, current)
             refused = self._refused_counts()
+            _add_into(counters, self._port_counts())
             gauges = list(self._gauges(sessions))
         yield from self._counter_families(counters)
         if refused is not None:
@@ -189,6 +191,16 @@ class GatewayMetrics(Collector):
             self._refused_certificate = max(self._refused_certificate, server.rejected_total)
         return {"certificate": self._refused_certificate, "busy": listener.busy_refusals,
                 "setup": listener.setup_failures}
+
+    def _port_counts(self) -> dict[Key, int]:
+        """What the listener's shared path ports dropped outside the sessions' data
+        paths: data-plane datagrams with no session, garbage, and QUIC-looking
+        datagrams aioquic dropped (``reason="quic"``). Kept once the listener closed."""
+        listener = self.listener
+        if listener is not None:
+            now = {(REJECTED, reason): value for reason, value in listener.port_counters.items()}
+            self._port_drops = _high_water(self._port_drops, now)
+        return self._port_drops
 
     @staticmethod
     def _counter_families(counters: dict[Key, int]) -> Iterator[Metric]:

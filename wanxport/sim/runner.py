@@ -217,7 +217,8 @@ class SimRun:
             receiver.process(packet, runs, controls)
         else:
             assert isinstance(packet, bytes)
-            placed, opened = receiver.process((packet,))
+            processed = receiver.process((packet,))
+            placed, opened = processed.placed, processed.controls
             if placed:
                 if placed[0].path_id != path_index:
                     receiver.counters["rejected_path"] += 1

@@ -16,6 +16,7 @@ MARKER = 0x20 | VERSION
 HEADER_LEN = 16
 MAX_PACKET_NUMBER = (1 << 62) - 1
 KEY_PHASE_BIT = 0x01
+QUIC_FIXED_BIT = 0x40
 
 _HEADER = struct.Struct(">BBHIQ")
 
@@ -57,3 +58,10 @@ def decode_header(datagram: bytes | memoryview) -> Header:
 def is_data_plane(datagram: bytes | memoryview) -> bool:
     """True when the first byte cannot belong to QUIC (QUIC always sets 0x40)."""
     return len(datagram) > 0 and datagram[0] & 0xC0 == 0
+
+
+def is_quic(datagram: bytes | memoryview) -> bool:
+    """True when QUIC's fixed bit (0x40) is set: on a path's port shared with the
+    control channel, the datagram is aioquic's (our control side never greases
+    the bit, RFC 9287). Neither this nor ``is_data_plane``: garbage."""
+    return len(datagram) > 0 and bool(datagram[0] & QUIC_FIXED_BIT)

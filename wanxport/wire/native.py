@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wanxport.wire.frames import DATA, DATA_OVERHEAD, MAX_OFFSET
-from wanxport.wire.header import HEADER_LEN, KEY_PHASE_BIT, MARKER, MAX_PACKET_NUMBER
+from wanxport.wire.header import HEADER_LEN, KEY_PHASE_BIT, MARKER, MAX_PACKET_NUMBER, QUIC_FIXED_BIT
 from wanxport.wire.protection import IV_LEN, KEY_LEN, TAG_LEN
 from wanxport.wire.replay import WINDOW
 
@@ -54,6 +54,7 @@ DESC_DTYPE = np.dtype([("offset", "=i8"), ("length", "=i8"), ("rx_time_ns", "=i8
 WIRE_CONSTANTS: dict[str, int] = {
     "HEADER_LEN": HEADER_LEN,
     "MARKER": MARKER,
+    "QUIC_FIXED_BIT": QUIC_FIXED_BIT,
     "KEY_PHASE_BIT": KEY_PHASE_BIT,
     "MAX_PACKET_NUMBER": MAX_PACKET_NUMBER,
     "TAG_LEN": TAG_LEN,
@@ -272,6 +273,9 @@ class ControlDatagram:
 class ProcessResult:
     records: npt.NDArray[Any]  # RECORD_DTYPE, one row per placed DATA datagram
     controls: list[ControlDatagram]
+    # QUIC-looking datagrams (first byte & 0x40), untouched, with their index in the
+    # batch: they belong to the control channel sharing the socket (aioquic).
+    quic: list[tuple[int, bytes]]
 
 
 class Receiver:
@@ -320,8 +324,9 @@ class Receiver:
         return out
 
     def process(self, batch: DatagramBatch) -> ProcessResult:
-        records, controls = self._c.process(batch.buffer, batch.descriptors)
+        records, controls, quic = self._c.process(batch.buffer, batch.descriptors)
         return ProcessResult(
             np.frombuffer(records, dtype=RECORD_DTYPE),
             [ControlDatagram(*c) for c in controls],
+            quic,
         )

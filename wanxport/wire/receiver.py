@@ -9,10 +9,13 @@ two implementations to identical records, controls, counters and buffer bytes
 (``tests/test_wire_receiver.py``).
 
 The per-datagram order follows the C code (``ext/datapath/receiver.c``):
-header checks, the replay check before any crypto, open, then placement; a
-packet number is recorded in the replay window only once its datagram
-authenticated and was accepted. Failures never raise: they are counted under
-the native counter names.
+first the demultiplexing by first byte (a path's socket is shared with its
+QUIC control channel: QUIC always sets the fixed bit 0x40, our marker never
+does, so such a datagram is handed back untouched, with its index in the
+batch, and counted ``passed_quic``), header checks, the replay check before
+any crypto, open, then placement; a packet number is recorded in the replay
+window only once its datagram authenticated and was accepted. Failures never
+raise: they are counted under the native counter names.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from wanxport.wire.frames import DATA, DATA_OVERHEAD, MAX_OFFSET
-from wanxport.wire.header import HEADER_LEN, KEY_PHASE_BIT, MARKER, MAX_PACKET_NUMBER
+from wanxport.wire.header import HEADER_LEN, KEY_PHASE_BIT, MARKER, MAX_PACKET_NUMBER, is_quic
 from wanxport.wire.protection import Protection
 from wanxport.wire.replay import ReplayWindow
 
@@ -33,7 +36,7 @@ _DATA = struct.Struct(">BIQH")
 
 COUNTERS = ("rejected_short", "rejected_marker", "rejected_path", "rejected_conn", "rejected_key",
             "rejected_auth", "rejected_replay", "rejected_frame", "accepted_data", "accepted_control",
-            "opened_phase0", "opened_phase1")
+            "opened_phase0", "opened_phase1", "passed_quic")
 
 #: One run of placed DATA datagrams: (path_id, first_pn, count, shard_id, offset, length).
 Run = tuple[int, int, int, int, int, int]
@@ -57,6 +60,15 @@ class OpenedControl:
     path_id: int
     packet_number: int
     plaintext: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Processed:
+    """One batch's outcome (the native ``ProcessResult``'s three parts)."""
+
+    placed: list[Placed]
+    controls: list[OpenedControl]
+    quic: list[tuple[int, bytes]]  # (index in the batch, datagram): the control channel's
 
 
 class _Shard:
@@ -134,13 +146,20 @@ class ReferenceReceiver:
     def received_bytes(self, shard_id: int) -> int:
         return self._shards[shard_id].received
 
-    def process(self, datagrams: Iterable[bytes | memoryview]) -> tuple[list[Placed], list[OpenedControl]]:
-        """Every datagram of a batch, in order: the placed DATA ones and the opened others."""
+    def process(self, datagrams: Iterable[bytes | memoryview]) -> Processed:
+        """Every datagram of a batch, in order: the placed DATA ones, the opened others, and
+        the QUIC-looking ones (index in the batch, bytes) for the control channel."""
         placed: list[Placed] = []
         controls: list[OpenedControl] = []
-        for datagram in datagrams:
-            self._one(memoryview(datagram), placed, controls)
-        return placed, controls
+        quic: list[tuple[int, bytes]] = []
+        for index, datagram in enumerate(datagrams):
+            d = memoryview(datagram)
+            if is_quic(d):
+                self.counters["passed_quic"] += 1
+                quic.append((index, bytes(d)))
+            else:
+                self._one(d, placed, controls)
+        return Processed(placed, controls, quic)
 
     def _one(self, d: memoryview, placed: list[Placed], controls: list[OpenedControl]) -> None:
         counters = self.counters
