@@ -40,6 +40,7 @@ class Failover:
             self.events.append(PathChanged(path.path_id, path.name, old.value, new.value, now))
 
     def readmit(self, path: Path, now: float) -> None:
+        """An acknowledgement on a path that is not active: move it back towards service."""
         health = path.health
         if health.state is PathState.FAILED:
             # The answer to a probe carried a fresh RTT sample: resume at the saved rate
@@ -85,6 +86,7 @@ class Failover:
         self.transmitter.control_on(path, ProbeFrame(path.health.next_probe(now + interval)))
 
     def on_probe_due(self, path: Path, now: float) -> None:
+        """A suspected or failed path's probe timer: count a miss, re-queue its data, probe again."""
         if path.health.probe_missed():
             self._health_event(path, HealthEvent.PROBE_MISSES, now)
         lost = path.loss.declare_all_lost(now)

@@ -98,7 +98,6 @@ class Transmitter:
         self._emit_data(now, out)
         return out
 
-
     def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
         frames: list[Frame] = []
         acks = path.acks
