@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from wanxport.core import numbering as numbering_module
 from wanxport.core import session as session_module
+from wanxport.core import transmitter as transmitter_module
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.ranges import RangeSet
 from wanxport.core.recovery import LossDetector
@@ -113,7 +114,7 @@ def test_skipping_repeated_ranges_leaves_the_sender_exactly_as_translating_all(d
     tops = []
     for numbering_type in (numbering_module.WireNumbering, EveryRange):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(session_module, "WireNumbering", numbering_type)
+            patch.setattr(transmitter_module, "WireNumbering", numbering_type)
             session = Session(segmented(), allocator=None)
         session.submit(0, bytes(200_000), 0.0)
         transmits = session.poll_transmit(0.0)

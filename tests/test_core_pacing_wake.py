@@ -1,6 +1,6 @@
 """Core liveness bugs found by the asyncio endpoint, reproduced with two bare ``Session``s.
 
-They guard a stall that existed in ``Session._emit_data`` (a path beyond its pacing
+They guard a stall that existed in ``Transmitter._emit_data`` (a path beyond its pacing
 horizon was skipped without arming its pacing wake). Virtual time, no sockets:
 the driver delivers every packet a fixed one-way delay after the poll that
 produced it, as the Python data path does

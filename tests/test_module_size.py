@@ -7,14 +7,9 @@ its length, so a failure says what to split.
 
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PURE_LAYERS = ("wanxport/core", "wanxport/wire", "wanxport/scenario")
 MAX_LINES = 500
-# Being split by other parts of issue 13 while this check landed; the integrator
-# removes an entry (and the xfail below) once its split is merged.
-SPLIT_IN_PROGRESS = {"wanxport/core/session.py", "wanxport/core/cc/bbr.py"}
 
 
 def module_lengths() -> dict[str, int]:
@@ -25,9 +20,8 @@ def module_lengths() -> dict[str, int]:
     return lengths
 
 
-def offenders(names: set[str] | None = None) -> list[str]:
-    return [f"{name} ({n} lines)" for name, n in module_lengths().items()
-            if n > MAX_LINES and (names is None or name in names)]
+def offenders() -> list[str]:
+    return [f"{name} ({n} lines)" for name, n in module_lengths().items() if n > MAX_LINES]
 
 
 def test_the_check_sees_every_pure_layer() -> None:
@@ -36,14 +30,6 @@ def test_the_check_sees_every_pure_layer() -> None:
         assert any(name.startswith(layer + "/") for name in lengths), f"no modules found under {layer}"
 
 
-def test_no_other_module_over_500_lines() -> None:
-    others = set(module_lengths()) - SPLIT_IN_PROGRESS
-    found = offenders(others)
-    assert not found, f"modules over {MAX_LINES} lines (split them): {', '.join(found)}"
-
-
-@pytest.mark.xfail(reason="session.py split in progress (issue 13 items 1-4); cc/bbr.py's filters in item 5",
-                   strict=False)
-def test_modules_being_split_are_under_500_lines() -> None:
-    found = offenders(SPLIT_IN_PROGRESS)
+def test_no_module_over_500_lines() -> None:
+    found = offenders()
     assert not found, f"modules over {MAX_LINES} lines (split them): {', '.join(found)}"

@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from wanxport.core.config import SessionConfig
+from wanxport.core.failover import PROBE_MEMORY_S
 from wanxport.core.recovery import LossDetector
 from wanxport.core.sent_packets import SentPacket
-from wanxport.core.session import PROBE_MEMORY_S
 from wanxport.scenario import Scenario, parse_scenario
 from wanxport.sim import runner as runner_module
 from wanxport.sim.runner import Endpoint, SimOptions, SimRun

@@ -88,6 +88,26 @@ class Path:
     def one_way_s(self) -> float:
         return self.rtt.smoothed_s / 2
 
+    def deadline(self, max_ack_delay_s: float) -> float:
+        """When the path's earliest timer is due (ACK, loss, probe timeout, probe, pacing); inf if none."""
+        at = float("inf")
+        ack_at = self.acks.ack_at
+        if ack_at is not None:
+            at = ack_at
+        loss = self.loss.loss_deadline()
+        if loss is not None and loss < at:
+            at = loss
+        if self.usable:
+            pto = self.loss.pto_deadline(max_ack_delay_s)
+            if pto is not None and pto < at:
+                at = pto
+        next_probe_at = self.health.next_probe_at
+        if next_probe_at is not None and next_probe_at < at:
+            at = next_probe_at
+        if self.pacing_wake is not None and self.pacing_wake < at:
+            at = self.pacing_wake
+        return at
+
     def send_rate_Bps(self) -> float:
         """Bytes per second the scheduler expects this path to move."""
         if self.bandwidth_bps > 0 and not self.cc.in_startup:

@@ -5,7 +5,8 @@ the asyncio adapter) hands in received packets with ``now``, asks for packets
 to send, asks when the next timer is due and fires it, and pops events. The
 session never reads a clock, opens a socket or draws randomness; it composes
 the parts that do the thinking (paths, recovery, scheduler, outgoing and
-incoming data, credits), each in its own module.
+incoming data, credits), each in its own module; the send mechanics live in
+``core.transmitter`` and path failure and readmission in ``core.failover``.
 
 Packets cross this boundary *opened*: header fields plus frames. The session
 owns the datagram: a ``Transmit`` names the wire packet numbers of each
@@ -24,23 +25,22 @@ from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.events import (
     Event,
-    PathChanged,
     SessionClosed,
     ShardAcknowledged,
     ShardFilled,
     ShardReceived,
 )
+from wanxport.core.failover import Failover
 from wanxport.core.flow import ReceiveBudget, SendCredit
-from wanxport.core.health import HealthEvent, PathState
+from wanxport.core.health import PathState
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
-from wanxport.core.numbering import WireNumbering
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
-from wanxport.core.scheduler import ChunkKind, create_scheduler
-from wanxport.core.sent_packets import Chunk, SentPacket
+from wanxport.core.scheduler import create_scheduler
 from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
 from wanxport.core.stats import SessionStats, path_stats
-from wanxport.core.transmit import Transmit, number_datagrams
+from wanxport.core.transmit import Transmit
+from wanxport.core.transmitter import Transmitter
 from wanxport.wire.frames import (
     AckFrame,
     CloseFrame,
@@ -54,11 +54,6 @@ from wanxport.wire.frames import (
     ShardDoneFrame,
     ShardOpenFrame,
 )
-
-MAX_CONTROL_PAYLOAD = 1200
-# How long an unanswered probe is remembered: its answer readmits the path only while
-# it is. Longer than any round trip a usable path has, even after a reroute.
-PROBE_MEMORY_S = 2.0
 
 
 class Session:
@@ -79,17 +74,12 @@ class Session:
         self.scheduler = create_scheduler(config.scheduler, config, self.outgoing)
         self.incoming = IncomingData(ReceiveBudget(config.receive_budget_bytes),
                                      allocator or allocate_bytearray)
-        self._control: list[Frame] = []
         self._events: list[Event] = []
         self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
-        self._wire = [WireNumbering() for _ in self.paths]
-        self._segments = [config.datagram_payload(p) for p in config.paths]
-        self._dirty: set[int] = set(range(len(self.paths)))
+        self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
+        self._failover = Failover(config, self._tx, self._events)
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
-        self.hedged_bytes = 0
-        self._touched: set[int] = set()
-        self._needs_ack: set[int] = set()  # paths with an ACK or path control frames to send
         # Totals for stats(): shards (and their bytes) submitted, acknowledged by the peer, received.
         self._shards_submitted = self._bytes_submitted = 0
         self._shards_acknowledged = 0
@@ -121,15 +111,21 @@ class Session:
         self.outgoing.submit(shard)
         self._shards_submitted += 1
         self._bytes_submitted += length
-        self._dirty.update(range(len(self.paths)))
+        self._tx.dirty.update(range(len(self.paths)))
 
     @property
     def sending_done(self) -> bool:
         return self.outgoing.unfinished == 0
 
     def events(self) -> list[Event]:
-        events, self._events = self._events, []
+        events = self._events[:]
+        self._events.clear()  # the same list: the failover policy appends to it
         return events
+
+    @property
+    def hedged_bytes(self) -> int:
+        """Payload bytes sent as hedges (copies of data another path already carries)."""
+        return self._tx.hedged_bytes
 
     def stats(self) -> SessionStats:
         """A frozen snapshot of the session's and every path's figures (safe from another thread)."""
@@ -142,7 +138,7 @@ class Session:
             bytes_received=self._bytes_received,
             receiving_bytes=sum(shard.received.total for shard in list(self.incoming.shards.values())),
             data_dropped=self.data_dropped,
-            hedged_bytes=self.hedged_bytes,
+            hedged_bytes=self._tx.hedged_bytes,
             paths=tuple(path_stats(path) for path in self.paths),
         )
 
@@ -157,24 +153,17 @@ class Session:
     def close(self, now: float, code: int = 0, reason: str = "") -> None:
         """Tell the peer we are done (best effort) and stop."""
         if self.closed is None:
-            self._control.append(CloseFrame(code, reason))
+            self._tx.control.append(CloseFrame(code, reason))
             self.closed = SessionClosed(code, reason, now)
 
     def handshake_probes(self, now: float) -> list[Transmit]:
         """One PROBE datagram per path before any data, outside the packet accounting.
 
         A driver sends them to learn that the peer hears every path (the peer
-        answers each; see ``aio.Endpoint.probe_paths``). Their wire numbers are
-        reserved ahead of the first core packet, so no ACK of them can confirm
-        anything; only before the session has sent a packet.
+        answers each; see ``aio.Endpoint.probe_paths``); only before the session
+        has sent a packet (see ``Transmitter.handshake_probes``).
         """
-        out: list[Transmit] = []
-        for path in self.paths:
-            frames: list[Frame] = [ProbeFrame(0)]
-            first = self._wire[path.path_id].reserve(1)
-            size = self.config.packet_overhead() + frames[0].wire_size
-            out.append(Transmit(path.path_id, first, 1, self._segments[path.path_id], frames, size, now))
-        return out
+        return self._tx.handshake_probes(now)
 
     # -- receive -------------------------------------------------------------
 
@@ -205,8 +194,8 @@ class Session:
         path.acks.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
                                      self.config.max_ack_delay_s)
         if path.acks.ack_now:
-            self._needs_ack.add(path_id)  # otherwise the ack timer (ack_at) will add it
-        self._touch(path)
+            self._tx.needs_ack.add(path_id)  # otherwise the ack timer (ack_at) will add it
+        self._tx.touch(path)
         self._flush_timers()
 
     def receive_data_run(self, path_id: int, first_pn: int, count: int, shard_id: int, offset: int,
@@ -270,8 +259,8 @@ class Session:
                                           shard.verified is True, now))
         self._shards_received += 1
         self._bytes_received += shard.size
-        self._control.append(ShardDoneFrame(shard.shard_id, status))
-        self._control.append(CreditFrame(self.incoming.budget.limit))
+        self._tx.control.append(ShardDoneFrame(shard.shard_id, status))
+        self._tx.control.append(CreditFrame(self.incoming.budget.limit))
 
     def _on_control(self, path: Path, frame: Frame, now: float) -> None:
         if isinstance(frame, ShardOpenFrame):
@@ -284,22 +273,18 @@ class Session:
                 self._events.append(ShardAcknowledged(shard.shard_id, frame.status == 0, now))
         elif isinstance(frame, CreditFrame):
             self.outgoing.credit.update(frame.max_bytes)
-            self._dirty.update(range(len(self.paths)))
+            self._tx.dirty.update(range(len(self.paths)))
         elif isinstance(frame, ShardAckFrame):
             shard = self.outgoing.shards.get(frame.shard_id)
             if shard is not None:
                 for start, end in frame.ranges:
                     shard.acked.add(start, min(end, shard.size))
         elif isinstance(frame, ProbeFrame):
-            self._control_on(path, ProbeAckFrame(frame.token))
+            self._tx.control_on(path, ProbeAckFrame(frame.token))
         elif isinstance(frame, CloseFrame):
             if self.closed is None:
                 self.closed = SessionClosed(frame.code, frame.reason, now)
                 self._events.append(self.closed)
-
-    def _control_on(self, path: Path, frame: Frame) -> None:
-        path.pending_control.append(frame)
-        self._needs_ack.add(path.path_id)
 
     def _on_ack(self, frame: AckFrame, now: float) -> None:
         """An ACK in wire numbers: whole core packets acknowledged, partly covered ones confirmed.
@@ -315,8 +300,8 @@ class Session:
         oldest = path.loss.oldest_of_interest()
         if oldest is None:
             return  # nothing outstanding or remembered: nothing to learn
-        translated, parts = self._wire[frame.path_id].translate_fresh(frame, oldest)
-        segment = self._segments[frame.path_id]
+        translated, parts = self._tx.wire[frame.path_id].translate_fresh(frame, oldest)
+        segment = self._tx.segments[frame.path_id]
         for core_pn, first, last in parts:
             self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, now)
         if translated is None:
@@ -328,11 +313,11 @@ class Session:
                 if packet.chunks:
                     self.outgoing.on_acked(packet.chunks)
             if path.state is not PathState.ACTIVE:
-                self._readmit(path, now)
+                self._failover.readmit(path, now)
         if lost:
-            self._requeue(lost)
-        self._dirty.add(path.path_id)
-        self._touch(path)
+            self._tx.requeue(lost)
+        self._tx.dirty.add(path.path_id)
+        self._tx.touch(path)
 
     def _confirm_part(self, path: Path, packet_number: int, start: int, end: int, now: float) -> None:
         """``[start, end)`` of the data an outstanding packet carries reached the peer.
@@ -350,276 +335,19 @@ class Session:
 
     def poll_transmit(self, now: float) -> list[Transmit]:
         """Everything that should leave now or within the pacing horizon."""
-        out: list[Transmit] = []
-        if self._needs_ack:
-            for path_id in sorted(self._needs_ack):
-                path = self.paths[path_id]
-                if path.acks.ack_due(now) or path.pending_control:
-                    self._emit_path_control(path, now, out)
-            self._needs_ack.clear()  # an ACK not yet due has its ack timer
-        if self._control:
-            self._emit_control(now, out)
-        for shard in self.outgoing.open_ready():
-            for path in self.paths:
-                path.needs_open.add(shard.shard_id)
-        self._emit_data(now, out)
+        out = self._tx.poll(now)
         self._flush_timers()
         return out
 
-    def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
-        frames: list[Frame] = []
-        acks = path.acks
-        if acks.has_unacked:
-            departs = max(now, path.last_departure_at)  # behind data already handed out
-            delay_us = int(max(0.0, departs - acks.largest_at) * 1e6)
-            frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), acks.ack_ranges()))
-            acks.ack_sent()
-        frames.extend(path.pending_control)
-        # A probe must be acknowledged (that readmits the path); a probe answer need not.
-        eliciting = any(isinstance(frame, ProbeFrame) for frame in path.pending_control)
-        path.pending_control = []
-        if frames:
-            self._send(path, frames, now, now, out, in_flight=False, eliciting=eliciting)
-
-    def _emit_control(self, now: float, out: list[Transmit]) -> None:
-        path = self._best_path(now)
-        if path is None:
-            return
-        frames: list[Frame] = []
-        size = 0
-        for frame in self._control:
-            if frames and size + frame.wire_size > MAX_CONTROL_PAYLOAD:
-                self._send(path, frames, now, now, out, control=frames)
-                frames, size = [], 0
-            frames.append(frame)
-            size += frame.wire_size
-        if frames:
-            self._send(path, frames, now, now, out, control=frames)
-        self._control = []
-
-    def _best_path(self, now: float) -> Path | None:
-        usable = [p for p in self.paths if p.usable]
-        if not usable:
-            return None
-        return min(usable, key=lambda p: p.rtt.smoothed_s)
-
-    def _emit_data(self, now: float, out: list[Transmit]) -> None:
-        """Fill the paths whose state changed (an ack, a timer, new data) since the last poll.
-
-        Every other path is waiting for its window (an ack will change it), its
-        pacing timer, or a re-check timer set when the scheduler held it back.
-        What to send where is the scheduler's decision; this is the mechanics.
-        """
-        if not self.outgoing.unfinished or not self._dirty:
-            return
-        if self.scheduler.refresh(self.paths, now):
-            self._dirty.update(range(len(self.paths)))  # data became free for every path
-        # A path without window room, or whose pacing holds it beyond the horizon,
-        # waits whatever the others do: settle those first, so only the paths that
-        # may send are ordered (after a loss every path is dirty; with hundreds of
-        # paths, sorting them all on every call dominated the simulator's time).
-        ready: list[Path] = []
-        for i in self._dirty:
-            path = self.paths[i]
-            if not path.usable or path.cwnd_space <= 0:
-                continue  # the next acknowledgement marks it changed
-            horizon = now + self._horizon_s(path)
-            if path.next_send_at > horizon:
-                wake = path.next_send_at - (horizon - now)
-                if path.pacing_wake != wake:  # unchanged: its timer already stands
-                    path.pacing_wake = wake
-                    self._touch(path)
-                continue
-            ready.append(path)
-        self._dirty.clear()
-        if len(ready) > 1:
-            ready = self.scheduler.order(ready, now)
-        for path in ready:
-            wait_until = self.scheduler.hold(path, now)
-            if wait_until is not None:
-                self._release_stripe(path)
-                path.pacing_wake = wait_until
-                self._touch(path)
-                continue
-            self._fill(path, now, now + self._horizon_s(path), out)
-
-    def _release_stripe(self, path: Path) -> None:
-        """Give the data the path reserved to the others, and let them know."""
-        if self.scheduler.release(path.path_id):
-            self._dirty.update(i for i, p in enumerate(self.paths) if p.usable and p is not path)
-
-    def _horizon_s(self, path: Path) -> float:
-        """How far ahead of its departure a packet is handed out: about one burst.
-
-        Handed-out packets count as in flight, so the horizon stays well under a
-        round trip or the congestion controller would see a phantom queue.
-        """
-        burst_s = self.config.burst_packets * (path.mss + self.config.packet_overhead()) * 8
-        return max(self.config.pacing_horizon_s, min(burst_s / path.cc.pacing_rate_bps, path.rtt.min_s / 8))
-
-    def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit]) -> None:
-        overhead = self.config.packet_overhead()
-        path.pacing_wake = None
-        while path.cwnd_space > 0:
-            if path.next_send_at > horizon:
-                path.pacing_wake = path.next_send_at - (horizon - now)
-                self._touch(path)
-                return
-            picked = self.scheduler.next_chunk(path, now, self.paths)
-            if picked is None:
-                path.rate.on_app_limited(path.bytes_in_flight)
-                return
-            chunk, kind = picked
-            shard_id, offset, length = chunk
-            if shard_id in path.needs_open:
-                path.needs_open.discard(shard_id)
-                shard = self.outgoing.shards[shard_id]
-                frame = ShardOpenFrame(shard_id, shard.size, shard.digest, shard.meta)
-                self._send(path, [frame], now, max(now, path.next_send_at), out, control=[frame])
-            data = self.outgoing.shards[shard_id].data
-            view = data[offset:offset + length] if data is not None else None
-            frames: list[Frame] = [DataFrame(shard_id, offset, length, view)]
-            not_before = max(now, path.next_send_at)
-            self._send(path, frames, now, not_before, out, chunks=[chunk])
-            counters = path.payload
-            counters.payload_bytes += length
-            if kind is ChunkKind.RETRANSMISSION:
-                counters.retransmitted_bytes += length
-            elif kind is ChunkKind.HEDGE:
-                counters.hedged_bytes += length
-                self.hedged_bytes += length
-            # Pace by the whole datagram, DATA frame header included: the delivery-rate
-            # samples count the same bytes, so gain 1.0 is exactly the measured rate.
-            # Leaving the frame header out paced ~1 % above it: a queue crept up
-            # over seconds until it overflowed and a congestion cap cut the rate.
-            rate = path.cc.pacing_rate_bps / 8
-            path.next_send_at = not_before + (overhead + frames[0].wire_size) / rate
-
-    def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
-              out: list[Transmit], *, chunks: list[Chunk] | None = None,
-              control: list[Frame] | None = None, in_flight: bool = True, eliciting: bool = True) -> None:
-        # Packets leave a path in packet-number order: one handed out later never
-        # departs before one already scheduled (an ACK overtaking paced data would
-        # look like reordering to the peer, which answers reordering at once).
-        if not_before < path.last_departure_at:
-            not_before = path.last_departure_at
-        path.last_departure_at = not_before
-        pn = path.loss.take_pn()
-        overhead = self.config.packet_overhead()
-        size = overhead + sum(f.wire_size for f in frames)
-        if in_flight or eliciting:
-            rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
-            path.loss.on_packet_sent(SentPacket(pn, not_before, size, chunks, control,
-                                                eliciting, in_flight, rate_state))
-        out.append(number_datagrams(self._wire[path.path_id], path.path_id, pn, frames,
-                                    chunks[0][2] if chunks is not None else None,
-                                    self._segments[path.path_id], overhead, not_before))
-        self._touch(path)
-
-    # -- loss, failure, readmission -----------------------------------------
-
-    def _requeue(self, lost: list[SentPacket]) -> None:
-        for packet in lost:
-            if packet.chunks:
-                self.outgoing.requeue(packet.chunks)
-            if packet.control:
-                self._control.extend(packet.control)
-        self._dirty.update(range(len(self.paths)))
-        self.scheduler.data_requeued()
-
-    def _health_event(self, path: Path, event: HealthEvent, now: float) -> None:
-        """Move the path's health state machine; announce a change, and free a suspected path's stripe."""
-        old = path.health.fire(event)
-        new = path.health.state
-        if new is not old:
-            if new in (PathState.DEGRADED, PathState.FAILED):
-                self._release_stripe(path)
-            self._events.append(PathChanged(path.path_id, path.name, old.value, new.value, now))
-
-    def _readmit(self, path: Path, now: float) -> None:
-        health = path.health
-        if health.state is PathState.FAILED:
-            # The answer to a probe carried a fresh RTT sample: resume at the saved rate
-            # if it shows the same route, else search from scratch.
-            rate_bps = health.resume_rate_bps(path.rtt)
-            if rate_bps > 0.0:
-                path.cc.on_path_resume(now, rate_bps)
-            else:
-                path.cc.on_path_reset(now)
-            path.next_send_at = now
-            self._health_event(path, HealthEvent.ACK, now)
-        elif health.state is PathState.PROBING and not path.cc.in_startup:
-            self._health_event(path, HealthEvent.STARTUP_DONE, now)
-        else:
-            self._health_event(path, HealthEvent.ACK, now)
-        health.answered()
-        self._dirty.add(path.path_id)
-
-    def _on_probe_timeout(self, path: Path, now: float) -> None:
-        """No acknowledgement for a probe timeout: suspect the path, move its data elsewhere."""
-        path.health.save_for_resume(path.cc, path.rtt)  # before the losses below touch the congestion state
-        path.loss.on_pto()
-        lost = path.loss.declare_all_lost(now)
-        if lost:
-            self._requeue(lost)
-        self._health_event(path, HealthEvent.PTO, now)
-        self._send_probe(path, now)
-
-    def _send_probe(self, path: Path, now: float) -> None:
-        # A long outage holds the probes of the last PROBE_MEMORY_S, not one per interval.
-        # Not just the latest: a path that returns with a round trip longer than the probe
-        # interval (rerouted) answers a probe that would already be forgotten, and the
-        # answer to a forgotten probe readmits nothing: the path would never come back.
-        path.loss.forget_probes_before(now - PROBE_MEMORY_S)
-        if path.state is PathState.FAILED:
-            # Out of service: probes only watch for its return, and their answers are
-            # not awaited, so they may go faster than a round trip.
-            interval = self.config.failed_probe_interval_s
-        else:
-            # Suspected: each interval without an answer is a miss (two fail the path),
-            # so an answer must have had time to come back.
-            interval = min(path.loss.pto_s(self.config.max_ack_delay_s), self.config.max_probe_interval_s)
-        self._control_on(path, ProbeFrame(path.health.next_probe(now + interval)))
-
-    def _on_probe_due(self, path: Path, now: float) -> None:
-        if path.health.probe_missed():
-            self._health_event(path, HealthEvent.PROBE_MISSES, now)
-        lost = path.loss.declare_all_lost(now)
-        if lost:
-            self._requeue(lost)
-        path.loss.on_pto()
-        self._send_probe(path, now)
-
     # -- timers --------------------------------------------------------------
 
-    def _touch(self, path: Path) -> None:
-        """The path's state changed: recompute its deadline before control returns."""
-        self._touched.add(path.path_id)
-
     def _flush_timers(self) -> None:
-        deadlines = self._deadlines
-        for path_id in self._touched:
-            deadlines.set(path_id, self._path_deadline(self.paths[path_id]))
-        self._touched.clear()
-
-    def _path_deadline(self, path: Path) -> float:
-        at = float("inf")
-        ack_at = path.acks.ack_at
-        if ack_at is not None:
-            at = ack_at
-        loss = path.loss.loss_deadline()
-        if loss is not None and loss < at:
-            at = loss
-        if path.usable:
-            pto = path.loss.pto_deadline(self.config.max_ack_delay_s)
-            if pto is not None and pto < at:
-                at = pto
-        next_probe_at = path.health.next_probe_at
-        if next_probe_at is not None and next_probe_at < at:
-            at = next_probe_at
-        if path.pacing_wake is not None and path.pacing_wake < at:
-            at = path.pacing_wake
-        return at
+        """Recompute the deadline of every path whose state changed."""
+        deadlines, touched = self._deadlines, self._tx.touched
+        max_ack_delay_s = self.config.max_ack_delay_s
+        for path_id in touched:
+            deadlines.set(path_id, self.paths[path_id].deadline(max_ack_delay_s))
+        touched.clear()
 
     def next_deadline(self) -> float | None:
         at = self._deadlines.earliest()
@@ -632,16 +360,16 @@ class Session:
 
     def _fire(self, path: Path, now: float) -> None:
         if path.acks.on_timer(now):
-            self._needs_ack.add(path.path_id)
+            self._tx.needs_ack.add(path.path_id)
         lost = path.loss.detect_losses(now)
         if lost:
-            self._requeue(lost)
+            self._tx.requeue(lost)
         pto = path.loss.pto_deadline(self.config.max_ack_delay_s) if path.usable else None
         next_probe_at = path.health.next_probe_at
         if pto is not None and pto <= now:
-            self._on_probe_timeout(path, now)
+            self._failover.on_probe_timeout(path, now)
         elif next_probe_at is not None and next_probe_at <= now:
-            self._on_probe_due(path, now)
+            self._failover.on_probe_due(path, now)
         path.pacing_wake = None
-        self._dirty.add(path.path_id)
-        self._touch(path)
+        self._tx.dirty.add(path.path_id)
+        self._tx.touch(path)

@@ -1,0 +1,249 @@
+"""The session's send mechanics: turning queued frames and the scheduler's picks into ``Transmit``s.
+
+Split from ``core.session`` so the session reads as the protocol (what a frame
+means, when a timer fires) and this module as the mechanics of sending: which
+path carries connection-level control, pacing and the hand-out horizon, packet
+numbering, the sent-packet record. What to send where stays the scheduler's
+decision (``core.scheduler``).
+
+The session and its parts talk to the transmitter through four public pieces
+of state, shared and never rebound:
+
+- ``dirty``: paths whose state changed since the last poll (only those are filled);
+- ``touched``: paths whose timer deadline must be recomputed before control returns;
+- ``needs_ack``: paths with an ACK or path-specific control frames to send;
+- ``control``: connection-level control frames, for the best usable path.
+"""
+
+from __future__ import annotations
+
+from wanxport.core.config import SessionConfig
+from wanxport.core.numbering import WireNumbering
+from wanxport.core.outgoing import OutgoingData
+from wanxport.core.paths import Path
+from wanxport.core.scheduler import ChunkKind, Scheduler
+from wanxport.core.sent_packets import Chunk, SentPacket
+from wanxport.core.transmit import Transmit, number_datagrams
+from wanxport.wire.frames import AckFrame, DataFrame, Frame, ProbeFrame, ShardOpenFrame
+
+MAX_CONTROL_PAYLOAD = 1200
+
+
+class Transmitter:
+    """Builds the datagrams of every path, in packet-number and pacing order."""
+
+    def __init__(self, config: SessionConfig, paths: list[Path], outgoing: OutgoingData,
+                 scheduler: Scheduler) -> None:
+        self.config = config
+        self.paths = paths
+        self.outgoing = outgoing
+        self.scheduler = scheduler
+        self.control: list[Frame] = []
+        self.dirty: set[int] = set(range(len(paths)))
+        self.touched: set[int] = set()
+        self.needs_ack: set[int] = set()
+        self.wire = [WireNumbering() for _ in paths]  # per path: core packet -> wire numbers
+        self.segments = [config.datagram_payload(p) for p in config.paths]  # per path: datagram payload
+        self.hedged_bytes = 0
+
+    def touch(self, path: Path) -> None:
+        """The path's state changed: its deadline is recomputed before control returns."""
+        self.touched.add(path.path_id)
+
+    def control_on(self, path: Path, frame: Frame) -> None:
+        """Queue a frame that must go out on ``path`` itself (a probe, a probe answer)."""
+        path.pending_control.append(frame)
+        self.needs_ack.add(path.path_id)
+
+    def requeue(self, lost: list[SentPacket]) -> None:
+        """What lost packets carried goes back in line, for any path."""
+        for packet in lost:
+            if packet.chunks:
+                self.outgoing.requeue(packet.chunks)
+            if packet.control:
+                self.control.extend(packet.control)
+        self.dirty.update(range(len(self.paths)))
+        self.scheduler.data_requeued()
+
+    def handshake_probes(self, now: float) -> list[Transmit]:
+        """One PROBE datagram per path before any data, outside the packet accounting.
+
+        A driver sends them to learn that the peer hears every path (the peer
+        answers each; see ``aio.Endpoint.probe_paths``). Their wire numbers are
+        reserved ahead of the first core packet, so no ACK of them can confirm
+        anything; only before the session has sent a packet.
+        """
+        out: list[Transmit] = []
+        for path in self.paths:
+            frames: list[Frame] = [ProbeFrame(0)]
+            first = self.wire[path.path_id].reserve(1)
+            size = self.config.packet_overhead() + frames[0].wire_size
+            out.append(Transmit(path.path_id, first, 1, self.segments[path.path_id], frames, size, now))
+        return out
+
+    def poll(self, now: float) -> list[Transmit]:
+        """Everything that should leave now or within the pacing horizon."""
+        out: list[Transmit] = []
+        if self.needs_ack:
+            for path_id in sorted(self.needs_ack):
+                path = self.paths[path_id]
+                if path.acks.ack_due(now) or path.pending_control:
+                    self._emit_path_control(path, now, out)
+            self.needs_ack.clear()  # an ACK not yet due has its ack timer
+        if self.control:
+            self._emit_control(now, out)
+        for shard in self.outgoing.open_ready():
+            for path in self.paths:
+                path.needs_open.add(shard.shard_id)
+        self._emit_data(now, out)
+        return out
+
+    def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
+        frames: list[Frame] = []
+        acks = path.acks
+        if acks.has_unacked:
+            departs = max(now, path.last_departure_at)  # behind data already handed out
+            delay_us = int(max(0.0, departs - acks.largest_at) * 1e6)
+            frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), acks.ack_ranges()))
+            acks.ack_sent()
+        frames.extend(path.pending_control)
+        # A probe must be acknowledged (that readmits the path); a probe answer need not.
+        eliciting = any(isinstance(frame, ProbeFrame) for frame in path.pending_control)
+        path.pending_control = []
+        if frames:
+            self._send(path, frames, now, now, out, in_flight=False, eliciting=eliciting)
+
+    def _emit_control(self, now: float, out: list[Transmit]) -> None:
+        path = self._best_path(now)
+        if path is None:
+            return
+        frames: list[Frame] = []
+        size = 0
+        for frame in self.control:
+            if frames and size + frame.wire_size > MAX_CONTROL_PAYLOAD:
+                self._send(path, frames, now, now, out, control=frames)
+                frames, size = [], 0
+            frames.append(frame)
+            size += frame.wire_size
+        if frames:
+            self._send(path, frames, now, now, out, control=frames)
+        self.control.clear()
+
+    def _best_path(self, now: float) -> Path | None:
+        usable = [p for p in self.paths if p.usable]
+        if not usable:
+            return None
+        return min(usable, key=lambda p: p.rtt.smoothed_s)
+
+    def _emit_data(self, now: float, out: list[Transmit]) -> None:
+        """Fill the paths whose state changed (an ack, a timer, new data) since the last poll.
+
+        Every other path is waiting for its window (an ack will change it), its
+        pacing timer, or a re-check timer set when the scheduler held it back.
+        What to send where is the scheduler's decision; this is the mechanics.
+        """
+        if not self.outgoing.unfinished or not self.dirty:
+            return
+        if self.scheduler.refresh(self.paths, now):
+            self.dirty.update(range(len(self.paths)))  # data became free for every path
+        # A path without window room, or whose pacing holds it beyond the horizon,
+        # waits whatever the others do: settle those first, so only the paths that
+        # may send are ordered (after a loss every path is dirty; with hundreds of
+        # paths, sorting them all on every call dominated the simulator's time).
+        ready: list[Path] = []
+        for i in self.dirty:
+            path = self.paths[i]
+            if not path.usable or path.cwnd_space <= 0:
+                continue  # the next acknowledgement marks it changed
+            horizon = now + self._horizon_s(path)
+            if path.next_send_at > horizon:
+                wake = path.next_send_at - (horizon - now)
+                if path.pacing_wake != wake:  # unchanged: its timer already stands
+                    path.pacing_wake = wake
+                    self.touch(path)
+                continue
+            ready.append(path)
+        self.dirty.clear()
+        if len(ready) > 1:
+            ready = self.scheduler.order(ready, now)
+        for path in ready:
+            wait_until = self.scheduler.hold(path, now)
+            if wait_until is not None:
+                self.release_stripe(path)
+                path.pacing_wake = wait_until
+                self.touch(path)
+                continue
+            self._fill(path, now, now + self._horizon_s(path), out)
+
+    def release_stripe(self, path: Path) -> None:
+        """Give the data the path reserved to the others, and let them know."""
+        if self.scheduler.release(path.path_id):
+            self.dirty.update(i for i, p in enumerate(self.paths) if p.usable and p is not path)
+
+    def _horizon_s(self, path: Path) -> float:
+        """How far ahead of its departure a packet is handed out: about one burst.
+
+        Handed-out packets count as in flight, so the horizon stays well under a
+        round trip or the congestion controller would see a phantom queue.
+        """
+        burst_s = self.config.burst_packets * (path.mss + self.config.packet_overhead()) * 8
+        return max(self.config.pacing_horizon_s, min(burst_s / path.cc.pacing_rate_bps, path.rtt.min_s / 8))
+
+    def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit]) -> None:
+        overhead = self.config.packet_overhead()
+        path.pacing_wake = None
+        while path.cwnd_space > 0:
+            if path.next_send_at > horizon:
+                path.pacing_wake = path.next_send_at - (horizon - now)
+                self.touch(path)
+                return
+            picked = self.scheduler.next_chunk(path, now, self.paths)
+            if picked is None:
+                path.rate.on_app_limited(path.bytes_in_flight)
+                return
+            chunk, kind = picked
+            shard_id, offset, length = chunk
+            if shard_id in path.needs_open:
+                path.needs_open.discard(shard_id)
+                shard = self.outgoing.shards[shard_id]
+                frame = ShardOpenFrame(shard_id, shard.size, shard.digest, shard.meta)
+                self._send(path, [frame], now, max(now, path.next_send_at), out, control=[frame])
+            data = self.outgoing.shards[shard_id].data
+            view = data[offset:offset + length] if data is not None else None
+            frames: list[Frame] = [DataFrame(shard_id, offset, length, view)]
+            not_before = max(now, path.next_send_at)
+            self._send(path, frames, now, not_before, out, chunks=[chunk])
+            counters = path.payload
+            counters.payload_bytes += length
+            if kind is ChunkKind.RETRANSMISSION:
+                counters.retransmitted_bytes += length
+            elif kind is ChunkKind.HEDGE:
+                counters.hedged_bytes += length
+                self.hedged_bytes += length
+            # Pace by the whole datagram, DATA frame header included: the delivery-rate
+            # samples count the same bytes, so gain 1.0 is exactly the measured rate.
+            # Leaving the frame header out paced ~1 % above it: a queue crept up
+            # over seconds until it overflowed and a congestion cap cut the rate.
+            rate = path.cc.pacing_rate_bps / 8
+            path.next_send_at = not_before + (overhead + frames[0].wire_size) / rate
+
+    def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
+              out: list[Transmit], *, chunks: list[Chunk] | None = None,
+              control: list[Frame] | None = None, in_flight: bool = True, eliciting: bool = True) -> None:
+        # Packets leave a path in packet-number order: one handed out later never
+        # departs before one already scheduled (an ACK overtaking paced data would
+        # look like reordering to the peer, which answers reordering at once).
+        if not_before < path.last_departure_at:
+            not_before = path.last_departure_at
+        path.last_departure_at = not_before
+        pn = path.loss.take_pn()
+        overhead = self.config.packet_overhead()
+        size = overhead + sum(f.wire_size for f in frames)
+        if in_flight or eliciting:
+            rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
+            path.loss.on_packet_sent(SentPacket(pn, not_before, size, chunks, control,
+                                                eliciting, in_flight, rate_state))
+        out.append(number_datagrams(self.wire[path.path_id], path.path_id, pn, frames,
+                                    chunks[0][2] if chunks is not None else None,
+                                    self.segments[path.path_id], overhead, not_before))
+        self.touch(path)
