@@ -104,6 +104,9 @@ def sender_state(session: Session) -> tuple[object, ...]:
             sorted(session.outgoing.retransmit), shard.acked.ranges() if shard else None)
 
 
+@pytest.mark.skipif(session_module.__file__.endswith(".so"),
+                    reason="swaps the transmitter's WireNumbering class; a mypyc-compiled module "
+                           "binds it natively, so the swap would compare a session with itself")
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.data())
 def test_skipping_repeated_ranges_leaves_the_sender_exactly_as_translating_all(data: st.DataObject) -> None:
