@@ -33,6 +33,33 @@ class Received:
     quic: list[tuple[bytes, Address]] = field(default_factory=list)  # QUIC-looking (datagram, sender)
 
 
+class ShardReceiver(Protocol):
+    """What both receivers (``wire.native.Receiver``, ``wire.receiver.ReferenceReceiver``) offer."""
+
+    def add_shard(self, shard_id: int, buffer: memoryview) -> None: ...
+
+    def remove_shard(self, shard_id: int) -> None: ...
+
+    def freeze(self, shard_id: int, upto: int) -> None: ...
+
+
+class PlacesShards:
+    """The shard-buffer part of the protocol, the same for both data paths: their receiver
+    (native or the reference) owns the registered buffers and places DATA into them."""
+
+    receiver: ShardReceiver
+
+    def add_shard(self, shard_id: int, buffer: memoryview) -> None:
+        self.receiver.add_shard(shard_id, buffer)
+
+    def remove_shard(self, shard_id: int) -> None:
+        self.receiver.remove_shard(shard_id)
+
+    def freeze(self, shard_id: int, upto: int) -> None:
+        """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
+        self.receiver.freeze(shard_id, upto)
+
+
 class Datapath(Protocol):
     """Seals and paces what the core sends; opens, checks and places what arrives."""
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from wanxport.aio import native_io
 from wanxport.aio.config import Address, DirectionKey
-from wanxport.aio.datapath import Received
+from wanxport.aio.datapath import PlacesShards, Received
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
 from wanxport.wire import native
 from wanxport.wire.frames import AckFrame, PaddingFrame, encode_frames
@@ -53,7 +53,8 @@ def not_eliciting(plan: ControlPlan) -> bool:
     return all(isinstance(frame, AckFrame | PaddingFrame) for frame in plan.frames)
 
 
-class NativeDatapath:
+class NativeDatapath(PlacesShards):
+    receiver: native.Receiver
     name = "native"
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
@@ -196,16 +197,6 @@ class NativeDatapath:
                 queue.popleft()
 
     # -- receive -------------------------------------------------------------
-
-    def add_shard(self, shard_id: int, buffer: memoryview) -> None:
-        self.receiver.add_shard(shard_id, buffer)
-
-    def remove_shard(self, shard_id: int) -> None:
-        self.receiver.remove_shard(shard_id)
-
-    def freeze(self, shard_id: int, upto: int) -> None:
-        """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
-        self.receiver.freeze(shard_id, upto)
 
     def receive(self, path_id: int) -> Received:
         """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Sequence
 
 from wanxport.aio.config import Address, DirectionKey
-from wanxport.aio.datapath import Received
+from wanxport.aio.datapath import PlacesShards, Received
 from wanxport.aio.plan import DataPlan, Plan
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.frames import DataFrame
@@ -26,7 +26,8 @@ MAX_DATAGRAM = 65535
 MAX_DATAGRAMS_PER_WAKE = 512
 
 
-class PythonDatapath:
+class PythonDatapath(PlacesShards):
+    receiver: ReferenceReceiver
     name = "python"
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
@@ -94,16 +95,6 @@ class PythonDatapath:
 
     def flush(self) -> None:
         """Nothing is ever held back."""
-
-    def add_shard(self, shard_id: int, buffer: memoryview) -> None:
-        self.receiver.add_shard(shard_id, buffer)
-
-    def remove_shard(self, shard_id: int) -> None:
-        self.receiver.remove_shard(shard_id)
-
-    def freeze(self, shard_id: int, upto: int) -> None:
-        """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
-        self.receiver.freeze(shard_id, upto)
 
     def receive(self, path_id: int) -> Received:
         """Drain the path's socket: runs of placed DATA datagrams, opened control datagrams,
