@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"a": str(sides["a"]), "b": str(sides["b"]), "summary": summary,
-                                        "reports": reports}, indent=1) + "\n")
+                                        "reports": reports}, separators=(",", ":")) + "\n")
     return 0
 
 
