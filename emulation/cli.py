@@ -67,11 +67,14 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
                                           "wanxport or gloo; prints a run report")
     ar.add_argument("scenario")
     ar.add_argument("--comm", choices=("wanxport", "gloo"), required=True)
-    ar.add_argument("--ranks-per-site", type=int, default=1, metavar="R")
+    ar.add_argument("--ranks-per-site", type=int, default=1, metavar="R",
+                    help="rank processes per site (default 1; SIZE must split evenly over them)")
     ar.add_argument("--size", type=size_argument, help="float32 array bytes (default 64MiB)")
-    ar.add_argument("--steps", type=int, default=20)
-    ar.add_argument("--compress", choices=("none", "bf16", "int8"), default="none")
-    ar.add_argument("--timeout", type=float, default=120.0, metavar="S", help="per collective")
+    ar.add_argument("--steps", type=int, default=20, help="all-reduces on the same group (default 20)")
+    ar.add_argument("--compress", choices=("none", "bf16", "int8"), default="none",
+                    help="wanxport only (gloo: none)")
+    ar.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                    help="per collective (default 120)")
     ar.add_argument("--backend", choices=("netem", "engine"))
     ar.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
     ren = sub.add_parser("render", help="figures and table again from a compare directory's reports")
