@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import select
 import subprocess
 import sys
@@ -86,6 +87,12 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
 # -- receiver process ----------------------------------------------------------
 
 
+def process_cpu_s() -> float:
+    """User + system seconds of this process, all its threads (not its children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def receiver_main() -> None:
     """Child process entry (this module as ``__main__``): one JSON line in, lines out.
 
@@ -115,12 +122,14 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
     try:
         endpoint.connect(sender_addrs)
         _emit("ports", endpoint.local_addresses)
+        cpu_start = process_cpu_s()
         endpoint.start()
         expected = len(shard_sizes(spec.size, spec.shards))
         got: dict[int, ReceivedShard] = {}
         while len(got) < expected:
             shard = await asyncio.wait_for(endpoint.receive_shard(), spec.timeout_s)
             got[shard.shard_id] = shard
+        cpu_s = process_cpu_s() - cpu_start
         done_at = max(s.at for s in got.values())
         digest = hashlib.sha256()
         for shard_id in sorted(got):
@@ -132,7 +141,7 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
         return {"done_at": done_at, "sha256": digest.hexdigest(), "ok": all(s.ok for s in got.values()),
                 "bytes": sum(len(s.data) for s in got.values()),
                 "rejected": endpoint.datagrams_rejected, "counters": dict(endpoint.datapath.counters),
-                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records}
+                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records, "cpu_s": cpu_s}
     finally:
         await endpoint.close()
 
@@ -150,7 +159,6 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
     bounds = np.cumsum([0, *sizes]).tolist()
     view = memoryview(payload)
     shards = [view[bounds[i]:bounds[i + 1]] for i in range(len(sizes))]
-    digests = [hashlib.sha256(s).digest() for s in shards]
     payload_sha = hashlib.sha256(payload).hexdigest()
     endpoint = Endpoint(endpoint_config(spec, a_to_b, b_to_a, SENDER_CONN_ID, RECEIVER_CONN_ID))
     child: subprocess.Popen[bytes] | None = None
@@ -164,7 +172,10 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
         child.stdin.close()
         value = _expect(child.stdout, "ports", CHILD_START_TIMEOUT_S)
         endpoint.connect([(str(h), int(p)) for h, p in value])
+        cpu_start = process_cpu_s()  # the shard digests are the sender's work too
+        digests = [hashlib.sha256(s).digest() for s in shards]
         sent = run(_send(endpoint, shards, digests, spec.timeout_s))
+        sent["cpu_s"] = process_cpu_s() - cpu_start
         result = _expect(child.stdout, "ok", spec.timeout_s)
     finally:
         endpoint.abort()
@@ -247,6 +258,8 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
         mtu=spec.mtu, receiver_counters=received["counters"],
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
+        cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
+                      "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
     )
 
 
