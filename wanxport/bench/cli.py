@@ -29,6 +29,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS,
                         help="datagrams per core packet (segmentation below the core)")
     parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
+    parser.add_argument("--fresh-buffers", action="store_true",
+                        help="receive into untouched memory (a first step: the kernel zeroes each "
+                             "page on first write) instead of buffers touched before the clock starts")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
     parser.add_argument("--baseline", action="append", choices=("none", *BASELINES, "all"),
@@ -107,7 +110,7 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         timeout = args.timeout or max(60.0, size / 10e6)
         spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
                             "python" if args.python_datapath else "native", args.segments, shards,
-                            args.seed, timeout)
+                            args.seed, timeout, fresh_buffers=args.fresh_buffers)
         report = run_transfer(spec)
     if baseline is not None:
         report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)

@@ -25,7 +25,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
-from wanxport.aio.endpoint import Endpoint, ReceivedShard
+from wanxport.aio.endpoint import Allocator, Endpoint, ReceivedShard
 from wanxport.aio.loop import run
 from wanxport.bench.child import module_command
 from wanxport.core.config import PathConfig, SessionConfig
@@ -49,6 +49,7 @@ class TransferSpec:
     timeout_s: float
     pacer_spin_ns: int = 2_000
     pacer_burst_ns: int = 100_000
+    fresh_buffers: bool = False  # receive into never-touched memory (see warm_allocator)
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -116,9 +117,31 @@ def _emit(kind: str, value: Any) -> None:
     sys.stdout.flush()
 
 
+def warm_allocator(spec: TransferSpec) -> Allocator:
+    """Destination buffers allocated and touched before the clock starts, as a training step
+    receives into tensors it already owns (the same every step).
+
+    Why: the first write to a fresh page makes the kernel zero it, and on these VMs
+    that cost the receiver about as much CPU as everything else it does per GB (half
+    its samples were ``clear_page_erms``). That is the cost of new memory, paid once
+    per buffer, not of moving bytes; ``fresh_buffers`` measures it, for a first step.
+    """
+    pool: dict[int, np.ndarray[Any, Any]] = {}
+    for shard_id, size in enumerate(shard_sizes(spec.size, spec.shards)):
+        pool[shard_id] = np.empty(size, dtype=np.uint8)
+        pool[shard_id].fill(0)
+
+    def allocate(shard_id: int, size: int, meta: bytes) -> np.ndarray[Any, Any]:
+        buffer = pool.pop(shard_id, None)
+        return buffer if buffer is not None and len(buffer) == size else np.empty(size, dtype=np.uint8)
+
+    return allocate
+
+
 async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
                    sender_addrs: list[tuple[str, int]]) -> dict[str, Any]:
-    endpoint = Endpoint(endpoint_config(spec, send, recv, RECEIVER_CONN_ID, SENDER_CONN_ID))
+    allocator = None if spec.fresh_buffers else warm_allocator(spec)
+    endpoint = Endpoint(endpoint_config(spec, send, recv, RECEIVER_CONN_ID, SENDER_CONN_ID), allocator)
     try:
         endpoint.connect(sender_addrs)
         _emit("ports", endpoint.local_addresses)
@@ -256,7 +279,7 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         cipher=spec.cipher, datapath=spec.datapath,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
-        mtu=spec.mtu, receiver_counters=received["counters"],
+        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, receiver_counters=received["counters"],
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
         cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
                       "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
