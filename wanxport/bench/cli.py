@@ -29,6 +29,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS,
                         help="datagrams per core packet (segmentation below the core)")
     parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
+    parser.add_argument("--pacer-burst-us", type=float, default=100.0,
+                        help="the native pacer sends what falls due within this window at once")
     parser.add_argument("--fresh-buffers", action="store_true",
                         help="receive into untouched memory (a first step: the kernel zeroes each "
                              "page on first write) instead of buffers touched before the clock starts")
@@ -64,7 +66,8 @@ def bench_main(args: argparse.Namespace) -> int:
               (args.segments >= 1, "--segments must be >= 1"),
               (args.shards is None or args.shards >= 1, "--shards must be >= 1"),
               (args.pps is None or args.pps > 0, "--pps must be > 0"),
-              (args.duration > 0, "--duration must be > 0")]
+              (args.duration > 0, "--duration must be > 0"),
+              (0 <= args.pacer_burst_us <= 10_000, "--pacer-burst-us must be between 0 and 10000")]
     checks.append((args.transport == "wanxport" or (args.paths == 1 and args.pps is None),
                    "--transport aioquic runs one QUIC stream: use --paths 1 and no --pps"))
     for ok, message in checks:
@@ -110,7 +113,8 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         timeout = args.timeout or max(60.0, size / 10e6)
         spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
                             "python" if args.python_datapath else "native", args.segments, shards,
-                            args.seed, timeout, fresh_buffers=args.fresh_buffers)
+                            args.seed, timeout, pacer_burst_ns=round(args.pacer_burst_us * 1000),
+                            fresh_buffers=args.fresh_buffers)
         report = run_transfer(spec)
     if baseline is not None:
         report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)
@@ -147,7 +151,8 @@ def _print_summary(report: dict[str, Any]) -> None:
         print(f"limit digest (SHA-256): {limits['digest']['cpu_s_per_gb']:.3f} CPU-s/GB")
     if "cpu_vs_limit" in report:
         ratio = report["cpu_vs_limit"]
-        print(f"CPU per GB / (AEAD + digest): sender {ratio['sender']:.2f}x, receiver {ratio['receiver']:.2f}x")
+        print(f"CPU per GB / (AEAD + digest): sender {ratio['sender']:.2f}x, "
+              f"receiver {ratio['receiver']:.2f}x")
     if "raw_udp" in limits:
         raw = limits["raw_udp"]
         print(f"limit raw UDP (C, GSO/GRO, {raw['datagram_bytes']} B): {format_rate(raw['goodput_bps'])}, "
