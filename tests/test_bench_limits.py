@@ -86,3 +86,23 @@ def test_bench_reports_cpu_per_gb_next_to_its_limits(capsys: pytest.CaptureFixtu
     floor = report["limits"]["aead"]["cpu_s_per_gb"] + report["limits"]["digest"]["cpu_s_per_gb"]
     assert report["cpu_limit_s_per_gb"] == pytest.approx(floor, abs=1e-3)
     assert report["cpu_vs_limit"]["receiver"] == pytest.approx(cpu["receiver"] / floor, abs=0.01)
+
+
+@needs_native
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_each_datagram_fills_the_path_mtu(capsys: pytest.CaptureFixture[str], mtu: int) -> None:
+    """Jumbo frames: at MTU 9000 a datagram carries ~6x what it does at 1500, so the
+    per-datagram work (seal, send, receive, open) is paid ~6x less often per byte."""
+    parser = argparse.ArgumentParser(prog="wanxport bench")
+    add_bench_arguments(parser)
+    size = 8 << 20
+    args = parser.parse_args(["--paths", "2", "--size", "8MiB", "--shards", "2", "--mtu", str(mtu),
+                              "--json"])
+    assert bench_main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["intact"] is True and report["mtu"] == mtu
+    sent = sum(p["datagrams_sent"] for p in report["paths"])
+    carried = sum(p["payload_bytes"] for p in report["paths"])  # re-sent bytes included
+    full = mtu - 28 - 16 - 16 - 32  # IP/UDP, header, tag, a generous DATA frame header
+    assert sent >= size / (mtu - 28)
+    assert carried / sent >= 0.85 * full  # a few control datagrams (open, done, probes) dilute it
