@@ -31,6 +31,12 @@ wanxport's departures from BBRv1:
   search (as in BBRv2) rather than reducing anything.
 * The bandwidth filter ages only when a usable sample arrives, so an
   app-limited stretch (a path idling between shards) keeps its estimate.
+  Nothing else expires over an idle gap either (training steps' think time):
+  the window and pacing rate stay, and the first round trip after the gap
+  checks the route (``core.warm``). A step that ends while the path is still
+  in Startup (its tail is app-limited, so the plateau test never ran) resumes
+  Startup at pacing gain 1.25 over the measured bandwidth rather than 2/ln 2:
+  the search goes on at ProbeBW's pace, or ends after three flat rounds.
 * ProbeBW starts at a phase drawn from an RNG seeded with ``seed`` plus the
   path's index, so runs are reproducible and paths start out of phase.
 * Careful resume (draft-ietf-tsvwg-careful-resume in spirit) when a failed path is readmitted over
@@ -78,6 +84,10 @@ LOSS_CAP_BETA = 0.85
 #: (core.warm.RESUME_SHARE, the one careful-resume policy; core.cc cannot import it).
 RESUME_JUMP_GAIN = 0.5
 CAP_GROWTH_PER_ROUND = 1.05
+#: Startup resumed after an idle gap (a training step ended mid-search) paces at most this
+#: far above the bandwidth already measured: ProbeBW's probing gain, which a 1/4-BDP queue
+#: absorbs, instead of 2/ln 2, which would throw ~2 BDP at a path already found near full.
+RESTART_STARTUP_GAIN = 1.25
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
 _STATE_NAMES = ("startup", "drain", "probe_bw", "probe_rtt")
@@ -136,6 +146,7 @@ class BbrCongestionController(CongestionController):
         "_round_max_rate",
         "_prev_round_max_rate",
         "_idle_restart",
+        "_restart_capped",
         "_probe_rtt_done",
         "_prior_cwnd",
         "_cycle_index",
@@ -189,6 +200,7 @@ class BbrCongestionController(CongestionController):
         self._last_reduction = -math.inf
         self._congested_in_round = False
         self._resume_cap = math.inf  # while resuming: Startup is not paced above this
+        self._restart_capped = False  # Startup resumed from idle: gain RESTART_STARTUP_GAIN
         self._cwnd = self._initial_cwnd
         self._pacing_rate = self._initial_pacing_rate()
         self._enter_startup()
@@ -214,6 +226,11 @@ class BbrCongestionController(CongestionController):
         """
         if bytes_in_flight <= 0:
             self._idle_restart = True
+            if self._mode == STARTUP and self._has_bw and not self._restart_capped:
+                # A step ended mid-search: resume it near what was measured, not 2.89 x above it.
+                self._restart_capped = True
+                self._pacing_rate = min(self._pacing_rate,
+                                        max(RESTART_STARTUP_GAIN * self._bandwidth(), self._pacing_floor()))
         if now > self._newest_sent:
             self._newest_sent = now
 
@@ -415,6 +432,7 @@ class BbrCongestionController(CongestionController):
         not a new congestion episode: they must not cap the rate Startup just measured."""
         self._note_reduction(now)
         self._resume_cap = math.inf  # the search is over; ProbeBW may look beyond the saved rate
+        self._restart_capped = False
         self._mode = DRAIN
         self._pacing_gain = DRAIN_GAIN
         self._cwnd_gain = STARTUP_GAIN
@@ -450,10 +468,15 @@ class BbrCongestionController(CongestionController):
             rate = self._pacing_gain * self._bandwidth()
         if not self._full_bw_reached:
             rate = min(max(rate, self._initial_pacing_rate()), self._resume_cap)
+            if self._restart_capped and self._has_bw:
+                rate = min(rate, RESTART_STARTUP_GAIN * self._bandwidth())
         # In Startup a small early sample must not slow the search down.
         if self._full_bw_reached or rate > self._pacing_rate:
-            floor_rtt = self._min_rtt_s if self._min_rtt_s < math.inf else self._srtt_s
-            self._pacing_rate = max(rate, MIN_CWND_PACKETS * self._mss * 8.0 / floor_rtt)
+            self._pacing_rate = max(rate, self._pacing_floor())
+
+    def _pacing_floor(self) -> float:
+        floor_rtt = self._min_rtt_s if self._min_rtt_s < math.inf else self._srtt_s
+        return MIN_CWND_PACKETS * self._mss * 8.0 / floor_rtt
 
     def _set_cwnd(self, acked_bytes: int) -> None:
         mss = self._mss
