@@ -190,7 +190,7 @@ class _TcpFlow(_Flow):
         return self.flow.completed_at
 
     def summary(self) -> dict[str, Any]:
-        return {"retransmitted_bytes": self.flow.retransmitted_bytes, "srtt_s": self.flow.rtt.smoothed_s}
+        return {"retransmitted_bytes": self.flow.retransmitted_bytes, "srtt_s": self.flow.srtt_s}
 
 
 def _seeded(cc: str, seed: int) -> dict[str, Any]:

@@ -189,6 +189,11 @@ class TcpLikeFlow:
         self._links.reverse[0].send(_Ack(ranges), ACK_BYTES)
 
     @property
+    def srtt_s(self) -> float:
+        """The sender's smoothed RTT."""
+        return self.rtt.smoothed_s
+
+    @property
     def delivered_bytes(self) -> int:
         """Distinct stream bytes the receiver holds."""
         return self._stream.total

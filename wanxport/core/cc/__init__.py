@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.base import CcConfig, CcContext, CongestionController, PathGroup
 from wanxport.core.cc.bbr import BbrConfig
 from wanxport.core.cc.cubic import CubicConfig
 from wanxport.core.cc.fixed import FixedConfig
@@ -32,6 +32,7 @@ __all__ = [
     "CubicConfig",
     "FixedConfig",
     "LedbatConfig",
+    "PathGroup",
     "available_congestion_controls",
     "cc_config",
     "register_congestion_control",

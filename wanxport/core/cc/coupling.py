@@ -1,0 +1,50 @@
+"""BBR on links shared with other traffic (``bbr`` option ``shared = true``).
+
+Two changes make a session take no more than one flow's share of a link
+it shares: its paths are coupled, and its minimum RTT is held.
+
+Coupling. A session whose k paths all cross the same link runs k controllers, and
+k uncoupled BBR flows take k shares of that link from a neighbour (measured:
+two paths next to one simulated CUBIC flow took 85 % of the link,
+docs/results/fairness.md). MPTCP's coupled controllers (RFC 6356 LIA, OLIA,
+BALIA) cure this for window-growth controllers by sharing one increase
+budget among subflows; BBR has no increase rule, so the budget shared here is
+what gives BBR its share against other flows: how hard it probes (the 1.25
+pacing phase, and the 0.75 drain) and how far its window over-fills the pipe
+(2 x BDP). A coupled path keeps only its share w of each gain's excess,
+
+    gain_i = 1 + (gain - 1) * w_i,    w_i = bw_i / sum_j bw_j,
+
+so the session's probing and over-fill sum to one flow's. Paths that do not
+share a bottleneck still fill their own links — the window stays above one
+BDP and the probing phase still rises above 1 — only more slowly, which is
+why this is an option for sessions whose paths share links, not the default
+for disjoint provisioned paths.
+
+Holding the min RTT. BBR's min-RTT filter expires after 10 s and then takes
+the current sample. Next to a loss-based flow that keeps the buffer full,
+that sample includes the neighbour's queue: the "base" RTT jumps, the window
+(2 x bandwidth x min RTT) doubles, and since wanxport counts loss as
+congestion only above a queue measured from that base, the losses stop
+counting too — measured, a session that had held 51 % of the link took 85 %
+within five seconds of the expiry. On shared links the lifetime minimum is
+kept instead. The price: after a route change to a longer RTT the session
+reads a standing queue, counts its random losses as congestion and runs
+below its share — the safe failure next to other people's traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from wanxport.core.cc.base import CongestionController
+
+
+def coupled_gain(gain: float, own_bps: float, group: Sequence[CongestionController] | None) -> float:
+    """``gain`` reduced to this path's share of the group's bandwidth (``gain`` itself: no group)."""
+    if group is None or len(group) < 2:
+        return gain
+    total = sum(c.bandwidth_bps for c in group)
+    if not total > 0.0:
+        return gain
+    return 1.0 + (gain - 1.0) * own_bps / total
