@@ -15,7 +15,12 @@ Experiments (a flow's paths are listed by the links they cross):
 - ``2path-vs-bbr``/``2path-vs-cubic``: a wanxport session with both paths on l0 next to it;
 - ``split-vs-cubic``: wanxport paths on l0 and l1, a CUBIC flow on l0 (its share is judged on l0);
 - ``background``: a 64 MiB step exchange on l0+l1 from 3 s, alone, next to a ``ledbat``
-  bulk transfer and next to a ``bbr`` one.
+  bulk transfer and next to a ``bbr`` one;
+- ``tcp-bbr-pair``/``tcp-cubic-pair``: baselines, wanxport replaced by a second TCP flow;
+- every competing-flow experiment again as ``NAME-shared``, wanxport's BBR with
+  ``shared = true`` (coupled paths, held min RTT: ``wanxport.core.cc.coupling``);
+- ``disjoint``: what ``shared = true`` costs on bundled scenarios whose paths share
+  nothing (64 MiB, single runs).
 
 Summaries: for competing flows, Jain's index per 500 ms window, the first time
 (from the last flow's start) after which it stays >= 0.9, and each flow's share
@@ -32,8 +37,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from wanxport.scenario import Scenario, parse_scenario
+from wanxport.scenario import Scenario, parse_scenario, resolve
 from wanxport.sim.multi import FlowSpec, MultiRun
+from wanxport.sim.runner import SimOptions, simulate
+
+BUNDLED = Path(__file__).resolve().parent.parent / "emulation" / "scenarios"
 
 LINKS = """name = "two-links"
 description = "Two bottleneck links that flows share: 100 Mb/s, 40 ms RTT, 50 ms of buffer."
@@ -62,17 +70,35 @@ def _tcp(cc: str, start_s: float = 1.0) -> FlowSpec:
                     start_s=start_s)
 
 
-EXPERIMENTS: dict[str, list[FlowSpec]] = {
-    "two-wanxport": [FlowSpec("wanxport-1", ("l0",)), FlowSpec("wanxport-2", ("l0",), start_s=1.0)],
-    "two-wanxport-2path": [FlowSpec("wanxport-1", ("l0", "l0")),
-                           FlowSpec("wanxport-2", ("l0", "l0"), start_s=1.0)],
-    "vs-bbr": [FlowSpec("wanxport", ("l0",)), _tcp("bbr")],
-    "vs-cubic": [FlowSpec("wanxport", ("l0",)), _tcp("cubic")],
-    "2path-vs-bbr": [FlowSpec("wanxport", ("l0", "l0")), _tcp("bbr")],
-    "2path-vs-cubic": [FlowSpec("wanxport", ("l0", "l0")), _tcp("cubic")],
-    "split-vs-cubic": [FlowSpec("wanxport", ("l0", "l1")), _tcp("cubic")],
-}
+def _experiments(shared: bool) -> dict[str, list[FlowSpec]]:
+    """The competing-flow experiments, with wanxport's BBR in its default mode or ``shared``."""
+    options = {"shared": True} if shared else {}
+    suffix = "-shared" if shared else ""
+
+    def wanxport(name: str, paths: tuple[str, ...], start_s: float = 0.0) -> FlowSpec:
+        return FlowSpec(name, paths, cc_options=options, start_s=start_s)
+
+    return {f"{name}{suffix}": flows for name, flows in {
+        "two-wanxport": [wanxport("wanxport-1", ("l0",)), wanxport("wanxport-2", ("l0",), 1.0)],
+        "two-wanxport-2path": [wanxport("wanxport-1", ("l0", "l0")),
+                               wanxport("wanxport-2", ("l0", "l0"), 1.0)],
+        "vs-bbr": [wanxport("wanxport", ("l0",)), _tcp("bbr")],
+        "vs-cubic": [wanxport("wanxport", ("l0",)), _tcp("cubic")],
+        "2path-vs-bbr": [wanxport("wanxport", ("l0", "l0")), _tcp("bbr")],
+        "2path-vs-cubic": [wanxport("wanxport", ("l0", "l0")), _tcp("cubic")],
+        "split-vs-cubic": [wanxport("wanxport", ("l0", "l1")), _tcp("cubic")],
+    }.items()}
+
+
+#: Baselines: the wanxport flow replaced by a second TCP flow of the same controller.
+BASELINES = {f"tcp-{cc}-pair": [FlowSpec(f"tcp-{cc}-0", ("l0",), kind="tcp", cc=cc,
+                                         cc_options=TCP_BBR if cc == "bbr" else {}), _tcp(cc)]
+             for cc in ("bbr", "cubic")}
+EXPERIMENTS = {**_experiments(False), **_experiments(True), **BASELINES}
 BACKGROUND = {"alone": None, "next-to-ledbat": "ledbat", "next-to-bbr": "bbr"}
+#: What ``shared = true`` costs where nothing is shared: bundled scenarios, disjoint paths.
+DISJOINT = ("clean-2path", "hetero-8path", "lossy-long-2path")
+DISJOINT_BYTES = 64 << 20
 
 
 def links() -> Scenario:
@@ -116,9 +142,20 @@ def background(name: str) -> dict[str, Any]:
     return report
 
 
+def disjoint(name: str) -> dict[str, Any]:
+    """One bundled scenario's transfer, BBR by default and with ``shared = true``."""
+    scenario = resolve(name, BUNDLED)
+    runs = {mode: simulate(scenario, SimOptions(size_bytes=DISJOINT_BYTES, payload_mode="virtual",
+                                                cc_options=options))
+            for mode, options in (("default", {}), ("shared", {"shared": True}))}
+    return {"summary": {"experiment": f"disjoint/{name}",
+                        **{f"{mode}_completion_s": r["completion_s"] for mode, r in runs.items()},
+                        "ideal_s": runs["default"]["ideal_s"]}}
+
+
 def _run(job: tuple[str, str]) -> dict[str, Any]:
     kind, name = job
-    return fairness(name) if kind == "fairness" else background(name)
+    return {"fairness": fairness, "background": background, "disjoint": disjoint}[kind](name)
 
 
 def plot(reports: list[dict[str, Any]], path: Path) -> None:
@@ -158,24 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/results/fairness"),
                         help="directory for fairness.json and fairness.png")
     parser.add_argument("--only", default="", help="comma-separated experiment names "
-                        f"({', '.join(EXPERIMENTS)}, background)")
+                        f"({', '.join(EXPERIMENTS)}, background, disjoint)")
     parser.add_argument("--jobs", type=int, default=1, help="experiments run in parallel processes")
     args = parser.parse_args(argv)
     only = {n for n in args.only.split(",") if n}
-    unknown = only - set(EXPERIMENTS) - {"background"}
+    unknown = only - set(EXPERIMENTS) - {"background", "disjoint"}
     if unknown or args.jobs < 1:
         parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}" if unknown
                      else "--jobs must be >= 1")
     jobs = [("fairness", n) for n in EXPERIMENTS if not only or n in only]
     if not only or "background" in only:
         jobs += [("background", n) for n in BACKGROUND]
+    if not only or "disjoint" in only:
+        jobs += [("disjoint", n) for n in DISJOINT]
     with ProcessPoolExecutor(args.jobs) as pool:
         reports = list(pool.map(_run, jobs))
     for report in reports:
         print(json.dumps(report["summary"]), file=sys.stdout)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fairness.json").write_text(json.dumps(reports, separators=(",", ":")) + "\n")
-    plot(reports, args.out / "fairness.png")
+    plot([r for r in reports if "flows" in r], args.out / "fairness.png")
     return 0
 
 

@@ -52,6 +52,8 @@ class FlowSpec:
     start_s: float = 0.0
     size_bytes: int | None = None  # None: bulk, sends until the run ends
     shards: int = 16
+    #: wanxport: datagrams per core packet (None: the simulator's default, 16 as the app's).
+    datagrams_per_packet: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -130,7 +132,7 @@ class _WanxportFlow(_Flow):
         flow_scenario = replace(scenario, name=spec.name, paths=paths, transfer=transfer)
         cc_options = {**_seeded(spec.cc, seed), **spec.cc_options}
         options = SimOptions(payload_mode="virtual", congestion_control=spec.cc, cc_options=cc_options,
-                             seed=seed)
+                             seed=seed, datagrams_per_packet=spec.datagrams_per_packet)
 
         def attach(_loop: EventLoop, deliver_a: Deliver, deliver_b: Deliver) -> PathLinks:
             return links.attach(indices, deliver_a, self._metered(deliver_b))

@@ -420,7 +420,8 @@ class BbrCongestionController(CongestionController):
         return gain * self._bandwidth() / 8.0 * self._min_rtt_s
 
     def _coupled_gain(self, gain: float) -> float:
-        """ProbeBW's gains, reduced to this path's share on shared links (``core.cc.coupling``)."""
+        """ProbeBW's gains (and the window's extra packets, gain 1 + extra) reduced to this path's
+        share on shared links (``core.cc.coupling``)."""
         return coupled_gain(gain, self.bandwidth_bps, self._group) if self._mode == PROBE_BW else gain
 
     def _set_pacing_rate(self) -> None:
@@ -438,7 +439,8 @@ class BbrCongestionController(CongestionController):
     def _set_cwnd(self, acked_bytes: int) -> None:
         mss = self._mss
         if self._has_bw:
-            target = int(self._inflight(self._coupled_gain(self._cwnd_gain))) + EXTRA_CWND_PACKETS * mss
+            extra = (self._coupled_gain(1.0 + EXTRA_CWND_PACKETS) - 1.0) * mss
+            target = int(self._inflight(self._coupled_gain(self._cwnd_gain)) + extra)
             if self._full_bw_reached:
                 self._cwnd = min(self._cwnd + acked_bytes, target)
             elif self._cwnd < target or self._delivered < self._initial_cwnd:

@@ -15,7 +15,10 @@ pacing phase, and the 0.75 drain) and how far its window over-fills the pipe
 
     gain_i = 1 + (gain - 1) * w_i,    w_i = bw_i / sum_j bw_j,
 
-so the session's probing and over-fill sum to one flow's. Paths that do not
+so the session's probing and over-fill sum to one flow's; so do the few
+packets the window keeps beyond its target (3 core packets of 16 datagrams
+each per path: next to a 200 KB BDP, two paths' extras alone were a flow's
+worth). Paths that do not
 share a bottleneck still fill their own links — the window stays above one
 BDP and the probing phase still rises above 1 — only more slowly, which is
 why this is an option for sessions whose paths share links, not the default
