@@ -18,7 +18,7 @@ Experiments (a flow's paths are listed by the links they cross):
   bulk transfer and next to a ``bbr`` one;
 - ``tcp-bbr-pair``/``tcp-cubic-pair``: baselines, wanxport replaced by a second TCP flow;
 - every competing-flow experiment again as ``NAME-shared``, wanxport's BBR with
-  ``shared = true`` (coupled paths, held min RTT: ``wanxport.core.cc.coupling``);
+  ``shared = true`` (coupled paths and a held min RTT, see core/cc/coupling.py);
 - ``disjoint``: what ``shared = true`` costs on bundled scenarios whose paths share
   nothing (64 MiB, single runs).
 
