@@ -164,16 +164,25 @@ def test_ledbat_target_is_validated(value: object) -> None:
         cc_config("ledbat", {"target_ms": value})
 
 
-def test_coupled_gain_splits_the_excess_by_bandwidth_share() -> None:
-    class Stub:
-        def __init__(self, bandwidth_bps: float) -> None:
-            self.bandwidth_bps = bandwidth_bps
-
-    pair = [Stub(30e6), Stub(10e6)]
-    assert coupled_gain(1.25, 30e6, pair) == pytest.approx(1.1875)  # type: ignore[arg-type]
-    assert coupled_gain(0.75, 10e6, pair) == pytest.approx(0.9375)  # type: ignore[arg-type]
-    assert coupled_gain(2.0, 30e6, pair[:1]) == 2.0  # type: ignore[arg-type]
+def test_coupled_gain_splits_the_probing_excess_by_bandwidth_share() -> None:
+    context = CcContext(mss_bytes=1500)
+    pair = [cc_config("fixed", {"rate_bps": rate}).build(context) for rate in (30e6, 10e6)]
+    assert coupled_gain(1.25, 30e6, pair) == pytest.approx(1.1875)
+    assert coupled_gain(2.0, 10e6, pair) == pytest.approx(1.25)
+    assert coupled_gain(0.75, 10e6, pair) == 0.75  # draining stays whole
+    assert coupled_gain(2.0, 30e6, pair[:1]) == 2.0
     assert coupled_gain(2.0, 30e6, None) == 2.0
+
+
+def test_shared_bbr_paths_of_a_session_join_its_group() -> None:
+    from wanxport.core.cc import PathGroup
+
+    group = PathGroup()
+    shared = cc_config("bbr", {"shared": True})
+    controllers = [shared.build(CcContext(mss_bytes=1500, path_index=i, group=group)) for i in range(3)]
+    assert group.controllers == controllers
+    cc_config("bbr").build(CcContext(mss_bytes=1500, group=group))  # not shared: stays out
+    assert len(group.controllers) == 3
 
 
 def test_bad_flows_and_topologies_are_refused() -> None:

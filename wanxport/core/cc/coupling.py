@@ -10,15 +10,18 @@ docs/results/fairness.md). MPTCP's coupled controllers (RFC 6356 LIA, OLIA,
 BALIA) cure this for window-growth controllers by sharing one increase
 budget among subflows; BBR has no increase rule, so the budget shared here is
 what gives BBR its share against other flows: how hard it probes (the 1.25
-pacing phase, and the 0.75 drain) and how far its window over-fills the pipe
-(2 x BDP). A coupled path keeps only its share w of each gain's excess,
+pacing phase) and how far its window over-fills the pipe (2 x BDP). A
+coupled path keeps only its share w of each such gain's excess,
 
     gain_i = 1 + (gain - 1) * w_i,    w_i = bw_i / sum_j bw_j,
 
 so the session's probing and over-fill sum to one flow's; so do the few
 packets the window keeps beyond its target (3 core packets of 16 datagrams
 each per path: next to a 200 KB BDP, two paths' extras alone were a flow's
-worth). Paths that do not
+worth). Gains below 1 (the 0.75 drain phase) stay whole: every path still
+drains its queue, so a shared queue empties now and then and a session that
+joined while it stood still finds the true base RTT (scaling the drain too
+left two coupled sessions at 29 % / 71 % of a link). Paths that do not
 share a bottleneck still fill their own links — the window stays above one
 BDP and the probing phase still rises above 1 — only more slowly, which is
 why this is an option for sessions whose paths share links, not the default
@@ -45,7 +48,7 @@ from wanxport.core.cc.base import CongestionController
 
 def coupled_gain(gain: float, own_bps: float, group: Sequence[CongestionController] | None) -> float:
     """``gain`` reduced to this path's share of the group's bandwidth (``gain`` itself: no group)."""
-    if group is None or len(group) < 2:
+    if group is None or len(group) < 2 or gain < 1.0:
         return gain
     total = sum(c.bandwidth_bps for c in group)
     if not total > 0.0:
