@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from wanxport.core.cc import CcContext, LedbatConfig, cc_config
+from wanxport.core.cc import CcContext, LedbatConfig, PathGroup, cc_config
 from wanxport.core.cc.coupling import coupled_gain
+from wanxport.core.rtt import RttEstimator
 from wanxport.scenario import Scenario, parse_scenario
 from wanxport.sim.eventloop import EventLoop
 from wanxport.sim.multi import FlowSpec, MultiRun, jain_index
@@ -138,8 +139,6 @@ def test_tcp_like_flow_is_a_reliable_stream_over_a_lossy_link() -> None:
 
 
 def test_ledbat_backs_off_above_its_target_and_grows_below() -> None:
-    from wanxport.core.rtt import RttEstimator
-
     cc = LedbatConfig(target_ms=5.0).build(CcContext(mss_bytes=1500, initial_window_packets=10))
     rtt = RttEstimator()
     rtt.update(0.040, 0.0, 0.0)
@@ -175,8 +174,6 @@ def test_coupled_gain_splits_the_probing_excess_by_bandwidth_share() -> None:
 
 
 def test_shared_bbr_paths_of_a_session_join_its_group() -> None:
-    from wanxport.core.cc import PathGroup
-
     group = PathGroup()
     shared = cc_config("bbr", {"shared": True})
     controllers = [shared.build(CcContext(mss_bytes=1500, path_index=i, group=group)) for i in range(3)]
