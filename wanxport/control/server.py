@@ -31,7 +31,7 @@ from typing import Any
 from aioquic.asyncio.server import QuicServer
 from aioquic.buffer import Buffer
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import NetworkAddress, QuicConnection
+from aioquic.quic.connection import END_STATES, NetworkAddress, QuicConnection
 from aioquic.quic.packet import QuicHeader, QuicPacketType, pull_quic_header
 
 from wanxport.aio.port import PathPort
@@ -54,8 +54,8 @@ class _PortServer(QuicServer):
     """aioquic's server with its silent drops counted (see ``drops``) and its
     handshakes admitted by ``admission`` (Retry under load, caps, rate limits).
 
-    aioquic drops, without a word, what it cannot route; this asks the same
-    questions first to count those (and does not answer an unknown version
+    aioquic drops, without a word, what it cannot route or what reaches a connection
+    it is closing; this asks the same questions first to count those (and does not answer an unknown version
     with Version Negotiation: both ends are wanxport, and a reply to a forged
     source would be a reflection). An Initial that would open a connection is
     first put to ``Admission``: dropped, answered with a stateless Retry, or let
@@ -121,8 +121,10 @@ class _PortServer(QuicServer):
         if (header.packet_type != QuicPacketType.VERSION_NEGOTIATION and header.version is not None
                 and header.version not in self._configuration.supported_versions):
             return "unsupported_version", header
-        if header.destination_cid in self._protocols:
-            return None, header
+        protocol = self._protocols.get(header.destination_cid)
+        if protocol is not None:
+            # aioquic ignores, without a word, what reaches a connection it is closing.
+            return ("closed_connection" if protocol._quic._state in END_STATES else None), header
         if header.packet_type == QuicPacketType.INITIAL and len(data) >= SMALLEST_MAX_DATAGRAM_SIZE:
             return None, header  # aioquic opens a connection for it (or answers with a Retry)
         return "unknown_connection_id", header
