@@ -163,9 +163,10 @@ class Session:
         telling it why, and tell our driver the same (``SessionClosed``), rather than
         ignore it and leave both ends waiting for a shard that cannot come."""
         if self.closed is None:
-            self.close(now, CLOSE_PROTOCOL_VIOLATION, f"protocol violation: {reason}")
-            assert self.closed is not None
-            self._events.append(self.closed)
+            event = SessionClosed(CLOSE_PROTOCOL_VIOLATION, f"protocol violation: {reason}", now)
+            self._tx.control.append(CloseFrame(event.code, event.error))
+            self.closed = event
+            self._events.append(event)
 
     def handshake_probes(self, now: float) -> list[Transmit]:
         """One PROBE datagram per path before any data, outside the packet accounting.
