@@ -55,6 +55,8 @@ from wanxport.wire.frames import (
     ShardOpenFrame,
 )
 
+CLOSE_PROTOCOL_VIOLATION = 1  # CLOSE code: the peer broke the protocol (the reason says how)
+
 
 class Session:
     """Both directions of one multipath session with one peer."""
@@ -156,6 +158,16 @@ class Session:
         if self.closed is None:
             self._tx.control.append(CloseFrame(code, reason))
             self.closed = SessionClosed(code, reason, now)
+
+    def _violation(self, now: float, reason: str) -> None:
+        """The authenticated peer broke the protocol (e.g. opened beyond its credit): close,
+        telling it why, and tell our driver the same (``SessionClosed``), rather than
+        ignore it and leave both ends waiting for a shard that cannot come."""
+        if self.closed is None:
+            event = SessionClosed(CLOSE_PROTOCOL_VIOLATION, f"protocol violation: {reason}", now)
+            self._tx.control.append(CloseFrame(event.code, event.error))
+            self.closed = event
+            self._events.append(event)
 
     def handshake_probes(self, now: float) -> list[Transmit]:
         """One PROBE datagram per path before any data, outside the packet accounting.
@@ -265,7 +277,8 @@ class Session:
 
     def _on_control(self, path: Path, frame: Frame, now: float) -> None:
         if isinstance(frame, ShardOpenFrame):
-            self.incoming.open(frame)
+            if not self.incoming.open(frame):
+                self._violation(now, self.incoming.refusal)
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:
