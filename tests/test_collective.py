@@ -1,0 +1,228 @@
+"""wanxport.collective over loopback: results against numpy, identical sites, mismatches, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import reduce
+from pathlib import Path
+
+import numpy as np
+import pytest
+from collective_helpers import close_all, join_all, make_pki
+
+from wanxport.collective import CollectiveError, error_bound, part_bounds
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("pki"), 3)
+
+
+def inputs(n: int, count: int, seed: int = 5, dtype: type = np.float32) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(count) * 10 ** rng.uniform(-3, 3, count)).astype(dtype) for _ in range(n)]
+
+
+def fixed_order_sum(xs: list[np.ndarray]) -> np.ndarray:
+    return reduce(np.add, xs)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_all_reduce_equals_numpy_in_site_order_bitwise_everywhere(pki: Path, n: int) -> None:
+    groups = await join_all(pki, n)
+    try:
+        xs = inputs(n, 100_003)
+        arrays = [x.copy() for x in xs]
+        await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))
+        expected = fixed_order_sum(xs)
+        for a in arrays:
+            assert a.tobytes() == expected.tobytes()
+        means = [x.reshape(7, -1, 1).copy() for x in (y[:100_002] for y in xs)]  # shaped, in place
+        await asyncio.gather(*(g.all_reduce(m, op="mean") for g, m in zip(groups, means, strict=True)))
+        mean = fixed_order_sum([x[:100_002] for x in xs]) / np.float32(n)
+        for m in means:
+            assert m.shape == (7, 14_286, 1) and m.reshape(-1).tobytes() == mean.tobytes()
+    finally:
+        await close_all(groups)
+
+
+async def test_other_collectives_on_three_sites(pki: Path) -> None:
+    groups = await join_all(pki, 3)
+    try:
+        xs = inputs(3, 1_001, seed=9, dtype=np.float64)
+        gathered = await asyncio.gather(*(g.all_gather(x) for g, x in zip(groups, xs, strict=True)))
+        for got in gathered:
+            np.testing.assert_array_equal(got, np.stack(xs))
+        scattered = [x.copy() for x in xs]
+        parts = await asyncio.gather(*(g.reduce_scatter(s) for g, s in zip(groups, scattered, strict=True)))
+        total = fixed_order_sum(xs)
+        for k, part in enumerate(parts):
+            a, b = part_bounds(1_001, 3)[k]
+            assert part.tobytes() == total[a:b].tobytes()
+            assert scattered[k][:a].tobytes() == xs[k][:a].tobytes()  # other parts unchanged
+        ints = [np.arange(12, dtype=np.int32).reshape(3, 4) * (k + 1) for k in range(3)]
+        await asyncio.gather(*(g.broadcast(i, root=1) for g, i in zip(groups, ints, strict=True)))
+        for i in ints:
+            np.testing.assert_array_equal(i, np.arange(12, dtype=np.int32).reshape(3, 4) * 2)
+        await asyncio.gather(*(g.barrier() for g in groups))
+        assert [s.op for s in groups[0].stats()] == ["all_gather", "reduce_scatter", "broadcast", "barrier"]
+        assert all(s.ok and s.elapsed_s > 0 for s in groups[0].stats())
+    finally:
+        await close_all(groups)
+
+
+@pytest.mark.parametrize("compress", ["bf16", "int8"])
+async def test_compressed_identical_within_bound_with_error_feedback(pki: Path, compress: str) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        xs = inputs(2, 50_000, seed=3)
+        steps = 4
+        transmitted = [np.zeros(50_000, dtype=np.float64) for _ in range(2)]
+        for step in range(steps):
+            arrays = [x.copy() for x in xs]
+            await asyncio.gather(*(g.all_reduce(a, compress=compress, name="w")
+                                   for g, a in zip(groups, arrays, strict=True)))
+            assert arrays[0].tobytes() == arrays[1].tobytes()  # every site decodes the same bytes
+            if step == 0:
+                bound = sum(error_bound(compress, x) for x in xs)
+                assert np.all(np.abs(arrays[0] - fixed_order_sum(xs)) <= bound)
+            for k, g in enumerate(groups):
+                residual = g.feedback.residual("w")
+                assert residual is not None and np.any(residual != 0)
+                # what site k has transmitted so far is (steps x input) minus the residual still owed
+                transmitted[k] = (step + 1) * xs[k].astype(np.float64) - residual
+        # Error feedback: the sum of transmitted values over the steps converges to steps x input;
+        # what is left is one step's residual, bounded by one quantisation error, not `steps` of them.
+        for k in range(2):
+            drift = np.abs(transmitted[k] - steps * xs[k].astype(np.float64))
+            assert np.all(drift <= error_bound(compress, xs[k]) * 1.01 + 1e-30)
+        cross = groups[0].stats()[-1].sent_bytes
+        assert cross < 50_000 * 4 / (3.5 if compress == "int8" else 1.9)
+    finally:
+        await close_all(groups)
+
+
+async def test_mismatched_collectives_raise_at_every_site_and_the_group_goes_on(pki: Path) -> None:
+    groups = await join_all(pki, 3)
+    try:
+        calls = [groups[0].all_reduce(np.ones(10, np.float32)),
+                 groups[1].all_reduce(np.ones(11, np.float32)),
+                 groups[2].all_reduce(np.ones(10, np.float32))]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, CollectiveError) for r in results), results
+        assert "count 10 here vs 11" in str(results[0]) and "site-1" in str(results[0])
+        assert "count 11 here vs 10" in str(results[1])
+        results = await asyncio.gather(groups[0].all_reduce(np.ones(4, np.float32)),
+                                       groups[1].barrier(), groups[2].all_reduce(np.ones(4, np.float64)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, CollectiveError) for r in results), results
+        assert "op 'all_reduce' here vs 'barrier'" in str(results[0])
+        assert "dtype" in str(results[2]) or "op" in str(results[2])
+        arrays = [np.full(5, k, np.float32) for k in range(3)]  # the same group still works
+        await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))
+        assert all(a.tolist() == [3.0] * 5 for a in arrays)
+    finally:
+        await close_all(groups)
+
+
+async def test_async_handles_overlap_and_complete_in_any_order(pki: Path) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        buckets = [inputs(2, 20_000 * (b + 1), seed=b) for b in range(4)]
+        work = [[x.copy() for x in bucket] for bucket in buckets]
+        handles = [[g.all_reduce_async(work[b][k], name=f"b{b}") for b in range(4)]
+                   for k, g in enumerate(groups)]
+        assert all(not h.done() for hs in handles for h in hs)  # all four started, none finished yet
+        for hs in handles:
+            for h in reversed(hs):
+                await h
+        for b, bucket in enumerate(buckets):
+            expected = fixed_order_sum(bucket).tobytes()
+            assert work[b][0].tobytes() == expected and work[b][1].tobytes() == expected
+        assert all(h.elapsed_s is not None for hs in handles for h in hs)
+    finally:
+        await close_all(groups)
+
+
+async def test_stalled_peer_times_out_naming_it_and_the_group_is_rebuilt(pki: Path) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        with pytest.raises(CollectiveError, match="site-1") as info:
+            await groups[0].all_reduce(np.ones(100, np.float32), timeout=0.5)
+        assert info.value.site == "site-1"
+        with pytest.raises(CollectiveError, match="unusable"):
+            await groups[0].barrier()
+    finally:
+        await close_all(groups)
+    groups = await join_all(pki, 2)  # rebuilt in the same process
+    try:
+        arrays = [np.full(3, 2.0, np.float32), np.full(3, 5.0, np.float32)]
+        await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))
+        assert arrays[0].tolist() == arrays[1].tolist() == [7.0] * 3
+    finally:
+        await close_all(groups)
+
+
+async def test_peer_leaving_fails_the_waiting_call_naming_it(pki: Path) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        waiting = asyncio.ensure_future(groups[0].all_reduce(np.ones(100, np.float32), timeout=30))
+        await groups[1].close()
+        with pytest.raises(CollectiveError, match="site-1"):
+            await waiting
+    finally:
+        await close_all(groups)
+
+
+async def test_bad_arguments_are_one_line_errors(pki: Path) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        with pytest.raises(ValueError, match="compress"):
+            await groups[0].all_reduce(np.ones(3, np.float64), compress="int8")
+        with pytest.raises(ValueError, match="op"):
+            await groups[0].all_reduce(np.ones(3, np.float32), op="max")
+        with pytest.raises(ValueError, match="mean"):
+            await groups[0].all_reduce(np.ones(3, np.int64), op="mean")
+        with pytest.raises(ValueError, match="root"):
+            await groups[0].broadcast(np.ones(3), root=2)
+    finally:
+        await close_all(groups)
+
+
+def test_sync_group_from_threads(pki: Path) -> None:
+    import threading
+
+    from collective_helpers import mesh_paths, paths_of, site_names
+
+    from wanxport.collective import join_sync
+
+    names, pairs = site_names(2), mesh_paths(2)
+    groups: list = [None, None]
+
+    def open_site(k: int) -> None:
+        groups[k] = join_sync(k, names, identity=pki / names[k], ca=pki / "ca.pem",
+                              paths=paths_of(k, 2, pairs), timeout=30.0)
+
+    threads = [threading.Thread(target=open_site, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    xs = inputs(2, 10_000, seed=1)
+    arrays = [x.copy() for x in xs]
+    try:
+        handles = [g.all_reduce_async(a) for g, a in zip(groups, arrays, strict=True)]
+        results = [h.wait(30) for h in handles]
+        assert results[0] is arrays[0]
+        assert arrays[0].tobytes() == arrays[1].tobytes() == fixed_order_sum(xs).tobytes()
+        blocking = [threading.Thread(target=g.barrier) for g in groups]
+        for t in blocking:
+            t.start()
+        for t in blocking:
+            t.join(30)
+        assert [s.op for s in groups[0].stats()] == ["all_reduce", "barrier"]
+    finally:
+        for g in groups:
+            g.close()

@@ -1,0 +1,13 @@
+"""The one error a collective raises: it names the site (or the mismatch) so no caller guesses."""
+
+from __future__ import annotations
+
+
+class CollectiveError(RuntimeError):
+    """A collective could not complete: a peer site died, stalled past the timeout, or called
+    a different collective (op, size, dtype, compression). ``site`` names the site at fault
+    when one is known; the group is then ``broken`` and must be rebuilt with ``join``."""
+
+    def __init__(self, message: str, site: str | None = None) -> None:
+        super().__init__(message)
+        self.site = site

@@ -1,0 +1,130 @@
+"""One site's persistent session with one peer site, used both ways.
+
+A wanxport gateway session is set up by one side (the initiator) but its data plane
+and control channel carry shards in both directions, so a pair of sites needs exactly
+one session: path state (RTT, bandwidth, window) is shared by the two directions and
+carries from one collective to the next. The link sends collective messages as
+shards (header + body) and runs a reader that confirms each arriving shard to the
+sender and hands it to the group, keyed by the header's (sequence, phase).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from wanxport.control import ShardAnnounce
+from wanxport.core.stats import PathStats
+from wanxport.gateway.listener import GatewayListener
+from wanxport.gateway.session import GatewaySession, SessionFailed, sha256_hex, sha256_hex_async
+
+from .errors import CollectiveError
+from .message import HEADER_BYTES, Header, pack, unpack
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[["Link", Header, npt.NDArray[np.uint8]], None]
+Failed = Callable[["Link", CollectiveError], None]
+
+
+class Link:
+    """The session with site ``index`` (named ``name``); ``listener`` is kept open when we
+    accepted the session, because the session's data endpoint shares its ports."""
+
+    def __init__(self, index: int, name: str, session: GatewaySession, deliver: Deliver, failed: Failed,
+                 listener: GatewayListener | None = None) -> None:
+        self.index = index
+        self.name = name
+        self.session = session
+        self.listener = listener
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.failure: CollectiveError | None = None
+        self._deliver = deliver
+        self._failed = failed
+        self._next_shard = 0
+        self._sends: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._reader = asyncio.create_task(self._read())
+
+    def send(self, header: Header, body: npt.NDArray[np.uint8] | None) -> None:
+        """Queue one message; a failure to deliver it fails the link (and so the group's waiters)."""
+        size = HEADER_BYTES + (0 if body is None else body.nbytes)
+        payload = np.empty(size, dtype=np.uint8)
+        payload[:HEADER_BYTES] = np.frombuffer(pack(header), dtype=np.uint8)
+        if body is not None:
+            payload[HEADER_BYTES:] = body.reshape(-1).view(np.uint8)
+        shard_id = self._next_shard
+        self._next_shard += 1
+        task = asyncio.create_task(self._send(shard_id, payload, header.call.seq))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
+        try:
+            digest = await sha256_hex_async(payload) if payload.nbytes > 1 << 16 else sha256_hex(payload)
+            announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
+            ok = await self.session.send_shard(shard_id, payload.data, announce)
+        except SessionFailed as exc:
+            self._fail(f"site {self.name}: session lost while sending ({exc})")
+            return
+        except Exception as exc:  # noqa: BLE001 - any send failure ends the link the same way
+            self._fail(f"site {self.name}: send failed ({type(exc).__name__}: {exc})")
+            return
+        if not ok:
+            self._fail(f"site {self.name}: did not verify collective message {seq}")
+            return
+        self.bytes_sent += payload.nbytes
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                got = await self.session.receive()
+                await self.session.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
+                if not got.ok:
+                    raise CollectiveError(f"site {self.name}: a collective message failed its check",
+                                          self.name)
+                data = np.frombuffer(got.data, dtype=np.uint8)
+                self.bytes_received += data.nbytes
+                self._deliver(self, unpack(got.data, self.name), data[HEADER_BYTES:])
+        except asyncio.CancelledError:
+            raise
+        except CollectiveError as exc:
+            self._fail(str(exc))
+        except SessionFailed as exc:
+            if not self._closing:
+                self._fail(f"site {self.name}: session ended ({exc})")
+        except Exception as exc:  # noqa: BLE001 - whatever ends the reader ends the link
+            self._fail(f"site {self.name}: {type(exc).__name__}: {exc}")
+
+    def _fail(self, message: str) -> None:
+        if self.failure is None and not self._closing:
+            self.failure = CollectiveError(message, self.name)
+            log.warning("%s", message)
+            self._failed(self, self.failure)
+
+    def path_stats(self) -> tuple[PathStats, ...]:
+        """This session's paths now (payload bytes sent by us on each, RTT, state)."""
+        return self.session.endpoint.session.stats().paths
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (bounded) for our messages still in flight to be verified by the peer."""
+        if self._sends:
+            await asyncio.wait(set(self._sends), timeout=timeout_s)
+
+    async def close(self) -> None:
+        self._closing = True
+        self._reader.cancel()
+        for task in list(self._sends):
+            task.cancel()
+        await asyncio.gather(self._reader, *self._sends, return_exceptions=True)
+        try:
+            await self.session.close()
+        finally:
+            if self.listener is not None:
+                self.listener.close()
+

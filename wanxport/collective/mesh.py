@@ -1,0 +1,131 @@
+"""Setting a group up: one persistent session per pair of sites, the lower index dials.
+
+For the pair (i, j) with i < j, site j listens on that pair's paths and site i
+connects to them, so no pair ever gets two sessions and no two sites race to
+dial each other. Both sites of a pair name the same paths (``HOST:PORT`` of site
+j's ports); each pair has its own ports because a wanxport listener serves one
+session at a time. The peer's certificate name must be the one ``peers`` gives
+for its index: a site cannot join in another's place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+
+from wanxport.gateway.config import Address, GatewayOptions, parse_hostport
+from wanxport.gateway.handshake import initiate
+from wanxport.gateway.listener import GatewayListener
+from wanxport.gateway.session import GatewaySession
+
+from .errors import CollectiveError
+from .group import DEFAULT_TIMEOUT_S, Group
+
+log = logging.getLogger(__name__)
+
+PathSpec = str | Address
+PathsArg = Sequence[PathSpec] | Mapping[int, Sequence[PathSpec]]
+RETRY_S = 0.2
+
+
+def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Address]]:
+    """Each peer index -> the paths of our session with it (ValueError, one line, if missing)."""
+    if not isinstance(paths, Mapping):
+        if n_sites != 2:
+            raise ValueError("paths: with more than two sites give a mapping {peer index: [HOST:PORT, ...]}")
+        paths = {1 - site: paths}
+    out: dict[int, list[Address]] = {}
+    for peer in range(n_sites):
+        if peer == site:
+            continue
+        given = paths.get(peer)
+        if not given:
+            raise ValueError(f"paths: no paths for peer site {peer}")
+        out[peer] = [parse_hostport(p, "paths") if isinstance(p, str) else (p[0], int(p[1])) for p in given]
+    extra = set(paths) - set(out)
+    if extra:
+        raise ValueError(f"paths: {sorted(extra)} are not peer site indices (0..{n_sites - 1}, not {site})")
+    return out
+
+
+async def dial(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
+               options: GatewayOptions | None, deadline: float, peer: str) -> GatewaySession:
+    """Connect, retrying while the peer is not listening yet, until ``deadline`` (monotonic)."""
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return await asyncio.wait_for(initiate(paths, identity, ca, options),
+                                          max(0.1, deadline - time.monotonic()))
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            last = exc
+            await asyncio.sleep(RETRY_S)
+    raise CollectiveError(f"site {peer}: no session within the join timeout ({last})", peer)
+
+
+async def accept(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
+                 options: GatewayOptions | None, deadline: float, peer: str
+                 ) -> tuple[GatewaySession, GatewayListener]:
+    """Listen on the pair's paths and take the one session the peer opens."""
+    listener = GatewayListener(paths, identity, ca, options)
+    await listener.start()
+    try:
+        session = await asyncio.wait_for(listener.accept(), max(0.1, deadline - time.monotonic()))
+    except TimeoutError:
+        listener.close()
+        raise CollectiveError(f"site {peer}: did not connect within the join timeout", peer) from None
+    except BaseException:
+        listener.close()
+        raise
+    return session, listener
+
+
+async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[str],
+               ca: str | os.PathLike[str], paths: PathsArg, options: GatewayOptions | None = None,
+               timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = 60.0) -> Group:
+    """Join the group as site ``site``: one persistent session with every other site.
+
+    ``peers``: every site's certificate name in site-index order (this site's included).
+    ``identity``/``ca``: this site's key pair directory/prefix and the group's CA (mutual TLS).
+    ``paths``: the ``HOST:PORT`` paths of each pair's session, as a mapping
+    {peer index: [...]}, or, with two sites, the one list; for a pair (i, j), i < j, they
+    are site j's ports (j listens, i dials) and both sites pass the same list.
+    ``timeout``: the default per-collective timeout; ``join_timeout``: for the whole setup.
+    Raises CollectiveError naming a site that did not come, or came with the wrong name.
+    """
+    names = list(peers)
+    if len(names) < 2:
+        raise ValueError("peers: a group needs at least two sites")
+    if len(set(names)) != len(names):
+        raise ValueError(f"peers: site names must be unique, got {names}")
+    if not 0 <= site < len(names):
+        raise ValueError(f"site: {site} is not an index of peers (0..{len(names) - 1})")
+    if not timeout > 0 or not join_timeout > 0:
+        raise ValueError("timeout and join_timeout must be > 0 seconds")
+    per_peer = pair_paths(site, len(names), paths)
+    group = Group(site, names, timeout)
+    deadline = time.monotonic() + join_timeout
+
+    async def connect_one(peer: int) -> None:
+        listener = None
+        if site < peer:
+            session = await dial(per_peer[peer], identity, ca, options, deadline, names[peer])
+        else:
+            session, listener = await accept(per_peer[peer], identity, ca, options, deadline, names[peer])
+        if session.peer_name != names[peer]:
+            await session.close("wrong site")
+            if listener is not None:
+                listener.close()
+            raise CollectiveError(f"site {peer}: expected certificate {names[peer]!r}, "
+                                  f"got {session.peer_name!r}", names[peer])
+        group.add_link(peer, session, listener)
+
+    results = await asyncio.gather(*(connect_one(p) for p in per_peer), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        await group.close(drain_s=0.0)
+        raise failures[0]
+    log.info("site %s joined a group of %d sites", names[site], len(names))
+    return group

@@ -1,0 +1,140 @@
+"""A blocking face for code that is not async (training loops, DDP hooks, torch backends).
+
+``join_sync`` starts one event loop in a daemon thread and joins the group on it;
+the ``SyncGroup`` methods submit to that loop and block for the result.
+``all_reduce_async`` returns a ``SyncHandle`` at once (its sequence number is taken
+in call order, as with the async group) whose ``wait()`` blocks and whose
+``future`` is a ``concurrent.futures.Future`` (for ``add_done_callback``, e.g. to
+complete a ``torch.futures.Future``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from .group import CallStats, Group, Handle
+from .mesh import join
+
+
+class SyncHandle:
+    def __init__(self, future: concurrent.futures.Future[Any], handle: Handle) -> None:
+        self.future = future
+        self.handle = handle
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The result (the reduced array); raises the collective's error."""
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    @property
+    def elapsed_s(self) -> float | None:
+        return self.handle.elapsed_s
+
+
+class SyncGroup:
+    """A ``Group`` driven from ordinary threads; ``close()`` ends the group and its loop."""
+
+    def __init__(self, group: Group, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self.group = group
+        self.loop = loop
+        self._thread = thread
+
+    @property
+    def site(self) -> int:
+        return self.group.site
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def all_reduce(self, array: Any, op: str = "sum", compress: str | None = None,
+                   timeout: float | None = None, name: str | None = None) -> Any:
+        return self._call(self.group.all_reduce(array, op, compress, timeout, name))
+
+    def all_reduce_async(self, array: Any, op: str = "sum", compress: str | None = None,
+                         timeout: float | None = None, name: str | None = None) -> SyncHandle:
+        async def start() -> tuple[Handle, asyncio.Task[Any]]:
+            handle = self.group.all_reduce_async(array, op, compress, timeout, name)
+            return handle, asyncio.ensure_future(handle.wait())
+
+        handle, task = self._call(start())
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def copy_result(done: asyncio.Task[Any]) -> None:
+            if done.cancelled():
+                future.cancel()
+            elif done.exception() is not None:
+                future.set_exception(done.exception())
+            else:
+                future.set_result(done.result())
+
+        self.loop.call_soon_threadsafe(task.add_done_callback, copy_result)
+        return SyncHandle(future, handle)
+
+    def reduce_scatter(self, array: Any, op: str = "sum", compress: str | None = None,
+                       timeout: float | None = None, name: str | None = None) -> Any:
+        return self._call(self.group.reduce_scatter(array, op, compress, timeout, name))
+
+    def all_gather(self, array: Any, out: Any = None, timeout: float | None = None) -> Any:
+        return self._call(self.group.all_gather(array, out, timeout))
+
+    def broadcast(self, array: Any, root: int = 0, timeout: float | None = None) -> Any:
+        return self._call(self.group.broadcast(array, root, timeout))
+
+    def barrier(self, timeout: float | None = None) -> None:
+        self._call(self.group.barrier(timeout))
+
+    def stats(self) -> list[CallStats]:
+        return self._call(_value(self.group.stats))  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        try:
+            self._call(self.group.close())
+        finally:
+            self._call(_cancel_the_rest())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10.0)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+    def __enter__(self) -> SyncGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _cancel_the_rest() -> None:
+    """Tasks the sessions left behind end here, not as warnings when the loop goes."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+
+
+async def _value(fn: Any) -> Any:
+    return fn()
+
+
+def join_sync(site: int, peers: list[str], **kwargs: Any) -> SyncGroup:
+    """``join`` from non-async code (same arguments); the group runs on its own loop thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="wanxport-collective", daemon=True)
+    thread.start()
+    try:
+        group = asyncio.run_coroutine_threadsafe(join(site, peers, **kwargs), loop).result()
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10.0)
+        loop.close()
+        raise
+    return SyncGroup(group, loop, thread)
