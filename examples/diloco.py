@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -105,7 +106,6 @@ def worker(site: int, work: Path, outer_steps: int, inner_steps: int, first_port
     config = wt.SiteConfig.make(pki / site_name(site), pki / "ca.pem",
                                 [f"127.0.0.1:{first_port + site * PATHS_PER_PAIR + i}"
                                  for i in range(PATHS_PER_PAIR)])
-    from datetime import timedelta
     dist.init_process_group("wanxport", store=dist.FileStore(str(work / "store"), N_SITES), rank=site,
                             world_size=N_SITES, pg_options=config, timeout=timedelta(seconds=timeout))
     try:

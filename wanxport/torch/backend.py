@@ -23,6 +23,7 @@ stalled site makes ``Work.wait()`` raise ``CollectiveError`` naming it, never ha
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
@@ -31,13 +32,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
 from wanxport.torch import _bridge
+from wanxport.torch.rendezvous import join_through_store
 from wanxport.torch.config import ConfigError, SiteConfig
 
-__all__ = ["BACKEND", "WanxportProcessGroup", "compression", "register"]
+__all__ = ["BACKEND", "WanxportProcessGroup", "compression", "cross_site_bytes", "register"]
 
 BACKEND = "wanxport"
 
@@ -73,6 +75,31 @@ def _cpu(tensor: torch.Tensor, what: str) -> torch.Tensor:
     return tensor
 
 
+class _Work(Work):
+    """A collective in flight. torch's ``_create_work_from_future`` would swallow a failed
+    future's error in ``wait()``; this one raises it (``CollectiveError`` naming the site)."""
+
+    def __init__(self, pending: concurrent.futures.Future[Any] | None, future: Future[Any]) -> None:
+        super().__init__()
+        self._pending = pending
+        self._future = future
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = timeout.total_seconds() if timeout else 0.0
+        if self._pending is not None and seconds > 0:
+            concurrent.futures.wait([self._pending], seconds)
+            if not self._pending.done():
+                raise RuntimeError(f"wanxport: the collective did not complete within {seconds:g} s")
+        self._future.wait()  # raises the collective's error
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
 class WanxportProcessGroup(dist.ProcessGroup):
     """One rank per site over a ``wanxport.collective`` group (see the module docstring)."""
 
@@ -91,7 +118,7 @@ class WanxportProcessGroup(dist.ProcessGroup):
             pending = start()
         except Exception as exc:  # noqa: BLE001 - reported through the Work, as torch's backends do
             result.set_exception(exc)
-            return _create_work_from_future(result)
+            return _Work(None, result)
 
         def done(finished: Any) -> None:
             error = finished.exception()
@@ -101,7 +128,7 @@ class WanxportProcessGroup(dist.ProcessGroup):
                 result.set_result(value)
 
         pending.add_done_callback(done)
-        return _create_work_from_future(result)
+        return _Work(pending, result)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         (tensor,) = tensors
@@ -143,15 +170,27 @@ class WanxportProcessGroup(dist.ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor,
                              opts: Any = None) -> dist.Work:
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        flat = _cpu(tensor, "reduce_scatter_single input").reshape(-1)
+        flat = _cpu(tensor, "reduce_scatter_single input").reshape(-1).clone()  # the input stays as given
         return self._work(lambda: _bridge.reduce_scatter_start(self.group, flat, _cpu(output, "reduce_scatter"),
                                                                op=op, timeout=self.timeout), output)
+
+    # torch 2.13 calls the single-tensor forms by these names; earlier releases by the underscored ones.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
 
     def barrier(self, opts: Any = None) -> dist.Work:
         return self._work(lambda: _bridge.barrier_start(self.group, timeout=self.timeout), None)
 
     def shutdown(self) -> None:
         _bridge.close(self.group)
+
+
+def cross_site_bytes(pg: dist.ProcessGroup | None = None) -> int:
+    """Collective bytes this site's wanxport group sent plus received so far (``pg``: default group)."""
+    group = dist.group.WORLD if pg is None else pg
+    if not isinstance(group, WanxportProcessGroup):
+        raise ValueError(f"cross_site_bytes: {group!r} is not a 'wanxport' process group")
+    return _bridge.cross_site_bytes(group.group)
 
 
 def _create(options: Any, backend_options: Any) -> WanxportProcessGroup:
@@ -162,7 +201,7 @@ def _create(options: Any, backend_options: Any) -> WanxportProcessGroup:
     if config is None:
         config = SiteConfig.from_env()
     timeout = options.timeout.total_seconds() if isinstance(options.timeout, timedelta) else 1800.0
-    group = _bridge.join_through_store(options.store, options.group_rank, options.group_size, config,
+    group = join_through_store(options.store, options.group_rank, options.group_size, config,
                                        timeout=timeout)
     return WanxportProcessGroup(group, options.group_rank, options.group_size, timeout)
 
