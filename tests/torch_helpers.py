@@ -124,3 +124,51 @@ def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
         store.wait(["stall-over"], timedelta(seconds=3 * timeout))
     write(work / f"site-{site}.json", out)
     dist.destroy_process_group()
+
+
+# -- the DDP hook with a rank that dies --------------------------------------------
+
+
+def hook_failure_worker(global_rank: int, work: Path, first_port: int, timeout: float) -> None:
+    """2 sites x 2 ranks; after one good step site 1's rank 0 is killed; the others must raise."""
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from wanxport.collective import join_sync
+    from wanxport.torch import HookState, allreduce_hook
+
+    site, rank = divmod(global_rank, 2)
+    dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 2), rank=rank,
+                            world_size=2, timeout=timedelta(seconds=timeout))
+    pki = work / "pki"
+    group = join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
+                      paths=[f"127.0.0.1:{first_port + 2 * rank + i}" for i in range(2)], timeout=timeout)
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(64, 64), bucket_cap_mb=0.004)
+    state = HookState(group, timeout=timeout)
+    ddp.register_comm_hook(state, allreduce_hook)
+    out: dict[str, Any] = {"rank": global_rank}
+    x = torch.randn(8, 64)
+    ddp(x).sum().backward()
+    out["first_step"] = "ok"
+    if global_rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
+    try:
+        ddp(x).sum().backward()
+        out["second_step"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the test checks what it was
+        out["second_step"] = f"{type(exc).__name__}: {exc}"
+    out["second_step_s"] = time.monotonic() - started
+    out["refused_after"] = ""
+    try:
+        ddp(x).sum().backward()
+    except Exception as exc:  # noqa: BLE001
+        out["refused_after"] = str(exc)
+    write(work / f"rank-{global_rank}.json", out)
+    os._exit(0)  # the gloo group has a dead member: skip its teardown

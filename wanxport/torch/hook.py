@@ -25,8 +25,8 @@ further buckets at once (every rank of the site saw the same failure); rebuild t
 groups to continue.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: DDP compares the hook's annotations with
+# ``dist.GradBucket`` and ``Future[torch.Tensor]`` as objects, not strings.
 import logging
 import threading
 from concurrent.futures import Future as PyFuture
