@@ -48,7 +48,8 @@ def make_model() -> nn.Module:
 
 def teacher(x: torch.Tensor) -> torch.Tensor:
     """The function every site learns (smooth, nonlinear)."""
-    return torch.sin(x[:, :4].sum(dim=1, keepdim=True)) + 0.5 * torch.tanh(x[:, 4:8]).prod(dim=1, keepdim=True)
+    waves = torch.sin(x[:, :4].sum(dim=1, keepdim=True))
+    return waves + 0.5 * torch.tanh(x[:, 4:8]).prod(dim=1, keepdim=True)
 
 
 def site_batch(gen: torch.Generator, site: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +68,7 @@ def eval_loss(model: nn.Module) -> float:
 def diloco(site: int, outer_steps: int, inner_steps: int, codec: str | None) -> dict[str, object]:
     """One DiLoCo run on the default ("wanxport") group; the final loss and bytes per outer step."""
     model = make_model()
+    initial_loss = eval_loss(model)
     params = list(model.parameters())
     global_params = [p.detach().clone() for p in params]
     momentum = [torch.zeros_like(p) for p in params]
@@ -97,11 +99,12 @@ def diloco(site: int, outer_steps: int, inner_steps: int, codec: str | None) -> 
                 m.mul_(OUTER_MOMENTUM).add_(delta)                      # Nesterov outer SGD
                 g.sub_(OUTER_LR * (delta + OUTER_MOMENTUM * m))
                 p.copy_(g)
-    return {"final_loss": eval_loss(model), "bytes_per_outer_step": bytes_per_outer,
-            "params": sum(p.numel() for p in params)}
+    return {"initial_loss": initial_loss, "final_loss": eval_loss(model),
+            "bytes_per_outer_step": bytes_per_outer, "params": sum(p.numel() for p in params)}
 
 
-def worker(site: int, work: Path, outer_steps: int, inner_steps: int, first_port: int, timeout: float) -> None:
+def worker(site: int, work: Path, outer_steps: int, inner_steps: int, first_port: int,
+           timeout: float) -> None:
     pki = work / "pki"
     config = wt.SiteConfig.make(pki / site_name(site), pki / "ca.pem",
                                 [f"127.0.0.1:{first_port + site * PATHS_PER_PAIR + i}"
@@ -126,6 +129,7 @@ def run(outer_steps: int, inner_steps: int, timeout: float) -> dict[str, object]
     return {
         "sites": N_SITES, "outer_steps": outer_steps, "inner_steps": inner_steps,
         "params": plain["params"],
+        "initial_loss": plain["initial_loss"],
         "final_loss": {"none": plain["final_loss"], "int8": int8["final_loss"]},
         "final_loss_per_site": {"none": [s["None"]["final_loss"] for s in sites],
                                 "int8": [s["int8"]["final_loss"] for s in sites]},
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         per_step = sent[codec]  # type: ignore[index]
         print(f"{codec:>4}: final loss {losses[codec]:.5f}, "  # type: ignore[index]
               f"cross-site bytes per outer step {sum(per_step) / len(per_step):,.0f} (this site, both ways)")
+    print(f"initial loss {result['initial_loss']:.5f}")
     print(f"int8 final loss within {100 * result['relative_difference']:.2f} % of uncompressed "  # type: ignore[operator]
           f"({result['params']:,} parameters, {args.outer_steps} outer x {args.inner_steps} inner steps)")
     if args.json:

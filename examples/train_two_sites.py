@@ -114,7 +114,8 @@ def worker(global_rank: int, ranks: int, work: Path, steps: int, first_port: int
     reference = baseline(global_rank, ranks * N_SITES, work, steps)
     history, elapsed = two_sites(global_rank, ranks, work, steps, first_port, timeout)
     diffs = [float((a - b).abs().max()) for a, b in zip(history, reference, strict=True)]
-    close = [bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL)) for a, b in zip(history, reference, strict=True)]
+    close = [bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL))
+             for a, b in zip(history, reference, strict=True)]
     (work / f"rank-{global_rank}.json").write_text(json.dumps(
         {"rank": global_rank, "max_abs_diff": diffs, "allclose": close, "two_site_s": elapsed}))
 

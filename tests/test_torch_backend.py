@@ -8,8 +8,6 @@ a site that stops calling makes the other's next call raise within the timeout.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -20,7 +18,7 @@ from torch_helpers import pg_worker, read, run_ranks  # noqa: E402
 
 from wanxport.control.certs import make_test_pki  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 TIMEOUT_S = 8.0
 
 

@@ -24,7 +24,7 @@ from torch_helpers import hook_failure_worker, read, run_ranks  # noqa: E402
 from wanxport.control.certs import make_test_pki  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def test_two_sites_match_single_site_ddp_at_every_step(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 
-def run_ranks(target: Callable[..., None], n: int, args: tuple[Any, ...], deadline_s: float) -> list[int | None]:
+def run_ranks(target: Callable[..., None], n: int, args: tuple[Any, ...],
+              deadline_s: float) -> list[int | None]:
     """Run ``target(index, *args)`` in ``n`` spawned processes; their exit codes (None: killed)."""
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=target, args=(i, *args), daemon=True) for i in range(n)]

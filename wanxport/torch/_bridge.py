@@ -65,7 +65,8 @@ def all_reduce_start(group: SyncGroup, tensor: torch.Tensor, *, op: str = "sum",
     return group.all_reduce_async(tensor, op, compress, timeout, name).future
 
 
-def broadcast_start(group: SyncGroup, tensor: torch.Tensor, *, root: int, timeout: float | None) -> Future[Any]:
+def broadcast_start(group: SyncGroup, tensor: torch.Tensor, *, root: int,
+                    timeout: float | None) -> Future[Any]:
     return _submit(group, group.group.broadcast(tensor, root, timeout))
 
 

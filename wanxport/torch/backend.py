@@ -36,8 +36,8 @@ from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
 from wanxport.torch import _bridge
-from wanxport.torch.rendezvous import join_through_store
 from wanxport.torch.config import ConfigError, SiteConfig
+from wanxport.torch.rendezvous import join_through_store
 
 __all__ = ["BACKEND", "WanxportProcessGroup", "compression", "cross_site_bytes", "register"]
 
@@ -164,15 +164,17 @@ class WanxportProcessGroup(dist.ProcessGroup):
         (output,), (inputs,) = outputs, input_lists
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flat = torch.cat([_cpu(t, "reduce_scatter input").reshape(-1) for t in inputs])
-        return self._work(lambda: _bridge.reduce_scatter_start(self.group, flat, _cpu(output, "reduce_scatter"),
-                                                               op=op, timeout=self.timeout), outputs)
+        _cpu(output, "reduce_scatter")
+        return self._work(lambda: _bridge.reduce_scatter_start(self.group, flat, output, op=op,
+                                                               timeout=self.timeout), outputs)
 
     def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor,
                              opts: Any = None) -> dist.Work:
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flat = _cpu(tensor, "reduce_scatter_single input").reshape(-1).clone()  # the input stays as given
-        return self._work(lambda: _bridge.reduce_scatter_start(self.group, flat, _cpu(output, "reduce_scatter"),
-                                                               op=op, timeout=self.timeout), output)
+        _cpu(output, "reduce_scatter_single")
+        return self._work(lambda: _bridge.reduce_scatter_start(self.group, flat, output, op=op,
+                                                               timeout=self.timeout), output)
 
     # torch 2.13 calls the single-tensor forms by these names; earlier releases by the underscored ones.
     all_gather_single = _allgather_base
@@ -197,7 +199,8 @@ def _create(options: Any, backend_options: Any) -> WanxportProcessGroup:
     """torch's extended-API creator: rendezvous through the store, then join the sites' group."""
     config = backend_options if isinstance(backend_options, SiteConfig) else None
     if backend_options is not None and config is None:
-        raise ConfigError(f"pg_options for the wanxport backend must be a SiteConfig, got {backend_options!r}")
+        raise ConfigError(f"pg_options for the wanxport backend must be a SiteConfig, "
+                          f"got {backend_options!r}")
     if config is None:
         config = SiteConfig.from_env()
     timeout = options.timeout.total_seconds() if isinstance(options.timeout, timedelta) else 1800.0

@@ -41,7 +41,7 @@ def listen_paths(paths: tuple[str, ...] | list[str], lower_peer: int) -> list[st
 
 def _pair_paths(rank: int, published: list[dict[str, Any]]) -> dict[int, list[str]]:
     pairs: dict[int, list[str]] = {}
-    for peer, info in enumerate(published):
+    for peer in range(len(published)):
         if peer != rank:
             low, high = min(rank, peer), max(rank, peer)
             pairs[peer] = listen_paths(published[high]["paths"], low)
