@@ -27,13 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
-def test_two_sites_match_single_site_ddp_at_every_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", [2, 1])
+def test_two_sites_match_single_site_ddp_at_every_step(tmp_path: Path, ranks: int) -> None:
     out = tmp_path / "result.json"
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "train_two_sites.py"), "--steps", "3",
-                           "--json", str(out)], capture_output=True, text=True, timeout=280)
+    command = [sys.executable, str(ROOT / "examples" / "train_two_sites.py"), "--steps", "3",
+               "--ranks-per-site", str(ranks), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
-    assert result["ranks_per_site"] == 2 and result["steps"] == 3
+    assert result["ranks_per_site"] == ranks and result["steps"] == 3
     assert result["allclose_every_step"] is True
     assert result["max_abs_diff"] <= 1e-6
     assert "parameters match plain gloo DDP at every step" in done.stdout

@@ -55,7 +55,7 @@ def all_reduce_start(group: SyncGroup, tensor: torch.Tensor, *, op: str = "sum",
 
         def narrow(done: Future[Any]) -> None:
             if done.exception() is not None:
-                out.set_exception(done.exception())  # type: ignore[arg-type]
+                out.set_exception(done.exception())
                 return
             tensor.copy_(wide)
             out.set_result(tensor)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket
 from torch.futures import Future
 
 from wanxport.collective import CollectiveError
@@ -106,7 +107,7 @@ class HookState:
                 self._failed = exc
 
 
-def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+def allreduce_hook(state: HookState, bucket: GradBucket) -> Future[torch.Tensor]:
     """DDP comm hook: the mean of ``bucket`` over every rank of every site (see the module docstring)."""
     result: Future[torch.Tensor] = Future()
     if state._failed is not None:
