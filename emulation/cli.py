@@ -63,6 +63,20 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     cmp.add_argument("--backend", choices=("netem", "engine"))
     cmp.add_argument("--no-sim", action="store_true", help="skip the simulator column")
     cmp.add_argument("--out", required=True, help="directory for reports, figures, table")
+    ar = sub.add_parser("allreduce", help="an all-reduce between the two sites, N steps, "
+                                          "wanxport or gloo; prints a run report")
+    ar.add_argument("scenario")
+    ar.add_argument("--comm", choices=("wanxport", "gloo"), required=True)
+    ar.add_argument("--ranks-per-site", type=int, default=1, metavar="R",
+                    help="rank processes per site (default 1; SIZE must split evenly over them)")
+    ar.add_argument("--size", type=size_argument, help="float32 array bytes (default 64MiB)")
+    ar.add_argument("--steps", type=int, default=20, help="all-reduces on the same group (default 20)")
+    ar.add_argument("--compress", choices=("none", "bf16", "int8"), default="none",
+                    help="wanxport only (gloo: none)")
+    ar.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                    help="per collective (default 120)")
+    ar.add_argument("--backend", choices=("netem", "engine"))
+    ar.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
     ren = sub.add_parser("render", help="figures and table again from a compare directory's reports")
     ren.add_argument("out", metavar="DIR", help="a compare --out directory")
     ren.add_argument("--transports", help="columns in this order (default: as found)")
@@ -81,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             from emulation.compare import main_compare
 
             return main_compare(args)
+        if args.command == "allreduce":
+            from emulation.allreduce import main_allreduce
+
+            return main_allreduce(args)
         if args.command == "render":
             from emulation.compare import main_render
 

@@ -226,3 +226,41 @@ def test_sync_group_from_threads(pki: Path) -> None:
     finally:
         for g in groups:
             g.close()
+
+
+async def test_killed_peer_process_raises_naming_it_within_the_timeout(pki: Path) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from collective_helpers import mesh_paths, site_names
+
+    from wanxport.collective import join
+
+    names, pairs = site_names(2), mesh_paths(2)
+    spec = {"pki": str(pki), "site": 1, "names": names, "paths": pairs[(0, 1)]}
+    peer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("collective_peer.py")),
+                             json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    group = None
+    try:
+        group = await join(0, names, identity=pki / names[0], ca=pki / "ca.pem", paths=pairs[(0, 1)],
+                           timeout=30.0, join_timeout=30.0)
+        ones = np.ones(1000, dtype=np.float32)
+        await group.all_reduce(ones)
+        assert ones[0] == 2.0
+        assert await asyncio.to_thread(peer.stdout.readline) == "joined\n"
+        os.kill(peer.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(CollectiveError, match="site-1") as info:
+            await group.all_reduce(np.ones(1000, dtype=np.float32), timeout=8.0)
+        elapsed = time.monotonic() - started
+        assert elapsed < 8.5 and info.value.site == "site-1", (elapsed, str(info.value))
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+        peer.wait()
+        if group is not None:
+            await group.close()

@@ -49,11 +49,15 @@ def encoded_bytes(compress: str | None, count: int, itemsize: int = 4) -> int:
     return count + 4 * blocks
 
 
-def encode(compress: str, x: F32) -> npt.NDArray[np.uint8]:
-    """The wire bytes of the 1-D float32 array ``x``."""
+def encode(compress: str, x: F32, out: npt.NDArray[np.uint8] | None = None) -> npt.NDArray[np.uint8]:
+    """The wire bytes of the 1-D float32 array ``x`` (into ``out``, ``encoded_bytes`` long, if given)."""
+    if out is None:
+        out = np.empty(encoded_bytes(compress, x.size), dtype=np.uint8)
     if compress == "bf16":
-        return _encode_bf16(x).view(np.uint8)
-    return _encode_int8(x)
+        _encode_bf16(x, out[: 2 * x.size].view(np.uint16))
+    else:
+        _encode_int8(x, out)
+    return out
 
 
 def decode(compress: str, data: npt.NDArray[np.uint8], count: int, out: F32 | None = None) -> F32:
@@ -87,14 +91,17 @@ def error_bound(compress: str | None, x: F32) -> F32:
     return (per * np.float32(0.5 + 2.0 ** -14)).astype(np.float32)
 
 
-def _encode_bf16(x: F32) -> npt.NDArray[np.uint16]:
+def _encode_bf16(x: F32, out: npt.NDArray[np.uint16]) -> None:
     bits = x.view(np.uint32)
-    rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
-    out = (rounded >> 16).astype(np.uint16)
+    rounded = bits >> 16
+    rounded &= np.uint32(1)
+    rounded += np.uint32(0x7FFF)
+    rounded += bits
+    rounded >>= 16
+    out[:] = rounded
     nan = np.isnan(x)
     if nan.any():
         out[nan] = 0x7FC0  # rounding could carry a NaN's payload into the sign
-    return out
 
 
 def _int8_scales(x: F32) -> F32:
@@ -108,10 +115,9 @@ def _int8_scales(x: F32) -> F32:
     return (peaks / np.float32(127.0)).astype(np.float32)
 
 
-def _encode_int8(x: F32) -> npt.NDArray[np.uint8]:
+def _encode_int8(x: F32, out: npt.NDArray[np.uint8]) -> None:
     count = x.size
     scales = _int8_scales(x)
-    out = np.empty(encoded_bytes("int8", count), dtype=np.uint8)
     q = out[:count].view(np.int8)
     inverse = np.divide(np.float32(1.0), scales, out=np.zeros_like(scales), where=scales > 0)
     full = (count // INT8_BLOCK) * INT8_BLOCK
@@ -123,9 +129,8 @@ def _encode_int8(x: F32) -> npt.NDArray[np.uint8]:
         np.multiply(x[full:], inverse[-1], out=scaled[full:])
     np.rint(scaled, out=scaled)
     np.clip(scaled, -127, 127, out=scaled)
-    q[:] = scaled.astype(np.int8)
+    q[:] = scaled
     out[count:].view(np.float32)[:] = scales
-    return out
 
 
 class ErrorFeedback:

@@ -39,7 +39,7 @@ from . import codec
 from .buffers import as_array, flat_work, write_back
 from .errors import CollectiveError
 from .link import Link
-from .message import Call, Header, mismatch
+from .message import Call, Header, body_of, mismatch, new_payload, payload_of
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,8 @@ class Group:
         await self.close()
 
     # -- schedules ---------------------------------------------------------------
+    # Array work (copies, codecs, sums) goes through ``_cpu``: a worker thread for
+    # large arrays, so the loop keeps acknowledging and pacing meanwhile.
 
     async def _all_reduce(self, call: Call, arr: npt.NDArray[Any], original: Any, name: str | None,
                           ) -> Any:
@@ -237,10 +239,9 @@ class Group:
         key = self.feedback.key(name, arr)
         if self.size == 2:
             bounds = [(0, call.count)] * 2
-            bodies, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds)
-            got = await self._exchange(call, 0, {p: (0, call.count, bodies[p]) for p in self.links})
-            parts = [mine if k == self.site else self._decode(call, got[k]) for k in range(2)]
-            await _cpu(flat.nbytes, _fixed_sum, flat, parts, call.reduce, 2)
+            payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds)
+            got = await self._exchange(call, 0, {p: (0, call.count, payloads[p]) for p in self.links})
+            await _cpu(flat.nbytes, self._reduce, call, flat, mine, got, 0)
         else:
             bounds = part_bounds(call.count, self.size)
             own = await self._scatter_reduce(call, flat, key, bounds)
@@ -259,13 +260,12 @@ class Group:
     async def _scatter_reduce(self, call: Call, flat: npt.NDArray[Any], key: object,
                               bounds: list[tuple[int, int]]) -> npt.NDArray[Any]:
         """Phase 0: part k of every site's (encoded) contribution goes to site k; ours summed."""
-        bodies, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds)
-        sends = {p: (bounds[p][0], bounds[p][1] - bounds[p][0], bodies[p]) for p in self.links}
+        payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds)
+        sends = {p: (bounds[p][0], bounds[p][1] - bounds[p][0], payloads[p]) for p in self.links}
         got = await self._exchange(call, 0, sends)
         a, b = bounds[self.site]
-        parts = [mine[a:b] if k == self.site else self._decode(call, got[k]) for k in range(self.size)]
         reduced = np.empty(b - a, dtype=flat.dtype)
-        await _cpu(flat.nbytes // self.size, _fixed_sum, reduced, parts, call.reduce, self.size)
+        await _cpu(reduced.nbytes, self._reduce, call, reduced, mine[a:b], got, a)
         return reduced
 
     async def _gather_parts(self, call: Call, flat: npt.NDArray[Any], own: npt.NDArray[Any],
@@ -273,61 +273,81 @@ class Group:
         """Phase 1: every site's reduced part to every site (encoded again when compressing;
         the owner keeps the decoded value, so all sites hold the same bytes)."""
         a, b = bounds[self.site]
-        if call.compress is not None and own.size:
-            body = codec.encode(call.compress, own)
-            own = codec.decode(call.compress, body, own.size)
-        else:
-            body = own.view(np.uint8)
-        got = await self._exchange(call, 1, {p: (a, b - a, body) for p in self.links})
-        flat[a:b] = own
-        for peer, message in got.items():
-            pa, pb = bounds[peer]
-            if pb > pa:
-                flat[pa:pb] = self._decode(call, message)
+        payload, own = await _cpu(own.nbytes, _encode_part, call.compress, own)
+        got = await self._exchange(call, 1, {p: (a, b - a, payload) for p in self.links})
+
+        def place() -> None:
+            flat[a:b] = own
+            for peer, message in got.items():
+                pa, pb = bounds[peer]
+                if pb > pa:
+                    flat[pa:pb] = self._decode(call, message)
+
+        await _cpu(flat.nbytes, place)
 
     async def _all_gather(self, call: Call, arr: npt.NDArray[Any], out: npt.NDArray[Any] | None,
                           ) -> npt.NDArray[Any]:
-        flat = flat_work(arr)
-        got = await self._exchange(call, 0, {p: (0, call.count, flat.view(np.uint8)) for p in self.links})
+        payload = await _cpu(arr.nbytes, payload_of, flat_work(arr))
+        got = await self._exchange(call, 0, {p: (0, call.count, payload) for p in self.links})
         result = np.empty((self.size, *arr.shape), dtype=arr.dtype) if out is None else out
-        result[self.site] = arr
-        for peer, message in got.items():
-            result[peer] = self._decode(call, message).reshape(arr.shape)
+
+        def place() -> None:
+            result[self.site] = arr
+            for peer, message in got.items():
+                result[peer] = self._decode(call, message).reshape(arr.shape)
+
+        await _cpu(result.nbytes, place)
         return result
 
     async def _broadcast(self, call: Call, arr: npt.NDArray[Any]) -> None:
         flat = flat_work(arr)
         if self.site == call.root:
-            await self._exchange(call, 0, {p: (0, call.count, flat.view(np.uint8)) for p in self.links})
+            payload = await _cpu(flat.nbytes, payload_of, flat)
+            await self._exchange(call, 0, {p: (0, call.count, payload) for p in self.links})
             return
         got = await self._exchange(call, 0, {p: (0, 0, None) for p in self.links})
-        flat[:] = self._decode(call, got[call.root])
-        write_back(arr, flat)
+
+        def place() -> None:
+            flat[:] = self._decode(call, got[call.root])
+            write_back(arr, flat)
+
+        await _cpu(flat.nbytes, place)
 
     async def _header_only(self, call: Call) -> None:
         await self._exchange(call, 0, {p: (0, 0, None) for p in self.links})
 
-    # -- plumbing --------------------------------------------------------------
+    # -- array work (in a worker thread for large arrays) -------------------------
 
     def _prepare(self, compress: str | None, key: object, flat: npt.NDArray[Any],
-                 bounds: list[tuple[int, int]]) -> tuple[dict[int, npt.NDArray[np.uint8] | None],
-                                                         npt.NDArray[Any]]:
-        """What we send each site (its part, encoded) and our own contribution as decoded
-        (with compression: plus the error-feedback residual, updated here)."""
-        if compress is None:
-            mine = flat.copy()
-            bodies: dict[int, npt.NDArray[np.uint8] | None] = {
-                k: mine[a:b].view(np.uint8) if b > a else None for k, (a, b) in enumerate(bounds)}
-            return bodies, mine
-        target = self.feedback.compensate(key, flat)
-        mine = np.empty_like(target)
-        encoded: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
-        for a, b in set(bounds):
-            if b > a:
-                encoded[(a, b)] = codec.encode(compress, target[a:b])
-                codec.decode(compress, encoded[(a, b)], b - a, out=mine[a:b])
-        self.feedback.record(key, target, mine)
-        return {k: encoded.get((a, b)) for k, (a, b) in enumerate(bounds)}, mine
+                 bounds: list[tuple[int, int]]) -> tuple[dict[int, npt.NDArray[np.uint8]], npt.NDArray[Any]]:
+        """The message buffer for each site (its part, encoded) and our own contribution as
+        the others will decode it (with compression: plus the error-feedback residual,
+        updated here). Uncompressed, our contribution is read from the send buffers."""
+        parts = sorted(set(bounds))
+        payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
+        if compress is None and len(parts) == 1:
+            payload = payloads[parts[0]] = payload_of(flat)
+            return {k: payload for k in range(len(bounds))}, body_of(payload).view(flat.dtype)
+        mine = np.empty_like(flat)
+        target = flat if compress is None else self.feedback.compensate(key, flat)
+        for a, b in parts:
+            if compress is None:
+                payloads[(a, b)] = payload_of(flat[a:b])
+                mine[a:b] = flat[a:b]
+            else:
+                payload = payloads[(a, b)] = new_payload(codec.encoded_bytes(compress, b - a))
+                codec.encode(compress, target[a:b], body_of(payload))
+                codec.decode(compress, body_of(payload), b - a, out=mine[a:b])
+        if compress is not None:
+            self.feedback.record(key, target, mine)
+        return {k: payloads[(a, b)] for k, (a, b) in enumerate(bounds)}, mine
+
+    def _reduce(self, call: Call, out: npt.NDArray[Any], mine: npt.NDArray[Any], got: dict[int, Got],
+                offset: int) -> None:
+        """``out = ((c0 + c1) + c2) + ...`` over the decoded contributions in site order."""
+        del offset  # every message of the phase carries the same part
+        parts = [mine if k == self.site else self._decode(call, got[k]) for k in range(self.size)]
+        _fixed_sum(out, parts, call.reduce, self.size)
 
     def _decode(self, call: Call, message: Got) -> npt.NDArray[Any]:
         _, header, body = message
@@ -335,14 +355,17 @@ class Group:
             return body.view(np.dtype(call.dtype))
         return codec.decode(call.compress, body, header.elements)
 
+    # -- plumbing --------------------------------------------------------------
+
     async def _exchange(self, call: Call, phase: int,
                         sends: dict[int, tuple[int, int, npt.NDArray[np.uint8] | None]]) -> dict[int, Got]:
         """Send each peer its message of this phase; one from each peer, checked, in return."""
         tally = self._tallies.get(call.seq)
-        for peer, (offset, elements, body) in sends.items():
-            self.links[peer].send(Header(call, phase, offset, elements), body)
+        for peer, (offset, elements, payload) in sends.items():
+            message = payload if payload is not None and elements > 0 else new_payload(0)
+            self.links[peer].send(Header(call, phase, offset, elements), message)
             if tally is not None:
-                tally.sent += 64 + (0 if body is None else body.nbytes)
+                tally.sent += message.nbytes
         futures = [self._receive(peer, call.seq, phase) for peer in self.links]
         got: dict[int, Got] = {}
         for next_done in asyncio.as_completed(futures):
@@ -377,8 +400,9 @@ class Group:
         except TimeoutError:
             missing = sorted({self.names[p] for (p, seq, _) in self._waiters if seq == call.seq})
             who = ", ".join(missing) or "(none missing: local work was too slow)"
-            error = CollectiveError(f"{call.op} #{call.seq}: no message from site {who} within {limit:g} s; "
-                                    f"the group is broken, join again", missing[0] if missing else None)
+            error = CollectiveError(f"{call.op} #{call.seq}: no message from site {who} within {limit:g} s "
+                                    f"(dead or stalled); the group is broken, join again",
+                                    missing[0] if missing else None)
             self._break(error)
             raise error from None
         finally:
@@ -469,6 +493,16 @@ def _fixed_sum(out: npt.NDArray[Any], parts: list[npt.NDArray[Any]], reduce: str
         np.add(out, part, out=out)
     if reduce == "mean":
         np.divide(out, out.dtype.type(n), out=out)
+
+
+def _encode_part(compress: str | None, part: npt.NDArray[Any],
+                 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[Any]]:
+    """A reduced part's message buffer and the value every site will hold for it."""
+    if compress is None or not part.size:
+        return payload_of(part), part
+    payload = new_payload(codec.encoded_bytes(compress, part.size))
+    codec.encode(compress, part, body_of(payload))
+    return payload, codec.decode(compress, body_of(payload), part.size)
 
 
 async def _cpu(nbytes: int, fn: Any, *args: Any) -> Any:

@@ -51,13 +51,10 @@ class Link:
         self._closing = False
         self._reader = asyncio.create_task(self._read())
 
-    def send(self, header: Header, body: npt.NDArray[np.uint8] | None) -> None:
-        """Queue one message; a failure to deliver it fails the link (and so the group's waiters)."""
-        size = HEADER_BYTES + (0 if body is None else body.nbytes)
-        payload = np.empty(size, dtype=np.uint8)
+    def send(self, header: Header, payload: npt.NDArray[np.uint8]) -> None:
+        """Queue one message (``payload`` from ``message.new_payload``; its header is written
+        here); a failure to deliver it fails the link (and so the group's waiters)."""
         payload[:HEADER_BYTES] = np.frombuffer(pack(header), dtype=np.uint8)
-        if body is not None:
-            payload[HEADER_BYTES:] = body.reshape(-1).view(np.uint8)
         shard_id = self._next_shard
         self._next_shard += 1
         task = asyncio.create_task(self._send(shard_id, payload, header.call.seq))

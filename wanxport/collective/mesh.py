@@ -29,6 +29,16 @@ log = logging.getLogger(__name__)
 PathSpec = str | Address
 PathsArg = Sequence[PathSpec] | Mapping[int, Sequence[PathSpec]]
 RETRY_S = 0.2
+# The control channel (verdicts, announcements, keys) shares the paths a collective
+# saturates with its own data: at the gateway default of 2 s a few keepalives lost
+# in full drop-tail queues made it re-dial mid-step under load. A dead peer is
+# still caught by the collective's own timeout.
+CONTROL_TIMEOUT_S = 10.0
+
+
+def default_options() -> GatewayOptions:
+    """The gateway options a group uses unless ``join`` is given others."""
+    return GatewayOptions(control_timeout_s=CONTROL_TIMEOUT_S)
 
 
 def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Address]]:
@@ -92,6 +102,7 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
     ``paths``: the ``HOST:PORT`` paths of each pair's session, as a mapping
     {peer index: [...]}, or, with two sites, the one list; for a pair (i, j), i < j, they
     are site j's ports (j listens, i dials) and both sites pass the same list.
+    ``options``: gateway options (default ``default_options()``: a 10 s control timeout).
     ``timeout``: the default per-collective timeout; ``join_timeout``: for the whole setup.
     Raises CollectiveError naming a site that did not come, or came with the wrong name.
     """
@@ -105,6 +116,7 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
     if not timeout > 0 or not join_timeout > 0:
         raise ValueError("timeout and join_timeout must be > 0 seconds")
     per_peer = pair_paths(site, len(names), paths)
+    options = options or default_options()
     group = Group(site, names, timeout)
     deadline = time.monotonic() + join_timeout
 

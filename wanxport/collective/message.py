@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from .errors import CollectiveError
 
@@ -45,6 +49,25 @@ class Header:
     phase: int
     offset: int  # first element this message carries
     elements: int  # elements it carries (0: a header-only message)
+
+
+def new_payload(body_bytes: int) -> npt.NDArray[np.uint8]:
+    """A message buffer: ``HEADER_BYTES`` for the header, then room for the body (``body_of``)."""
+    return np.empty(HEADER_BYTES + body_bytes, dtype=np.uint8)
+
+
+def body_of(payload: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    return payload[HEADER_BYTES:]
+
+
+def payload_of(body: npt.NDArray[Any] | None) -> npt.NDArray[np.uint8]:
+    """A message buffer holding a copy of ``body`` (an empty body when None)."""
+    if body is None:
+        return new_payload(0)
+    raw = body.reshape(-1).view(np.uint8)
+    payload = new_payload(raw.nbytes)
+    payload[HEADER_BYTES:] = raw
+    return payload
 
 
 def pack(header: Header) -> bytes:

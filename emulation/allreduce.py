@@ -1,0 +1,259 @@
+"""``python -m emulation allreduce``: an all-reduce between the two sites of a scenario, N steps.
+
+Brings the scenario up, starts R rank processes in each gateway namespace
+(``emulation.baselines.allreduce_app``), lets them join (wanxport groups, or the
+flat gloo world), says "go" to all of them at once and collects each rank's step
+times and verdicts. One run report v1 (``workload: "allreduce"``): ``step_s`` is,
+per step, the last rank's end minus the first rank's start (every step starts after
+a barrier, untimed), ``steady_step_s`` the median of steps 2..N, ``ideal_s`` the
+scenario's ``direction = "both"`` ideal for SIZE (the bytes an all-reduce between two
+sites must move each way, whatever R and the compression), ``efficiency`` =
+ideal / steady. ``correct``: every rank's every result within its check
+(allreduce_app) and all ranks' results identical at every step.
+
+Bytes per path: wanxport's own per-path payload counters (``payload_bytes_a_to_b`` /
+``_b_to_a``, retransmissions included), and for both comms the gateway interfaces'
+transmitted bytes (``wire_bytes_*``: IP packets, headers and acknowledgements included),
+which is the only per-path figure gloo has.
+
+gloo, as a careful operator would run it: ranks contiguous per site, bound to the best
+route (``GLOO_SOCKET_IFNAME``), the namespaces' ``tcp_rmem``/``tcp_wmem`` maxima raised to
+twice that route's bandwidth-delay product (TCP autotuning then sizes the socket buffers;
+gloo has no option for them), the host's congestion control named in ``cc`` (gloo cannot
+choose one per socket, and this kernel refuses one per namespace).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from emulation.api import Emulation
+from emulation.baselines import netconfig
+from emulation.baselines.programs import Program
+from emulation.bundled import resolve_scenario
+from emulation.errors import EmulationError
+from wanxport.report import PathReport, build_report
+from wanxport.scenario import Scenario, ideal_time_s
+
+log = logging.getLogger(__name__)
+
+COMMS = ("wanxport", "gloo")
+COMPRESS = ("none", "bf16", "int8")
+PORT_BASE = 7700  # rank r of site b listens on PORT_BASE + r on every path
+GLOO_PORT = 29500
+INTRA_PORT = 29600  # each site's own TCPStore (its namespace's loopback)
+SETUP_TIMEOUT_S = 180.0
+SEED = 1234
+
+
+@dataclass(frozen=True)
+class AllreduceOptions:
+    comm: str
+    ranks_per_site: int = 1
+    size_bytes: int = 64 << 20
+    steps: int = 20
+    compress: str = "none"
+    backend: str | None = None
+    timeout_s: float = 120.0
+
+
+def check_options(options: AllreduceOptions) -> None:
+    """ValueError (one line) for a combination that cannot run."""
+    if options.comm not in COMMS:
+        raise ValueError(f"--comm: unknown {options.comm!r}; valid: {', '.join(COMMS)}")
+    if options.compress not in COMPRESS:
+        raise ValueError(f"--compress: unknown {options.compress!r}; valid: {', '.join(COMPRESS)}")
+    if options.comm == "gloo" and options.compress != "none":
+        raise ValueError("--compress: gloo has no compression; use --compress none with --comm gloo")
+    if not 1 <= options.ranks_per_site <= 8:
+        raise ValueError(f"--ranks-per-site: {options.ranks_per_site} is not valid; use 1..8")
+    if options.steps < 1:
+        raise ValueError(f"--steps: {options.steps} is not valid; use >= 1")
+    if options.size_bytes <= 0 or options.size_bytes % (4 * options.ranks_per_site):
+        raise ValueError(f"--size: {options.size_bytes} B must be a positive multiple of "
+                         f"4 x ranks-per-site (float32 elements, split evenly over the ranks)")
+    needs_torch = options.comm == "gloo" or options.ranks_per_site > 1
+    if needs_torch and importlib.util.find_spec("torch") is None:
+        raise ValueError("this run needs torch (gloo); install it: pip install torch==2.13.0")
+
+
+def run_allreduce(scenario: Scenario, options: AllreduceOptions) -> dict[str, Any]:
+    """Run the benchmark over ``scenario``; return the run report v1."""
+    check_options(options)
+    wall_start = time.perf_counter()
+    emu = Emulation(scenario, backend=options.backend)
+    emu.up()
+    try:
+        return _run(emu, scenario, options, wall_start)
+    finally:
+        emu.down()
+
+
+def _specs(emu: Emulation, options: AllreduceOptions, best: int, pki: str,
+           ) -> list[tuple[str, dict[str, Any]]]:
+    ranks = options.ranks_per_site
+    common = {"ranks_per_site": ranks, "count": options.size_bytes // 4, "steps": options.steps,
+              "compress": None if options.compress == "none" else options.compress, "seed": SEED,
+              "timeout": options.timeout_s, "intra_port": INTRA_PORT}
+    out = []
+    for site, side in enumerate(("a", "b")):
+        for r in range(ranks):
+            spec = {**common, "site": site, "rank": r}
+            if options.comm == "wanxport":
+                spec.update(pki=pki, names=[f"a-r{r}", f"b-r{r}"],
+                            paths=[f"{p.b_addr}:{PORT_BASE + r}" for p in emu.paths])
+            else:
+                spec.update(master=emu.paths[best].a_addr, master_port=GLOO_PORT,
+                            ifname=emu.paths[best].ifname)
+            out.append((side, spec))
+    return out
+
+
+def _tx_bytes(emu: Emulation) -> dict[str, list[int]]:
+    """Per side, the bytes each path's gateway interface has transmitted so far."""
+    out = {}
+    for side in ("a", "b"):
+        table = {}
+        for line in emu.run(side, ["cat", "/proc/net/dev"]).stdout.splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            table[name.strip()] = int(rest.split()[8])
+        out[side] = [table.get(p.ifname, 0) for p in emu.paths]
+    return out
+
+
+def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_start: float) -> dict[str, Any]:
+    best = netconfig.best_path(scenario)
+    netconfig.source_routing(emu, best)
+    buffer = netconfig.buffer_bytes(scenario, [best])
+    settings: dict[str, Any] = {"buffer_bytes": buffer, **netconfig.tune_buffers(emu, buffer),
+                                "best_route": emu.paths[best].name, "load_before": os.getloadavg()}
+    cc = emu.run("a", ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+    ideal = ideal_time_s(scenario, options.size_bytes, "both")
+    deadline_s = 60.0 + options.steps * max(30.0, 20.0 * ideal)
+    programs: list[Program] = []
+    with tempfile.TemporaryDirectory(prefix="wx-allreduce-") as pki:
+        if options.comm == "wanxport":
+            from wanxport.control.certs import make_test_pki
+
+            make_test_pki(pki, [f"{s}-r{r}" for s in "ab" for r in range(options.ranks_per_site)])
+            os.chmod(pki, 0o755)
+        try:
+            for side, spec in _specs(emu, options, best, pki):
+                programs.append(Program(emu, side, "emulation.baselines.allreduce_app", options.comm, spec,
+                                        stdin=True))
+            for program in programs:
+                if program.expect("ready", SETUP_TIMEOUT_S) is None:
+                    raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
+            before = _tx_bytes(emu)
+            emu.start_events()
+            for program in programs:
+                program.tell("go")
+            stop_at = time.monotonic() + deadline_s
+            done = []
+            for program in programs:
+                report = program.expect("done", max(1.0, stop_at - time.monotonic()))
+                if report is None:
+                    raise EmulationError(f"{program.label}: no result within the {deadline_s:.0f} s deadline")
+                done.append(report)
+            after = _tx_bytes(emu)
+        finally:
+            for program in programs:
+                program.close()
+    settings["load_after"] = os.getloadavg()
+    return _report(scenario, options, emu, done, before, after, ideal, cc, settings, wall_start)
+
+
+def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done: list[dict[str, Any]],
+            before: dict[str, list[int]], after: dict[str, list[int]], ideal: float, cc: str,
+            settings: dict[str, Any], wall_start: float) -> dict[str, Any]:
+    ranks = options.ranks_per_site
+    errors = [d["error"] for d in done if d.get("error")]
+    n_steps = min(len(d["steps"]) for d in done)
+    step_s = [max(d["steps"][k][1] for d in done) - min(d["steps"][k][0] for d in done)
+              for k in range(n_steps)]
+    identical = all(len({d["digests"][k] for d in done}) == 1 for k in range(n_steps))
+    correct = not errors and n_steps == options.steps and identical and all(d["correct"] for d in done)
+    steady = statistics.median(step_s[1:]) if len(step_s) > 1 else (step_s[0] if step_s else float("nan"))
+    worst = max(step_s[1:]) if len(step_s) > 1 else steady
+    wire = {side: [b - a for a, b in zip(before[side], after[side], strict=True)] for side in before}
+    payload = {"a": [0] * len(emu.paths), "b": [0] * len(emu.paths)}
+    retrans = [0] * len(emu.paths)
+    srtt: list[float | None] = [None] * len(emu.paths)
+    states: list[str | None] = [None] * len(emu.paths)
+    for k, d in enumerate(done):
+        side = "a" if k < ranks else "b"
+        for i, (sent, retransmitted, rtt, state) in enumerate(d["paths"]):
+            payload[side][i] += sent
+            retrans[i] += retransmitted
+            srtt[i] = srtt[i] if srtt[i] is not None else rtt
+            states[i] = states[i] or state
+    paths = []
+    for i, p in enumerate(emu.paths):
+        if options.comm == "wanxport":
+            total, state = payload["a"][i] + payload["b"][i], states[i] or "unused"
+            extra = {"payload_bytes_a_to_b": payload["a"][i], "payload_bytes_b_to_a": payload["b"][i]}
+        else:
+            total = wire["a"][i] + wire["b"][i]
+            state = "active" if total > (1 << 20) else "unused"
+            extra = {}
+        extra.update(wire_bytes_a_to_b=wire["a"][i], wire_bytes_b_to_a=wire["b"][i])
+        paths.append(PathReport(p.name, total, retrans[i], srtt[i], state, extra))
+    collective = [d["collective_bytes_sent"] for d in done if d.get("collective_bytes_sent") is not None]
+    moved = 2 * options.size_bytes * n_steps
+    report = build_report(
+        scenario=scenario.name, mode="emulated",
+        transport="wanxport" if options.comm == "wanxport" else "tcp",
+        payload_bytes=moved, completion_s=sum(step_s) if step_s else 0.0, ideal_s=ideal, intact=correct,
+        wall_s=time.perf_counter() - wall_start, paths=paths, delivered_bytes=moved if correct else 0,
+        workload="allreduce", comm=options.comm, ranks_per_site=ranks,
+        compress=None if options.compress == "none" else options.compress, size_bytes=options.size_bytes,
+        steps=options.steps, step_s=[round(s, 4) for s in step_s],
+        first_step_s=round(step_s[0], 4) if step_s else None, steady_step_s=round(steady, 4),
+        worst_step_s=round(worst, 4), correct=correct, identical_across_ranks=identical,
+        worst_error_ratio=max(d["worst_error_ratio"] for d in done),
+        cross_site_wire_bytes=sum(wire["a"]) + sum(wire["b"]),
+        collective_bytes_sent=sum(collective) if collective else None,
+        cc=cc if options.comm == "gloo" else "bbr", backend=emu.backend, settings=settings, errors=errors)
+    report["efficiency"] = round(ideal / steady, 4) if steady and steady == steady else None
+    return report
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few lines for people."""
+    from wanxport.units import format_size
+
+    lines = [f"{report['scenario']}: allreduce {format_size(report['size_bytes'])} "
+             f"x {report['steps']} steps, "
+             f"{report['comm']} R={report['ranks_per_site']} compress={report['compress']}",
+             f"first {report['first_step_s']:.3f} s, steady {report['steady_step_s']:.3f} s, worst "
+             f"{report['worst_step_s']:.3f} s, ideal {report['ideal_s']:.3f} s -> efficiency "
+             f"{report['efficiency']}   correct {'yes' if report['correct'] else 'NO'}"]
+    for p in report["paths"]:
+        lines.append(f"  {p['name']:<8} wire a->b {format_size(p['wire_bytes_a_to_b']):>10}  "
+                     f"b->a {format_size(p['wire_bytes_b_to_a']):>10}  {p['state']}")
+    lines.extend(f"  error: {e}" for e in report["errors"])
+    return "\n".join(lines)
+
+
+def main_allreduce(args: Any) -> int:
+    """``python -m emulation allreduce``: 0 correct, 1 not (or the environment cannot run it)."""
+    from emulation.run import exit_on_sigterm
+    from wanxport.report import dumps
+
+    exit_on_sigterm()
+    options = AllreduceOptions(comm=args.comm, ranks_per_site=args.ranks_per_site,
+                               size_bytes=args.size if args.size is not None else 64 << 20,
+                               steps=args.steps, compress=args.compress, backend=args.backend,
+                               timeout_s=args.timeout)
+    scenario = resolve_scenario(args.scenario)
+    check_options(options)
+    report = run_allreduce(scenario, options)
+    print(dumps(report) if args.json else summary(report))
+    return 0 if report["correct"] else 1
