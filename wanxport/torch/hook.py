@@ -133,7 +133,7 @@ def allreduce_hook(state: HookState, bucket: GradBucket) -> Future[torch.Tensor]
 def _start_exchange(state: HookState, bucket_id: int, work: dist.Work, piece: torch.Tensor) -> PyFuture[None]:
     """Wait for this rank's reduced slice, then start its cross-site all-reduce (stage one)."""
     work.wait(timedelta(seconds=state.timeout))
-    return _bridge.all_reduce_start(state.group, piece, name=f"ddp-bucket-{bucket_id}",
+    return _bridge.all_reduce_start(state.group, piece, name=f"ddp-bucket-{bucket_id}/{piece.numel()}",
                                     compress=state.compress, timeout=state.timeout)
 
 
@@ -141,7 +141,7 @@ def _finish_single(state: HookState, bucket_id: int, piece: torch.Tensor,
                    result: Future[torch.Tensor]) -> None:
     """One rank per site: only the cross-site step."""
     try:
-        _bridge.all_reduce_start(state.group, piece, name=f"ddp-bucket-{bucket_id}",
+        _bridge.all_reduce_start(state.group, piece, name=f"ddp-bucket-{bucket_id}/{piece.numel()}",
                                  compress=state.compress, timeout=state.timeout).result()
         result.set_result(piece.div_(state.world_size))
     except Exception as exc:  # noqa: BLE001 - handed to DDP through the future
