@@ -264,3 +264,16 @@ async def test_killed_peer_process_raises_naming_it_within_the_timeout(pki: Path
         peer.wait()
         if group is not None:
             await group.close()
+
+
+async def test_receive_buffers_are_reused_across_steps_without_mixing_steps(pki: Path) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        for step in range(5):
+            xs = inputs(2, 30_000, seed=100 + step)
+            arrays = [x.copy() for x in xs]
+            await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))
+            assert arrays[0].tobytes() == arrays[1].tobytes() == fixed_order_sum(xs).tobytes()
+        assert all(link.pool.reused >= 3 for g in groups for link in g.links.values())
+    finally:
+        await close_all(groups)

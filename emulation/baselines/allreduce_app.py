@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import resource
 import sys
 import time
 from datetime import timedelta
@@ -79,6 +80,13 @@ class Checker:
     def check(self, result: np.ndarray) -> tuple[bool, float]:
         err = np.abs(result.astype(np.float64) - self.exact)
         return bool(np.all(err <= self.tol)), float(np.max(err / np.maximum(self.tol, 1e-30)))
+
+
+def cpu_seconds() -> float:
+    """User + system CPU this rank used (setup and checks included): on a shared 2-core
+    machine a CPU-bound rank shows here."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return round(usage.ru_utime + usage.ru_stime, 2)
 
 
 def intra_group(spec: dict[str, Any]) -> Any:
@@ -137,7 +145,8 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     sent = sum(s.sent_bytes for s in group.stats() if s.op == "all_reduce")
     await group.close()
     emit({"event": "done", "steps": steps, "correct": correct, "worst_error_ratio": worst,
-          "digests": digests, "paths": paths, "collective_bytes_sent": sent, "error": error})
+          "digests": digests, "paths": paths, "collective_bytes_sent": sent, "error": error,
+          "cpu_s": cpu_seconds()})
 
 
 def gloo_rank(spec: dict[str, Any]) -> None:
@@ -170,7 +179,8 @@ def gloo_rank(spec: dict[str, Any]) -> None:
         error, correct = f"{type(exc).__name__}: {exc}", False
     dist.destroy_process_group()
     emit({"event": "done", "steps": steps, "correct": correct, "worst_error_ratio": worst,
-          "digests": digests, "paths": [], "collective_bytes_sent": None, "error": error})
+          "digests": digests, "paths": [], "collective_bytes_sent": None, "error": error,
+          "cpu_s": cpu_seconds()})
 
 
 def main(argv: list[str]) -> int:

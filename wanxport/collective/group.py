@@ -40,6 +40,7 @@ from .buffers import as_array, flat_work, write_back
 from .errors import CollectiveError
 from .link import Link
 from .message import Call, Header, body_of, mismatch, new_payload, payload_of
+from .pool import ReceivePool
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,11 @@ class Group:
     def name(self) -> str:
         return self.names[self.site]
 
-    def add_link(self, peer: int, session: GatewaySession, listener: GatewayListener | None) -> None:
-        self.links[peer] = Link(peer, self.names[peer], session, self._deliver, self._link_failed, listener)
+    def add_link(self, peer: int, session: GatewaySession, listener: GatewayListener | None,
+                 pool: ReceivePool | None = None) -> None:
+        """``pool``: the one whose ``allocate`` the session was set up with (buffers reused)."""
+        self.links[peer] = Link(peer, self.names[peer], session, self._deliver, self._link_failed, listener,
+                                pool)
 
     # -- collectives -----------------------------------------------------------
 
@@ -426,17 +430,18 @@ class Group:
             self._waiters[key] = fut
         return fut
 
-    def _deliver(self, link: Link, header: Header, body: npt.NDArray[np.uint8]) -> None:
+    def _deliver(self, link: Link, header: Header, body: npt.NDArray[np.uint8]) -> bool:
         seq = header.call.seq
         if seq < self._low or seq in self._finished:
             self.stale_messages += 1
-            return
+            return False
         key = (link.index, seq, header.phase)
         fut = self._waiters.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result((link.index, header, body))
         else:
             self._inbox[key] = (link.index, header, body)
+        return True
 
     def _over(self, seq: int) -> None:
         self._finished.add(seq)
@@ -447,6 +452,8 @@ class Group:
             del self._inbox[key]
         for key in [k for k in self._waiters if k[1] == seq]:
             self._waiters.pop(key).cancel()
+        for link in self.links.values():
+            link.pool.release(seq)
 
     def _link_failed(self, link: Link, error: CollectiveError) -> None:
         self._break(error)

@@ -24,10 +24,11 @@ from wanxport.gateway.session import GatewaySession, SessionFailed, sha256_hex, 
 
 from .errors import CollectiveError
 from .message import HEADER_BYTES, Header, pack, unpack
+from .pool import ReceivePool
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[["Link", Header, npt.NDArray[np.uint8]], None]
+Deliver = Callable[["Link", Header, npt.NDArray[np.uint8]], bool]  # False: dropped
 Failed = Callable[["Link", CollectiveError], None]
 
 
@@ -36,8 +37,9 @@ class Link:
     accepted the session, because the session's data endpoint shares its ports."""
 
     def __init__(self, index: int, name: str, session: GatewaySession, deliver: Deliver, failed: Failed,
-                 listener: GatewayListener | None = None) -> None:
+                 listener: GatewayListener | None = None, pool: ReceivePool | None = None) -> None:
         self.index = index
+        self.pool = pool if pool is not None else ReceivePool()  # its allocate() is the session's
         self.name = name
         self.session = session
         self.listener = listener
@@ -87,7 +89,10 @@ class Link:
                                           self.name)
                 data = np.frombuffer(got.data, dtype=np.uint8)
                 self.bytes_received += data.nbytes
-                self._deliver(self, unpack(got.data, self.name), data[HEADER_BYTES:])
+                header = unpack(got.data, self.name)
+                self.pool.hold(got.shard_id, header.call.seq)
+                if not self._deliver(self, header, data[HEADER_BYTES:]):
+                    self.pool.release(header.call.seq)
         except asyncio.CancelledError:
             raise
         except CollectiveError as exc:

@@ -23,6 +23,7 @@ from wanxport.gateway.session import GatewaySession
 
 from .errors import CollectiveError
 from .group import DEFAULT_TIMEOUT_S, Group
+from .pool import ReceivePool
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,13 @@ def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Addre
 
 
 async def dial(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
-               options: GatewayOptions | None, deadline: float, peer: str) -> GatewaySession:
+               options: GatewayOptions | None, deadline: float, peer: str, pool: ReceivePool,
+               ) -> GatewaySession:
     """Connect, retrying while the peer is not listening yet, until ``deadline`` (monotonic)."""
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            return await asyncio.wait_for(initiate(paths, identity, ca, options),
+            return await asyncio.wait_for(initiate(paths, identity, ca, options, allocator=pool.allocate),
                                           max(0.1, deadline - time.monotonic()))
         except (TimeoutError, ConnectionError, OSError) as exc:
             last = exc
@@ -76,10 +78,10 @@ async def dial(paths: list[Address], identity: str | os.PathLike[str], ca: str |
 
 
 async def accept(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
-                 options: GatewayOptions | None, deadline: float, peer: str
+                 options: GatewayOptions | None, deadline: float, peer: str, pool: ReceivePool,
                  ) -> tuple[GatewaySession, GatewayListener]:
     """Listen on the pair's paths and take the one session the peer opens."""
-    listener = GatewayListener(paths, identity, ca, options)
+    listener = GatewayListener(paths, identity, ca, options, allocator=pool.allocate)
     await listener.start()
     try:
         session = await asyncio.wait_for(listener.accept(), max(0.1, deadline - time.monotonic()))
@@ -122,17 +124,19 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
 
     async def connect_one(peer: int) -> None:
         listener = None
+        pool = ReceivePool()
         if site < peer:
-            session = await dial(per_peer[peer], identity, ca, options, deadline, names[peer])
+            session = await dial(per_peer[peer], identity, ca, options, deadline, names[peer], pool)
         else:
-            session, listener = await accept(per_peer[peer], identity, ca, options, deadline, names[peer])
+            session, listener = await accept(per_peer[peer], identity, ca, options, deadline, names[peer],
+                                             pool)
         if session.peer_name != names[peer]:
             await session.close("wrong site")
             if listener is not None:
                 listener.close()
             raise CollectiveError(f"site {peer}: expected certificate {names[peer]!r}, "
                                   f"got {session.peer_name!r}", names[peer])
-        group.add_link(peer, session, listener)
+        group.add_link(peer, session, listener, pool)
 
     results = await asyncio.gather(*(connect_one(p) for p in per_peer), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
