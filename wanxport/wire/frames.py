@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from wanxport.wire.errors import WireError
 
-PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT = range(10)
+PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT, REPAIR = range(11)
 
 MAX_OFFSET = 1 << 62
 MAX_ACK_RANGES = 256
@@ -22,6 +22,8 @@ MAX_SHARD_RANGES = 256
 DIGEST_LEN = 32
 
 DATA_OVERHEAD = 1 + 4 + 8 + 2
+REPAIR_OVERHEAD = 1 + 4 + 8 + 4 + 2 + 1 + 1 + 1
+MAX_BLOCK_SYMBOLS = 255  # k + m of a Reed-Solomon block over GF(2^8)
 STATUS_VERIFIED, STATUS_INTEGRITY_FAILURE, STATUS_ABORTED = 0, 1, 2
 
 _DATA = struct.Struct(">BIQH")
@@ -33,6 +35,7 @@ _SHARD_DONE = struct.Struct(">BIB")
 _TOKEN = struct.Struct(">BQ")
 _CLOSE = struct.Struct(">BHH")
 _CREDIT = struct.Struct(">BQ")
+_REPAIR = struct.Struct(">BIQIHBBB")
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -136,6 +139,37 @@ class CreditFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class RepairFrame:
+    """Repair symbol ``index`` (0..m-1) of the erasure-coded block over ``[offset, offset+length)``.
+
+    The block (identified by shard and offset) is ``k`` data symbols of ``symbol``
+    bytes, the last one zero-padded; any ``k`` of its ``k + m`` symbols rebuild it
+    (``wanxport.core.fec_code``). ``data`` is None in the simulator's byte-free mode.
+    """
+
+    shard_id: int
+    offset: int
+    length: int
+    symbol: int
+    k: int
+    m: int
+    index: int
+    data: bytes | memoryview | None = None
+
+    @property
+    def wire_size(self) -> int:
+        return REPAIR_OVERHEAD + self.symbol
+
+
+def check_block(offset: int, length: int, symbol: int, k: int, m: int, index: int) -> None:
+    """Raise WireError unless the fields describe a valid block and symbol."""
+    if not (1 <= k and 1 <= m and k + m <= MAX_BLOCK_SYMBOLS and index < m and symbol >= 1):
+        raise WireError("repair", f"block k={k} m={m} index={index} symbol={symbol}")
+    if not (k - 1) * symbol < length <= k * symbol or offset + length > MAX_OFFSET:
+        raise WireError("repair", f"range {offset}+{length} for k={k} symbols of {symbol} bytes")
+
+
+@dataclass(frozen=True, slots=True)
 class PaddingFrame:
     length: int
 
@@ -154,6 +188,7 @@ Frame = (
     | ProbeAckFrame
     | CloseFrame
     | CreditFrame
+    | RepairFrame
     | PaddingFrame
 )
 
@@ -206,6 +241,12 @@ def encode_frame(frame: Frame, out: bytearray) -> None:
         out += reason
     elif isinstance(frame, CreditFrame):
         out += _CREDIT.pack(CREDIT, frame.max_bytes)
+    elif isinstance(frame, RepairFrame):
+        if frame.data is None or len(frame.data) != frame.symbol:
+            raise ValueError("REPAIR frame without matching data")
+        out += _REPAIR.pack(REPAIR, frame.shard_id, frame.offset, frame.length, frame.symbol, frame.k,
+                            frame.m, frame.index)
+        out += frame.data
     else:
         out += bytes(frame.length)
 
@@ -300,6 +341,14 @@ def decode_frames(payload: bytes | memoryview) -> list[Frame]:
             _, max_bytes = _CREDIT.unpack_from(buf, pos)
             frames.append(CreditFrame(max_bytes))
             pos += _CREDIT.size
+        elif kind == REPAIR:
+            _need(buf, pos, _REPAIR.size)
+            _, shard_id, offset, length, symbol, k, m, index = _REPAIR.unpack_from(buf, pos)
+            pos += _REPAIR.size
+            _need(buf, pos, symbol)
+            check_block(offset, length, symbol, k, m, index)
+            frames.append(RepairFrame(shard_id, offset, length, symbol, k, m, index, buf[pos:pos + symbol]))
+            pos += symbol
         elif kind == PADDING:
             if any(buf[pos:end]):
                 raise WireError("padding", "non-zero padding")
