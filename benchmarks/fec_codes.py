@@ -127,7 +127,7 @@ def _wanxport() -> Codec:
 CANDIDATES: dict[str, tuple[Callable[[], Codec], str, int]] = {
     # name: (loader, callable from C?, most symbols k+m per block)
     "wanxport._fec (ISA-L)": (_wanxport, "yes: ISA-L's C API (libisal-dev), GIL released", 255),
-    "pyeclib (liberasurecode + ISA-L)": (_pyeclib, "yes: liberasurecode's C API; 80 B header per fragment", 255),
+    "pyeclib (liberasurecode + ISA-L)": (_pyeclib, "yes: liberasurecode C API, 80 B header a fragment", 255),
     "zfec": (_zfec, "no public C library (C inside the Python extension)", 256),
     "reed-solomon-leopard": (_leopard, "no (Rust crate behind a Python module)", 65535),
     "raptorq": (_raptorq, "no (Rust crate behind a Python module); decode is per packet", 56403),

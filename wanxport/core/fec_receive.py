@@ -27,7 +27,7 @@ Buffer = bytes | bytearray | memoryview
 class RepairBlock:
     """One block's shape and the repair symbols that arrived for it."""
 
-    __slots__ = ("offset", "length", "symbol", "k", "m", "repairs")
+    __slots__ = ("offset", "length", "symbol", "k", "m", "repairs", "waited")
 
     def __init__(self, frame: RepairFrame) -> None:
         self.offset = frame.offset
@@ -36,6 +36,7 @@ class RepairBlock:
         self.k = frame.k
         self.m = frame.m
         self.repairs: dict[int, Buffer | None] = {}
+        self.waited = False  # every repair symbol is in, yet it misses more data symbols than m
 
     def same_shape(self, frame: RepairFrame) -> bool:
         return (frame.length, frame.symbol, frame.k, frame.m) == (self.length, self.symbol, self.k, self.m)
@@ -62,6 +63,8 @@ class FecReceiver:
         self.repair_received_bytes = 0
         self.retransmitted_after_repair_bytes = 0  # DATA that arrived for bytes already rebuilt
         self.rejected = 0  # REPAIR frames outside their shard or contradicting their block
+        self.blocks_rebuilt = 0
+        self.blocks_short = 0  # all m repair symbols arrived and were not enough on their own
 
     def on_repair(self, frame: RepairFrame, shard: IncomingShard, now: float) -> list[tuple[int, int]]:
         """Keep a repair symbol; return the byte ranges rebuilt (placed in ``shard``) by it."""
@@ -105,8 +108,12 @@ class FecReceiver:
             del self.blocks[shard.shard_id][block.offset]  # every data symbol arrived
             return []
         if len(missing) > len(block.repairs):
+            if len(block.repairs) == block.m and not block.waited:
+                block.waited = True  # retransmissions must bring the rest
+                self.blocks_short += 1
             return []
         del self.blocks[shard.shard_id][block.offset]
+        self.blocks_rebuilt += 1
         end = block.offset + block.length
         ranges = [(block.offset + i * block.symbol, min(end, block.offset + (i + 1) * block.symbol))
                   for i in missing]

@@ -146,6 +146,8 @@ class Session:
             repair_bytes=self._tx.fec.repair_bytes,
             repaired_bytes=self._fec_rx.repaired_bytes,
             retransmitted_after_repair_bytes=self._fec_rx.retransmitted_after_repair_bytes,
+            repair_blocks_rebuilt=self._fec_rx.blocks_rebuilt,
+            repair_blocks_short=self._fec_rx.blocks_short,
             paths=tuple(path_stats(path) for path in self.paths),
         )
 

@@ -62,6 +62,8 @@ class SessionStats:
     repair_bytes: int  # repair symbols sent (the erasure-coded tail, core.fec)
     repaired_bytes: int  # incoming bytes rebuilt from repair instead of received
     retransmitted_after_repair_bytes: int  # incoming DATA for bytes already rebuilt: waste
+    repair_blocks_rebuilt: int  # incoming blocks whose lost data repair rebuilt
+    repair_blocks_short: int  # incoming blocks completed by retransmission: repair was not enough
     paths: tuple[PathStats, ...]
 
 

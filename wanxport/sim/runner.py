@@ -334,6 +334,8 @@ class SimRun:
             repair_bytes=sum(e.session.stats().repair_bytes for e in (self.a, self.b)),
             repaired_bytes=sum(s.repaired_bytes for s in receiving),
             retransmitted_after_repair_bytes=sum(s.retransmitted_after_repair_bytes for s in receiving),
+            fec_blocks_rebuilt=sum(s.repair_blocks_rebuilt for s in receiving),
+            fec_blocks_short=sum(s.repair_blocks_short for s in receiving),
             events_processed=self.loop.processed,
         )
 
