@@ -87,6 +87,14 @@ class RttEstimator:
         self.rttvar_s = 0.75 * self.rttvar_s + 0.25 * abs(self.smoothed_s - adjusted)
         self.smoothed_s = 0.875 * self.smoothed_s + 0.125 * adjusted
 
+    def restart(self, now: float) -> None:
+        """Keep only the latest sample (the path was rerouted: older ones describe another route)."""
+        latest = self.latest_s
+        self.min_s = latest
+        self.smoothed_s = latest
+        self.rttvar_s = latest / 2.0
+        self._recent.reset(now, latest)
+
     def pto_s(self, max_ack_delay_s: float) -> float:
         """Probe timeout duration (RFC 9002 6.2.1), before any exponential backoff."""
         return self.smoothed_s + max(4.0 * self.rttvar_s, GRANULARITY_S) + max_ack_delay_s

@@ -118,6 +118,13 @@ class CongestionController(abc.ABC):
     def on_path_reset(self, now: float) -> None:
         """The path failed or was readmitted: start over, but keep min-RTT knowledge."""
 
+    def on_route_change(self, now: float) -> None:
+        """The path now runs over another route (its RTT moved): forget its model, min RTT too.
+
+        This default suits controllers that keep no RTT of their own.
+        """
+        self.on_path_reset(now)
+
     def on_path_resume(self, now: float, rate_bps: float) -> None:
         """A failed path answers again over what looks like the same route: resume it.
 

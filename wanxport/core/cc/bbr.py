@@ -74,7 +74,8 @@ EXTRA_CWND_PACKETS = 3
 QUEUE_DELAY_MIN_S = 0.005
 QUEUE_DELAY_FRACTION = 0.25
 LOSS_CAP_BETA = 0.85
-#: Careful resume: the first, unvalidated round runs at this share of the saved rate.
+#: Careful resume: the first, unvalidated round runs at this share of the saved rate
+#: (core.warm.RESUME_SHARE, the one careful-resume policy; core.cc cannot import it).
 RESUME_JUMP_GAIN = 0.5
 CAP_GROWTH_PER_ROUND = 1.05
 
@@ -278,6 +279,11 @@ class BbrCongestionController(CongestionController):
 
     def on_path_reset(self, now: float) -> None:
         """Search for the capacity again from the initial window; keep the min RTT."""
+        self._reset(now)
+
+    def on_route_change(self, now: float) -> None:
+        """Another route: search from the initial window, and take the next RTT sample as the min."""
+        self._min_rtt_s = math.inf
         self._reset(now)
 
     def on_path_resume(self, now: float, rate_bps: float) -> None:
