@@ -23,7 +23,7 @@ from wanxport.core.shards import IncomingShard
 from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, simulate
 from wanxport.wire.errors import WireError
-from wanxport.wire.frames import RepairFrame, decode_frames, encode_frames
+from wanxport.wire.frames import DATA_OVERHEAD, REPAIR_OVERHEAD, RepairFrame, decode_frames, encode_frames
 
 LOSSY_LONG = """
 name = "fec-lossy-long"
@@ -97,18 +97,30 @@ def test_block_shapes_tile_the_range_with_at_most_max_k_symbols() -> None:
 
 
 def test_repair_frame_round_trips_and_malformed_ones_are_rejected() -> None:
-    frame = RepairFrame(7, 4096, 2800, 1400, 2, 3, 1, b"\x01" * 1400)
+    frame = RepairFrame(7, (1 << 40) + 3, 2, 3, 1, 1400, b"\x01" * 1400)
     (decoded,) = decode_frames(encode_frames([frame]))
     assert isinstance(decoded, RepairFrame)
-    assert (decoded.shard_id, decoded.offset, decoded.length, decoded.symbol, decoded.k, decoded.m,
-            decoded.index, bytes(decoded.data or b"")) == (7, 4096, 2800, 1400, 2, 3, 1, b"\x01" * 1400)
-    for bad in (RepairFrame(7, 0, 2800, 1400, 2, 3, 3, b"\x00" * 1400),  # index >= m
-                RepairFrame(7, 0, 1400, 1400, 2, 3, 0, b"\x00" * 1400),  # range too short for k
-                RepairFrame(7, 0, 2800, 1400, 250, 10, 0, b"\x00" * 1400)):  # k + m > 255
+    assert (decoded.shard_id, decoded.first_symbol, decoded.k, decoded.m, decoded.index, decoded.symbol,
+            bytes(decoded.data or b"")) == (7, (1 << 40) + 3, 2, 3, 1, 1400, b"\x01" * 1400)
+    assert decoded.offset == ((1 << 40) + 3) * 1400
+    for bad in (RepairFrame(7, 0, 2, 3, 3, 1400, b"\x00" * 1400),  # index >= m
+                RepairFrame(7, 0, 250, 10, 0, 1400, b"\x00" * 1400),  # k + m > 255
+                RepairFrame(7, (1 << 48) - 1, 200, 3, 0, 20_000, b"\x00" * 20_000)):  # past 2^62
         with pytest.raises(WireError):
             decode_frames(encode_frames([bad]))
     with pytest.raises(WireError):
-        decode_frames(encode_frames([frame])[:-1])  # truncated symbol
+        decode_frames(encode_frames([frame])[:12])  # no symbol at all
+
+
+def test_a_repair_datagram_is_no_larger_than_a_full_data_datagram() -> None:
+    assert REPAIR_OVERHEAD <= DATA_OVERHEAD
+
+
+def test_block_range_is_clipped_to_the_shard_and_must_reach_its_last_symbol() -> None:
+    frame = RepairFrame(1, 2, 4, 1, 0, 100)  # symbols 2..5: bytes [200, 600)
+    assert frame.covered(10_000) == 400
+    assert frame.covered(550) == 350  # the last symbol is partial
+    assert frame.covered(500) == 0  # symbol 5 is outside the shard: not this block
 
 
 def _shard(data: bytes) -> IncomingShard:
@@ -116,7 +128,7 @@ def _shard(data: bytes) -> IncomingShard:
 
 
 def _repairs(data: bytes, k: int, m: int, symbol: int) -> list[RepairFrame]:
-    return [RepairFrame(1, 0, len(data), symbol, k, m, j, s)
+    return [RepairFrame(1, 0, k, m, j, symbol, s)
             for j, s in enumerate(fec_code.encode(data, k, m, symbol))]
 
 
@@ -159,16 +171,14 @@ def test_block_whose_repair_falls_short_waits_for_the_retransmission() -> None:
 
 def test_a_repair_frame_outside_its_shard_is_counted_not_placed() -> None:
     shard, rx = _shard(bytes(100)), FecReceiver()
-    assert rx.on_repair(RepairFrame(1, 50, 100, 100, 1, 1, 0, bytes(100)), shard, 0.0) == []
+    assert rx.on_repair(RepairFrame(1, 1, 1, 1, 0, 100, bytes(100)), shard, 0.0) == []
     assert rx.rejected == 1 and shard.received.total == 0
 
 
-def test_repair_symbols_fit_the_smallest_datagram() -> None:
+def test_a_symbol_is_the_smallest_paths_full_datagram_payload() -> None:
     config = SessionConfig(paths=(PathConfig("a", 1500), PathConfig("b", 1280)))
     sender = fec_sender.FecSender(config, [], None)  # type: ignore[arg-type]
-    frame = RepairFrame(0, 0, sender.symbol, sender.symbol, 1, 1, 0, bytes(sender.symbol))
-    assert config.packet_overhead() + frame.wire_size == config.packet_overhead() + 15 + config.datagram_payload(
-        config.paths[1])
+    assert sender.symbol == config.datagram_payload(config.paths[1])
 
 
 def run(loss: float, fec: str, mode: str = "bytes") -> dict[str, Any]:

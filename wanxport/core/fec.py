@@ -26,7 +26,7 @@ from wanxport.core.config import SessionConfig
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.shards import OutgoingShard
-from wanxport.wire.frames import DATA_OVERHEAD, REPAIR_OVERHEAD, RepairFrame
+from wanxport.wire.frames import DATA_OVERHEAD, RepairFrame
 
 # P(a step's tail needs a retransmission round trip anyway), split over its blocks.
 FAILURE_TARGET = 0.01
@@ -79,8 +79,10 @@ class FecSender:
         self.paths = paths
         self.outgoing = outgoing
         segments = [config.datagram_payload(p) for p in config.paths]
-        # A repair datagram is never larger than the smallest full DATA datagram.
-        self.symbol = max(1, min(min(segments), 0xFFFF + DATA_OVERHEAD) - (REPAIR_OVERHEAD - DATA_OVERHEAD))
+        # A symbol is one full DATA datagram's payload (of the smallest path), so a lost
+        # datagram erases one symbol, not two; a REPAIR header is no larger than DATA's,
+        # so its datagram fits wherever that DATA datagram does.
+        self.symbol = min(segments)
         self.losses = [LossEstimate(config.packet_overhead() + DATA_OVERHEAD + s) for s in segments]
         self.pending: deque[RepairFrame] = deque()
         self.repair_bytes = 0
@@ -91,7 +93,9 @@ class FecSender:
         if not self.enabled:
             return
         usable = [p for p in self.paths if p.usable and p.rtt.has_sample]
-        rates = [p.cc.pacing_rate_bps / 8 for p in usable]
+        # The measured delivery rate, not the pacing rate: a start-up's or a probe's pacing
+        # gain runs well above what the path delivers, and would stretch the window.
+        rates = [min(p.bandwidth_bps or p.cc.pacing_rate_bps, p.cc.pacing_rate_bps) / 8 for p in usable]
         total_rate = sum(rates)
         if total_rate <= 0:
             return
@@ -102,11 +106,13 @@ class FecSender:
             window = rate * max(0.0, path.rtt.smoothed_s - rest_s)
             exposed += window
             weighted_loss += window * self.losses[path.path_id].rate(path)
+        symbol = self.symbol
         covered = min(shard.size, int(exposed))
         if covered <= 0:
             return
         loss = weighted_loss / exposed
-        start = shard.size - covered
+        start = (shard.size - covered) // symbol * symbol  # on the datagrams' boundaries
+        covered = shard.size - start
         shapes = fec_code.block_shapes(covered, self.symbol)
         target = FAILURE_TARGET / len(shapes)
         for offset, length in shapes:
@@ -127,7 +133,7 @@ class FecSender:
         if data is not None:
             symbols = fec_code.encode(data[offset:offset + length], k, m, symbol)
         for j in range(m):
-            self.pending.append(RepairFrame(shard.shard_id, offset, length, symbol, k, m, j,
+            self.pending.append(RepairFrame(shard.shard_id, offset // symbol, k, m, j, symbol,
                                             symbols[j] if symbols is not None else None))
         self.blocks += 1
 

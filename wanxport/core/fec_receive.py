@@ -29,9 +29,9 @@ class RepairBlock:
 
     __slots__ = ("offset", "length", "symbol", "k", "m", "repairs", "waited")
 
-    def __init__(self, frame: RepairFrame) -> None:
+    def __init__(self, frame: RepairFrame, length: int) -> None:
         self.offset = frame.offset
-        self.length = frame.length
+        self.length = length
         self.symbol = frame.symbol
         self.k = frame.k
         self.m = frame.m
@@ -39,7 +39,7 @@ class RepairBlock:
         self.waited = False  # every repair symbol is in, yet it misses more data symbols than m
 
     def same_shape(self, frame: RepairFrame) -> bool:
-        return (frame.length, frame.symbol, frame.k, frame.m) == (self.length, self.symbol, self.k, self.m)
+        return (frame.symbol, frame.k, frame.m) == (self.symbol, self.k, self.m)
 
     def missing(self, received: RangeSet) -> list[int]:
         """Indexes of the data symbols not fully received, ascending."""
@@ -68,13 +68,14 @@ class FecReceiver:
 
     def on_repair(self, frame: RepairFrame, shard: IncomingShard, now: float) -> list[tuple[int, int]]:
         """Keep a repair symbol; return the byte ranges rebuilt (placed in ``shard``) by it."""
-        if frame.offset + frame.length > shard.size:
+        length = frame.covered(shard.size)
+        if not length:
             self.rejected += 1
             return []
         blocks = self.blocks.setdefault(shard.shard_id, {})
         block = blocks.get(frame.offset)
         if block is None:
-            block = blocks[frame.offset] = RepairBlock(frame)
+            block = blocks[frame.offset] = RepairBlock(frame, length)
         elif not block.same_shape(frame):
             self.rejected += 1
             return []

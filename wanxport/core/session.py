@@ -242,7 +242,7 @@ class Session:
 
     def _on_repair(self, frame: RepairFrame, now: float) -> None:
         """A repair symbol: rebuild its block's lost data once it holds k symbols (core.fec_receive)."""
-        verdict = self.incoming.accepts(frame.shard_id, frame.offset, frame.length)
+        verdict = self.incoming.accepts(frame.shard_id, 0, 0)  # the block's range: core.fec_receive
         if not verdict:
             if verdict is False:
                 self.data_dropped += 1

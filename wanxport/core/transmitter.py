@@ -200,7 +200,8 @@ class Transmitter:
                 path.pacing_wake = path.next_send_at - (horizon - now)
                 self.touch(path)
                 return
-            if self.fec.pending and self._send_repair(path, now, out):
+            # Repair follows the data it covers: once nothing is left to send or re-send.
+            if self.fec.pending and not self.scheduler.remaining_bytes and self._send_repair(path, now, out):
                 continue
             picked = self.scheduler.next_chunk(path, now, self.paths)
             if picked is None:

@@ -22,7 +22,9 @@ MAX_SHARD_RANGES = 256
 DIGEST_LEN = 32
 
 DATA_OVERHEAD = 1 + 4 + 8 + 2
-REPAIR_OVERHEAD = 1 + 4 + 8 + 4 + 2 + 1 + 1 + 1
+# No larger than DATA's, so a repair symbol as large as a full datagram's payload fits the MTU.
+REPAIR_OVERHEAD = 1 + 4 + 6 + 1 + 1 + 1
+MAX_FIRST_SYMBOL = (1 << 48) - 1
 MAX_BLOCK_SYMBOLS = 255  # k + m of a Reed-Solomon block over GF(2^8)
 STATUS_VERIFIED, STATUS_INTEGRITY_FAILURE, STATUS_ABORTED = 0, 1, 2
 
@@ -35,7 +37,7 @@ _SHARD_DONE = struct.Struct(">BIB")
 _TOKEN = struct.Struct(">BQ")
 _CLOSE = struct.Struct(">BHH")
 _CREDIT = struct.Struct(">BQ")
-_REPAIR = struct.Struct(">BIQIHBBB")
+_REPAIR = struct.Struct(">BIHIBBB")  # first_symbol as 16 high + 32 low bits
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -140,33 +142,37 @@ class CreditFrame:
 
 @dataclass(frozen=True, slots=True)
 class RepairFrame:
-    """Repair symbol ``index`` (0..m-1) of the erasure-coded block over ``[offset, offset+length)``.
+    """Repair symbol ``index`` (0..m-1) of an erasure-coded block of a shard.
 
-    The block (identified by shard and offset) is ``k`` data symbols of ``symbol``
-    bytes, the last one zero-padded; any ``k`` of its ``k + m`` symbols rebuild it
-    (``wanxport.core.fec_code``). ``data`` is None in the simulator's byte-free mode.
+    The block is the shard's ``k`` data symbols of ``symbol`` bytes from symbol
+    ``first_symbol`` on: bytes ``[first_symbol * symbol, (first_symbol + k) * symbol)``,
+    clipped to the shard's end (the last symbol zero-padded), so a data datagram
+    of a full payload is exactly one symbol. Any ``k`` of the ``k + m`` symbols
+    rebuild the block (``wanxport.core.fec_code``). A REPAIR frame fills the rest
+    of its packet: ``symbol`` is what remains after its header. ``data`` is None
+    in the simulator's byte-free mode.
     """
 
     shard_id: int
-    offset: int
-    length: int
-    symbol: int
+    first_symbol: int
     k: int
     m: int
     index: int
+    symbol: int
     data: bytes | memoryview | None = None
 
     @property
     def wire_size(self) -> int:
         return REPAIR_OVERHEAD + self.symbol
 
+    @property
+    def offset(self) -> int:
+        return self.first_symbol * self.symbol
 
-def check_block(offset: int, length: int, symbol: int, k: int, m: int, index: int) -> None:
-    """Raise WireError unless the fields describe a valid block and symbol."""
-    if not (1 <= k and 1 <= m and k + m <= MAX_BLOCK_SYMBOLS and index < m and symbol >= 1):
-        raise WireError("repair", f"block k={k} m={m} index={index} symbol={symbol}")
-    if not (k - 1) * symbol < length <= k * symbol or offset + length > MAX_OFFSET:
-        raise WireError("repair", f"range {offset}+{length} for k={k} symbols of {symbol} bytes")
+    def covered(self, shard_size: int) -> int:
+        """Bytes the block covers in a shard of ``shard_size``; 0 if it does not fit the shard."""
+        length = min(self.k * self.symbol, shard_size - self.offset)
+        return length if length > (self.k - 1) * self.symbol else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +250,8 @@ def encode_frame(frame: Frame, out: bytearray) -> None:
     elif isinstance(frame, RepairFrame):
         if frame.data is None or len(frame.data) != frame.symbol:
             raise ValueError("REPAIR frame without matching data")
-        out += _REPAIR.pack(REPAIR, frame.shard_id, frame.offset, frame.length, frame.symbol, frame.k,
-                            frame.m, frame.index)
+        out += _REPAIR.pack(REPAIR, frame.shard_id, frame.first_symbol >> 32, frame.first_symbol & 0xFFFFFFFF,
+                            frame.k, frame.m, frame.index)
         out += frame.data
     else:
         out += bytes(frame.length)
@@ -342,13 +348,17 @@ def decode_frames(payload: bytes | memoryview) -> list[Frame]:
             frames.append(CreditFrame(max_bytes))
             pos += _CREDIT.size
         elif kind == REPAIR:
-            _need(buf, pos, _REPAIR.size)
-            _, shard_id, offset, length, symbol, k, m, index = _REPAIR.unpack_from(buf, pos)
+            _need(buf, pos, _REPAIR.size + 1)
+            _, shard_id, high, low, k, m, index = _REPAIR.unpack_from(buf, pos)
             pos += _REPAIR.size
-            _need(buf, pos, symbol)
-            check_block(offset, length, symbol, k, m, index)
-            frames.append(RepairFrame(shard_id, offset, length, symbol, k, m, index, buf[pos:pos + symbol]))
-            pos += symbol
+            symbol = end - pos
+            if not (1 <= k and 1 <= m and k + m <= MAX_BLOCK_SYMBOLS and index < m):
+                raise WireError("repair", f"block k={k} m={m} index={index}")
+            first = high << 32 | low
+            if (first + k) * symbol > MAX_OFFSET:
+                raise WireError("offset", f"repair block at symbol {first} of {symbol} bytes")
+            frames.append(RepairFrame(shard_id, first, k, m, index, symbol, buf[pos:end]))
+            pos = end
         elif kind == PADDING:
             if any(buf[pos:end]):
                 raise WireError("padding", "non-zero padding")
