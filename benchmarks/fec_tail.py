@@ -19,9 +19,9 @@ from typing import Any
 
 from wanxport.scenario import Scenario
 from wanxport.scenario.resolve import resolve
+from wanxport.sim.runner import SimOptions, simulate
 
 BUNDLED = Path(__file__).resolve().parent.parent / "emulation" / "scenarios"
-from wanxport.sim.runner import SimOptions, simulate
 
 SCENARIOS = ("lossy-long-2path", "hetero-8path")
 SIZES = {"16MiB": 16 << 20, "64MiB": 64 << 20}
