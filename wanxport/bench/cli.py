@@ -29,6 +29,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="datagrams per core packet (segmentation below the core)")
     parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--fec", choices=("off", "auto"), default="auto",
+                        help="erasure-coded tail (default auto; off for the ablation)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
     parser.add_argument("--baseline", choices=("none", "iperf3"), default="none",
                         help="also measure iperf3 -u (1472-byte datagrams) on loopback")
@@ -102,7 +104,7 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         timeout = args.timeout or max(60.0, size / 10e6)
         spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
                             "python" if args.python_datapath else "native", args.segments, shards,
-                            args.seed, timeout)
+                            args.seed, timeout, fec=args.fec)
         report = run_transfer(spec)
     if baseline is not None:
         report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)
