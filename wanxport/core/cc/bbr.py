@@ -30,19 +30,15 @@ wanxport's departures from BBRv1:
   derives from the capped bandwidth. In Startup, congestion simply ends the
   search (as in BBRv2) rather than reducing anything.
 * The bandwidth filter ages only when a usable sample arrives, so an
-  app-limited stretch (a path idling between shards) keeps its estimate.
+  app-limited stretch (a path idling between shards or training steps) keeps
+  its estimate; nothing else expires over idle either. A Startup interrupted by
+  idle resumes paced at most 1.25 x the measured rate (docs/notes/steps.md).
 * ProbeBW starts at a phase drawn from an RNG seeded with ``seed`` plus the
   path's index, so runs are reproducible and paths start out of phase.
-* Careful resume (draft-ietf-tsvwg-careful-resume in spirit) when a failed path is readmitted over
-  an unchanged route (``on_path_resume``): instead of Startup from the
-  initial window, which takes ~log2(BDP / initial window) round trips, the
-  first round is paced at half the rate the path sustained before it failed
-  (the unvalidated jump), with the window for the full rate. Startup then
-  runs as usual, doubling on what the acknowledgements confirm, but never
-  paced above the saved rate, so resuming cannot overshoot what the path
-  carried before. Its usual exits still apply: a standing queue with loss
-  (the path now has less capacity: drain to what was measured, the "safe
-  retreat") or a bandwidth plateau. ProbeBW then looks for more as always.
+* Careful resume (``on_path_resume``, policy in ``core.warm``): a readmitted
+  path's first round is paced at half its saved rate with the window for the
+  full rate, then Startup runs never paced above the saved rate; its usual
+  exits apply, and a standing queue with loss drains to what was measured.
 """
 
 from __future__ import annotations
@@ -74,10 +70,12 @@ EXTRA_CWND_PACKETS = 3
 QUEUE_DELAY_MIN_S = 0.005
 QUEUE_DELAY_FRACTION = 0.25
 LOSS_CAP_BETA = 0.85
-#: Careful resume: the first, unvalidated round runs at this share of the saved rate
-#: (core.warm.RESUME_SHARE, the one careful-resume policy; core.cc cannot import it).
+#: Careful resume: the first, unvalidated round runs at this share of the saved rate (core.warm).
 RESUME_JUMP_GAIN = 0.5
 CAP_GROWTH_PER_ROUND = 1.05
+#: Startup resumed from idle paces at most this over the measured rate (ProbeBW's probe gain,
+#: not 2/ln 2, which threw ~2 BDP at a path already measured near full).
+RESTART_STARTUP_GAIN = 1.25
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
 _STATE_NAMES = ("startup", "drain", "probe_bw", "probe_rtt")
@@ -110,42 +108,13 @@ class BbrCongestionController(CongestionController):
     """BBRv1 state machine with loss counted as congestion only when a queue stands."""
 
     __slots__ = (
-        "_mss",
-        "_initial_cwnd",
-        "_probe_rtt_enabled",
-        "_rng",
-        "_mode",
-        "_pacing_gain",
-        "_cwnd_gain",
-        "_cwnd",
-        "_pacing_rate",
-        "_srtt_s",
-        "_bw_filter",
-        "_has_bw",
-        "_bw_cap",
-        "_round_count",
-        "_next_round_delivered",
-        "_round_start",
-        "_full_bw",
-        "_full_bw_count",
-        "_full_bw_reached",
-        "_min_rtt_s",
-        "_min_rtt_stamp",
-        "_round_min_rtt",
-        "_prev_round_min_rtt",
-        "_round_max_rate",
-        "_prev_round_max_rate",
-        "_idle_restart",
-        "_probe_rtt_done",
-        "_prior_cwnd",
-        "_cycle_index",
-        "_cycle_stamp",
-        "_loss_in_phase",
-        "_last_reduction",
-        "_congested_in_round",
-        "_delivered",
-        "_resume_cap",
-        "_newest_sent",
+        "_mss", "_initial_cwnd", "_probe_rtt_enabled", "_rng", "_mode", "_pacing_gain", "_cwnd_gain",
+        "_cwnd", "_pacing_rate", "_srtt_s", "_bw_filter", "_has_bw", "_bw_cap", "_round_count",
+        "_next_round_delivered", "_round_start", "_full_bw", "_full_bw_count", "_full_bw_reached",
+        "_min_rtt_s", "_min_rtt_stamp", "_round_min_rtt", "_prev_round_min_rtt", "_round_max_rate",
+        "_prev_round_max_rate", "_idle_restart", "_probe_rtt_done", "_prior_cwnd", "_cycle_index",
+        "_cycle_stamp", "_loss_in_phase", "_last_reduction", "_congested_in_round", "_delivered",
+        "_resume_cap", "_newest_sent", "_restart_capped",
     )
 
     name: ClassVar[str] = "bbr"
@@ -189,6 +158,7 @@ class BbrCongestionController(CongestionController):
         self._last_reduction = -math.inf
         self._congested_in_round = False
         self._resume_cap = math.inf  # while resuming: Startup is not paced above this
+        self._restart_capped = False  # Startup resumed from idle: gain RESTART_STARTUP_GAIN
         self._cwnd = self._initial_cwnd
         self._pacing_rate = self._initial_pacing_rate()
         self._enter_startup()
@@ -214,6 +184,10 @@ class BbrCongestionController(CongestionController):
         """
         if bytes_in_flight <= 0:
             self._idle_restart = True
+            if self._mode == STARTUP and self._has_bw and not self._restart_capped:
+                self._restart_capped = True  # a step ended mid-search: see RESTART_STARTUP_GAIN
+                self._pacing_rate = 0.0  # so that the capped rate replaces it
+                self._set_pacing_rate()
         if now > self._newest_sent:
             self._newest_sent = now
 
@@ -414,7 +388,8 @@ class BbrCongestionController(CongestionController):
         of packets sent before now (found a round trip later, in Drain or ProbeBW) are
         not a new congestion episode: they must not cap the rate Startup just measured."""
         self._note_reduction(now)
-        self._resume_cap = math.inf  # the search is over; ProbeBW may look beyond the saved rate
+        # The search is over; ProbeBW may look beyond the saved (or restart) rate.
+        self._resume_cap, self._restart_capped = math.inf, False
         self._mode = DRAIN
         self._pacing_gain = DRAIN_GAIN
         self._cwnd_gain = STARTUP_GAIN
@@ -450,6 +425,8 @@ class BbrCongestionController(CongestionController):
             rate = self._pacing_gain * self._bandwidth()
         if not self._full_bw_reached:
             rate = min(max(rate, self._initial_pacing_rate()), self._resume_cap)
+            if self._restart_capped and self._has_bw:
+                rate = min(rate, RESTART_STARTUP_GAIN * self._bandwidth())
         # In Startup a small early sample must not slow the search down.
         if self._full_bw_reached or rate > self._pacing_rate:
             floor_rtt = self._min_rtt_s if self._min_rtt_s < math.inf else self._srtt_s
