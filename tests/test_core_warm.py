@@ -76,20 +76,23 @@ loss = 0.005
 """
 
 
-class _ReroutedRun(SimRun):
-    """Path 0 moves to a route with twice the RTT while the session thinks after step 1."""
-
-    def _submit_step(self, side: str, step: int) -> None:
-        if step == 1:
-            for link in (self.network.forward[0], self.network.reverse[0]):
-                link.set_params(replace(link.params, rtt_ms=2 * link.params.rtt_ms))
-        super()._submit_step(side, step)
+def _reroute(run: SimRun) -> None:
+    """Path 0 moves to a route with twice the RTT (both directions)."""
+    for link in (run.network.forward[0], run.network.reverse[0]):
+        link.set_params(replace(link.params, rtt_ms=2 * link.params.rtt_ms))
 
 
 @pytest.mark.parametrize("rerouted", [False, True])
 def test_warm_state_is_dropped_when_a_path_is_rerouted(rerouted: bool) -> None:
     scenario = parse_scenario(ROUTE)
-    run = (_ReroutedRun if rerouted else SimRun)(scenario, SimOptions(payload_mode="virtual"))
+    options = SimOptions(payload_mode="virtual")
+    # Virtual time is deterministic: step 1 is verified at the same moment in a twin run, and
+    # 150 ms later the session is inside its 300 ms think time (a compiled SimRun cannot be
+    # subclassed, so the reroute is a scheduled event rather than a hook).
+    first_step_s = SimRun(scenario, options).run()["step_s"][0]
+    run = SimRun(scenario, options)
+    if rerouted:
+        run.loop.call_at(first_step_s + 0.150, _reroute, run)
     report = run.run()
     assert report["intact"] is True and len(report["step_s"]) == 3
     moves, stays = run.a.session.paths

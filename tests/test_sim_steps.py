@@ -63,9 +63,11 @@ def test_a_single_step_run_keeps_the_plain_report() -> None:
     assert report["shard_completion_s"]["max"] <= report["completion_s"] + 1e-9
 
 
-def test_later_steps_start_warm() -> None:
-    """Step 2 starts at the learned rate: on a 150 ms path a cold start costs several round trips."""
-    report = simulate(stepped(size="8MiB", steps=4, think_ms=200.0), SimOptions(payload_mode="virtual"))
+@pytest.mark.parametrize("think_ms", [200.0, 3000.0])
+def test_later_steps_start_warm(think_ms: float) -> None:
+    """Step 2 starts at the learned rate: on a 150 ms path a cold start costs several round trips.
+    Seconds of think time (20 round trips of the far path) must not make the session forget."""
+    report = simulate(stepped(size="8MiB", steps=4, think_ms=think_ms), SimOptions(payload_mode="virtual"))
     assert report["intact"] is True
     assert report["steady_step_s"] < 0.8 * report["first_step_s"], report["step_s"]
     assert report["efficiency"] > 0.75, report["step_s"]

@@ -41,7 +41,7 @@ from wanxport.report import PathReport, build_report, spread
 from wanxport.scenario import Scenario, ideal_time_s
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.sim.eventloop import EventLoop
-from wanxport.sim.network import Network
+from wanxport.sim.network import LinksFactory, Network, PathLinks
 from wanxport.sim.steps import StepTracker
 from wanxport.sim.wire import DatagramCutter, VirtualDatagram, VirtualReceiver
 from wanxport.wire.datapath import PacketSealer
@@ -67,6 +67,7 @@ class SimOptions:
     # 16 of 1 MiB would make 16 MiB core packets and a 64 MiB minimum window per path).
     datagrams_per_packet: int | None = None
     congestion_control: str = "bbr"
+    cc_options: dict[str, Any] = field(default_factory=dict)  # the controller's options (cc_config)
     scheduler: str = "earliest-arrival"
     fec: str = "auto"  # the erasure-coded tail: "auto" or "off" (SessionConfig.fec)
     deadline_s: float | None = None
@@ -107,9 +108,14 @@ class Endpoint:
 
 
 class SimRun:
-    """One simulated transfer; ``run()`` returns the v1 report."""
+    """One simulated transfer; ``run()`` returns the v1 report.
 
-    def __init__(self, scenario: Scenario, options: SimOptions) -> None:
+    By default the run owns its loop and the scenario's ``Network``; several runs
+    over shared bottlenecks (``sim.shared``) pass one ``loop`` and ``links`` instead.
+    """
+
+    def __init__(self, scenario: Scenario, options: SimOptions, loop: EventLoop | None = None,
+                 links: LinksFactory | None = None) -> None:
         self.scenario = scenario
         self.options = options
         self.seed = scenario.seed if options.seed is None else options.seed
@@ -123,9 +129,11 @@ class SimRun:
             raise ValueError(f"a quantum of {options.quantum} bytes does not fit a DATA frame "
                              f"(at most {MAX_DATA_LENGTH}); use the virtual payload mode")
         self.mode = mode
-        self.loop = EventLoop()
-        self.network = Network(scenario, self.loop, self._deliver_a, self._deliver_b, seed=self.seed,
-                               duplicate=options.duplicate, corrupt=options.corrupt)
+        self.loop = EventLoop() if loop is None else loop
+        self.network: PathLinks = Network(
+            scenario, self.loop, self._deliver_a, self._deliver_b, seed=self.seed,
+            duplicate=options.duplicate, corrupt=options.corrupt,
+        ) if links is None else links(self.loop, self._deliver_a, self._deliver_b)
         shard_count = max(1, min(scenario.transfer.shards, self.size))
         base, extra = divmod(self.size, shard_count)
         self.shard_sizes = [base + (1 if i < extra else 0) for i in range(shard_count)]
@@ -143,7 +151,7 @@ class SimRun:
         settings.update(options.session)
         config = SessionConfig(
             paths=paths,
-            congestion_control=cc_config(options.congestion_control),
+            congestion_control=cc_config(options.congestion_control, options.cc_options),
             scheduler=options.scheduler,
             segment_bytes=options.quantum,
             fec=options.fec,

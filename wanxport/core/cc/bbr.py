@@ -35,6 +35,8 @@ wanxport's departures from BBRv1:
   idle resumes paced at most 1.25 x the measured rate (docs/notes/steps.md).
 * ProbeBW starts at a phase drawn from an RNG seeded with ``seed`` plus the
   path's index, so runs are reproducible and paths start out of phase.
+* ``shared = true`` (links shared with other traffic): the session's paths
+  probe as one flow and the min RTT is held (``core.cc.coupling``).
 * Careful resume (``on_path_resume``, policy in ``core.warm``): a readmitted
   path's first round is paced at half its saved rate with the window for the
   full rate, then Startup runs never paced above the saved rate; its usual
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.coupling import coupled_gain
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.windowed_filter import RoundMaxFilter
@@ -93,10 +96,13 @@ class BbrConfig(CcConfig):
     probe_rtt: bool = False
     #: Each path's RNG (its first ProbeBW phase) is seeded with this plus the path's index.
     seed: int = 0
+    #: Links shared with other traffic: couple the paths, hold the min RTT (core.cc.coupling).
+    shared: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.probe_rtt, bool):
-            raise ValueError(f"bbr option probe_rtt must be true or false, got {self.probe_rtt!r}")
+        for option in ("probe_rtt", "shared"):
+            if not isinstance(getattr(self, option), bool):
+                raise ValueError(f"bbr option {option} must be true or false, got {getattr(self, option)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"bbr option seed must be an integer, got {self.seed!r}")
 
@@ -114,7 +120,7 @@ class BbrCongestionController(CongestionController):
         "_min_rtt_s", "_min_rtt_stamp", "_round_min_rtt", "_prev_round_min_rtt", "_round_max_rate",
         "_prev_round_max_rate", "_idle_restart", "_probe_rtt_done", "_prior_cwnd", "_cycle_index",
         "_cycle_stamp", "_loss_in_phase", "_last_reduction", "_congested_in_round", "_delivered",
-        "_resume_cap", "_newest_sent", "_restart_capped",
+        "_resume_cap", "_newest_sent", "_restart_capped", "_group",
     )
 
     name: ClassVar[str] = "bbr"
@@ -133,6 +139,9 @@ class BbrCongestionController(CongestionController):
         self._min_rtt_stamp = 0.0
         self._delivered = 0
         self._newest_sent = -math.inf
+        self._group = (context.group.controllers if context.group else []) if config.shared else None
+        if self._group is not None:
+            self._group.append(self)  # None: not shared; [] a shared path on its own
         self._reset(0.0)
 
     def _reset(self, now: float) -> None:
@@ -339,6 +348,8 @@ class BbrCongestionController(CongestionController):
 
     def _update_min_rtt(self, now: float, rtt_s: float, bytes_in_flight: int) -> None:
         expired = self._min_rtt_s < math.inf and now - self._min_rtt_stamp > MIN_RTT_WINDOW_S
+        if expired and self._group is not None:  # shared links: keep the base (core.cc.coupling)
+            self._min_rtt_stamp, expired = now, False
         if rtt_s > 0.0 and (rtt_s <= self._min_rtt_s or expired):
             self._min_rtt_s = rtt_s
             self._min_rtt_stamp = now
@@ -418,11 +429,16 @@ class BbrCongestionController(CongestionController):
             return float(self._initial_cwnd)
         return gain * self._bandwidth() / 8.0 * self._min_rtt_s
 
+    def _coupled_gain(self, gain: float) -> float:
+        """ProbeBW's gains (and the window's extra packets, gain 1 + extra) reduced to this path's
+        share on shared links (``core.cc.coupling``)."""
+        return coupled_gain(gain, self.bandwidth_bps, self._group) if self._mode == PROBE_BW else gain
+
     def _set_pacing_rate(self) -> None:
         if not self._has_bw:
             rate = self._initial_pacing_rate()
         else:
-            rate = self._pacing_gain * self._bandwidth()
+            rate = self._coupled_gain(self._pacing_gain) * self._bandwidth()
         if not self._full_bw_reached:
             rate = min(max(rate, self._initial_pacing_rate()), self._resume_cap)
             if self._restart_capped and self._has_bw:
@@ -435,7 +451,8 @@ class BbrCongestionController(CongestionController):
     def _set_cwnd(self, acked_bytes: int) -> None:
         mss = self._mss
         if self._has_bw:
-            target = int(self._inflight(self._cwnd_gain)) + EXTRA_CWND_PACKETS * mss
+            extra = (self._coupled_gain(1.0 + EXTRA_CWND_PACKETS) - 1.0) * mss
+            target = int(self._inflight(self._coupled_gain(self._cwnd_gain)) + extra)
             if self._full_bw_reached:
                 self._cwnd = min(self._cwnd + acked_bytes, target)
             elif self._cwnd < target or self._delivered < self._initial_cwnd:
