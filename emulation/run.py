@@ -66,6 +66,7 @@ class RunOptions:
     backend: str | None = None
     steps: int | None = None  # None: the scenario's [transfer] steps
     think_ms: float | None = None
+    fec: str = "auto"  # wanxport's erasure-coded tail: "auto" or "off" (SessionConfig.fec)
 
 
 def default_deadline_s(ideal_s: float, steps: int = 1, think_ms: float = 0.0) -> float:
@@ -108,13 +109,13 @@ def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
     emu = Emulation(scenario, backend=options.backend)
     emu.up()
     try:
-        return _run(emu, scenario, options.transport, cc, options.deadline_s, wall_start)
+        return _run(emu, scenario, options.transport, cc, options.deadline_s, wall_start, options.fec)
     finally:
         emu.down()
 
 
 def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
-         deadline_s: float | None, wall_start: float) -> dict[str, Any]:
+         deadline_s: float | None, wall_start: float, fec: str = "auto") -> dict[str, Any]:
     size = scenario.transfer.size_bytes
     transfer = scenario.transfer
     ideal = ideal_time_s(scenario)
@@ -134,8 +135,10 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
     mtu = min(p.forward.mtu for p in scenario.paths)
     launches = [launch(transport, paths, best, d, seed=scenario.seed, size=size, cc=cc,
                        buffer=buffer, mtu=mtu, shards=transfer.shards, keys=_fresh_keys(),
-                       steps=transfer.steps, think_ms=transfer.think_ms) for d in directions]
+                       steps=transfer.steps, think_ms=transfer.think_ms, fec=fec) for d in directions]
     settings["connections"] = len(launches[0].sender.get("conns", [None]))
+    if transport == "wanxport":
+        settings["fec"] = fec
     settings["paths_used"] = [paths[k].name for k in paths_used(transport, best, len(paths))]
     if transport == "wanxport":
         settings["ports"] = [p["port"] for p in launches[0].receiver["paths"]]
@@ -241,6 +244,7 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
         for total, one in zip(per_path, path_stats(transport, paths, best, d, s, r), strict=True):
             total.payload_bytes += one.payload_bytes
             total.retransmitted_bytes += one.retransmitted_bytes
+            total.repair_bytes += one.repair_bytes
             total.srtt_s = total.srtt_s if total.srtt_s is not None else one.srtt_s
             total.used = total.used or one.used
             total.state = total.state or one.state
@@ -249,8 +253,9 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
         payload_bytes=size * len(directions) * steps, completion_s=completion, ideal_s=ideal,
         intact=intact, wall_s=time.perf_counter() - wall_start,
         paths=[PathReport(p.name, st.payload_bytes, st.retransmitted_bytes, st.srtt_s,
-                          st.state or ("active" if st.used else "unused"))
+                          st.state or ("active" if st.used else "unused"), {"repair_bytes": st.repair_bytes})
                for p, st in zip(paths, per_path, strict=True)],
+        repair_bytes=sum(st.repair_bytes for st in per_path),
         delivered_bytes=None if intact else (0 if complete else sum(r["bytes"] for r in received)),
         steps=steps, step_s=timing[0] if timing else None,
         **({"think_ms": scenario.transfer.think_ms} if steps > 1 else {}),
@@ -339,6 +344,6 @@ def main_run(args: Any) -> int:
     exit_on_sigterm()
     report = run_experiment(resolve_scenario(args.scenario), RunOptions(
         transport=args.transport, cc=args.cc, size_bytes=args.size, deadline_s=args.deadline,
-        backend=args.backend, steps=args.steps, think_ms=args.think_ms))
+        backend=args.backend, steps=args.steps, think_ms=args.think_ms, fec=args.fec))
     print(dumps(report) if args.json else summary(report))
     return 0 if report["intact"] else 1

@@ -86,6 +86,14 @@ def apply_step_arguments(scenario: Any, args: argparse.Namespace) -> Any:
 # -- sim ---------------------------------------------------------------------
 
 
+def _add_fec(p: Any) -> None:
+    from wanxport.core.config import FEC_MODES
+
+    p.add_argument("--fec", choices=FEC_MODES, default="auto",
+                   help="erasure-coded tail: auto adds repair where a recovery round trip would "
+                        "extend the transfer; off never (default auto)")
+
+
 def _add_sim(sub: Any) -> None:
     from wanxport.core.cc import available_congestion_controls
     from wanxport.core.scheduler import available_schedulers
@@ -107,6 +115,7 @@ def _add_sim(sub: Any) -> None:
     p.add_argument("--cc", choices=available_congestion_controls(), default="bbr",
                    help="congestion controller (default bbr)")
     p.add_argument("--scheduler", choices=available_schedulers(), default="earliest-arrival")
+    _add_fec(p)
     p.add_argument("--deadline", type=float, metavar="S",
                    help="give up after S virtual seconds (default max(60, 20 x ideal))")
     p.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
@@ -134,7 +143,8 @@ def _run_sim(args: argparse.Namespace) -> int:
         raise UsageError(f"--cc {args.cc}: {exc}") from None
     options = SimOptions(size_bytes=args.size, seed=args.seed, quantum=args.quantum,
                          payload_mode="virtual" if args.quantum else args.payload,
-                         congestion_control=args.cc, scheduler=args.scheduler, deadline_s=args.deadline)
+                         congestion_control=args.cc, scheduler=args.scheduler, fec=args.fec,
+                         deadline_s=args.deadline)
     report = with_wall_time(lambda: simulate(scenario, options))
     if args.json:
         print(dumps(report))

@@ -58,7 +58,8 @@ def paths_used(transport: str, best: int, count: int) -> list[int]:
 
 def launch(transport: str, paths: list[PathInfo], best: int, direction: Direction, *,
            seed: int, size: int, cc: str | None, buffer: int, mtu: int, shards: int = 1,
-           keys: dict[str, Any] | None = None, steps: int = 1, think_ms: float = 0.0) -> Launch:
+           keys: dict[str, Any] | None = None, steps: int = 1, think_ms: float = 0.0,
+           fec: str = "auto") -> Launch:
     """The receiver's and sender's specs for one direction of ``transport``.
 
     ``steps`` > 1 repeats the transfer on the same session or connections
@@ -67,7 +68,8 @@ def launch(transport: str, paths: list[PathInfo], best: int, direction: Directio
     stepping = {"steps": steps, "think_ms": think_ms}
     if transport == "wanxport":
         def side(sender: bool) -> dict[str, Any]:
-            return {"cc": cc, "seed": seed, "size": size, "shards": shards, "keys": keys, **stepping,
+            return {"cc": cc, "fec": fec, "seed": seed, "size": size, "shards": shards, "keys": keys,
+                    **stepping,
                     "paths": [{"name": p.name, "mtu": mtu, "device": p.ifname,
                                "port": WANXPORT_PORT_BASE + direction.port + k,
                                "local": direction.src(p) if sender else direction.dst(p),
@@ -105,6 +107,7 @@ class PathStats:
 
     payload_bytes: int = 0
     retransmitted_bytes: int = 0
+    repair_bytes: int = 0  # wanxport's erasure-code repair symbols
     srtt_s: float | None = None
     used: bool = False
     state: str | None = None  # the transport's own path state, when it has one
@@ -118,6 +121,7 @@ def path_stats(transport: str, paths: list[PathInfo], best: int, direction: Dire
         for stat, p in zip(stats, sent.get("paths", []), strict=False):
             stat.used, stat.state, stat.srtt_s = True, p["state"], p["srtt_s"]
             stat.payload_bytes, stat.retransmitted_bytes = p["payload_bytes"], p["retransmitted_bytes"]
+            stat.repair_bytes = p.get("repair_bytes", 0)
         return stats
     by_src = {direction.src(p): k for k, p in enumerate(paths)}
     if transport == "mptcp" and sent.get("subflows"):

@@ -57,6 +57,7 @@ def endpoint_config(spec: dict[str, Any], sender: bool) -> EndpointConfig:
     budget = max(1 << 30, 2 * max(length for _, length in payload.split(spec["size"],
                                                                          spec["shards"])))
     session = SessionConfig(paths=paths, congestion_control=cc_config(spec.get("cc") or "bbr"),
+                            fec=spec.get("fec") or "auto",
                             chunk_bytes=offload_chunk_bytes(paths, SEGMENTS),
                             receive_budget_bytes=budget, peer_credit_bytes=budget,
                             ack_threshold=ACK_THRESHOLD)
@@ -183,7 +184,8 @@ async def send(spec: dict[str, Any]) -> None:
                      for (o, n), d in zip(slices, digests, strict=True)],
           "paths": [{"name": p.name, "payload_bytes": p.payload_bytes,
                      "retransmitted_bytes": p.retransmitted_bytes, "srtt_s": p.srtt_s,
-                     "state": p.state, "packets_lost": p.packets_lost, "hedged_bytes": p.hedged_bytes}
+                     "state": p.state, "packets_lost": p.packets_lost, "hedged_bytes": p.hedged_bytes,
+                     "repair_bytes": p.repair_bytes}
                     for p in endpoint.session.stats().paths],
           "timeline": sampler.timeline, "diag": diagnostics(endpoint)})
     await endpoint.close()

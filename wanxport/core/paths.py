@@ -35,12 +35,13 @@ from wanxport.wire.frames import Frame
 class PayloadCounters:
     """The data a path carried, for statistics: every payload byte, and which were re-sends or hedges."""
 
-    __slots__ = ("payload_bytes", "retransmitted_bytes", "hedged_bytes")
+    __slots__ = ("payload_bytes", "retransmitted_bytes", "hedged_bytes", "repair_bytes")
 
     def __init__(self) -> None:
         self.payload_bytes = 0
         self.retransmitted_bytes = 0
         self.hedged_bytes = 0
+        self.repair_bytes = 0  # erasure-code repair symbols sent (core.fec)
 
 
 class Path:

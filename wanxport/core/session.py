@@ -31,6 +31,7 @@ from wanxport.core.events import (
     ShardReceived,
 )
 from wanxport.core.failover import Failover
+from wanxport.core.fec_receive import FecReceiver
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.health import PathState
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
@@ -42,6 +43,7 @@ from wanxport.core.stats import SessionStats, path_stats
 from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
 from wanxport.wire.frames import (
+    MAX_SHARD_RANGES,
     AckFrame,
     CloseFrame,
     CreditFrame,
@@ -50,6 +52,7 @@ from wanxport.wire.frames import (
     PaddingFrame,
     ProbeAckFrame,
     ProbeFrame,
+    RepairFrame,
     ShardAckFrame,
     ShardDoneFrame,
     ShardOpenFrame,
@@ -81,6 +84,7 @@ class Session:
         self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
+        self._fec_rx = FecReceiver()
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
         # Totals for stats(): shards (and their bytes) submitted, acknowledged by the peer, received.
@@ -142,6 +146,11 @@ class Session:
             receiving_bytes=sum(shard.received.total for shard in list(self.incoming.shards.values())),
             data_dropped=self.data_dropped,
             hedged_bytes=self._tx.hedged_bytes,
+            repair_bytes=self._tx.fec.repair_bytes,
+            repaired_bytes=self._fec_rx.repaired_bytes,
+            retransmitted_after_repair_bytes=self._fec_rx.retransmitted_after_repair_bytes,
+            repair_blocks_rebuilt=self._fec_rx.blocks_rebuilt,
+            repair_blocks_short=self._fec_rx.blocks_short,
             paths=tuple(path_stats(path) for path in self.paths),
         )
 
@@ -237,14 +246,44 @@ class Session:
             self.data_dropped += 1
             return False
         shard = self.incoming.shards[frame.shard_id]
-        shard.place(frame.offset, frame.data, frame.length, now)
+        new_bytes = shard.place(frame.offset, frame.data, frame.length, now)
+        if frame.shard_id in self._fec_rx.blocks or frame.shard_id in self._fec_rx.repaired:
+            self._confirm_rebuilt(shard, self._fec_rx.on_data(shard, frame.offset, frame.length,
+                                                              new_bytes, now))
+        self._check_complete(shard, now)
+        return True
+
+    def _on_repair(self, frame: RepairFrame, now: float) -> None:
+        """A repair symbol: rebuild its block's lost data once it holds k symbols (core.fec_receive)."""
+        verdict = self.incoming.accepts(frame.shard_id, 0, 0)  # the block's range: core.fec_receive
+        if not verdict:
+            if verdict is False:
+                self.data_dropped += 1
+            return
+        shard = self.incoming.shards[frame.shard_id]
+        self._confirm_rebuilt(shard, self._fec_rx.on_repair(frame, shard, now))
+        self._check_complete(shard, now)
+
+    def _confirm_rebuilt(self, shard: IncomingShard, rebuilt: list[tuple[int, int]]) -> None:
+        """Tell the sender which bytes were rebuilt, so it does not re-send them too."""
+        if not rebuilt or shard.complete:
+            return  # a complete shard's SHARD_DONE says it all
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(rebuilt):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+            else:
+                merged.append((start, end))
+        for i in range(0, len(merged), MAX_SHARD_RANGES):
+            self._tx.control.append(ShardAckFrame(shard.shard_id, tuple(merged[i:i + MAX_SHARD_RANGES])))
+
+    def _check_complete(self, shard: IncomingShard, now: float) -> None:
         if shard.complete and not shard.verifying:
             if self.defer_verification and shard.buffer is not None:
                 shard.verifying = True
                 self._events.append(ShardFilled(shard.shard_id, shard.buffer, shard.digest, now))
             else:
                 self._hand_over(shard, self.incoming.finish(shard, now), now)
-        return True
 
     def received_prefix(self, shard_id: int) -> int:
         """How many bytes from the start of an incoming shard are in (0 if unknown).
@@ -272,6 +311,7 @@ class Session:
                                           shard.verified is True, now))
         self._shards_received += 1
         self._bytes_received += shard.size
+        self._fec_rx.forget_shard(shard.shard_id)
         self._tx.control.append(ShardDoneFrame(shard.shard_id, status))
         self._tx.control.append(CreditFrame(self.incoming.budget.limit))
 
@@ -293,6 +333,8 @@ class Session:
             if shard is not None:
                 for start, end in frame.ranges:
                     shard.acked.add(start, min(end, shard.size))
+        elif isinstance(frame, RepairFrame):
+            self._on_repair(frame, now)
         elif isinstance(frame, ProbeFrame):
             self._tx.control_on(path, ProbeAckFrame(frame.token))
         elif isinstance(frame, CloseFrame):

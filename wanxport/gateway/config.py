@@ -42,6 +42,7 @@ class GatewayOptions:
     connect_timeout_s: float = 10.0
     resume_window_s: float = 30.0
     datapath: str = "auto"
+    fec: str = "auto"  # the sender's erasure-coded tail (SessionConfig.fec); a receiver always decodes
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
@@ -57,7 +58,8 @@ class GatewayOptions:
             raise ValueError("control_timeout_s, connect_timeout_s and stall_timeout_s must be > 0")
 
 
-def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> SessionConfig:
+def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
+                   fec: str = "auto") -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit.
 
     Acknowledgements come about once per core packet and within 1 ms: with the
@@ -67,7 +69,7 @@ def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> 
     chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
     return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
                          peer_credit_bytes=credit_bytes, ack_threshold=max(2, segments),
-                         max_ack_delay_s=0.001)
+                         max_ack_delay_s=0.001, fec=fec)
 
 
 def parse_hostport(text: str, what: str) -> Address:

@@ -69,6 +69,7 @@ class SimOptions:
     congestion_control: str = "bbr"
     cc_options: dict[str, Any] = field(default_factory=dict)  # the controller's options (cc_config)
     scheduler: str = "earliest-arrival"
+    fec: str = "auto"  # the erasure-coded tail: "auto" or "off" (SessionConfig.fec)
     deadline_s: float | None = None
     duplicate: float = 0.0  # test-only impairments
     corrupt: float = 0.0
@@ -153,6 +154,7 @@ class SimRun:
             congestion_control=cc_config(options.congestion_control, options.cc_options),
             scheduler=options.scheduler,
             segment_bytes=options.quantum,
+            fec=options.fec,
             **settings,
         )
         self.chunk_bytes = config.chunk_bytes
@@ -345,8 +347,9 @@ class SimRun:
         path_reports = [
             PathReport(path.name, path.payload_bytes, path.retransmitted_bytes, path.srtt_s, path.state,
                        {"hedged_bytes": path.hedged_bytes, "packets_lost": path.packets_lost,
-                        "failures": path.failures})
+                        "failures": path.failures, "repair_bytes": path.repair_bytes})
             for path in sender.session.stats().paths]
+        receiving = [e.session.stats() for e in self._receivers()]
         # Verified shards, plus what had arrived of unfinished ones when time ran out.
         delivered = sum(r.size for e in self._receivers() for r in e.received if r.ok)
         delivered += sum(e.session.stats().receiving_bytes for e in self._receivers())
@@ -360,6 +363,12 @@ class SimRun:
             datagrams_per_packet=self.datagrams_per_packet, chunk_bytes=self.chunk_bytes,
             cc=self.options.congestion_control, scheduler=self.options.scheduler,
             datagrams_rejected=self.a.rejected + self.b.rejected,
+            fec=self.options.fec,
+            repair_bytes=sum(e.session.stats().repair_bytes for e in (self.a, self.b)),
+            repaired_bytes=sum(s.repaired_bytes for s in receiving),
+            retransmitted_after_repair_bytes=sum(s.retransmitted_after_repair_bytes for s in receiving),
+            fec_blocks_rebuilt=sum(s.repair_blocks_rebuilt for s in receiving),
+            fec_blocks_short=sum(s.repair_blocks_short for s in receiving),
             events_processed=self.loop.processed,
             steps=self.scenario.transfer.steps, step_s=self.steps.step_s(),
             think_ms=self.scenario.transfer.think_ms,
