@@ -20,7 +20,7 @@ and are translated here.
 
 from __future__ import annotations
 
-from wanxport.core.cc import CongestionController
+from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.events import (
@@ -68,8 +68,9 @@ class Session:
         otherwise the session hashes it on the spot (the simulator's choice: no threads)."""
         self.config = config
         self.defer_verification = defer_verification
+        group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
-            Path(i, p.name, config.data_payload(p), self._make_cc(config, i), config.initial_rtt_s)
+            Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s)
             for i, p in enumerate(config.paths)
         ]
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
@@ -88,8 +89,8 @@ class Session:
         self._shards_received = self._bytes_received = 0
 
     @staticmethod
-    def _make_cc(config: SessionConfig, index: int) -> CongestionController:
-        return config.congestion_control.build(config.cc_context(index))
+    def _make_cc(config: SessionConfig, index: int, group: PathGroup) -> CongestionController:
+        return config.congestion_control.build(config.cc_context(index, group))
 
     # -- application side ----------------------------------------------------
 
