@@ -39,19 +39,20 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def read_lines(proc: subprocess.Popen[str], count: int, timeout_s: float = 30.0) -> list[str]:
-    """``count`` lines of ``proc``'s stdout, waiting for each (not past ``timeout_s``)."""
+    """``count`` lines of ``proc``'s stdout, waiting for each (not past ``timeout_s``).
+
+    Reads the pipe's file descriptor itself: the text wrapper's buffer would keep lines
+    that a later ``communicate`` (which reads the descriptor) never sees."""
     assert proc.stdout is not None
-    lines: list[str] = []
+    fd, text = proc.stdout.fileno(), b""
     deadline = time.monotonic() + timeout_s
-    while len(lines) < count and time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
+    while text.count(b"\n") < count and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
             break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-    return lines
+        text += chunk
+    return text.decode().splitlines(keepends=True)
 
 
 def test_enospc_is_named_at_both_ends_and_the_gateway_keeps_serving(small_disk: Path,
