@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +36,23 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield out
     finally:
         subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def read_lines(proc: subprocess.Popen[str], count: int, timeout_s: float = 30.0) -> list[str]:
+    """``count`` lines of ``proc``'s stdout, waiting for each (not past ``timeout_s``).
+
+    Reads the pipe's file descriptor itself: the text wrapper's buffer would keep lines
+    that a later ``communicate`` (which reads the descriptor) never sees."""
+    assert proc.stdout is not None
+    fd, text = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout_s
+    while text.count(b"\n") < count and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            break
+        text += chunk
+    return text.decode().splitlines(keepends=True)
 
 
 def test_enospc_is_named_at_both_ends_and_the_gateway_keeps_serving(small_disk: Path,
@@ -67,9 +86,10 @@ def test_enospc_is_named_at_both_ends_and_the_gateway_keeps_serving(small_disk: 
         again = send(big)
         assert again.returncode == 0, again.stderr
         assert (small_disk / "big.bin").read_bytes() == big.read_bytes()
+        lines = read_lines(recv, 3)  # the receiver prints its report after the sender's verdict
     finally:
         r_out, r_err = stop(recv)
     assert "ENOSPC" in r_err and "big.bin" in r_err, r_err
-    reports = [json.loads(line) for line in r_out.splitlines()]
+    reports = [json.loads(line) for line in lines + r_out.splitlines()]
     assert [r["intact"] for r in reports] == [False, True, True]
     assert reports[0]["files"] == [] and "ENOSPC" in reports[0]["error"]

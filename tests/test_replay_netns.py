@@ -48,7 +48,9 @@ def test_captured_datagrams_replayed_late_are_all_rejected_and_counted(tmp_path:
     result = json.loads(done.stdout)
     print(json.dumps(result))
     assert result["intact"] is True, "the transfers during the replays are byte-exact"
-    assert result["captured_data"] > 1000 and result["captured_quic"] > 0
+    # How many frames the capture thread keeps varies with the machine's load (558 to 4,108
+    # seen); every one kept must be rejected.
+    assert result["captured_data"] > 100 and result["captured_quic"] > 0
     during = result["during"]
     # Every data-plane replay was rejected as a replay (none authenticated as new, none placed).
     assert during.get("rejected_replay") == result["captured_data"], during
