@@ -234,7 +234,8 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
         and all(step == d["sent"] for step in r.get("step_digests", []))
         and all(s.get("verdicts", [True]))
         for d, s, r in zip(digests, sent, received, strict=True))
-    timing = step_timing(transport, scenario.transfer.shards, sent, received) if complete else None
+    timing = (step_timing(transport, scenario.transfer.shards, sent, received)
+              if complete and transport in STEPPED_TRANSPORTS else None)  # aioquic keeps no step times
     if complete:
         completion = max(r["t_end"] for r in received) - min(s["t0"] for s in sent)
     else:
