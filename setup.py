@@ -33,6 +33,12 @@ EXTENSIONS = [
         extra_compile_args=COMMON_FLAGS,
     ),
     Extension(
+        "wanxport._fec",
+        sources=sorted(glob("ext/fec/*.c")),
+        libraries=["isal"],
+        extra_compile_args=COMMON_FLAGS,
+    ),
+    Extension(
         "emulation._engine",
         sources=sorted(glob("ext/impair/*.c")),
         include_dirs=["ext/impair"],

@@ -172,8 +172,8 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
             # failed path's probes by how long they are remembered (plus the few sent
             # while it was suspected).
             outstanding = path.loss.outstanding()
-            data_packets = sum(1 for packet in outstanding if packet.chunks)
-            data_bytes = sum(packet.size for packet in outstanding if packet.chunks)
+            data_packets = sum(1 for packet in outstanding if held_to_window(packet))
+            data_bytes = sum(packet.size for packet in outstanding if held_to_window(packet))
             control_packets = len(outstanding) - data_packets
             probes = math.ceil(PROBE_MEMORY_S / session.config.failed_probe_interval_s) + 3
             if data_bytes > limit or control_packets > 4 * len(run.shard_sizes) + SLACK_PACKETS + probes:
@@ -195,7 +195,7 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
     def on_packet_sent(loss: LossDetector, packet: SentPacket) -> None:
         # A SHARD_OPEN travels in its own small packet right before the shard's first
         # DATA packet, in the same window check; only data is held to the window.
-        if not packet.chunks:
+        if not held_to_window(packet):
             if packet.in_flight:
                 control_since_data[id(loss)] = control_since_data.get(id(loss), 0) + packet.size
         else:
@@ -210,6 +210,11 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
     with mock.patch.object(LossDetector, "on_packet_sent", on_packet_sent):
         observed.report = run.run()
     return observed
+
+
+def held_to_window(packet: SentPacket) -> bool:
+    """Data, and repair symbols (in flight, neither data nor control: core.fec), fill the window."""
+    return bool(packet.chunks) or (packet.in_flight and packet.control is None)
 
 
 def recording(allocate: Callable[[int, int, bytes], memoryview | None],

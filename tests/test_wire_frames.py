@@ -205,7 +205,7 @@ def test_empty_payload_is_an_error() -> None:
         decode_frames(b"")
 
 
-@pytest.mark.parametrize("kind", [0x0A, 0x0F, 0x21, 0x80, 0xFF])
+@pytest.mark.parametrize("kind", [0x0B, 0x0F, 0x21, 0x80, 0xFF])
 def test_unknown_frame_type(kind: int) -> None:
     with pytest.raises(WireError) as info:
         decode_frames(frame_bytes(ProbeFrame(1)) + bytes([kind]) + bytes(16))

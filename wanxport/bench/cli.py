@@ -35,6 +35,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="receive into untouched memory (a first step: the kernel zeroes each "
                              "page on first write) instead of buffers touched before the clock starts")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--fec", choices=("off", "auto"), default="auto",
+                        help="erasure-coded tail (default auto; off for the ablation)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
     parser.add_argument("--baseline", action="append", choices=("none", *BASELINES, "all"),
                         help="also measure, in the same run (repeatable): iperf3 -u on loopback, "
@@ -114,7 +116,7 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
                             "python" if args.python_datapath else "native", args.segments, shards,
                             args.seed, timeout, pacer_burst_ns=round(args.pacer_burst_us * 1000),
-                            fresh_buffers=args.fresh_buffers)
+                            fresh_buffers=args.fresh_buffers, fec=args.fec)
         report = run_transfer(spec)
     if baseline is not None:
         report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)

@@ -50,6 +50,7 @@ class TransferSpec:
     pacer_spin_ns: int = 2_000
     pacer_burst_ns: int = 100_000
     fresh_buffers: bool = False  # receive into never-touched memory (see warm_allocator)
+    fec: str = "auto"  # the erasure-coded tail (SessionConfig.fec)
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -74,7 +75,7 @@ def session_config(spec: TransferSpec) -> SessionConfig:
     # round trip, and BBR's window (2 x bandwidth x min RTT) would follow it.
     return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=budget,
                          peer_credit_bytes=budget, ack_threshold=max(2, spec.segments),
-                         max_ack_delay_s=0.001)
+                         max_ack_delay_s=0.001, fec=spec.fec)
 
 
 def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, local: int,
@@ -264,7 +265,7 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
                                  "spurious_losses": path.spurious_losses,
                                  "pacing_rate_bps": round(path.pacing_rate_bps),
                                  "cwnd_bytes": path.cwnd_bytes, "min_rtt_s": path.min_rtt_s,
-                                 "cc_state": path.cc_state}
+                                 "cc_state": path.cc_state, "repair_bytes": path.repair_bytes}
         if pacer_stats is not None:
             extra.update(datagrams_sent=pacer_stats[i].sent_datagrams, gso_sends=pacer_stats[i].gso_sends,
                          send_eagain=pacer_stats[i].eagain)
@@ -279,7 +280,8 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         cipher=spec.cipher, datapath=spec.datapath,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
-        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, receiver_counters=received["counters"],
+        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, receiver_counters=received["counters"], fec=spec.fec,
+        repair_bytes=session.stats().repair_bytes,
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
         cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
                       "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wanxport.core.cc import BbrConfig, CcConfig, CcContext
+from wanxport.core.cc import BbrConfig, CcConfig, CcContext, PathGroup
 from wanxport.wire.frames import DATA_OVERHEAD
 from wanxport.wire.header import HEADER_LEN
 
@@ -19,6 +19,7 @@ MIN_INITIAL_CORE_PACKETS = 4
 # bottleneck (a sender-side RTT inflation that collapsed BBR's estimate on lossy
 # emulated paths).
 PACER_HEADROOM = 1.25
+FEC_MODES = ("off", "auto")
 
 
 def datagram_payload(path: PathConfig, tag_bytes: int) -> int:
@@ -69,6 +70,9 @@ class SessionConfig:
     # ... and a failed one this often, to see it return: 20 datagrams of ~70 bytes a
     # second (11 kb/s) buy readmission within 50 ms plus a round trip of its return.
     failed_probe_interval_s: float = 0.05
+    # Erasure-coded tail (core.fec): "auto" adds repair where a recovery round trip would
+    # extend the transfer, "off" never (the ablation).
+    fec: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.paths:
@@ -88,6 +92,8 @@ class SessionConfig:
         for path in self.paths:
             if self.data_payload(path) <= 0:
                 raise ValueError(f"path {path.name!r}: mtu {path.mtu} leaves no room for data")
+        if self.fec not in FEC_MODES:
+            raise ValueError(f"fec must be one of {', '.join(FEC_MODES)}, got {self.fec!r}")
         if self.ack_threshold < 1:
             raise ValueError("ack_threshold must be >= 1")
         for name in ("max_probe_interval_s", "failed_probe_interval_s"):
@@ -118,12 +124,12 @@ class SessionConfig:
         window_bytes = self.initial_cwnd_packets * datagram_payload(path, self.tag_bytes)
         return max(MIN_INITIAL_CORE_PACKETS, -(-window_bytes // self.data_payload(path)))
 
-    def cc_context(self, index: int) -> CcContext:
-        """What the controller of path ``index`` needs to know about it."""
+    def cc_context(self, index: int, group: PathGroup | None = None) -> CcContext:
+        """What the controller of path ``index`` needs to know about it (and its session's group)."""
         path = self.paths[index]
         return CcContext(mss_bytes=self.data_payload(path) + self.packet_overhead(),
                          initial_window_packets=self.initial_window_core_packets(path),
-                         path_index=index, initial_rtt_s=self.initial_rtt_s)
+                         path_index=index, initial_rtt_s=self.initial_rtt_s, group=group)
 
     def packet_overhead(self) -> int:
         return HEADER_LEN + self.tag_bytes

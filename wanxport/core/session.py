@@ -20,7 +20,7 @@ and are translated here.
 
 from __future__ import annotations
 
-from wanxport.core.cc import CongestionController
+from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.events import (
@@ -31,6 +31,7 @@ from wanxport.core.events import (
     ShardReceived,
 )
 from wanxport.core.failover import Failover
+from wanxport.core.fec_receive import FecReceiver
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.health import PathState
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
@@ -42,6 +43,7 @@ from wanxport.core.stats import SessionStats, path_stats
 from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
 from wanxport.wire.frames import (
+    MAX_SHARD_RANGES,
     AckFrame,
     CloseFrame,
     CreditFrame,
@@ -50,10 +52,13 @@ from wanxport.wire.frames import (
     PaddingFrame,
     ProbeAckFrame,
     ProbeFrame,
+    RepairFrame,
     ShardAckFrame,
     ShardDoneFrame,
     ShardOpenFrame,
 )
+
+CLOSE_PROTOCOL_VIOLATION = 1  # CLOSE code: the peer broke the protocol (the reason says how)
 
 
 class Session:
@@ -66,8 +71,9 @@ class Session:
         otherwise the session hashes it on the spot (the simulator's choice: no threads)."""
         self.config = config
         self.defer_verification = defer_verification
+        group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
-            Path(i, p.name, config.data_payload(p), self._make_cc(config, i), config.initial_rtt_s)
+            Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s)
             for i, p in enumerate(config.paths)
         ]
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
@@ -78,6 +84,7 @@ class Session:
         self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
+        self._fec_rx = FecReceiver()
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
         # Totals for stats(): shards (and their bytes) submitted, acknowledged by the peer, received.
@@ -86,8 +93,8 @@ class Session:
         self._shards_received = self._bytes_received = 0
 
     @staticmethod
-    def _make_cc(config: SessionConfig, index: int) -> CongestionController:
-        return config.congestion_control.build(config.cc_context(index))
+    def _make_cc(config: SessionConfig, index: int, group: PathGroup) -> CongestionController:
+        return config.congestion_control.build(config.cc_context(index, group))
 
     # -- application side ----------------------------------------------------
 
@@ -139,6 +146,11 @@ class Session:
             receiving_bytes=sum(shard.received.total for shard in list(self.incoming.shards.values())),
             data_dropped=self.data_dropped,
             hedged_bytes=self._tx.hedged_bytes,
+            repair_bytes=self._tx.fec.repair_bytes,
+            repaired_bytes=self._fec_rx.repaired_bytes,
+            retransmitted_after_repair_bytes=self._fec_rx.retransmitted_after_repair_bytes,
+            repair_blocks_rebuilt=self._fec_rx.blocks_rebuilt,
+            repair_blocks_short=self._fec_rx.blocks_short,
             paths=tuple(path_stats(path) for path in self.paths),
         )
 
@@ -155,6 +167,16 @@ class Session:
         if self.closed is None:
             self._tx.control.append(CloseFrame(code, reason))
             self.closed = SessionClosed(code, reason, now)
+
+    def _violation(self, now: float, reason: str) -> None:
+        """The authenticated peer broke the protocol (e.g. opened beyond its credit): close,
+        telling it why, and tell our driver the same (``SessionClosed``), rather than
+        ignore it and leave both ends waiting for a shard that cannot come."""
+        if self.closed is None:
+            event = SessionClosed(CLOSE_PROTOCOL_VIOLATION, f"protocol violation: {reason}", now)
+            self._tx.control.append(CloseFrame(event.code, event.error))
+            self.closed = event
+            self._events.append(event)
 
     def handshake_probes(self, now: float) -> list[Transmit]:
         """One PROBE datagram per path before any data, outside the packet accounting.
@@ -224,14 +246,44 @@ class Session:
             self.data_dropped += 1
             return False
         shard = self.incoming.shards[frame.shard_id]
-        shard.place(frame.offset, frame.data, frame.length, now)
+        new_bytes = shard.place(frame.offset, frame.data, frame.length, now)
+        if frame.shard_id in self._fec_rx.blocks or frame.shard_id in self._fec_rx.repaired:
+            self._confirm_rebuilt(shard, self._fec_rx.on_data(shard, frame.offset, frame.length,
+                                                              new_bytes, now))
+        self._check_complete(shard, now)
+        return True
+
+    def _on_repair(self, frame: RepairFrame, now: float) -> None:
+        """A repair symbol: rebuild its block's lost data once it holds k symbols (core.fec_receive)."""
+        verdict = self.incoming.accepts(frame.shard_id, 0, 0)  # the block's range: core.fec_receive
+        if not verdict:
+            if verdict is False:
+                self.data_dropped += 1
+            return
+        shard = self.incoming.shards[frame.shard_id]
+        self._confirm_rebuilt(shard, self._fec_rx.on_repair(frame, shard, now))
+        self._check_complete(shard, now)
+
+    def _confirm_rebuilt(self, shard: IncomingShard, rebuilt: list[tuple[int, int]]) -> None:
+        """Tell the sender which bytes were rebuilt, so it does not re-send them too."""
+        if not rebuilt or shard.complete:
+            return  # a complete shard's SHARD_DONE says it all
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(rebuilt):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+            else:
+                merged.append((start, end))
+        for i in range(0, len(merged), MAX_SHARD_RANGES):
+            self._tx.control.append(ShardAckFrame(shard.shard_id, tuple(merged[i:i + MAX_SHARD_RANGES])))
+
+    def _check_complete(self, shard: IncomingShard, now: float) -> None:
         if shard.complete and not shard.verifying:
             if self.defer_verification and shard.buffer is not None:
                 shard.verifying = True
                 self._events.append(ShardFilled(shard.shard_id, shard.buffer, shard.digest, now))
             else:
                 self._hand_over(shard, self.incoming.finish(shard, now), now)
-        return True
 
     def received_prefix(self, shard_id: int) -> int:
         """How many bytes from the start of an incoming shard are in (0 if unknown).
@@ -259,12 +311,14 @@ class Session:
                                           shard.verified is True, now))
         self._shards_received += 1
         self._bytes_received += shard.size
+        self._fec_rx.forget_shard(shard.shard_id)
         self._tx.control.append(ShardDoneFrame(shard.shard_id, status))
         self._tx.control.append(CreditFrame(self.incoming.budget.limit))
 
     def _on_control(self, path: Path, frame: Frame, now: float) -> None:
         if isinstance(frame, ShardOpenFrame):
-            self.incoming.open(frame)
+            if not self.incoming.open(frame):
+                self._violation(now, self.incoming.refusal)
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:
@@ -279,6 +333,8 @@ class Session:
             if shard is not None:
                 for start, end in frame.ranges:
                     shard.acked.add(start, min(end, shard.size))
+        elif isinstance(frame, RepairFrame):
+            self._on_repair(frame, now)
         elif isinstance(frame, ProbeFrame):
             self._tx.control_on(path, ProbeAckFrame(frame.token))
         elif isinstance(frame, CloseFrame):

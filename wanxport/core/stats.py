@@ -31,6 +31,7 @@ class PathStats:
     payload_bytes: int  # payload sent, retransmissions and hedges included
     retransmitted_bytes: int
     hedged_bytes: int
+    repair_bytes: int  # erasure-code repair symbols sent on this path (core.fec)
     packets_sent: int
     bytes_sent: int  # datagram bytes (headers and tags included) of every packet sent
     packets_lost: int
@@ -58,6 +59,11 @@ class SessionStats:
     receiving_bytes: int  # payload bytes placed so far in incoming shards not yet handed over
     data_dropped: int  # DATA the session could not accept (unknown shard, out of bounds)
     hedged_bytes: int
+    repair_bytes: int  # repair symbols sent (the erasure-coded tail, core.fec)
+    repaired_bytes: int  # incoming bytes rebuilt from repair instead of received
+    retransmitted_after_repair_bytes: int  # incoming DATA for bytes already rebuilt: waste
+    repair_blocks_rebuilt: int  # incoming blocks whose lost data repair rebuilt
+    repair_blocks_short: int  # incoming blocks completed by retransmission: repair was not enough
     paths: tuple[PathStats, ...]
 
 
@@ -74,6 +80,7 @@ def path_stats(path: Path) -> PathStats:
         payload_bytes=payload.payload_bytes,
         retransmitted_bytes=payload.retransmitted_bytes,
         hedged_bytes=payload.hedged_bytes,
+        repair_bytes=payload.repair_bytes,
         packets_sent=loss.packets_sent,
         bytes_sent=loss.bytes_sent,
         packets_lost=loss.packets_lost,

@@ -18,6 +18,7 @@ of state, shared and never rebound:
 from __future__ import annotations
 
 from wanxport.core.config import SessionConfig
+from wanxport.core.fec import FecSender
 from wanxport.core.numbering import WireNumbering
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
@@ -45,6 +46,7 @@ class Transmitter:
         self.wire = [WireNumbering() for _ in paths]  # per path: core packet -> wire numbers
         self.segments = [config.datagram_payload(p) for p in config.paths]  # per path: datagram payload
         self.hedged_bytes = 0
+        self.fec = FecSender(config, paths, outgoing)
 
     def touch(self, path: Path) -> None:
         """The path's state changed: its deadline is recomputed before control returns."""
@@ -192,11 +194,15 @@ class Transmitter:
     def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit]) -> None:
         overhead = self.config.packet_overhead()
         path.pacing_wake = None
+        self.fec.observe(path)
         while path.cwnd_space > 0:
             if path.next_send_at > horizon:
                 path.pacing_wake = path.next_send_at - (horizon - now)
                 self.touch(path)
                 return
+            # Repair follows the data it covers: once nothing is left to send or re-send.
+            if self.fec.pending and not self.scheduler.remaining_bytes and self._send_repair(path, now, out):
+                continue
             picked = self.scheduler.next_chunk(path, now, self.paths)
             if picked is None:
                 path.rate.on_app_limited(path.bytes_in_flight)
@@ -220,12 +226,31 @@ class Transmitter:
             elif kind is ChunkKind.HEDGE:
                 counters.hedged_bytes += length
                 self.hedged_bytes += length
+            elif offset + length == self.outgoing.shards[shard_id].size:  # its last new byte
+                self.fec.plan(self.outgoing.shards[shard_id], self.scheduler.remaining_bytes)
             # Pace by the whole datagram, DATA frame header included: the delivery-rate
             # samples count the same bytes, so gain 1.0 is exactly the measured rate.
             # Leaving the frame header out paced ~1 % above it: a queue crept up
             # over seconds until it overflowed and a congestion cap cut the rate.
             rate = path.cc.pacing_rate_bps / 8
             path.next_send_at = not_before + (overhead + frames[0].wire_size) / rate
+
+    def _send_repair(self, path: Path, now: float, out: list[Transmit]) -> bool:
+        """Send the next queued REPAIR frame on ``path``, paced like data; False if none is left.
+
+        In flight and congestion-controlled like data, but never re-sent: a lost
+        repair symbol is simply one fewer (the data's own recovery still stands).
+        """
+        frame = self.fec.next_repair()
+        if frame is None:
+            return False
+        not_before = max(now, path.next_send_at)
+        self._send(path, [frame], now, not_before, out)
+        path.payload.repair_bytes += frame.symbol
+        self.fec.repair_bytes += frame.symbol
+        size = self.config.packet_overhead() + frame.wire_size
+        path.next_send_at = not_before + size / (path.cc.pacing_rate_bps / 8)
+        return True
 
     def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
               out: list[Transmit], *, chunks: list[Chunk] | None = None,
@@ -240,6 +265,8 @@ class Transmitter:
         overhead = self.config.packet_overhead()
         size = overhead + sum(f.wire_size for f in frames)
         if in_flight or eliciting:
+            if in_flight and path.bytes_in_flight <= 0:
+                path.restart_from_idle(not_before)
             rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
             path.loss.on_packet_sent(SentPacket(pn, not_before, size, chunks, control,
                                                 eliciting, in_flight, rate_state))

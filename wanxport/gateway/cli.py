@@ -70,6 +70,8 @@ def register(subparsers: Any) -> None:
                    help="the receiver's address on one path (repeat for more)")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
     p.add_argument("--cipher", choices=CIPHER_CHOICES, default="aes-256-gcm")
+    p.add_argument("--fec", choices=("off", "auto"), default="auto",
+                   help="erasure-coded tail (default auto; off for the ablation)")
     p.add_argument("--piece", default="64MiB", metavar="SIZE",
                    help="files are sent as shards of this size (default 64MiB)")
     p.set_defaults(func=run_send)
@@ -177,7 +179,7 @@ def run_send(args: argparse.Namespace) -> int:
     _setup_logging(args.verbose)
     paths = _addresses(args.to, "--to")
     metrics_address = _metrics_address(args)
-    options = _options(args, cipher=args.cipher, piece_bytes=_size(args.piece, "--piece"))
+    options = _options(args, cipher=args.cipher, piece_bytes=_size(args.piece, "--piece"), fec=args.fec)
     try:
         pieces = plan_files(args.files, options.piece_bytes)
     except FileError as exc:

@@ -25,6 +25,7 @@ DEFAULT_SEGMENTS = 32  # datagrams per core packet (segmentation happens below t
 DEFAULT_CREDIT_BYTES = 1 << 30
 DEFAULT_PIECE_BYTES = 64 << 20  # files are cut into shards of this size for pipelining
 DEFAULT_CONTROL_TIMEOUT_S = 2.0  # QUIC idle timeout: how fast a dead control path is noticed
+DEFAULT_STALL_TIMEOUT_S = 60.0  # a receiver with shards open and no data arriving gives up after this
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class GatewayOptions:
     connect_timeout_s: float = 10.0
     resume_window_s: float = 30.0
     datapath: str = "auto"
+    fec: str = "auto"  # the sender's erasure-coded tail (SessionConfig.fec); a receiver always decodes
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
@@ -51,11 +54,12 @@ class GatewayOptions:
             raise ValueError(f"credit_bytes: {self.credit_bytes} is not valid; use >= 1 MiB")
         if self.piece_bytes < 1:
             raise ValueError(f"piece_bytes: {self.piece_bytes} is not valid; use >= 1")
-        if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise ValueError("control_timeout_s and connect_timeout_s must be > 0")
+        if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.stall_timeout_s <= 0:
+            raise ValueError("control_timeout_s, connect_timeout_s and stall_timeout_s must be > 0")
 
 
-def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> SessionConfig:
+def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
+                   fec: str = "auto") -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit.
 
     Acknowledgements come about once per core packet and within 1 ms: with the
@@ -65,7 +69,7 @@ def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> 
     chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
     return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
                          peer_credit_bytes=credit_bytes, ack_threshold=max(2, segments),
-                         max_ack_delay_s=0.001)
+                         max_ack_delay_s=0.001, fec=fec)
 
 
 def parse_hostport(text: str, what: str) -> Address:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from wanxport.wire.errors import WireError
 
-PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT = range(10)
+PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT, REPAIR = range(11)
 
 MAX_OFFSET = 1 << 62
 MAX_ACK_RANGES = 256
@@ -22,6 +22,10 @@ MAX_SHARD_RANGES = 256
 DIGEST_LEN = 32
 
 DATA_OVERHEAD = 1 + 4 + 8 + 2
+# No larger than DATA's, so a repair symbol as large as a full datagram's payload fits the MTU.
+REPAIR_OVERHEAD = 1 + 4 + 6 + 1 + 1 + 1
+MAX_FIRST_SYMBOL = (1 << 48) - 1
+MAX_BLOCK_SYMBOLS = 255  # k + m of a Reed-Solomon block over GF(2^8)
 STATUS_VERIFIED, STATUS_INTEGRITY_FAILURE, STATUS_ABORTED = 0, 1, 2
 
 _DATA = struct.Struct(">BIQH")
@@ -33,6 +37,7 @@ _SHARD_DONE = struct.Struct(">BIB")
 _TOKEN = struct.Struct(">BQ")
 _CLOSE = struct.Struct(">BHH")
 _CREDIT = struct.Struct(">BQ")
+_REPAIR = struct.Struct(">BIHIBBB")  # first_symbol as 16 high + 32 low bits
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -136,6 +141,41 @@ class CreditFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class RepairFrame:
+    """Repair symbol ``index`` (0..m-1) of an erasure-coded block of a shard.
+
+    The block is the shard's ``k`` data symbols of ``symbol`` bytes from symbol
+    ``first_symbol`` on: bytes ``[first_symbol * symbol, (first_symbol + k) * symbol)``,
+    clipped to the shard's end (the last symbol zero-padded), so a data datagram
+    of a full payload is exactly one symbol. Any ``k`` of the ``k + m`` symbols
+    rebuild the block (``wanxport.core.fec_code``). A REPAIR frame fills the rest
+    of its packet: ``symbol`` is what remains after its header. ``data`` is None
+    in the simulator's byte-free mode.
+    """
+
+    shard_id: int
+    first_symbol: int
+    k: int
+    m: int
+    index: int
+    symbol: int
+    data: bytes | memoryview | None = None
+
+    @property
+    def wire_size(self) -> int:
+        return REPAIR_OVERHEAD + self.symbol
+
+    @property
+    def offset(self) -> int:
+        return self.first_symbol * self.symbol
+
+    def covered(self, shard_size: int) -> int:
+        """Bytes the block covers in a shard of ``shard_size``; 0 if it does not fit the shard."""
+        length = min(self.k * self.symbol, shard_size - self.offset)
+        return length if length > (self.k - 1) * self.symbol else 0
+
+
+@dataclass(frozen=True, slots=True)
 class PaddingFrame:
     length: int
 
@@ -154,6 +194,7 @@ Frame = (
     | ProbeAckFrame
     | CloseFrame
     | CreditFrame
+    | RepairFrame
     | PaddingFrame
 )
 
@@ -206,6 +247,12 @@ def encode_frame(frame: Frame, out: bytearray) -> None:
         out += reason
     elif isinstance(frame, CreditFrame):
         out += _CREDIT.pack(CREDIT, frame.max_bytes)
+    elif isinstance(frame, RepairFrame):
+        if frame.data is None or len(frame.data) != frame.symbol:
+            raise ValueError("REPAIR frame without matching data")
+        out += _REPAIR.pack(REPAIR, frame.shard_id, frame.first_symbol >> 32, frame.first_symbol & 0xFFFFFFFF,
+                            frame.k, frame.m, frame.index)
+        out += frame.data
     else:
         out += bytes(frame.length)
 
@@ -300,6 +347,18 @@ def decode_frames(payload: bytes | memoryview) -> list[Frame]:
             _, max_bytes = _CREDIT.unpack_from(buf, pos)
             frames.append(CreditFrame(max_bytes))
             pos += _CREDIT.size
+        elif kind == REPAIR:
+            _need(buf, pos, _REPAIR.size + 1)
+            _, shard_id, high, low, k, m, index = _REPAIR.unpack_from(buf, pos)
+            pos += _REPAIR.size
+            symbol = end - pos
+            if not (1 <= k and 1 <= m and k + m <= MAX_BLOCK_SYMBOLS and index < m):
+                raise WireError("repair", f"block k={k} m={m} index={index}")
+            first = high << 32 | low
+            if (first + k) * symbol > MAX_OFFSET:
+                raise WireError("offset", f"repair block at symbol {first} of {symbol} bytes")
+            frames.append(RepairFrame(shard_id, first, k, m, index, symbol, buf[pos:end]))
+            pos = end
         elif kind == PADDING:
             if any(buf[pos:end]):
                 raise WireError("padding", "non-zero padding")

@@ -1,0 +1,70 @@
+"""With and without the erasure-coded tail, same scenarios and seeds, in the simulator.
+
+Why: issue 18's "must show": completion and the worst run on lossy-long-2path
+and hetero-8path at 16 and 64 MiB, with repair bytes as a share of payload.
+Each run is ``--steps`` exchanges on one session (warm steps), in the virtual
+payload mode (tests/test_fec.py holds it to the bytes mode's results).
+Simulator results are virtual-time and deterministic, so this needs no lock.
+
+    python benchmarks/fec_tail.py --steps 20 --out docs/results/fec-tail.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from wanxport.scenario import Scenario
+from wanxport.scenario.resolve import resolve
+from wanxport.sim.runner import SimOptions, simulate
+
+BUNDLED = Path(__file__).resolve().parent.parent / "emulation" / "scenarios"
+
+SCENARIOS = ("lossy-long-2path", "hetero-8path")
+SIZES = {"16MiB": 16 << 20, "64MiB": 64 << 20}
+KEEP = ("scenario", "seed", "steps", "payload_bytes", "completion_s", "ideal_s", "efficiency", "intact",
+        "fec",
+        "step_s", "first_step_s", "steady_step_s", "worst_step_s",
+        "repair_bytes", "repaired_bytes", "retransmitted_after_repair_bytes", "fec_blocks_rebuilt",
+        "fec_blocks_short")
+
+
+def one(scenario: Scenario, fec: str) -> dict[str, Any]:
+    report = simulate(scenario, SimOptions(payload_mode="virtual", fec=fec))
+    row = {key: report[key] for key in KEEP}
+    row["retransmitted_bytes"] = sum(p["retransmitted_bytes"] for p in report["paths"])
+    row["paths_repair_bytes"] = {p["name"]: p["repair_bytes"] for p in report["paths"]}
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--scenario", action="append", help="a bundled name (default: both)")
+    parser.add_argument("--size", action="append", choices=sorted(SIZES), help="default: both")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    print("scenario           size   fec   steady_s worst_s  ideal_s  efficiency worst/ideal repair%  intact")
+    for name in args.scenario or SCENARIOS:
+        for label in args.size or SIZES:
+            scenario = resolve(name, BUNDLED).with_transfer(size_bytes=SIZES[label], steps=args.steps)
+            for fec in ("off", "auto"):
+                r = one(scenario, fec)
+                rows.append(r)
+                steady, worst, ideal = r["steady_step_s"], r["worst_step_s"], r["ideal_s"]
+                print(f"{name:18s} {label:6s} {fec:5s} {steady:8.3f} {worst:8.3f} {ideal:8.3f} "
+                      f"{r['efficiency']:10.3f} {worst / ideal:11.3f} "
+                      f"{100 * r['repair_bytes'] / r['payload_bytes']:7.2f}  {r['intact']}", flush=True)
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump(rows, out, separators=(",", ":"))
+            out.write("\n")
+    return 0 if all(r["intact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

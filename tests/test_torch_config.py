@@ -1,0 +1,100 @@
+"""wanxport.torch's site config and store rendezvous: what a site names, and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="wanxport.torch needs the torch extra (pip install 'wanxport[torch]')")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import wanxport.torch as wt  # noqa: E402
+from wanxport.torch.rendezvous import _pair_paths, listen_paths  # noqa: E402
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "site.toml"
+    path.write_text(text)
+    return path
+
+
+def test_config_file_resolves_relative_names_against_its_directory(tmp_path: Path) -> None:
+    path = write(tmp_path, 'identity = "pki/site-a"\nca = "pki/ca.pem"\n'
+                           'paths = ["10.0.0.1:7500", "[::1]:7501"]\n')
+    config = wt.SiteConfig.load(path)
+    assert config.identity == tmp_path / "pki" / "site-a" and config.ca == tmp_path / "pki" / "ca.pem"
+    assert config.paths == ("10.0.0.1:7500", "[::1]:7501")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('ca = "c"\npaths = ["h:1"]\n', "missing key 'identity'"),
+    ('identity = "i"\nca = "c"\npaths = []\n', "at least one path"),
+    ('identity = "i"\nca = "c"\npaths = ["nohost"]\n', "HOST:PORT"),
+    ('identity = "i"\nca = "c"\npaths = ["h:70000"]\n', "port 1-65535"),
+    ('identity = "i"\nca = "c"\npaths = "h:1"\n', "must be a list"),
+    ('identity = "i"\nca = "c"\npaths = ["h:1"]\nport = 3\n', "unknown key(s) port"),
+    ('identity = \n', "not valid TOML"),
+])
+def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(wt.ConfigError) as info:
+        wt.SiteConfig.load(write(tmp_path, text))
+    assert message in str(info.value) and "site.toml" in str(info.value)
+    assert "\n" not in str(info.value).strip()
+
+
+def test_missing_config_file_and_missing_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(wt.ConfigError, match="cannot read"):
+        wt.SiteConfig.load(tmp_path / "absent.toml")
+    monkeypatch.delenv(wt.CONFIG_ENV, raising=False)
+    with pytest.raises(wt.ConfigError, match=wt.CONFIG_ENV):
+        wt.SiteConfig.from_env()
+    monkeypatch.setenv(wt.CONFIG_ENV, str(write(tmp_path, 'identity = "i"\nca = "c"\npaths = ["h:9"]\n')))
+    assert wt.SiteConfig.from_env().paths == ("h:9",)
+
+
+def test_each_pair_gets_its_own_ports_of_the_higher_site() -> None:
+    published = [{"name": f"s{k}", "paths": [f"10.0.{k}.1:7500", f"10.1.{k}.1:7500"]} for k in range(3)]
+    assert _pair_paths(0, published) == {1: ["10.0.1.1:7500", "10.1.1.1:7500"],
+                                         2: ["10.0.2.1:7500", "10.1.2.1:7500"]}
+    assert _pair_paths(2, published) == {0: ["10.0.2.1:7500", "10.1.2.1:7500"],
+                                         1: ["10.0.2.1:7501", "10.1.2.1:7501"]}
+    assert listen_paths(["[::1]:7000"], 3) == ["[::1]:7003"]
+
+
+def test_overlapping_pair_ports_are_refused() -> None:
+    published = [{"name": f"s{k}", "paths": ["127.0.0.1:7500", "127.0.0.1:7501"]} for k in range(3)]
+    with pytest.raises(wt.ConfigError, match="overlap"):
+        _pair_paths(0, published)
+
+
+def test_backend_is_registered_for_cpu_and_refuses_foreign_options(tmp_path: Path) -> None:
+    assert "wanxport" in dist.Backend.backend_list
+    assert dist.Backend.default_device_backend_map.get("cpu") in ("gloo", "wanxport")
+    with pytest.raises(wt.ConfigError, match="must be a SiteConfig"):
+        dist.init_process_group("wanxport", store=dist.HashStore(), rank=0, world_size=2, pg_options={"x": 1})
+    assert not dist.is_initialized()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: staging is for GPU tensors")
+def test_cuda_tensor_is_staged_in_chunks_and_reduced_in_place() -> None:
+    from concurrent.futures import Future
+
+    from wanxport.torch.staging import staged_all_reduce
+
+    tensor = torch.arange(10_000, dtype=torch.float32, device="cuda")
+    seen: list[int] = []
+
+    def start(chunk: torch.Tensor, index: int) -> Future[None]:
+        assert chunk.is_pinned() and chunk.device.type == "cpu"
+        seen.append(chunk.numel())
+        chunk.mul_(2)  # stands in for the cross-site sum of two equal sites
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    staged_all_reduce(tensor, start, chunk_bytes=4096)
+    assert seen == [1024] * 9 + [784]
+    assert torch.equal(tensor.cpu(), torch.arange(10_000, dtype=torch.float32) * 2)

@@ -1,0 +1,175 @@
+"""Shared helpers of the wanxport.torch tests: rank processes that always end, and their workers.
+
+Each test starts real processes (spawn: one torch.distributed world each, as a job
+would); ``run_ranks`` waits for them with a deadline and kills what is left, so a
+hang fails the test instead of wedging the suite. Workers report through JSON files.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+
+def run_ranks(target: Callable[..., None], n: int, args: tuple[Any, ...],
+              deadline_s: float) -> list[int | None]:
+    """Run ``target(index, *args)`` in ``n`` spawned processes; their exit codes (None: killed)."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(i, *args), daemon=True) for i in range(n)]
+    for proc in procs:
+        proc.start()
+    end = time.monotonic() + deadline_s
+    for proc in procs:
+        proc.join(max(0.0, end - time.monotonic()))
+    codes: list[int | None] = []
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+            codes.append(None)
+        else:
+            codes.append(proc.exitcode)
+    return codes
+
+
+def write(path: Path, result: dict[str, Any]) -> None:
+    path.write_text(json.dumps(result))
+
+
+def read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+# -- the "wanxport" process group ------------------------------------------------
+
+
+def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
+    """Site ``site`` of two: every collective of the process group, then a peer that stops."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import wanxport.torch as wt
+
+    config = wt.SiteConfig.make(work / "pki" / f"site-{site}", work / "pki" / "ca.pem",
+                                [f"127.0.0.1:{p}" for p in ports])
+    store = dist.FileStore(str(work / "store"), 2)
+    dist.init_process_group("wanxport", store=store, rank=site,
+                            world_size=2, pg_options=config, timeout=timedelta(seconds=timeout))
+    out: dict[str, Any] = {"backend": str(dist.get_backend()), "rank": dist.get_rank(),
+                           "world": dist.get_world_size()}
+    rng = np.random.default_rng(site)
+    x = torch.from_numpy(rng.standard_normal(1000).astype(np.float32))
+    out["input"] = x.tolist()
+    summed = x.clone()
+    dist.all_reduce(summed)
+    out["sum"] = summed.tolist()
+    mean = x.clone()
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    out["mean"] = mean.tolist()
+    b = torch.full((3, 4), float(site))
+    dist.broadcast(b, src=1)
+    out["broadcast"] = b.tolist()
+    gathered = [torch.empty(5, dtype=torch.int64) for _ in range(2)]
+    dist.all_gather(gathered, torch.arange(5) + 10 * site)
+    out["all_gather"] = [g.tolist() for g in gathered]
+    single = torch.empty(2, 3)
+    dist.all_gather_into_tensor(single, torch.full((3,), site + 0.5))
+    out["all_gather_single"] = single.tolist()
+    part = torch.empty(4)
+    dist.reduce_scatter(part, [torch.full((4,), 1.0 + site), torch.full((4,), 10.0 + site)])
+    out["reduce_scatter"] = part.tolist()
+    flat_in = torch.arange(8, dtype=torch.float32) * (site + 1)
+    half = torch.empty(4)
+    dist.reduce_scatter_tensor(half, flat_in)
+    out["reduce_scatter_single"] = half.tolist()
+    out["reduce_scatter_single_input_kept"] = bool(torch.equal(flat_in, torch.arange(8.0) * (site + 1)))
+    dist.barrier()
+    first, second = torch.ones(10_000) * (site + 1), torch.ones(7) * (site + 2)
+    works = [dist.all_reduce(first, async_op=True), dist.all_reduce(second, async_op=True)]
+    for w in works:
+        w.wait()
+    out["async"] = [first[0].item(), second[0].item()]
+    before = wt.cross_site_bytes()
+    grads = torch.from_numpy(rng.standard_normal(1 << 16).astype(np.float32))
+    plain = grads.clone()
+    dist.all_reduce(plain)
+    middle = wt.cross_site_bytes()
+    with wt.compression("int8"):
+        packed = grads.clone()
+        dist.all_reduce(packed)
+    after = wt.cross_site_bytes()
+    out["bytes_none"], out["bytes_int8"] = middle - before, after - middle
+    out["int8_max_error"] = float((packed - plain).abs().max())
+    out["int8_scale_bound"] = float(2 * grads.abs().max() / 127)  # two contributions, half a step each
+    try:
+        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
+    except ValueError as exc:
+        out["max_error"] = str(exc)
+    # Site 1 stops calling: site 0's next collective must fail within the timeout.
+    if site == 0:
+        started = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(16))
+            out["stalled"] = "returned"
+        except Exception as exc:  # noqa: BLE001 - the test checks what it was
+            out["stalled"] = f"{type(exc).__name__}: {exc}"
+        out["stalled_s"] = time.monotonic() - started
+        store.set("stall-over", "1")
+    else:  # alive but silent (a stalled site, not a closed session) until site 0 has its error
+        store.wait(["stall-over"], timedelta(seconds=3 * timeout))
+    write(work / f"site-{site}.json", out)
+    dist.destroy_process_group()
+
+
+# -- the DDP hook with a rank that dies --------------------------------------------
+
+
+def hook_failure_worker(global_rank: int, work: Path, first_port: int, timeout: float) -> None:
+    """2 sites x 2 ranks; after one good step site 1's rank 0 is killed; the others must raise."""
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from wanxport.collective import join_sync
+    from wanxport.torch import HookState, allreduce_hook
+
+    site, rank = divmod(global_rank, 2)
+    dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 2), rank=rank,
+                            world_size=2, timeout=timedelta(seconds=timeout))
+    pki = work / "pki"
+    group = join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
+                      paths=[f"127.0.0.1:{first_port + 2 * rank + i}" for i in range(2)], timeout=timeout)
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(64, 64), bucket_cap_mb=0.004)
+    state = HookState(group, timeout=timeout)
+    ddp.register_comm_hook(state, allreduce_hook)
+    out: dict[str, Any] = {"rank": global_rank}
+    x = torch.randn(8, 64)
+    ddp(x).sum().backward()
+    out["first_step"] = "ok"
+    if global_rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
+    try:
+        ddp(x).sum().backward()
+        out["second_step"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the test checks what it was
+        out["second_step"] = f"{type(exc).__name__}: {exc}"
+    out["second_step_s"] = time.monotonic() - started
+    out["refused_after"] = ""
+    try:
+        ddp(x).sum().backward()
+    except Exception as exc:  # noqa: BLE001
+        out["refused_after"] = str(exc)
+    write(work / f"rank-{global_rank}.json", out)
+    os._exit(0)  # the gloo group has a dead member: skip its teardown

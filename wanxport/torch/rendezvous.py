@@ -1,0 +1,68 @@
+"""How the sites of a ``"wanxport"`` process group find each other: through the c10d store.
+
+Each site publishes its certificate name (read from its identity) and its path
+addresses under ``wanxport/site/<rank>``, waits for every other site's, then joins
+the ``wanxport.collective`` group. For a pair of sites (i, j), i < j, site j listens
+and site i dials on site j's addresses with the port raised by i (``PORT + i``): each
+pair gets its own ports, so with n sites a site uses ports PORT .. PORT+n-2 of each
+path. The store is only used once, at setup; collectives never touch it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from cryptography import x509
+
+from wanxport.collective import SyncGroup, join_sync
+from wanxport.control.certs import certificate_name, load_identity
+from wanxport.torch.config import ConfigError, SiteConfig
+
+__all__ = ["join_through_store", "listen_paths"]
+
+KEY = "wanxport/site/{}"
+
+
+def _identity_name(config: SiteConfig) -> str:
+    cert, _ = load_identity(config.identity)
+    return certificate_name(x509.load_pem_x509_certificate(cert.read_bytes()))
+
+
+def listen_paths(paths: tuple[str, ...] | list[str], lower_peer: int) -> list[str]:
+    """Site j's addresses for its session with site ``lower_peer`` (< j): each port + lower_peer."""
+    out = []
+    for spec in paths:
+        host, _, port = spec.rpartition(":")
+        out.append(f"{host}:{int(port) + lower_peer}")
+    return out
+
+
+def _pair_paths(rank: int, published: list[dict[str, Any]]) -> dict[int, list[str]]:
+    pairs: dict[int, list[str]] = {}
+    for peer in range(len(published)):
+        if peer != rank:
+            low, high = min(rank, peer), max(rank, peer)
+            pairs[peer] = listen_paths(published[high]["paths"], low)
+    for site, info in enumerate(published):
+        used = [p for low in range(site) for p in listen_paths(info["paths"], low)]
+        if len(set(used)) != len(used):
+            raise ConfigError(f"paths of site {site} ({info['name']}): with {len(published)} sites each path "
+                              f"uses ports PORT..PORT+{len(published) - 2}; they overlap, space them further")
+    return pairs
+
+
+def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, timeout: float) -> SyncGroup:
+    """Publish this site, read every other's, join the group (``timeout`` bounds each step)."""
+    if size < 2:
+        raise ValueError("the wanxport process group needs at least two sites (world_size >= 2)")
+    name = _identity_name(config)
+    store.set(KEY.format(rank), json.dumps({"name": name, "paths": list(config.paths)}))
+    keys = [KEY.format(r) for r in range(size)]
+    store.wait(keys, timedelta(seconds=timeout))
+    published = [json.loads(store.get(k)) for k in keys]
+    names = [info["name"] for info in published]
+    paths = _pair_paths(rank, published)
+    return join_sync(rank, names, identity=config.identity, ca=config.ca,
+                     paths=paths if size > 2 else paths[1 - rank], timeout=timeout, join_timeout=timeout)
