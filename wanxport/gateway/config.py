@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from wanxport.aio.config import offload_chunk_bytes
 from wanxport.control import RotationLimits
+from wanxport.core.cc import cc_config
 from wanxport.core.config import PathConfig, SessionConfig
 
 Address = tuple[str, int]
@@ -41,6 +42,7 @@ class GatewayOptions:
     connect_timeout_s: float = 10.0
     resume_window_s: float = 30.0
     datapath: str = "auto"
+    congestion_control: str = "bbr"  # a wanxport.core.cc registered name
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
@@ -55,7 +57,8 @@ class GatewayOptions:
             raise ValueError("control_timeout_s and connect_timeout_s must be > 0")
 
 
-def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> SessionConfig:
+def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
+                   congestion_control: str = "bbr") -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit.
 
     Acknowledgements come about once per core packet and within 1 ms: with the
@@ -63,7 +66,8 @@ def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int) -> 
     """
     paths = tuple(PathConfig(f"p{i}", mtu) for i in range(n_paths))
     chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
-    return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
+    return SessionConfig(paths=paths, congestion_control=cc_config(congestion_control),
+                         chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
                          peer_credit_bytes=credit_bytes, ack_threshold=max(2, segments),
                          max_ack_delay_s=0.001)
 

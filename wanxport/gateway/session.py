@@ -134,6 +134,11 @@ class GatewaySession:
         status = await self._until_ended(verdict)
         return bool(ok) and status == "verified"
 
+    def verdict(self, shard_id: int) -> str | None:
+        """The receiver's status for a shard (None until it answered): why a send failed."""
+        fut = self._completions.get(shard_id)
+        return fut.result() if fut is not None and fut.done() and not fut.cancelled() else None
+
     async def announce_empty(self, announce: ShardAnnounce) -> bool:
         """A zero-byte shard (an empty file) exists only on the control channel."""
         self._check_alive()

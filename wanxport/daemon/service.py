@@ -1,0 +1,352 @@
+"""``wanxport gateway CONFIG.toml``: one long-lived gateway process, composed.
+
+Start binds everything the daemon will ever listen on (every path's UDP port, the
+metrics address, the API socket) before it announces READY, so nothing can take a
+port in between and a port in use is a one-line error at start. Then three things
+run on one event loop:
+
+* the receiving side: sessions from configured peers, one at a time (the listener's
+  rule), files into ``DATA_DIR/received/<peer>/``;
+* one sending worker per peer with queued transfers: it dials the peer (backing off
+  while it is away), sends the transfers one after another over one session, and
+  re-queues a transfer whose session failed;
+* the API (``routes.py``), the systemd watchdog, and the signal handlers: SIGHUP
+  reloads (``reload.py``), SIGTERM/SIGINT drain.
+
+Drain: submissions are refused from the first moment, running transfers get
+``drain_seconds`` to finish; what is still running then is interrupted and stays
+queued for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from typing import Any
+
+from wanxport.control import CertificateError, ControlChannel, ControlConnectError
+from wanxport.gateway.handshake import SetupError, _refuse, initiate
+from wanxport.gateway.listener import GatewayListener
+from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
+from wanxport.gateway.progress import acked_bytes
+from wanxport.gateway.session import GatewaySession, SessionFailed
+from wanxport.gateway.transfer import receive_files
+
+from .api import ApiServer
+from .config import ConfigError, DaemonConfig, describe, load_config
+from .inbox import Inbox
+from .notify import Notifier
+from .outbox import SourceError, plan, send
+from .routes import Routes
+from .store import Transfer, TransferStore
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 0.2
+BACKOFF_MAX_S = 30.0
+
+
+class DaemonError(Exception):
+    """The daemon cannot start as configured (one line)."""
+
+
+class _DaemonListener(GatewayListener):
+    """The listener, refusing peers the config does not name, and rooting each session's
+    files in its peer's directory before any data can arrive."""
+
+    def __init__(self, daemon: GatewayDaemon) -> None:
+        config = daemon.config
+        super().__init__(list(config.listen), config.identity, config.ca, config.gateway_options(),
+                         allocator=daemon.allocate)
+        self.daemon = daemon
+
+    async def _on_session(self, channel: ControlChannel) -> None:
+        if not self._busy:
+            peer = self.daemon.config.peer(channel.peer_name)
+            if peer is None:
+                self.setup_failures += 1
+                log.warning("refused a session from %r: not a configured peer", channel.peer_name)
+                await _refuse(channel, f"{channel.peer_name!r} is not a configured peer of "
+                                       f"{self.daemon.config.site!r}")
+                return
+            self.daemon.inbox = Inbox(self.daemon.config.received_dir / peer.name)
+        await super()._on_session(channel)
+
+
+class GatewayDaemon:
+    def __init__(self, config: DaemonConfig, notifier: Notifier | None = None, *,
+                 signals: bool = True) -> None:
+        self.config = config
+        self.signals = signals  # in-process tests run two daemons on one loop: no handlers
+        self.notifier = notifier or Notifier()
+        self.metrics = GatewayMetrics("gateway")
+        self.inbox: Inbox | None = None
+        self.store: TransferStore | None = None
+        self.listener: _DaemonListener | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.api: ApiServer | None = None
+        self.draining = False
+        self._stopped = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
+        self._cancelled: set[str] = set()
+        self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- start and stop --------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        try:
+            config.received_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
+        self.store = TransferStore(config.data_dir / "transfers.json")
+        self.listener = _DaemonListener(self)
+        try:
+            await self.listener.start()
+        except OSError as exc:
+            raise DaemonError(f"listen: port in use or not available: {exc.strerror or exc}") from None
+        except CertificateError as exc:
+            raise DaemonError(f"identity: {exc}") from None
+        self.metrics.listener = self.listener
+        try:
+            if config.metrics is not None:
+                self.metrics_server = MetricsServer(self.metrics, config.metrics)
+            self.api = ApiServer(config.api_socket, Routes(self).handle)
+            await self.api.start()
+        except OSError as exc:
+            self.listener.close()
+            raise DaemonError(f"cannot listen: {exc.strerror or exc} ({exc.filename or ''})") from None
+        self._tasks = [asyncio.create_task(self._receive_loop()),
+                       asyncio.create_task(self._schedule_loop()),
+                       asyncio.create_task(self.notifier.feed_watchdog())]
+        if self.signals:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        log.info("gateway ready: %s; API on %s", describe(config), config.api_socket)
+        self.notifier.ready(describe(config))
+
+    def request_stop(self) -> None:
+        if not self.draining:
+            log.info("draining: no new submissions; %d transfers get %.0f s to finish",
+                     len(self._active), self.config.drain_s)
+            self.draining = True
+            self.notifier.stopping()
+            self._wake.set()
+            self._stopped.set()
+
+    async def serve(self) -> None:
+        """Until SIGTERM/SIGINT (or ``request_stop``), then drain and close."""
+        await self._stopped.wait()
+        await self._drain()
+        await self.close()
+
+    async def _drain(self) -> None:
+        active = [task for task, _, _ in self._active.values()]
+        if active:
+            _, pending = await asyncio.wait(active, timeout=self.config.drain_s)
+            for task in pending:
+                task.cancel()  # interrupted: the transfer stays queued (see _run_one)
+        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        if self.signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        for task in [*self._tasks, *self._workers.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._workers.values(), return_exceptions=True)
+        if self.api is not None:
+            await self.api.close()
+        if self.listener is not None:
+            self.listener.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the file; apply what changed, or keep everything on a bad file."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config.source) if self.config.source else None
+        except ConfigError as exc:
+            log.error("reload refused, the running config stays: %s", exc)
+        else:
+            if new is not None:
+                self._apply(new)
+        self.notifier.ready(describe(self.config))
+
+    def _apply(self, new: DaemonConfig) -> None:
+        old = self.config
+        kept = [name for name in ("listen", "identity", "ca", "data_dir", "api_socket", "metrics")
+                if getattr(new, name) != getattr(old, name)]
+        if kept:
+            log.warning("reload: %s changed; these take effect at the next restart", ", ".join(kept))
+            new = _with(new, old, kept)
+        added = {p.name for p in new.peers} - {p.name for p in old.peers}
+        removed = {p.name for p in old.peers} - {p.name for p in new.peers}
+        self.config = new
+        log.info("reloaded: %s (peers added: %s, removed: %s)", describe(new),
+                 ", ".join(sorted(added)) or "none", ", ".join(sorted(removed)) or "none")
+        self._wake.set()
+
+    # -- receiving -------------------------------------------------------------
+
+    def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
+        assert self.inbox is not None, "a session's inbox is set before its setup"
+        return self.inbox.allocate(shard_id, size, meta)
+
+    async def _receive_loop(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                session = await self.listener.accept()
+            except (SetupError, OSError) as exc:
+                log.warning("incoming session failed: %s", exc)
+                continue
+            inbox = self.inbox
+            assert inbox is not None
+            with self.metrics.tracking(session):
+                try:
+                    result = await receive_files(session, inbox, show_progress=False)
+                finally:
+                    await session.close()
+                    self.listener.release()
+            log.info("session from %s ended: %d files received%s", session.peer_name, len(result.files),
+                     f" ({result.error})" if result.error else "")
+
+    # -- sending ---------------------------------------------------------------
+
+    def submitted(self) -> None:
+        self._wake.set()
+
+    async def _schedule_loop(self) -> None:
+        assert self.store is not None
+        while not self.draining:
+            for transfer in self.store.queued():
+                peer = transfer.submission.peer
+                if peer not in self._workers:
+                    self._workers[peer] = asyncio.create_task(self._peer_worker(peer))
+            await self._wake.wait()
+            self._wake.clear()
+
+    def _queued_for(self, peer: str) -> list[Transfer]:
+        assert self.store is not None
+        return [t for t in self.store.queued() if t.submission.peer == peer]
+
+    async def _peer_worker(self, peer_name: str) -> None:
+        """Dial ``peer_name`` and send its queue; back off while it is unreachable."""
+        assert self.store is not None
+        backoff = BACKOFF_START_S
+        try:
+            while not self.draining and (queue := self._queued_for(peer_name)):
+                peer = self.config.peer(peer_name)
+                if peer is None:
+                    for transfer in queue:
+                        self.store.update(transfer, state="failed",
+                                          reason=f"peer {peer_name!r} was removed from the config")
+                    return
+                try:
+                    session = await initiate(list(peer.paths), self.config.identity, self.config.ca,
+                                             self.config.gateway_options())
+                except (ControlConnectError, SetupError, CertificateError, OSError) as exc:
+                    reason = f"waiting for peer {peer_name}: {exc}"
+                    for transfer in queue:
+                        if transfer.reason != reason:
+                            self.store.update(transfer, reason=reason)
+                    log.info("%s (retry in %.1f s)", reason, backoff)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopped.wait(), backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                    continue
+                backoff = BACKOFF_START_S
+                await self._send_queue(session, peer_name)
+        finally:
+            self._workers.pop(peer_name, None)
+            self._wake.set()  # a submission that came while we finished gets a new worker
+
+    async def _send_queue(self, session: GatewaySession, peer_name: str) -> None:
+        next_shard = 0
+        with self.metrics.tracking(session):
+            try:
+                while (not self.draining and session.failure is None
+                       and (queue := self._queued_for(peer_name))):
+                    next_shard = await self._run_one(session, queue[0], next_shard)
+            finally:
+                await session.close()
+
+    async def _run_one(self, session: GatewaySession, transfer: Transfer, first_shard: int) -> int:
+        """Send one transfer; returns the next free shard id of the session."""
+        assert self.store is not None
+        try:
+            pieces = plan(transfer.submission, self.config.piece_bytes, first_shard)
+        except (SourceError, OSError) as exc:
+            self.store.update(transfer, state="failed", reason=str(exc))
+            return first_shard
+        async with self._slots:
+            self.store.update(transfer, state="active", reason=None, attempts=transfer.attempts + 1,
+                              bytes_total=sum(p.size for p in pieces), bytes_done=0)
+            task = asyncio.create_task(send(session, pieces))
+            self._active[transfer.id] = (task, session, acked_bytes(session.endpoint))
+            try:
+                reason = await task
+            except asyncio.CancelledError:
+                if transfer.id in self._cancelled:
+                    self.store.update(transfer, state="cancelled", reason="cancelled by request")
+                else:
+                    self.store.update(transfer, state="queued", reason="interrupted by shutdown")
+                await session.close("cancelled")  # the peer drops the partial files
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the daemon is closing, not just this transfer
+                return first_shard + len(pieces)
+            except SessionFailed as exc:
+                reason = str(exc)
+            finally:
+                self._active.pop(transfer.id, None)
+                self._cancelled.discard(transfer.id)
+        if reason is None:
+            self.store.update(transfer, state="done", bytes_done=transfer.bytes_total)
+        elif session.failure is not None or self.draining:
+            self.store.update(transfer, state="queued", reason=f"session lost, will retry: {reason}")
+        else:
+            self.store.update(transfer, state="failed", reason=reason)
+        return first_shard + len(pieces)
+
+    def progress(self, transfer: Transfer) -> int:
+        active = self._active.get(transfer.id)
+        if active is None:
+            return transfer.bytes_done
+        _, session, baseline = active
+        return min(transfer.bytes_total, max(0, acked_bytes(session.endpoint) - baseline))
+
+    def cancel(self, transfer: Transfer) -> bool:
+        """Cancel a queued or active transfer; False when it already ended."""
+        assert self.store is not None
+        if transfer.state == "queued":
+            self.store.update(transfer, state="cancelled", reason="cancelled by request")
+            return True
+        active = self._active.get(transfer.id)
+        if active is None:
+            return False
+        self._cancelled.add(transfer.id)
+        active[0].cancel()
+        return True
+
+
+def _with(new: DaemonConfig, old: DaemonConfig, names: list[str]) -> DaemonConfig:
+    return dataclasses.replace(new, **{name: getattr(old, name) for name in names})
+
+
+async def run_daemon(config: DaemonConfig, notifier: Notifier | None = None) -> int:
+    daemon = GatewayDaemon(config, notifier)
+    await daemon.start()
+    await daemon.serve()
+    return 0
