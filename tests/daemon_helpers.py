@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
-from gateway_helpers import free_path_ports
+from gateway_helpers import cli, env, free_path_ports
 
 from wanxport.control.certs import make_test_pki
 
@@ -34,3 +35,42 @@ def two_sites(tmp_path: Path, pki: Path, n_paths: int = 2, extra: str = "") -> t
     a = write_config(tmp_path / "a.toml", "gw-a", pki, a_ports, {"gw-b": b_ports}, extra)
     b = write_config(tmp_path / "b.toml", "gw-b", pki, b_ports, {"gw-a": a_ports}, extra)
     return a, b
+
+
+class NotifyListener:
+    """What systemd would see: the daemon's NOTIFY_SOCKET datagrams, in order."""
+
+    def __init__(self, path: Path) -> None:
+        import socket
+
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.messages: list[dict[str, str]] = []
+
+    def next(self, timeout: float = 30, skip_watchdog: bool = True) -> dict[str, str]:
+        self.sock.settimeout(timeout)
+        while True:
+            data = self.sock.recv(4096).decode()
+            message = dict(line.split("=", 1) for line in data.splitlines())
+            self.messages.append(message)
+            if not (skip_watchdog and set(message) == {"WATCHDOG"}):
+                return message
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def start_daemon(config: Path, notify: NotifyListener | None = None,
+                 **extra_env: str) -> subprocess.Popen[str]:
+    """``wanxport gateway -v CONFIG``; its log goes to CONFIG.log (a pipe could fill and block it)."""
+    environ = {**env(), **extra_env}
+    if notify is not None:
+        environ["NOTIFY_SOCKET"] = str(notify.path)
+    with open(config.with_suffix(".log"), "a") as log:
+        return subprocess.Popen(cli("gateway", "-v", str(config)), stdout=subprocess.DEVNULL,
+                                stderr=log, text=True, env=environ)
+
+
+def log_of(config: Path) -> str:
+    return config.with_suffix(".log").read_text()
