@@ -148,3 +148,53 @@ async def test_cancel_a_queued_transfer_and_status(pki: Path, tmp_path: Path) ->
         with pytest.raises(ApiError) as missing:
             await call(client, "get", "nope")
         assert missing.value.status == 404
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def test_reload_adds_and_removes_a_path_while_a_transfer_runs(pki: Path, tmp_path: Path) -> None:
+    from daemon_helpers import write_config
+    from gateway_helpers import free_path_ports
+
+    a0, a1, b0, b1, b2 = free_path_ports(5)
+    a_cfg = write_config(tmp_path / "a.toml", "gw-a", pki, [a0, a1], {"gw-b": [b0, b1]})
+    b_cfg = write_config(tmp_path / "b.toml", "gw-b", pki, [b0, b1], {"gw-a": [a0, a1]})
+    src = tmp_path / "r.bin"
+    digest = payload(src, 96 << 20, 6)
+    async with running(a_cfg) as a, running(b_cfg) as b:
+        client = GatewayClient(str(a.config.api_socket))
+        first = await call(client, "submit", "gw-b", str(src), "first.bin")
+        while a.store.get(first["id"]).state != "active":  # type: ignore[index,union-attr]
+            await asyncio.sleep(0.005)
+        write_config(b_cfg, "gw-b", pki, [b0, b2], {"gw-a": [a0, a1]})
+        write_config(a_cfg, "gw-a", pki, [a0, a1], {"gw-b": [b0, b2]})
+        assert a.store.get(first["id"]).state == "active"  # type: ignore[index,union-attr]
+        b.reload()
+        a.reload()
+        assert not _free(b2), "the added path is bound at once"
+        assert not _free(b1), "the removed path stays with the session that uses it"
+        done = await call(client, "wait", first["id"], 90)  # type: ignore[index]
+        assert done["state"] == "done" and done["attempts"] == 1, done  # type: ignore[index]
+        inbox = b.config.received_dir / "gw-a"
+        assert hashlib.sha256((inbox / "first.bin").read_bytes()).hexdigest() == digest
+        for _ in range(1000):  # the session ends once A's queue is empty; then b1 is released
+            if _free(b1):
+                break
+            await asyncio.sleep(0.01)
+        assert _free(b1), "the removed path's port is closed once no session uses it"
+        second = await call(client, "submit", "gw-b", str(src), "second.bin")
+        done = await call(client, "wait", second["id"], 90)  # type: ignore[index]
+        assert done["state"] == "done", done  # type: ignore[index]
+        assert hashlib.sha256((inbox / "second.bin").read_bytes()).hexdigest() == digest
+        by_path = {p["name"]: p["payload_bytes"] for p in done["stats"]["paths"]}  # type: ignore[index]
+        assert by_path["p1"] > 0, f"the new path carried data: {by_path}"
+        assert b.config.listen == (("127.0.0.1", b0), ("127.0.0.1", b2))

@@ -22,26 +22,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
-from wanxport.control import CertificateError, ControlChannel, ControlConnectError
-from wanxport.gateway.handshake import SetupError, _refuse, initiate
-from wanxport.gateway.listener import GatewayListener
+from wanxport.control import CertificateError, ControlConnectError
+from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
 from wanxport.gateway.session import GatewaySession, SessionFailed
 from wanxport.gateway.transfer import receive_files
 
 from .api import ApiServer
-from .config import ConfigError, DaemonConfig, describe, load_config
+from .config import DaemonConfig, describe
 from .inbox import Inbox
+from .listener import DaemonListener
 from .notify import Notifier
 from .outbox import SourceError, plan, send
+from .reload import reload
 from .routes import Routes
 from .store import Transfer, TransferStore
+from .tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -53,29 +55,6 @@ class DaemonError(Exception):
     """The daemon cannot start as configured (one line)."""
 
 
-class _DaemonListener(GatewayListener):
-    """The listener, refusing peers the config does not name, and rooting each session's
-    files in its peer's directory before any data can arrive."""
-
-    def __init__(self, daemon: GatewayDaemon) -> None:
-        config = daemon.config
-        super().__init__(list(config.listen), config.identity, config.ca, config.gateway_options(),
-                         allocator=daemon.allocate)
-        self.daemon = daemon
-
-    async def _on_session(self, channel: ControlChannel) -> None:
-        if not self._busy:
-            peer = self.daemon.config.peer(channel.peer_name)
-            if peer is None:
-                self.setup_failures += 1
-                log.warning("refused a session from %r: not a configured peer", channel.peer_name)
-                await _refuse(channel, f"{channel.peer_name!r} is not a configured peer of "
-                                       f"{self.daemon.config.site!r}")
-                return
-            self.daemon.inbox = Inbox(self.daemon.config.received_dir / peer.name)
-        await super()._on_session(channel)
-
-
 class GatewayDaemon:
     def __init__(self, config: DaemonConfig, notifier: Notifier | None = None, *,
                  signals: bool = True) -> None:
@@ -85,7 +64,7 @@ class GatewayDaemon:
         self.metrics = GatewayMetrics("gateway")
         self.inbox: Inbox | None = None
         self.store: TransferStore | None = None
-        self.listener: _DaemonListener | None = None
+        self.listener: DaemonListener | None = None
         self.metrics_server: MetricsServer | None = None
         self.api: ApiServer | None = None
         self.draining = False
@@ -106,7 +85,8 @@ class GatewayDaemon:
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
         self.store = TransferStore(config.data_dir / "transfers.json")
-        self.listener = _DaemonListener(self)
+        self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
+                                       self.allocate, self._peer_dir, self._set_inbox)
         try:
             await self.listener.start()
         except OSError as exc:
@@ -172,32 +152,20 @@ class GatewayDaemon:
             self.metrics_server.close()
 
     def reload(self) -> None:
-        """SIGHUP: re-read the file; apply what changed, or keep everything on a bad file."""
+        """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
         self.notifier.reloading()
-        try:
-            new = load_config(self.config.source) if self.config.source else None
-        except ConfigError as exc:
-            log.error("reload refused, the running config stays: %s", exc)
-        else:
-            if new is not None:
-                self._apply(new)
+        if reload(self):
+            self._wake.set()  # a peer may have come back into the config
         self.notifier.ready(describe(self.config))
 
-    def _apply(self, new: DaemonConfig) -> None:
-        old = self.config
-        kept = [name for name in ("listen", "identity", "ca", "data_dir", "api_socket", "metrics")
-                if getattr(new, name) != getattr(old, name)]
-        if kept:
-            log.warning("reload: %s changed; these take effect at the next restart", ", ".join(kept))
-            new = _with(new, old, kept)
-        added = {p.name for p in new.peers} - {p.name for p in old.peers}
-        removed = {p.name for p in old.peers} - {p.name for p in new.peers}
-        self.config = new
-        log.info("reloaded: %s (peers added: %s, removed: %s)", describe(new),
-                 ", ".join(sorted(added)) or "none", ", ".join(sorted(removed)) or "none")
-        self._wake.set()
-
     # -- receiving -------------------------------------------------------------
+
+    def _peer_dir(self, peer_name: str) -> Path | None:
+        peer = self.config.peer(peer_name)
+        return None if peer is None else self.config.received_dir / peer.name
+
+    def _set_inbox(self, directory: Path) -> None:
+        self.inbox = Inbox(directory)
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
         assert self.inbox is not None, "a session's inbox is set before its setup"
@@ -293,6 +261,7 @@ class GatewayDaemon:
         async with self._slots:
             self.store.update(transfer, state="active", reason=None, attempts=transfer.attempts + 1,
                               bytes_total=sum(p.size for p in pieces), bytes_done=0)
+            tally = Tally(session)
             task = asyncio.create_task(send(session, pieces))
             self._active[transfer.id] = (task, session, acked_bytes(session.endpoint))
             try:
@@ -313,7 +282,8 @@ class GatewayDaemon:
                 self._active.pop(transfer.id, None)
                 self._cancelled.discard(transfer.id)
         if reason is None:
-            self.store.update(transfer, state="done", bytes_done=transfer.bytes_total)
+            self.store.update(transfer, state="done", bytes_done=transfer.bytes_total,
+                              stats=tally.finish(transfer.bytes_total))
         elif session.failure is not None or self.draining:
             self.store.update(transfer, state="queued", reason=f"session lost, will retry: {reason}")
         else:
@@ -339,10 +309,6 @@ class GatewayDaemon:
         self._cancelled.add(transfer.id)
         active[0].cancel()
         return True
-
-
-def _with(new: DaemonConfig, old: DaemonConfig, names: list[str]) -> DaemonConfig:
-    return dataclasses.replace(new, **{name: getattr(old, name) for name in names})
 
 
 async def run_daemon(config: DaemonConfig, notifier: Notifier | None = None) -> int:

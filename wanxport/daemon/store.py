@@ -50,6 +50,7 @@ class Transfer:
     bytes_total: int = 0
     bytes_done: int = 0
     attempts: int = 0
+    stats: dict[str, Any] | None = None  # tally.py: elapsed, goodput, bytes per path (when done)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 
