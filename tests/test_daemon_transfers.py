@@ -82,8 +82,12 @@ async def test_same_key_is_one_transfer_across_a_restart(pki: Path, tmp_path: Pa
         with pytest.raises(ApiError) as conflict:
             await call(client, "submit", "gw-b", str(src), "other-name", key="ckpt-1000")
         assert conflict.value.status == 409
-        queued = await call(client, "get", first["id"])  # type: ignore[index]
-        assert queued["state"] == "queued" and "waiting for peer gw-b" in (queued["reason"] or "")  # type: ignore[index]
+        for _ in range(2000):  # until the first dial failed (a condition, with a deadline)
+            queued = await call(client, "get", first["id"])  # type: ignore[index]
+            if queued["reason"]:  # type: ignore[index]
+                break
+            await asyncio.sleep(0.01)
+        assert queued["state"] == "queued" and "waiting for peer gw-b" in queued["reason"]  # type: ignore[index]
     async with running(a_cfg) as a, running(b_cfg) as b:  # restarted: the key and the queue survived
         client = GatewayClient(str(a.config.api_socket))
         third = await call(client, "submit", "gw-b", str(src), key="ckpt-1000")

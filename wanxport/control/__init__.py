@@ -10,6 +10,7 @@ from .keys import KeySchedule, RotationLimits
 from .link import ControlClosed, ControlConnectError, ControlConnectionLost, SessionRefused
 from .messages import (
     PROTOCOL_VERSION,
+    RESUME_BATCH,
     Bye,
     ControlProtocolError,
     Hello,
@@ -17,6 +18,8 @@ from .messages import (
     KeyUpdate,
     Message,
     PathStatus,
+    ResumeHave,
+    ResumeQuery,
     ShardAnnounce,
     ShardComplete,
     Welcome,
@@ -42,7 +45,10 @@ __all__ = [
     "Message",
     "PROTOCOL_VERSION",
     "PathStatus",
+    "RESUME_BATCH",
     "ResilientControl",
+    "ResumeHave",
+    "ResumeQuery",
     "RotationLimits",
     "SessionRefused",
     "ShardAnnounce",

@@ -11,6 +11,7 @@ session keeps every path it was set up with, so nothing in flight is lost).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ from wanxport.gateway.config import Address, GatewayOptions, format_endpoint
 from wanxport.gateway.handshake import _refuse, identity_name
 from wanxport.gateway.listener import GatewayListener, open_port
 
+from .inbox import Inbox
+
 log = logging.getLogger(__name__)
 
 # The peer's certificate name -> the directory its files go to, or None to refuse it.
@@ -30,13 +33,23 @@ PeerCheck = Callable[[str], Path | None]
 
 class DaemonListener(GatewayListener):
     def __init__(self, listens: Sequence[Address], identity: Path, ca: Path, options: GatewayOptions,
-                 allocator: Any, peer_dir: PeerCheck, on_inbox: Callable[[Path], None]) -> None:
+                 allocator: Any, peer_dir: PeerCheck, on_inbox: Callable[[Path], Inbox]) -> None:
         super().__init__(list(listens), identity, ca, options, allocator=allocator)
         self._peer_dir = peer_dir
         self._on_inbox = on_inbox
         self._retiring: list[PathPort] = []
+        self._released = asyncio.Event()  # set while no session runs
+        self._released.set()
 
     async def _on_session(self, channel: ControlChannel) -> None:
+        current = self._session if self._busy else None
+        if current is not None and current.peer_name == channel.peer_name:
+            # A new session (not a resumed one) from the peer we are serving: it restarted
+            # (kill -9, reboot) and cannot come back to the old one. Waiting out the old one's
+            # resume window would only delay the resume; end it, keep its partial files.
+            log.info("%s opened a new session: ending its old one", channel.peer_name)
+            await current.close("superseded by a new session from the same peer")
+            await self._released.wait()
         if not self._busy:
             directory = self._peer_dir(channel.peer_name)
             if directory is None:
@@ -44,7 +57,16 @@ class DaemonListener(GatewayListener):
                 log.warning("refused a session from %r: not a configured peer", channel.peer_name)
                 await _refuse(channel, f"{channel.peer_name!r} is not a configured peer")
                 return
-            self._on_inbox(directory)
+            inbox = self._on_inbox(directory)
+            before = self._session
+            self._released.clear()
+            await super()._on_session(channel)
+            if self._session is not None and self._session is not before:
+                # Before its control reader first runs: no resume query can come unanswered.
+                inbox.bind(self._session)
+            elif not self._busy:
+                self._released.set()  # setup failed
+            return
         await super()._on_session(channel)
 
     # -- reload ---------------------------------------------------------------
@@ -87,6 +109,7 @@ class DaemonListener(GatewayListener):
 
     def release(self) -> None:
         super().release()
+        self._released.set()
         self._retire()
 
     def _retire(self) -> None:

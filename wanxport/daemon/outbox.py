@@ -9,14 +9,16 @@ receiver whether it may overwrite an existing destination.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wanxport.gateway.files import FilePiece
-from wanxport.gateway.session import GatewaySession
+from wanxport.control import RESUME_BATCH, ResumeQuery
+from wanxport.gateway.files import FilePiece, FileReader
+from wanxport.gateway.session import GatewaySession, sha256_hex_async
 from wanxport.gateway.transfer import send_files
 
 from .inbox import EXISTS, safe_relative
@@ -77,9 +79,46 @@ def plan(submission: Submission, piece_bytes: int, first_shard: int = 0) -> list
     return pieces
 
 
+_query_ids = itertools.count(1)
+
+
+async def resume(session: GatewaySession, pieces: list[OutgoingPiece], piece_bytes: int
+                 ) -> tuple[list[OutgoingPiece], int]:
+    """Ask the receiver which pieces it already holds: (the pieces still to send, bytes held).
+
+    Each piece is named by its SHA-256, so the receiver answers by content; a file
+    whose every piece is held is complete at the receiver already."""
+    reader = FileReader()
+    remaining: list[OutgoingPiece] = []
+    held_bytes = 0
+    try:
+        for _, group in itertools.groupby(pieces, key=lambda p: p.name):
+            file_pieces = list(group)
+            if file_pieces[0].file_size == 0:
+                remaining += file_pieces
+                continue
+            digests = [await sha256_hex_async(reader.view(p)) for p in file_pieces]
+            held: set[int] = set()
+            for first in range(0, len(file_pieces), RESUME_BATCH):
+                answer = await session.resume_query(ResumeQuery(
+                    next(_query_ids) & 0xFFFFFFFF, file_pieces[0].name, file_pieces[0].file_size,
+                    piece_bytes, first, digests[first:first + RESUME_BATCH]))
+                held.update(answer.pieces)
+            for index, piece in enumerate(file_pieces):
+                if index in held:
+                    held_bytes += piece.size
+                else:
+                    remaining.append(piece)
+    finally:
+        reader.close()
+    return remaining, held_bytes
+
+
 async def send(session: GatewaySession, pieces: list[OutgoingPiece],
                on_report: Callable[[dict[str, Any]], None] | None = None) -> str | None:
     """Send the pieces; None when every file is verified at the peer, else the reason."""
+    if not pieces:
+        return None  # the receiver held everything
     result = await send_files(session, list(pieces), show_progress=False)
     if on_report is not None:
         on_report(result.report)

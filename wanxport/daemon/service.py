@@ -39,7 +39,7 @@ from .config import DaemonConfig, describe
 from .inbox import Inbox
 from .listener import DaemonListener
 from .notify import Notifier
-from .outbox import SourceError, plan, send
+from .outbox import OutgoingPiece, SourceError, plan, resume, send
 from .reload import reload
 from .routes import Routes
 from .store import Transfer, TransferStore
@@ -73,6 +73,7 @@ class GatewayDaemon:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
         self._cancelled: set[str] = set()
+        self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -164,8 +165,9 @@ class GatewayDaemon:
         peer = self.config.peer(peer_name)
         return None if peer is None else self.config.received_dir / peer.name
 
-    def _set_inbox(self, directory: Path) -> None:
+    def _set_inbox(self, directory: Path) -> Inbox:
         self.inbox = Inbox(directory)
+        return self.inbox
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
         assert self.inbox is not None, "a session's inbox is set before its setup"
@@ -259,10 +261,11 @@ class GatewayDaemon:
             self.store.update(transfer, state="failed", reason=str(exc))
             return first_shard
         async with self._slots:
+            resuming = transfer.attempts > 0  # an earlier attempt may have left pieces there
             self.store.update(transfer, state="active", reason=None, attempts=transfer.attempts + 1,
                               bytes_total=sum(p.size for p in pieces), bytes_done=0)
             tally = Tally(session)
-            task = asyncio.create_task(send(session, pieces))
+            task = asyncio.create_task(self._send(session, transfer, pieces, resuming))
             self._active[transfer.id] = (task, session, acked_bytes(session.endpoint))
             try:
                 reason = await task
@@ -282,13 +285,23 @@ class GatewayDaemon:
                 self._active.pop(transfer.id, None)
                 self._cancelled.discard(transfer.id)
         if reason is None:
-            self.store.update(transfer, state="done", bytes_done=transfer.bytes_total,
-                              stats=tally.finish(transfer.bytes_total))
+            stats = tally.finish(transfer.bytes_total)
+            stats["skipped_bytes"] = self._skipped.pop(transfer.id, 0)
+            self.store.update(transfer, state="done", bytes_done=transfer.bytes_total, stats=stats)
         elif session.failure is not None or self.draining:
             self.store.update(transfer, state="queued", reason=f"session lost, will retry: {reason}")
         else:
             self.store.update(transfer, state="failed", reason=reason)
         return first_shard + len(pieces)
+
+    async def _send(self, session: GatewaySession, transfer: Transfer, pieces: list[OutgoingPiece],
+                    resuming: bool) -> str | None:
+        if resuming:
+            pieces, held = await resume(session, pieces, self.config.piece_bytes)
+            self._skipped[transfer.id] = held
+            log.info("transfer %s resumes: the peer holds %d of %d bytes", transfer.id, held,
+                     transfer.bytes_total)
+        return await send(session, pieces)
 
     def progress(self, transfer: Transfer) -> int:
         active = self._active.get(transfer.id)

@@ -32,16 +32,14 @@ class Tally:
     def finish(self, payload_bytes: int) -> dict[str, Any]:
         elapsed = time.monotonic() - self.started
         end = {name: (sent, resent) for name, sent, resent in _paths(self.session)}
-        paths = []
+        rtts = {p.name: p.srtt_s for p in self.session.endpoint.session.stats().paths}
+        paths: list[dict[str, Any]] = []
         for name, sent0, resent0 in self._start:
             sent, resent = end.get(name, (sent0, resent0))
-            paths.append({"name": name, "payload_bytes": sent - sent0, "retransmitted_bytes": resent - resent0})
-        stats = self.session.endpoint.session.stats().paths
-        rtts = {p.name: p.srtt_s for p in stats}
-        for path in paths:
-            path["srtt_s"] = rtts.get(str(path["name"]))
+            paths.append({"name": name, "payload_bytes": sent - sent0,
+                          "retransmitted_bytes": resent - resent0, "srtt_s": rtts.get(name)})
         return {"elapsed_s": round(elapsed, 4), "payload_bytes": payload_bytes,
                 "goodput_bps": payload_bytes * 8 / elapsed if elapsed > 0 else 0.0,
-                "sent_bytes": sum(int(p["payload_bytes"]) for p in paths),
-                "resent_bytes": sum(int(p["retransmitted_bytes"]) for p in paths),
+                "sent_bytes": sum(p["payload_bytes"] for p in paths),
+                "resent_bytes": sum(p["retransmitted_bytes"] for p in paths),
                 "paths": paths}
