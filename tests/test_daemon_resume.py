@@ -69,7 +69,7 @@ async def test_resume_holds_the_recorded_pieces_and_completes(tmp_path: Path) ->
         size = min(PIECE, len(data) - offset)
         meta = json.dumps({"name": "run/a.bin", "offset": offset, "file_size": len(data)}).encode()
         view = inbox.allocate(100 + index, size, meta)
-        np.frombuffer(memoryview(view), dtype=np.uint8)[:] = np.frombuffer(data, np.uint8)[offset:offset + size]
+        view[:] = np.frombuffer(data, np.uint8)[offset:offset + size]
         assert not (tmp_path / "run/a.bin").exists()
         inbox.on_piece(100 + index, True, size)
     assert (tmp_path / "run/a.bin").read_bytes() == data
