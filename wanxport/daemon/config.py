@@ -23,6 +23,7 @@ from wanxport.units import parse_size
 
 DEFAULT_CHECKPOINT_BYTES = 64 << 20
 DEFAULT_DRAIN_S = 30.0
+DEFAULT_WARM_S = 300.0
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,7 @@ class DaemonConfig:
     limits: Limits = field(default_factory=Limits)
     piece_bytes: int = DEFAULT_CHECKPOINT_BYTES
     drain_s: float = DEFAULT_DRAIN_S
+    warm_s: float = DEFAULT_WARM_S  # an idle session to a peer is kept this long
     congestion_control: str = "bbr"
     rotation: RotationLimits = field(default_factory=RotationLimits)
     cipher: str = "aes-256-gcm"
@@ -77,7 +79,7 @@ class DaemonConfig:
 _TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "metrics", "peers",
         "limits", "transfer", "keys", "congestion"}
 _LIMITS = {"memory_budget", "concurrent_transfers"}
-_TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher"}
+_TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
 _CONGESTION = {"controller"}
 _PEER = {"name", "paths"}
@@ -137,6 +139,7 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         piece_bytes=_size(transfer.get("checkpoint_bytes", DEFAULT_CHECKPOINT_BYTES),
                           "transfer.checkpoint_bytes", minimum=1 << 16),
         drain_s=_positive(transfer.get("drain_seconds", DEFAULT_DRAIN_S), "transfer.drain_seconds"),
+        warm_s=_positive(transfer.get("warm_seconds", DEFAULT_WARM_S), "transfer.warm_seconds"),
         congestion_control=controller, rotation=RotationLimits(**rotation), cipher=cipher,
         source=source)
 

@@ -110,7 +110,7 @@ class Routes:
             return 409, {"error": str(exc)}
         if new:
             store.update(transfer, bytes_total=sum(p.size for p in pieces))
-            self.daemon.submitted()
+            self.daemon.submitted(peer)
         return (201 if new else 200), self._view(transfer)
 
     def _view(self, transfer: Transfer) -> dict[str, Any]:

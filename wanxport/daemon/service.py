@@ -21,13 +21,13 @@ queued for the next start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 from pathlib import Path
 from typing import Any
 
 from wanxport.control import CertificateError, ControlConnectError
+from wanxport.gateway.config import Address
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
@@ -40,6 +40,7 @@ from .inbox import Inbox
 from .listener import DaemonListener
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send
+from .pathcache import PathCache
 from .reload import reload
 from .routes import Routes
 from .store import Transfer, TransferStore
@@ -71,6 +72,10 @@ class GatewayDaemon:
         self._stopped = asyncio.Event()
         self._wake = asyncio.Event()
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._work: dict[str, asyncio.Event] = {}  # per peer: a transfer was submitted
+        self._refresh: set[str] = set()  # peers whose paths a reload changed
+        self.outgoing: dict[str, GatewaySession] = {}  # the warm session to each peer
+        self.dialled = 0  # sessions this gateway set up to its peers
         self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
         self._cancelled: set[str] = set()
         self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
@@ -86,6 +91,7 @@ class GatewayDaemon:
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
         self.store = TransferStore(config.data_dir / "transfers.json")
+        self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
                                        self.allocate, self._peer_dir, self._set_inbox)
         try:
@@ -155,7 +161,12 @@ class GatewayDaemon:
     def reload(self) -> None:
         """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
         self.notifier.reloading()
+        before = {p.name: p.paths for p in self.config.peers}
         if reload(self):
+            for peer in self.config.peers:
+                if peer.name in before and before[peer.name] != peer.paths:
+                    self._refresh.add(peer.name)  # after its current transfer
+                    self._work_for(peer.name).set()
             self._wake.set()  # a peer may have come back into the config
         self.notifier.ready(describe(self.config))
 
@@ -194,14 +205,20 @@ class GatewayDaemon:
 
     # -- sending ---------------------------------------------------------------
 
-    def submitted(self) -> None:
+    def submitted(self, peer: str) -> None:
+        self._work_for(peer).set()
         self._wake.set()
 
+    def _work_for(self, peer: str) -> asyncio.Event:
+        return self._work.setdefault(peer, asyncio.Event())
+
     async def _schedule_loop(self) -> None:
+        """One worker per configured peer (started at start and for peers a reload adds),
+        plus one for any peer that only queued transfers name (a removed one)."""
         assert self.store is not None
         while not self.draining:
-            for transfer in self.store.queued():
-                peer = transfer.submission.peer
+            names = [p.name for p in self.config.peers] + [t.submission.peer for t in self.store.queued()]
+            for peer in dict.fromkeys(names):
                 if peer not in self._workers:
                     self._workers[peer] = asyncio.create_task(self._peer_worker(peer))
             await self._wake.wait()
@@ -212,17 +229,25 @@ class GatewayDaemon:
         return [t for t in self.store.queued() if t.submission.peer == peer]
 
     async def _peer_worker(self, peer_name: str) -> None:
-        """Dial ``peer_name`` and send its queue; back off while it is unreachable."""
+        """Keep a warm session to ``peer_name``: dialled at start and whenever there is work,
+        redialled with backoff while the peer is away, closed after ``warm_seconds`` idle."""
         assert self.store is not None
         backoff = BACKOFF_START_S
+        warm_up = True  # the first session is set up before any transfer asks for it
+        work = self._work_for(peer_name)
         try:
-            while not self.draining and (queue := self._queued_for(peer_name)):
+            while not self.draining:
                 peer = self.config.peer(peer_name)
+                queue = self._queued_for(peer_name)
                 if peer is None:
                     for transfer in queue:
                         self.store.update(transfer, state="failed",
                                           reason=f"peer {peer_name!r} was removed from the config")
                     return
+                if not queue and not warm_up:
+                    work.clear()
+                    await self._until(work.wait())
+                    continue
                 try:
                     session = await initiate(list(peer.paths), self.config.identity, self.config.ca,
                                              self.config.gateway_options())
@@ -232,24 +257,62 @@ class GatewayDaemon:
                         if transfer.reason != reason:
                             self.store.update(transfer, reason=reason)
                     log.info("%s (retry in %.1f s)", reason, backoff)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopped.wait(), backoff)
+                    await self._until(asyncio.sleep(backoff))
                     backoff = min(backoff * 2, BACKOFF_MAX_S)
                     continue
                 backoff = BACKOFF_START_S
-                await self._send_queue(session, peer_name)
+                warm_up = not await self._serve_session(session, peer_name, peer.paths)
         finally:
             self._workers.pop(peer_name, None)
             self._wake.set()  # a submission that came while we finished gets a new worker
 
-    async def _send_queue(self, session: GatewaySession, peer_name: str) -> None:
+    async def _until(self, awaitable: Any) -> None:
+        """Wait for ``awaitable`` or the start of a drain, whichever comes first."""
+        task = asyncio.ensure_future(awaitable)
+        stop = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, stop):
+                pending.cancel()
+
+    async def _serve_session(self, session: GatewaySession, peer_name: str,
+                             paths: tuple[Address, ...]) -> bool:
+        """Send the peer's queue over ``session``, keep it idle up to ``warm_seconds``.
+        Returns True when it ended idle (no need to redial), False when it failed."""
         next_shard = 0
+        work = self._work_for(peer_name)
+        self.dialled += 1
+        self.outgoing[peer_name] = session
         with self.metrics.tracking(session):
             try:
-                while (not self.draining and session.failure is None
-                       and (queue := self._queued_for(peer_name))):
-                    next_shard = await self._run_one(session, queue[0], next_shard)
+                while not self.draining and session.failure is None:
+                    if peer_name in self._refresh:  # its paths changed: the next session takes them
+                        self._refresh.discard(peer_name)
+                        return False
+                    queue = self._queued_for(peer_name)
+                    if queue:
+                        next_shard = await self._run_one(session, queue[0], next_shard)
+                        self.path_cache.save(peer_name, paths, session)
+                        continue
+                    work.clear()
+                    ended = asyncio.ensure_future(session.wait_ended())
+                    try:
+                        await asyncio.wait_for(self._until(_first(work.wait(), ended)),
+                                               self.config.warm_s)
+                    except TimeoutError:
+                        log.info("session to %s idle for %.0f s: closed", peer_name, self.config.warm_s)
+                        return True
+                    finally:
+                        ended.cancel()
+                    if ended.done() and not ended.cancelled():
+                        return False
+                return session.failure is None
+            except SessionFailed:
+                return False
             finally:
+                del self.outgoing[peer_name]
+                self.path_cache.save(peer_name, paths, session)
                 await session.close()
 
     async def _run_one(self, session: GatewaySession, transfer: Transfer, first_shard: int) -> int:
@@ -322,6 +385,16 @@ class GatewayDaemon:
         self._cancelled.add(transfer.id)
         active[0].cancel()
         return True
+
+
+async def _first(*awaitables: Any) -> None:
+    """Until the first of ``awaitables`` is done (the others are cancelled)."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def run_daemon(config: DaemonConfig, notifier: Notifier | None = None) -> int:
