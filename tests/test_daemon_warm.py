@@ -56,7 +56,7 @@ def test_careful_resume_plan_follows_the_policy(tmp_path: Path) -> None:
     paths = (("10.0.0.2", 7400), ("10.0.1.2", 7400), ("10.0.2.2", 7400))
     assert cache.resume_plan("gw-b", paths, [0.052, 0.030, 0.010], now) == [4e9, 0.0, 0.0], \
         "half the saved rate on the same route; an hour-old entry and an unknown path start over"
-    assert cache.resume_plan("gw-b", paths, [0.039, 0.03, None], now)[0] == 0.0, "RTT 22 % lower: another route"
+    assert cache.resume_plan("gw-b", paths, [0.039, 0.03, None], now)[0] == 0.0, "22 % lower: another route"
     assert cache.resume_plan("gw-b", paths, [0.067, 0.03, None], now)[0] == 0.0, "RTT above 1.2 x srtt"
     assert cache.resume_plan("gw-c", paths, [0.05, 0.03, 0.01], now) == [0.0, 0.0, 0.0]
     path.write_bytes(b"\0" * 64)  # a zeroed cache is reported and ignored, never trusted

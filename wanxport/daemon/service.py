@@ -38,6 +38,7 @@ from .api import ApiServer
 from .config import DaemonConfig, describe
 from .inbox import Inbox
 from .listener import DaemonListener
+from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send
 from .pathcache import PathCache
@@ -104,6 +105,8 @@ class GatewayDaemon:
         try:
             if config.metrics is not None:
                 self.metrics_server = MetricsServer(self.metrics, config.metrics)
+                self.metrics_server.registry.register(DaemonCollector(self))
+                log.info("metrics on %s", self.metrics_server.url)
             self.api = ApiServer(config.api_socket, Routes(self).handle)
             await self.api.start()
         except OSError as exc:
