@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 30.0
+DRAIN_GRACE_S = 5.0  # after drain_seconds: for the workers to record and close
 
 
 class DaemonError(Exception):
@@ -139,12 +140,17 @@ class GatewayDaemon:
         await self.close()
 
     async def _drain(self) -> None:
+        """Transfers in flight get ``drain_seconds``; then they are interrupted (and stay
+        queued), and the workers get a few seconds to record that and say goodbye (a
+        worker still dialling is cancelled by ``close``)."""
         active = [task for task, _, _ in self._active.values()]
         if active:
             _, pending = await asyncio.wait(active, timeout=self.config.drain_s)
             for task in pending:
                 task.cancel()  # interrupted: the transfer stays queued (see _run_one)
-        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        workers = list(self._workers.values())
+        if workers:
+            await asyncio.wait(workers, timeout=DRAIN_GRACE_S)
 
     async def close(self) -> None:
         if self.signals:
@@ -166,10 +172,11 @@ class GatewayDaemon:
         self.notifier.reloading()
         before = {p.name: p.paths for p in self.config.peers}
         if reload(self):
-            for peer in self.config.peers:
-                if peer.name in before and before[peer.name] != peer.paths:
-                    self._refresh.add(peer.name)  # after its current transfer
-                    self._work_for(peer.name).set()
+            after = {p.name: p.paths for p in self.config.peers}
+            for name, paths in before.items():
+                if after.get(name) != paths:  # paths changed, or the peer was removed
+                    self._refresh.add(name)  # its warm session ends after the current transfer
+                    self._work_for(name).set()
             self._wake.set()  # a peer may have come back into the config
         self.notifier.ready(describe(self.config))
 
