@@ -55,6 +55,17 @@ def read_state(path: Path) -> Any | None:
     return body
 
 
+def remove_stale_temporaries(directory: Path) -> int:
+    """Delete the temporary files a killed process left mid-write (never renamed into place,
+    so nothing refers to them); returns how many."""
+    removed = 0
+    for path in directory.rglob(".*.tmp-*"):
+        if path.is_file() and path.name.rsplit(".tmp-", 1)[1].isdigit():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
 def sync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:

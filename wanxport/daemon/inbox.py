@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -63,6 +64,7 @@ class _Partial(_IncomingFile):
 
     pieces: dict[str, list[Any]] = field(default_factory=dict)  # str(offset) -> [size, sha256]
     offsets: dict[int, int] = field(default_factory=dict)  # shard id -> offset
+    syncing: Future[None] | None = None  # the latest record on the sync thread
 
     @property
     def state_path(self) -> Path:
@@ -71,6 +73,16 @@ class _Partial(_IncomingFile):
 
 def partial_path(final: Path) -> Path:
     return final.with_name(f".{final.name}.partial")
+
+
+def _sync_then_record(partial: Path, state: Path, body: dict[str, Any]) -> None:
+    """On the sync thread: the pieces' data (the file's mapped pages), then their record."""
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    write_state(state, body)
 
 
 def _sha256(view: Any) -> str:
@@ -86,6 +98,7 @@ class Inbox(FileSink):
         self._announcement: Any = None
         self.resumed_bytes = 0  # held at a resume query (not sent again)
         self.reverified_bytes = 0  # of which were hashed again because the state file was bad
+        self._syncer: ThreadPoolExecutor | None = None
 
     def bind(self, session: GatewaySession) -> None:
         """Answer the session's resume queries and learn its pieces' digests."""
@@ -132,17 +145,31 @@ class Inbox(FileSink):
         return super().on_piece(shard_id, ok, size)
 
     def _record(self, incoming: _Partial, pieces: list[tuple[int, int, str]]) -> None:
-        """Make verified pieces durable: their data first, then the state naming them."""
-        if incoming.mm is not None:
-            incoming.mm.flush()
-        fd = os.open(incoming.partial, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Make verified pieces durable: their data first, then the state naming them.
+
+        The syncs take tens of milliseconds per piece, so they run on a worker thread
+        while the event loop receives the next piece. At most one record is outstanding:
+        the next one waits for it (stalling the loop, which holds back the sender's
+        acknowledgements), so the data acknowledged but not recorded stays within about
+        one checkpoint plus the pieces in progress, however slow the disk.
+        """
+        self._synced(incoming)
         for offset, size, digest in pieces:
             incoming.pieces[str(offset)] = [size, digest]
-        write_state(incoming.state_path, {"size": incoming.size, "pieces": incoming.pieces})
+        body = {"size": incoming.size, "pieces": dict(incoming.pieces)}
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wanxport-inbox-sync")
+        incoming.syncing = self._syncer.submit(_sync_then_record, incoming.partial, incoming.state_path, body)
+
+    def _synced(self, incoming: _IncomingFile) -> None:
+        """Until the file's last state write is done (before it is renamed or removed)."""
+        if isinstance(incoming, _Partial) and incoming.syncing is not None:
+            try:
+                incoming.syncing.result()
+            except OSError as exc:
+                log.warning("%s: recording a piece failed (%s); it would be sent again",
+                            incoming.partial, exc)
+            incoming.syncing = None
 
     def _open(self, name: str, size: int) -> _IncomingFile:
         """A new partial file (a stale one of the same name is replaced: the sender did
@@ -161,12 +188,14 @@ class Inbox(FileSink):
         return incoming
 
     def _finish(self, incoming: _IncomingFile) -> None:
+        self._synced(incoming)
         super()._finish(incoming)
         if isinstance(incoming, _Partial):
             incoming.state_path.unlink(missing_ok=True)
         sync_directory((self.directory / incoming.name).parent)
 
     def _discard(self, incoming: _IncomingFile) -> None:
+        self._synced(incoming)
         super()._discard(incoming)
         if isinstance(incoming, _Partial):
             incoming.state_path.unlink(missing_ok=True)
@@ -178,6 +207,9 @@ class Inbox(FileSink):
                      incoming.verified, incoming.size)
             incoming.mm = None
         self.files.clear()
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=False)  # queued records still complete
+            self._syncer = None
 
     def write_empty(self, name: str, shard_id: int) -> None:
         incoming = self._open(safe_relative(name) or f"shard-{shard_id}", 0)
@@ -223,6 +255,8 @@ class Inbox(FileSink):
                 self.resumed_bytes += size
         if recorded:
             self._record(incoming, recorded)
+            if incoming.syncing is not None:
+                await asyncio.wrap_future(incoming.syncing)  # answered once recorded
         if incoming.verified >= incoming.size:
             self._finish(incoming)
         return ResumeHave(query.query_id, held)

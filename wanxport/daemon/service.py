@@ -36,6 +36,7 @@ from wanxport.gateway.transfer import receive_files
 
 from .api import ApiServer
 from .config import DaemonConfig, describe
+from .durable import remove_stale_temporaries
 from .inbox import Inbox
 from .listener import DaemonListener
 from .metrics import DaemonCollector
@@ -92,6 +93,9 @@ class GatewayDaemon:
             config.received_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
+        stale = remove_stale_temporaries(config.data_dir)
+        if stale:
+            log.info("removed %d temporary state files a previous run left mid-write", stale)
         self.store = TransferStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
