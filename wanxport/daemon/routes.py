@@ -9,7 +9,7 @@ POST     /v1/transfers               submit {peer, source, dest?, overwrite?,
 GET      /v1/transfers               list, newest last
 GET      /v1/transfers/ID            one transfer: state, reason, progress
 POST     /v1/transfers/ID/cancel     cancel a queued or active transfer
-GET      /v1/status                  site, paths, peers, draining
+GET      /v1/status                  site, paths, peers, draining, asyncio_tasks
 =======  ==========================  =============================================
 
 While the daemon drains, submissions get 503.
@@ -17,6 +17,7 @@ While the daemon drains, submissions get 503.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from wanxport import __version__
@@ -73,7 +74,8 @@ class Routes:
                 "paths": [format_endpoint(a) for a in config.listen],
                 "peers": [{"name": p.name, "paths": [format_endpoint(a) for a in p.paths]}
                           for p in config.peers],
-                "draining": self.daemon.draining}
+                "draining": self.daemon.draining,
+                "asyncio_tasks": len(asyncio.all_tasks())}  # a leak shows here (benchmarks/soak.py)
 
     def _submit(self, headers: dict[str, str], body: Any) -> tuple[int, Any]:
         if self.daemon.draining:
