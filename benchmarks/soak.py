@@ -382,7 +382,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=parse_duration, default=3600.0, help="1h, 10m, 45s")
     parser.add_argument("--scenario", default="clean-2path", help="a bundled scenario name or file")
     parser.add_argument("--out", type=Path, default=Path("soak-out"))
-    parser.add_argument("--rate-mbps", type=float, default=80.0, help="cap of every path, each way")
+    parser.add_argument("--rate-mbps", type=float, default=100.0,
+                        help="cap of every path, each way (default: about 80 %% of what this host moved)")
     parser.add_argument("--flap-path", type=int, default=1, help="index of the path that flaps")
     parser.add_argument("--flap-every", type=parse_duration, default=60.0)
     parser.add_argument("--down-s", type=float, default=10.0)
@@ -416,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     stopping = False
 
     def on_term(signum: int, frame: object) -> None:
-        """SIGTERM ends the run like Ctrl-C; the finally below cleans up either way.
+        """SIGINT (Ctrl-C) and SIGTERM end the run; the finally below cleans up either way.
 
         pyroute2 forks helpers into the namespaces and ends them with SIGTERM: they
         inherit this handler and must just exit, not run our clean-up.
@@ -427,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
 
     try:
+        signal.signal(signal.SIGINT, on_term)  # also when started in the background (SIGINT ignored)
         signal.signal(signal.SIGTERM, on_term)
         soak.make_sources()
         soak.emu.up()
@@ -438,14 +440,12 @@ def main(argv: list[str] | None = None) -> int:
         error = f"{type(exc).__name__}: {exc}"
     finally:
         stopping = True  # a second Ctrl-C or SIGTERM must not stop the clean-up
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         soak.stop()
         logs = {site: str(args.out / f"{site}.log") for site in SITES}
         for site in SITES:
             if (work / f"{site}.log").exists():
                 shutil.copy(work / f"{site}.log", logs[site])
         shutil.rmtree(work, ignore_errors=True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     report: dict[str, Any] = {
         "benchmark": "soak", "scenario": args.scenario, "duration_s": args.duration,
         "rate_mbps_per_path": args.rate_mbps, "paths": len(soak.scenario.paths),
