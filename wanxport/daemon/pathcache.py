@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 MAX_AGE_S = 3600.0
 RTT_TOLERANCE = 0.20
 RESUME_SHARE = 0.5
+# Controller states (``PathStats.cc_state``) that are a search, not a measurement: BBR's
+# Startup, CUBIC's slow start.
+SEARCHING = frozenset({"startup", "slow_start"})
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,8 @@ class PathCache:
         """Record the session's validated paths; returns how many were saved."""
         now = time.time()
         saved = 0
-        core = session.endpoint.session
-        for path, stats, address in zip(core.paths, core.stats().paths, paths, strict=False):
-            if path.cc.in_startup or stats.min_rtt_s is None or stats.srtt_s is None or \
+        for stats, address in zip(session.endpoint.session.stats().paths, paths, strict=False):
+            if stats.cc_state in SEARCHING or stats.min_rtt_s is None or stats.srtt_s is None or \
                     not stats.bandwidth_bps > 0:
                 continue
             self.entries.setdefault(peer, {})[format_endpoint(address)] = PathEntry(
