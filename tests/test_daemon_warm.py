@@ -11,7 +11,8 @@ from daemon_helpers import make_pki, two_sites
 from test_daemon_transfers import call, payload, running
 
 from wanxport.client import GatewayClient
-from wanxport.daemon.pathcache import PathCache, PathEntry
+from wanxport.core.warm import PathMemory
+from wanxport.daemon.pathcache import PathCache
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,8 +52,8 @@ def test_careful_resume_plan_follows_the_policy(tmp_path: Path) -> None:
     path = tmp_path / "path-cache.json"
     cache = PathCache(path)
     now = time.time()
-    cache.entries["gw-b"] = {"10.0.0.2:7400": PathEntry(8e9, 0.050, 0.055, now - 60),
-                             "10.0.1.2:7400": PathEntry(4e9, 0.030, 0.031, now - 7200)}
+    cache.entries["gw-b"] = {"10.0.0.2:7400": PathMemory(8e9, 0.050, 0.055, now - 60),
+                             "10.0.1.2:7400": PathMemory(4e9, 0.030, 0.031, now - 7200)}
     paths = (("10.0.0.2", 7400), ("10.0.1.2", 7400), ("10.0.2.2", 7400))
     assert cache.resume_plan("gw-b", paths, [0.052, 0.030, 0.010], now) == [4e9, 0.0, 0.0], \
         "half the saved rate on the same route; an hour-old entry and an unknown path start over"
