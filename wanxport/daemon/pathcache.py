@@ -57,6 +57,8 @@ class PathCache:
         for stats, address in zip(session.endpoint.session.stats().paths, paths, strict=False):
             if stats.cc_state in SEARCHING or stats.min_rtt_s is None or stats.srtt_s is None or \
                     not stats.bandwidth_bps > 0:
+                log.debug("path %s to %s not saved: %s, min RTT %s, rate %s", stats.name, peer,
+                          stats.cc_state, stats.min_rtt_s, stats.bandwidth_bps)
                 continue
             self.entries.setdefault(peer, {})[format_endpoint(address)] = PathMemory(
                 stats.bandwidth_bps, stats.min_rtt_s, stats.srtt_s, now)
