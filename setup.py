@@ -22,6 +22,12 @@ EXTENSIONS = [
         extra_compile_args=COMMON_FLAGS,
     ),
     Extension(
+        "wanxport._limits",
+        sources=sorted(glob("ext/limits/*.c")),
+        libraries=["crypto"],
+        extra_compile_args=COMMON_FLAGS,
+    ),
+    Extension(
         "wanxport.sim._eventloop",
         sources=sorted(glob("ext/simloop/*.c")),
         extra_compile_args=COMMON_FLAGS,

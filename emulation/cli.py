@@ -13,7 +13,7 @@ import sys
 
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
-from wanxport.cli import size_argument
+from wanxport.cli import add_step_arguments, size_argument
 from wanxport.scenario import ScenarioError
 
 
@@ -47,6 +47,7 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     run.add_argument("--transport", choices=transports, required=True)
     run.add_argument("--cc", choices=("cubic", "bbr", "reno"), help="default cubic")
     run.add_argument("--size", type=size_argument, help="payload bytes (default: the scenario's)")
+    add_step_arguments(run)
     run.add_argument("--deadline", type=float, metavar="S",
                      help="stop after S seconds (default max(60, 20 x ideal))")
     run.add_argument("--backend", choices=("netem", "engine"))

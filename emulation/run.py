@@ -39,7 +39,7 @@ from emulation.baselines.transports import (
 )
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
-from wanxport.report import PathReport, build_report
+from wanxport.report import PathReport, build_report, spread
 from wanxport.scenario import Scenario, ideal_time_s
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ WANXPORT_DEFAULT_CC = "bbr"
 SETUP_TIMEOUT_S = 30.0
 REPORT_TIMEOUT_S = 15.0
 PORTS = {"a": 5201, "b": 5202}
+# Transports whose programs repeat the transfer on one session or set of connections.
+STEPPED_TRANSPORTS = ("wanxport", *TCP_BASED)
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,15 @@ class RunOptions:
     size_bytes: int | None = None
     deadline_s: float | None = None
     backend: str | None = None
+    steps: int | None = None  # None: the scenario's [transfer] steps
+    think_ms: float | None = None
 
 
-def default_deadline_s(ideal_s: float) -> float:
-    """max(60 s, 20 x ideal), as the simulator uses."""
-    return max(60.0, 20.0 * ideal_s) if math.isfinite(ideal_s) else 60.0
+def default_deadline_s(ideal_s: float, steps: int = 1, think_ms: float = 0.0) -> float:
+    """max(60 s, 20 x ideal per step plus the think time between steps), as the simulator uses."""
+    if not math.isfinite(ideal_s):
+        return 60.0
+    return max(60.0, steps * 20.0 * ideal_s + (steps - 1) * think_ms / 1000.0)
 
 
 def check_options(options: RunOptions) -> str | None:
@@ -91,8 +97,11 @@ def check_options(options: RunOptions) -> str | None:
 def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
     """Run one transfer of ``scenario`` with ``options``; return the run report v1."""
     cc = check_options(options)
-    if options.size_bytes is not None:
-        scenario = scenario.with_transfer(size_bytes=options.size_bytes)
+    scenario = scenario.with_transfer(size_bytes=options.size_bytes, steps=options.steps,
+                                      think_ms=options.think_ms)
+    if scenario.transfer.steps > 1 and options.transport not in STEPPED_TRANSPORTS:
+        raise ValueError(f"--steps: {options.transport} runs one transfer per connection here; "
+                         f"steps > 1 needs one of {', '.join(STEPPED_TRANSPORTS)}")
     if options.transport in TCP_BASED:
         netconfig.require_congestion_control(cc or DEFAULT_CC)
     wall_start = time.perf_counter()
@@ -107,8 +116,9 @@ def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
 def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
          deadline_s: float | None, wall_start: float) -> dict[str, Any]:
     size = scenario.transfer.size_bytes
+    transfer = scenario.transfer
     ideal = ideal_time_s(scenario)
-    deadline = deadline_s or default_deadline_s(ideal)
+    deadline = deadline_s or default_deadline_s(ideal, transfer.steps, transfer.think_ms)
     paths = emu.paths
     best = netconfig.best_path(scenario)
     needed = netconfig.buffer_bytes(scenario, paths_used(transport, best, len(paths)))
@@ -123,8 +133,8 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
         directions.append(Direction("b", "a", PORTS["b"]))
     mtu = min(p.forward.mtu for p in scenario.paths)
     launches = [launch(transport, paths, best, d, seed=scenario.seed, size=size, cc=cc,
-                       buffer=buffer, mtu=mtu, shards=scenario.transfer.shards,
-                       keys=_fresh_keys()) for d in directions]
+                       buffer=buffer, mtu=mtu, shards=transfer.shards, keys=_fresh_keys(),
+                       steps=transfer.steps, think_ms=transfer.think_ms) for d in directions]
     settings["connections"] = len(launches[0].sender.get("conns", [None]))
     settings["paths_used"] = [paths[k].name for k in paths_used(transport, best, len(paths))]
     if transport == "wanxport":
@@ -210,13 +220,18 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
             stopped: float, wall_start: float, settings: dict[str, Any],
             backend: str | None) -> dict[str, Any]:
     size = scenario.transfer.size_bytes
+    steps = scenario.transfer.steps
     complete = all(r["complete"] for r in received)
     digests = [{"direction": d.name, "sent": _digest(s["slices"]),
                 "received": _digest(r["slices"]) if r["slices"] else None}
                for d, s, r in zip(directions, sent, received, strict=True)]
+    # Every step carries the same payload: each step's bytes must hash to what was sent.
     intact = complete and all(
         d["sent"] == d["received"] and sum(x["length"] for x in r["slices"]) == size
-        for d, r in zip(digests, received, strict=True))
+        and all(step == d["sent"] for step in r.get("step_digests", []))
+        and all(s.get("verdicts", [True]))
+        for d, s, r in zip(digests, sent, received, strict=True))
+    timing = step_timing(transport, scenario.transfer.shards, sent, received) if complete else None
     if complete:
         completion = max(r["t_end"] for r in received) - min(s["t0"] for s in sent)
     else:
@@ -231,12 +246,15 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
             total.state = total.state or one.state
     return build_report(
         scenario=scenario.name, mode="emulated", transport=transport,
-        payload_bytes=size * len(directions), completion_s=completion, ideal_s=ideal,
+        payload_bytes=size * len(directions) * steps, completion_s=completion, ideal_s=ideal,
         intact=intact, wall_s=time.perf_counter() - wall_start,
         paths=[PathReport(p.name, st.payload_bytes, st.retransmitted_bytes, st.srtt_s,
                           st.state or ("active" if st.used else "unused"))
                for p, st in zip(paths, per_path, strict=True)],
         delivered_bytes=None if intact else (0 if complete else sum(r["bytes"] for r in received)),
+        steps=steps, step_s=timing[0] if timing else None,
+        **({"think_ms": scenario.transfer.think_ms} if steps > 1 else {}),
+        shard_completion_s=spread(timing[1]) if timing else None,
         cc=cc, direction=scenario.transfer.direction, deadline_s=deadline,
         timed_out=not complete, backend=backend, seed=scenario.seed, settings=settings,
         digests=digests,
@@ -245,6 +263,32 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
                             for d, s, r in zip(directions, sent, received, strict=True)]}
            if transport == "wanxport" else {}),
     )
+
+
+def step_timing(transport: str, shards: int, sent: list[dict[str, Any]], received: list[dict[str, Any]]
+                ) -> tuple[list[float], list[float]]:
+    """Each step's duration and each shard's completion, from the programs' CLOCK_MONOTONIC times.
+
+    A step runs from its first submission at a sender to its last byte in at a
+    receiver (all directions); a shard from its step's submission to its
+    verification (wanxport; the TCP baselines carry slices, not shards, so they
+    give no shard times).
+    """
+    ends: list[float] = []
+    shard_s: list[float] = []
+    for s, r in zip(sent, received, strict=True):
+        submitted = s["submitted"]
+        if transport == "wanxport":
+            per_step = [0.0] * len(submitted)
+            for shard_id, at in r["verified"]:
+                step = shard_id // shards
+                per_step[step] = max(per_step[step], at)
+                shard_s.append(at - submitted[step])
+        else:
+            per_step = list(r["step_ends"])
+        ends = [max(pair) for pair in zip(ends, per_step, strict=True)] if ends else per_step
+    starts = [min(column) for column in zip(*(s["submitted"] for s in sent), strict=True)]
+    return [end - start for start, end in zip(starts, ends, strict=True)], shard_s
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -260,6 +304,10 @@ def summary(report: dict[str, Any]) -> str:
         f"{'yes' if report['intact'] else 'NO'}{'   (deadline)' if report.get('timed_out') else ''}"
         f"   wall {report['wall_s']:.1f} s",
     ]
+    if report.get("steps", 1) > 1 and report.get("steady_step_s") is not None:
+        lines.append(f"steps {report['steps']}: first {report['first_step_s']:.3f} s, steady "
+                     f"{report['steady_step_s']:.3f} s, worst {report['worst_step_s']:.3f} s, "
+                     f"efficiency {report['efficiency']}")
     for p in report["paths"]:
         srtt = f"{p['srtt_s'] * 1000:.1f} ms" if p["srtt_s"] is not None else "-"
         lines.append(f"  {p['name']:<12} {format_size(p['payload_bytes']):>12} "
@@ -291,6 +339,6 @@ def main_run(args: Any) -> int:
     exit_on_sigterm()
     report = run_experiment(resolve_scenario(args.scenario), RunOptions(
         transport=args.transport, cc=args.cc, size_bytes=args.size, deadline_s=args.deadline,
-        backend=args.backend))
+        backend=args.backend, steps=args.steps, think_ms=args.think_ms))
     print(dumps(report) if args.json else summary(report))
     return 0 if report["intact"] else 1

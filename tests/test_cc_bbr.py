@@ -14,6 +14,7 @@ from wanxport.core.cc import BbrConfig, CcContext, CongestionController, cc_conf
 from wanxport.core.cc.bbr import (
     LOSS_CAP_BETA,
     PACING_GAIN_CYCLE,
+    RESTART_STARTUP_GAIN,
     STARTUP_GAIN,
     BbrCongestionController,
 )
@@ -262,6 +263,38 @@ def test_path_reset_restarts_the_search_but_keeps_min_rtt() -> None:
     assert cc.bandwidth_bps == cc.pacing_rate_bps
     driver.rounds(2)
     assert cc.in_startup and cc.metrics()["max_bw_bps"] == pytest.approx(RATE_BPS)
+
+
+def test_a_search_interrupted_by_idle_resumes_near_the_measured_rate() -> None:
+    """A training step ended while Startup was still searching: its tail was app-limited, so
+    the plateau test never ran. The next step must not restart at 2/ln 2 x what was measured
+    (about two BDP of overshoot into the queue), but probe at most 1.25 x it."""
+    driver = Driver(bbr())
+    cc = driver.cc
+    driver.rounds(2)
+    assert cc.in_startup and cc.pacing_rate_bps == pytest.approx(STARTUP_GAIN * RATE_BPS)
+    driver.rounds(2, app_limited=True)  # the step's tail
+    assert cc.in_startup
+    cc.on_packet_sent(driver.now + 0.5, MSS, 0)  # the next step, after the think time
+    assert cc.pacing_rate_bps == pytest.approx(RESTART_STARTUP_GAIN * RATE_BPS)
+    assert cc.cwnd_bytes > 2 * RATE_BPS / 8 * MIN_RTT_S, "the window it learned stays"
+    driver.rounds(1)
+    assert cc.pacing_rate_bps <= RESTART_STARTUP_GAIN * RATE_BPS * (1 + 1e-9)
+    driver.rounds(3)  # flat rounds: the search ends as usual, and ProbeBW owns the rate again
+    assert cc.state == "probe_bw" and cc.bandwidth_bps == pytest.approx(RATE_BPS)
+    cc.on_packet_sent(driver.now + 0.5, MSS, 0)
+    assert cc.pacing_rate_bps >= RATE_BPS * 0.75, "outside Startup an idle restart changes nothing"
+
+
+def test_a_search_with_more_to_find_keeps_growing_after_idle() -> None:
+    driver = Driver(bbr())
+    cc = driver.cc
+    driver.rounds(2, rate_bps=RATE_BPS / 4)
+    cc.on_packet_sent(driver.now + 0.5, MSS, 0)
+    for growth in (1.25, 1.25 ** 2, 1.25 ** 3):  # each round delivers what the last allowed
+        driver.rounds(1, rate_bps=RATE_BPS / 4 * growth)
+        assert cc.in_startup
+    assert cc.metrics()["max_bw_bps"] == pytest.approx(RATE_BPS / 4 * 1.25 ** 3)
 
 
 @settings(max_examples=60, deadline=None)

@@ -49,7 +49,7 @@ def test_unknown_name_lists_the_valid_ones() -> None:
 
 def test_unknown_option_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown option 'gain' for congestion control 'bbr'; "
-                                         r"valid: probe_rtt, seed$"):
+                                         r"valid: probe_rtt, seed, shared$"):
         cc_config("bbr", {"gain": 2.0})
     with pytest.raises(ValueError, match=r"option 'seed' for congestion control 'cubic'; valid: \(none\)"):
         cc_config("cubic", {"seed": 1})

@@ -66,6 +66,9 @@ def test_human_summary_names_every_path(scenario: Path) -> None:
     (["--cc", "fixed"], "--cc fixed: congestion control 'fixed' needs option rate_bps"),
     (["--deadline", "0"], "--deadline"),
     (["--quantum", "1MiB", "--payload", "bytes"], "--quantum"),
+    (["--steps", "0"], "--steps"),
+    (["--steps", "two"], "--steps"),
+    (["--think-ms", "-5"], "--think-ms"),
 ])
 def test_bad_arguments_exit_2_with_one_line(scenario: Path, args: list[str], needle: str) -> None:
     result = wanxport("sim", str(scenario), *args)
@@ -92,3 +95,23 @@ def test_bad_scenario_is_one_line_naming_the_field(tmp_path: Path, text: str, ne
 def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     result = wanxport("sim", str(tmp_path / "nope.toml"))
     assert result.returncode == 2 and "nope.toml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_steps_flag_overrides_the_file_and_reports_steps(scenario: Path) -> None:
+    result = wanxport("sim", str(scenario), "--size", "128KiB", "--steps", "3", "--think-ms", "20", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["steps"] == 3 and len(report["step_s"]) == 3 and report["think_ms"] == 20.0
+    assert report["payload_bytes"] == 3 * 128 * 1024
+    assert report["efficiency"] == pytest.approx(report["ideal_s"] / report["steady_step_s"], rel=1e-4)
+    human = wanxport("sim", str(scenario), "--size", "128KiB", "--steps", "3")
+    assert human.returncode == 0 and "steps    3: first" in human.stdout
+
+
+def test_steps_with_a_timeline_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "events.toml"
+    path.write_text(SMALL + "[[paths.events]]\nat_s = 1.0\ndown = true\n")
+    result = wanxport("sim", str(path), "--steps", "2")
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "events timeline" in lines[0] and "Traceback" not in result.stderr

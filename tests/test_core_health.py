@@ -95,15 +95,17 @@ def _measured(rtt_s: float) -> tuple[FixedRateCongestionController, RttEstimator
 def test_resume_state_is_saved_only_from_an_active_measured_path() -> None:
     cc, rtt = _measured(0.05)
     degraded = health_in(D)
-    degraded.save_for_resume(cc, rtt)
-    assert degraded.saved_rate_bps == 0.0  # not active: nothing validated to save
+    degraded.save_for_resume(cc, rtt, 0.5)
+    assert degraded.saved is None  # not active: nothing validated to save
     unmeasured = PathHealth()
-    unmeasured.save_for_resume(cc, RttEstimator(initial_rtt_s=0.1))
-    assert unmeasured.saved_rate_bps == 0.0  # no RTT sample yet
+    unmeasured.save_for_resume(cc, RttEstimator(initial_rtt_s=0.1), 0.5)
+    assert unmeasured.saved is None  # no RTT sample yet
     health = PathHealth()
-    health.save_for_resume(cc, rtt)
-    assert (health.saved_rate_bps, health.saved_min_rtt_s, health.saved_srtt_s) == (
+    health.save_for_resume(cc, rtt, 0.5)
+    assert health.saved is not None
+    assert (health.saved.rate_bps, health.saved.min_rtt_s, health.saved.srtt_s) == (
         50e6, rtt.min_recent_s, rtt.smoothed_s)
-    assert health.resume_rate_bps(rtt) == 50e6
+    assert health.resume_rate_bps(rtt, 1.0) == 50e6
+    assert health.resume_rate_bps(rtt, 0.5 + 3601.0) == 0.0  # saved more than an hour ago
     rtt.update(0.5, 0.0, 1.0)  # the answer came over a much longer route
-    assert health.resume_rate_bps(rtt) == 0.0
+    assert health.resume_rate_bps(rtt, 1.0) == 0.0

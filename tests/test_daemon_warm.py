@@ -11,7 +11,8 @@ from daemon_helpers import make_pki, two_sites
 from test_daemon_transfers import call, payload, running
 
 from wanxport.client import GatewayClient
-from wanxport.daemon.pathcache import PathCache, PathEntry
+from wanxport.core.warm import PathMemory
+from wanxport.daemon.pathcache import PathCache
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,10 +34,6 @@ async def test_transfers_share_a_warm_session_and_paths_are_cached(pki: Path, tm
             results.append(await call(client, "wait", t["id"], 60))  # type: ignore[index]
         assert [r["state"] for r in results] == ["done", "done"]  # type: ignore[index]
         assert a.dialled == 1, "the second transfer went over the warm session"
-        cache = PathCache(a.config.data_dir / "path-cache.json")
-        entries = cache.entries["gw-b"]
-        assert set(entries) == {f"127.0.0.1:{port}" for _, port in a.config.peer("gw-b").paths}  # type: ignore[union-attr]
-        assert all(e.rate_bps > 0 and e.min_rtt_s > 0 for e in entries.values())
         for _ in range(300):  # idle for warm_seconds: the session closes; the next one is new
             if "gw-b" not in a.outgoing:
                 break
@@ -47,12 +44,31 @@ async def test_transfers_share_a_warm_session_and_paths_are_cached(pki: Path, tm
         assert a.dialled == 2
 
 
+def test_only_validated_paths_are_cached_and_survive_a_restart(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    def stats(name: str, state: str, rate: float, rtt: float | None) -> SimpleNamespace:
+        return SimpleNamespace(name=name, cc_state=state, bandwidth_bps=rate, min_rtt_s=rtt, srtt_s=rtt)
+
+    paths = [stats("p0", "probe_bw", 9e9, 0.05), stats("p1", "startup", 5e9, 0.03),
+             stats("p2", "probe_rtt", 2e9, None)]
+    session = SimpleNamespace(endpoint=SimpleNamespace(session=SimpleNamespace(
+        stats=lambda: SimpleNamespace(paths=paths))))
+    addresses = (("10.0.0.2", 7400), ("10.0.1.2", 7400), ("10.0.2.2", 7400))
+    cache = PathCache(tmp_path / "path-cache.json")
+    assert cache.save("gw-b", addresses, session) == 1  # type: ignore[arg-type]
+    again = PathCache(tmp_path / "path-cache.json")  # as after a restart
+    assert set(again.entries["gw-b"]) == {"10.0.0.2:7400"}, "a search (Startup) is not a measurement"
+    entry = again.entries["gw-b"]["10.0.0.2:7400"]
+    assert (entry.rate_bps, entry.min_rtt_s) == (9e9, 0.05) and abs(entry.saved_at - time.time()) < 60
+
+
 def test_careful_resume_plan_follows_the_policy(tmp_path: Path) -> None:
     path = tmp_path / "path-cache.json"
     cache = PathCache(path)
     now = time.time()
-    cache.entries["gw-b"] = {"10.0.0.2:7400": PathEntry(8e9, 0.050, 0.055, now - 60),
-                             "10.0.1.2:7400": PathEntry(4e9, 0.030, 0.031, now - 7200)}
+    cache.entries["gw-b"] = {"10.0.0.2:7400": PathMemory(8e9, 0.050, 0.055, now - 60),
+                             "10.0.1.2:7400": PathMemory(4e9, 0.030, 0.031, now - 7200)}
     paths = (("10.0.0.2", 7400), ("10.0.1.2", 7400), ("10.0.2.2", 7400))
     assert cache.resume_plan("gw-b", paths, [0.052, 0.030, 0.010], now) == [4e9, 0.0, 0.0], \
         "half the saved rate on the same route; an hour-old entry and an unknown path start over"

@@ -192,3 +192,26 @@ def test_timeline_bins_spread_samples_and_show_a_failed_path_at_zero() -> None:
     flaps = rates["flaps"]
     assert flaps[5] == 0.0 and flaps[8] == 0.0  # 1.25-1.5 s and 2.0-2.25 s: down
     assert flaps[1] > 0.0 and flaps[12] > 0.0
+
+
+def test_step_timing_uses_the_first_submission_and_the_last_arrival_of_each_step() -> None:
+    from emulation.run import step_timing
+
+    sent = [{"submitted": [10.0, 12.0]}, {"submitted": [10.1, 11.9]}]
+    received = [{"verified": [[0, 10.5], [1, 10.8], [2, 12.4], [3, 12.3]]},
+                {"verified": [[0, 11.0], [1, 10.9], [2, 12.2], [3, 12.6]]}]
+    steps, shards = step_timing("wanxport", 2, sent, received)
+    assert steps == pytest.approx([1.0, 0.7])  # 10.0 -> 11.0, 11.9 -> 12.6
+    assert sorted(shards) == pytest.approx(sorted([0.5, 0.8, 0.4, 0.3, 0.9, 0.8, 0.3, 0.7]))
+    tcp = step_timing("tcp", 1, [{"submitted": [1.0, 3.0]}], [{"step_ends": [2.5, 3.5]}])
+    assert tcp == (pytest.approx([1.5, 0.5]), [])
+
+
+def test_steps_need_a_transport_that_keeps_its_session() -> None:
+    from emulation.run import RunOptions, run_experiment
+
+    scenario = parse_scenario('name = "x"\n[[paths]]\nname = "p"\nrtt_ms = 1\nbandwidth_mbps = 1\n')
+    with pytest.raises(ValueError, match="--steps: aioquic"):
+        run_experiment(scenario, RunOptions(transport="aioquic", steps=2))
+    with pytest.raises(ValueError, match="transfer steps"):
+        run_experiment(scenario, RunOptions(transport="tcp", steps=0))

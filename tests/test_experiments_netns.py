@@ -160,3 +160,20 @@ def test_compare_writes_reports_figures_and_table(two_paths: Scenario, tmp_path:
     table = (tmp_path / "results.md").read_text()
     assert f"| {scenario.name} | 1 MiB |" in table
     assert "| wanxport (sim) | tcp | tcp-parallel:bbr |" in table
+
+
+@pytest.mark.parametrize("transport", ["wanxport", "tcp-parallel"])
+def test_steps_repeat_the_transfer_on_one_session(two_paths: Scenario, transport: str) -> None:
+    steps = 3
+    report = run_experiment(two_paths.with_transfer(size_bytes=1 << 20), RunOptions(
+        transport=transport, steps=steps, think_ms=50.0))
+    assert report["intact"] is True and report["timed_out"] is False
+    assert report["payload_bytes"] == steps << 20
+    assert report["steps"] == steps and len(report["step_s"]) == steps
+    assert report["efficiency"] == pytest.approx(report["ideal_s"] / report["steady_step_s"], rel=1e-4)
+    # One clock: the run holds its steps and the think time between them.
+    assert report["completion_s"] >= sum(report["step_s"]) + (steps - 1) * 0.050 - 1e-3
+    assert sum(p["payload_bytes"] for p in report["paths"]) >= steps << 20
+    if transport == "wanxport":
+        spread = report["shard_completion_s"]
+        assert 0 < spread["p50"] <= spread["p99"] <= spread["max"] <= max(report["step_s"]) + 1e-6

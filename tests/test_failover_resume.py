@@ -98,7 +98,7 @@ def _path_after_failure(resume_rtt_s: float) -> Path:
     path = Path(0, "p", 1400, FixedConfig(rate_bps=RATE_BPS).build(CcContext(mss_bytes=MSS)), 0.1)
     for i in range(10):
         path.rtt.update(MIN_RTT_S, 0.0, i * 0.1)
-    path.health.save_for_resume(path.cc, path.rtt)  # an active, measured path is suspected
+    path.health.save_for_resume(path.cc, path.rtt, 1.0)  # an active, measured path is suspected
     path.health.fire(HealthEvent.PROBE_MISSES)
     assert path.state is PathState.FAILED
     path.rtt.update(resume_rtt_s, 0.0, 5.0)  # the answer to a probe
@@ -106,7 +106,7 @@ def _path_after_failure(resume_rtt_s: float) -> Path:
 
 
 def _resume_rate(path: Path) -> float:
-    return path.health.resume_rate_bps(path.rtt)
+    return path.health.resume_rate_bps(path.rtt, 5.0)
 
 
 def test_a_readmitted_path_reuses_its_rate_only_over_the_same_route() -> None:

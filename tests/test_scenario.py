@@ -219,10 +219,39 @@ def test_event_errors(event: str, expected: str) -> None:
         ("shards = 0", "transfer.shards: out of range: 0; an integer in [1,"),
         ("size = 4\nshards = 5", "transfer.shards: 5 shards for 4 bytes"),
         ('direction = "b->a"', 'transfer.direction: unknown direction \'b->a\'; "a->b" or "both"'),
+        ("steps = 0", "transfer.steps: out of range: 0; an integer in [1,"),
+        ("steps = 2.5", "transfer.steps: expected an integer"),
+        ("steps = true", "transfer.steps: expected an integer"),
+        ("think_ms = -1", "transfer.think_ms: out of range: -1; a number in [0,"),
+        ('think_ms = "5"', "transfer.think_ms: expected a number"),
+        ("shards = 2147483647\nsize = \"4GiB\"\nsteps = 3", "transfer.steps: 3 steps of 2147483647 shards"),
     ],
 )
 def test_transfer_errors(transfer: str, expected: str) -> None:
     assert expected in error_of('name = "x"\n[transfer]\n' + transfer + "\n" + MINIMAL_PATH)
+
+
+def test_steps_and_think_time_parse_and_default() -> None:
+    s = parse_scenario('name = "x"\n[transfer]\nsteps = 20\nthink_ms = 150\n' + MINIMAL_PATH)
+    assert (s.transfer.steps, s.transfer.think_ms) == (20, 150.0)
+    plain = parse_scenario('name = "x"\n' + MINIMAL_PATH)
+    assert (plain.transfer.steps, plain.transfer.think_ms) == (1, 0.0)
+    t = plain.with_transfer(steps=5, think_ms=2.5)
+    assert (t.transfer.steps, t.transfer.think_ms) == (5, 2.5)
+    assert t.transfer.size_bytes == plain.transfer.size_bytes
+    for bad in ({"steps": 0}, {"think_ms": -0.1}, {"think_ms": float("nan")}):
+        with pytest.raises(ValueError, match="transfer (steps|think_ms)"):
+            plain.with_transfer(**bad)  # type: ignore[arg-type]
+
+
+def test_steps_with_an_events_timeline_is_refused() -> None:
+    timeline = MINIMAL_PATH + "[[paths.events]]\nat_s = 1.0\ndown = true\n"
+    message = error_of('name = "x"\n[transfer]\nsteps = 2\n' + timeline)
+    assert "transfer.steps: steps = 2 with an events timeline is not supported in contract v1" in message
+    one_step = parse_scenario('name = "x"\n[transfer]\nsteps = 1\n' + timeline)
+    with pytest.raises(ValueError, match="events timeline"):
+        one_step.with_transfer(steps=3)
+    assert one_step.with_transfer(steps=1).transfer.steps == 1
 
 
 def test_toml_syntax_error_names_line_and_column() -> None:

@@ -43,6 +43,46 @@ def _seed(text: str) -> int:
     return value
 
 
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _think_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError("must be a finite number >= 0 (milliseconds)")
+    return value
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--steps`` and ``--think-ms`` (shared by the emulation CLI)."""
+    parser.add_argument("--steps", type=_steps, metavar="N",
+                        help="exchange the size N times on one session, as training steps do "
+                             "(default: the scenario's [transfer] steps)")
+    parser.add_argument("--think-ms", type=_think_ms, metavar="MS",
+                        help="compute time between learning a step verified and submitting the next "
+                             "(default: the scenario's [transfer] think_ms)")
+
+
+def apply_step_arguments(scenario: Any, args: argparse.Namespace) -> Any:
+    """The scenario with ``--steps``/``--think-ms`` applied; UsageError (one line) if refused."""
+    if args.steps is None and args.think_ms is None:
+        return scenario
+    try:
+        return scenario.with_transfer(steps=args.steps, think_ms=args.think_ms)
+    except ValueError as exc:
+        raise UsageError(f"--steps/--think-ms: {exc}") from None
+
+
 # -- sim ---------------------------------------------------------------------
 
 
@@ -57,6 +97,7 @@ def _add_sim(sub: Any) -> None:
     p.add_argument("--size", type=size_argument, help="payload bytes per direction, e.g. 1GiB "
                                               "(default: the scenario's [transfer] size)")
     p.add_argument("--seed", type=_seed, help="randomness of loss and jitter (default: the scenario's)")
+    add_step_arguments(p)
     p.add_argument("--quantum", type=size_argument, metavar="BYTES",
                    help="simulate packets of this payload size instead of the MTU, so very large "
                         "scenarios finish quickly (implies --payload virtual)")
@@ -82,6 +123,7 @@ def _run_sim(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
+    scenario = apply_step_arguments(scenario, args)
     if args.quantum is not None and args.payload == "bytes":
         raise UsageError("--quantum simulates aggregate packets and needs --payload virtual or auto")
     if args.deadline is not None and not args.deadline > 0:
@@ -106,11 +148,13 @@ def _summary(report: dict[str, Any]) -> str:
         f"scenario {report['scenario']} ({report['mode']}, {report['transport']}, cc {report.get('cc')}, "
         f"payload {report.get('payload_mode')}, seed {report.get('seed')})",
         f"moved    {format_size(report['payload_bytes'])} in {report['completion_s']:.3f} s "
-        f"(ideal {report['ideal_s']:.3f} s, efficiency {report['efficiency']:.3f})"
+        f"(ideal{' step' if report.get('steps', 1) > 1 else ''} {report['ideal_s']:.3f} s, "
+        f"efficiency {report['efficiency']:.3f})"
         if report["ideal_s"] and report["efficiency"] else
         f"moved    {format_size(report['payload_bytes'])} in {report['completion_s']:.3f} s",
         f"goodput  {format_rate(report['goodput_bps'])}   intact {'yes' if report['intact'] else 'NO'}   "
         f"wall {report['wall_s']:.2f} s",
+        *_step_lines(report),
         "",
         f"{'path':<20} {'payload':>12} {'retransmit':>12} {'srtt':>9}  state",
     ]
@@ -119,6 +163,20 @@ def _summary(report: dict[str, Any]) -> str:
         lines.append(f"{path['name']:<20} {format_size(path['payload_bytes']):>12} "
                      f"{format_size(path['retransmitted_bytes']):>12} {srtt:>9}  {path['state']}")
     return "\n".join(lines)
+
+
+def _step_lines(report: dict[str, Any]) -> list[str]:
+    """One line on steps, if the run had several (the whole-run figures above include think time)."""
+    if report.get("steps", 1) <= 1:
+        return []
+
+    def s(value: float | None) -> str:
+        return f"{value:.3f} s" if value is not None else "-"
+
+    spread = report.get("shard_completion_s") or {}
+    return [f"steps    {report['steps']}: first {s(report['first_step_s'])}, steady "
+            f"{s(report['steady_step_s'])}, worst {s(report['worst_step_s'])}"
+            + (f"; shards p50 {s(spread['p50'])} p99 {s(spread['p99'])}" if spread else "")]
 
 
 # -- bench -------------------------------------------------------------------

@@ -36,6 +36,7 @@ class PathReport:
 def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int,
                  completion_s: float, ideal_s: float | None, intact: bool, wall_s: float | None,
                  paths: list[PathReport], delivered_bytes: int | None = None,
+                 steps: int = 1, step_s: list[float] | None = None,
                  **extra: Any) -> dict[str, Any]:
     """The v1 report; ``extra`` fields are added after the required ones.
 
@@ -43,14 +44,25 @@ def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int
     so an incomplete run reports what actually arrived. ``wall_s`` None means the
     runner keeps no real time (the simulator): its caller fills it in with
     ``with_wall_time``.
+
+    With ``steps`` > 1, ``payload_bytes`` and ``completion_s`` cover the whole run
+    (every step and the think time between them), ``ideal_s`` is one step's ideal,
+    ``step_s`` holds the steps that finished, and ``efficiency`` is
+    ``ideal_s / steady_step_s`` (None until two steps finished): a training job
+    pays the steady step every step, the first (cold) one once.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}")
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
     delivered = payload_bytes if delivered_bytes is None else delivered_bytes
     goodput = delivered * 8 / completion_s if completion_s > 0 else 0.0
-    efficiency = (ideal_s / completion_s) if ideal_s and completion_s > 0 and math.isfinite(ideal_s) else None
+    stepped = step_summary(step_s or []) if steps > 1 else {}
+    denominator = stepped.get("steady_step_s") if steps > 1 else completion_s
+    efficiency = (ideal_s / denominator
+                  if ideal_s and denominator and denominator > 0 and math.isfinite(ideal_s) else None)
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "scenario": scenario,
@@ -65,8 +77,43 @@ def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int
         "wall_s": _round(wall_s) if wall_s is not None else None,
         "paths": [p.to_dict() for p in paths],
     }
+    if steps > 1:
+        report["steps"] = steps
+        report.update(stepped)
     report.update(extra)
     return report
+
+
+def step_summary(step_s: list[float]) -> dict[str, Any]:
+    """``step_s`` and its summary (DESIGN.md section 5): the first step, then the median
+    and the max of steps 2..N, the cost a training job pays every step after the first."""
+    later = sorted(step_s[1:])
+    return {
+        "step_s": [_round(s) for s in step_s],
+        "first_step_s": _round(step_s[0]) if step_s else None,
+        "steady_step_s": _round(_quantile(later, 0.5)) if later else None,
+        "worst_step_s": _round(later[-1]) if later else None,
+    }
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    """``{"p50", "p99", "max"}`` of ``values`` (e.g. shard completion times), None if empty.
+
+    Quantiles interpolate linearly between order statistics, so a handful of
+    shards still gives a p99 that lies between the two slowest.
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"p50": _round(_quantile(ordered, 0.5)), "p99": _round(_quantile(ordered, 0.99)),
+            "max": _round(ordered[-1])}
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def with_wall_time(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:

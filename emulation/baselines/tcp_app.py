@@ -17,6 +17,12 @@ receiver ``{"event": "listening"}`` then ``{"event": "done", ...}``; sender
 stdin ("go"), then ``{"event": "done", ...}``. The receiver sends one byte back
 on every connection once the whole payload is in, so the sender reads its
 TCP_INFO while the connections are still open, after every byte was acknowledged.
+
+With ``steps`` > 1 (training steps) the same connections carry the payload
+``steps`` times: the receiver acknowledges each step with its one byte, the
+sender sends the next step's headers and slices ``think_ms`` after it reads
+them; both report each step's times on CLOCK_MONOTONIC, shared by the
+namespaces of one host.
 """
 
 from __future__ import annotations
@@ -112,6 +118,13 @@ class Slice:
     def complete(self) -> bool:
         return self.length >= 0 and self.received == self.length
 
+    def restart(self) -> None:
+        """Expect the next step's header and slice on the same stream."""
+        self.head = bytearray()
+        self.offset = self.length = -1
+        self.received = 0
+        self.hasher = hashlib.sha256()
+
     def take(self, data: memoryview) -> None:
         if self.length < 0:
             need = HEADER.size - len(self.head)
@@ -136,6 +149,11 @@ class Incoming(Slice):
     sock: socket.socket
     peer: str
     eof: bool = False
+    carried: int = 0  # slice bytes of the steps before this one
+
+    def restart(self) -> None:
+        self.carried += self.received
+        super().restart()
 
 
 def tiled(conns: list[Incoming], size: int) -> bool:
@@ -161,6 +179,9 @@ def receive(spec: dict[str, Any]) -> int:
     view = memoryview(buf)
     t_first: float | None = None
     t_end: float | None = None
+    steps = int(spec.get("steps", 1))
+    step_ends: list[float] = []  # when each step's payload was all in (CLOCK_MONOTONIC)
+    step_digests: list[str] = []
     emit({"event": "listening", "buffers": buffers(listener)})
     try:
         while t_end is None:
@@ -185,11 +206,22 @@ def receive(spec: dict[str, Any]) -> int:
                     t_first = time.monotonic()
                 conn.take(view[:n])
             if len(conns) >= spec["connections"] and tiled(conns, spec["size"]):
-                t_end = time.monotonic()
+                step_ends.append(time.monotonic())
+                step_digests.append(payload.payload_digest([(c.offset, c.hasher.hexdigest()) for c in conns]))
+                if len(step_ends) == steps:
+                    t_end = step_ends[-1]
+                    break
+                # Training steps: the same connections carry the next step once the
+                # sender learns this one is in (the one-byte acknowledgement).
+                for c in conns:
+                    c.sock.send(b"\x01")
+                    c.restart()
     except Deadline:
         pass
     emit({"event": "done", "complete": t_end is not None, "t_first": t_first, "t_end": t_end,
-          "bytes": sum(c.received for c in conns), "slices": [c.summary(c.peer) for c in conns]})
+          "step_ends": step_ends, "step_digests": step_digests,
+          "bytes": sum(c.carried + c.received for c in conns),
+          "slices": [{**c.summary(c.peer), "carried": c.carried + c.received} for c in conns]})
     if t_end is not None:
         _linger(sel, conns)
     return 0
@@ -235,6 +267,13 @@ class Outgoing:
     sent: int = 0
     acked: bool = False
 
+    def restart(self, chunks: Iterator[memoryview], header: memoryview) -> None:
+        """Send the slice again (the next step), header first."""
+        self.chunks = chunks
+        self.pending = header
+        self.hasher = hashlib.sha256()
+        self.acked = False
+
     def next_chunk(self) -> bool:
         chunk = next(self.chunks, None)
         if chunk is None:
@@ -260,14 +299,27 @@ def send(spec: dict[str, Any]) -> int:
     sel = selectors.DefaultSelector()
     for out in outs:
         out.sock.setblocking(False)
-        sel.register(out.sock, selectors.EVENT_WRITE, out)
+    steps = int(spec.get("steps", 1))
+    think_s = float(spec.get("think_ms", 0.0)) / 1000.0
+    submitted: list[float] = []
     finished = False
     try:
-        _pump(sel, outs)
+        for step in range(steps):
+            # Step k+1 goes think_ms after the receiver's acknowledgement of step k, on the
+            # same connections (their congestion state carries over, as a training job's).
+            if step:
+                time.sleep(think_s)
+                for out in outs:
+                    out.restart(payload.chunks(spec["seed"], out.offset, out.length),
+                                memoryview(HEADER.pack(out.offset, out.length)))
+            submitted.append(time.monotonic())
+            for out in outs:
+                sel.register(out.sock, selectors.EVENT_WRITE, out)
+            _pump(sel, outs)
         finished = True
     except Deadline:
         pass
-    report: dict[str, Any] = {"event": "done", "t0": t0, "finished": finished,
+    report: dict[str, Any] = {"event": "done", "t0": t0, "finished": finished, "submitted": submitted,
                               "slices": [_out_summary(o, spec["proto"]) for o in outs]}
     if spec["proto"] == "mptcp":
         try:

@@ -58,11 +58,16 @@ def paths_used(transport: str, best: int, count: int) -> list[int]:
 
 def launch(transport: str, paths: list[PathInfo], best: int, direction: Direction, *,
            seed: int, size: int, cc: str | None, buffer: int, mtu: int, shards: int = 1,
-           keys: dict[str, Any] | None = None) -> Launch:
-    """The receiver's and sender's specs for one direction of ``transport``."""
+           keys: dict[str, Any] | None = None, steps: int = 1, think_ms: float = 0.0) -> Launch:
+    """The receiver's and sender's specs for one direction of ``transport``.
+
+    ``steps`` > 1 repeats the transfer on the same session or connections
+    (not aioquic's: the runner refuses that combination).
+    """
+    stepping = {"steps": steps, "think_ms": think_ms}
     if transport == "wanxport":
         def side(sender: bool) -> dict[str, Any]:
-            return {"cc": cc, "seed": seed, "size": size, "shards": shards, "keys": keys,
+            return {"cc": cc, "seed": seed, "size": size, "shards": shards, "keys": keys, **stepping,
                     "paths": [{"name": p.name, "mtu": mtu, "device": p.ifname,
                                "port": WANXPORT_PORT_BASE + direction.port + k,
                                "local": direction.src(p) if sender else direction.dst(p),
@@ -89,9 +94,9 @@ def launch(transport: str, paths: list[PathInfo], best: int, direction: Directio
              for k, (off, length) in zip(conn_paths, slices, strict=True)]
     return Launch("emulation.baselines.tcp_app",
                   {"proto": proto, "port": direction.port, "connections": len(conns),
-                   "size": size, "cc": cc, "rcvbuf": buffer},
+                   "size": size, "cc": cc, "rcvbuf": buffer, **stepping},
                   {"proto": proto, "cc": cc, "sndbuf": buffer, "rcvbuf": None, "seed": seed,
-                   "conns": conns})
+                   "conns": conns, **stepping})
 
 
 @dataclass
@@ -121,7 +126,8 @@ def path_stats(transport: str, paths: list[PathInfo], best: int, direction: Dire
             if k is not None:
                 _fill(stats[k], sub.get("bytes_acked", 0), sub)
         return stats
-    received_by_offset = {s["offset"]: s["received"] for s in received.get("slices", [])}
+    # "carried": every step's bytes on that connection (one step's without it).
+    received_by_offset = {s["offset"]: s.get("carried", s["received"]) for s in received.get("slices", [])}
     for s in sent.get("slices", []):
         k = by_src.get(s.get("src") or "", best)
         _fill(stats[k], received_by_offset.get(s["offset"], 0), s.get("info", {}))

@@ -73,8 +73,12 @@ def endpoint_config(spec: dict[str, Any], sender: bool) -> EndpointConfig:
 # -- receiver ----------------------------------------------------------------
 
 
-def resident_destination(slices: list[tuple[int, int]]) -> Callable[[int, int, bytes], memoryview]:
+def resident_destination(slices: list[tuple[int, int]], steps: int = 1
+                         ) -> Callable[[int, int, bytes], memoryview]:
     """Shard buffers in one array whose pages are faulted in before the transfer.
+
+    Step k's shard i (id ``k * len(slices) + i``) lands in shard i's buffer, as a
+    training job's gradient buffers are reused every step.
 
     A training job receives into gradient buffers that are already resident;
     a fresh array would have the kernel zero 1 GiB of pages during the
@@ -87,9 +91,9 @@ def resident_destination(slices: list[tuple[int, int]]) -> Callable[[int, int, b
     view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers
 
     def allocate(shard_id: int, size: int, meta: bytes) -> memoryview:
-        if not 0 <= shard_id < len(slices):
-            raise ValueError(f"shard {shard_id}: the run has shards 0..{len(slices) - 1}")
-        offset, length = slices[shard_id]
+        if not 0 <= shard_id < len(slices) * steps:
+            raise ValueError(f"shard {shard_id}: the run has shards 0..{len(slices) * steps - 1}")
+        offset, length = slices[shard_id % len(slices)]  # every step reuses the same buffers
         if length != size:
             raise ValueError(f"shard {shard_id}: {size} bytes announced, {length} expected")
         return view[offset:offset + length]
@@ -99,24 +103,31 @@ def resident_destination(slices: list[tuple[int, int]]) -> Callable[[int, int, b
 
 async def receive(spec: dict[str, Any]) -> None:
     slices = payload.split(spec["size"], spec["shards"])
-    endpoint = Endpoint(endpoint_config(spec, sender=False), allocator=resident_destination(slices))
+    steps = int(spec.get("steps", 1))
+    endpoint = Endpoint(endpoint_config(spec, sender=False),
+                        allocator=resident_destination(slices, steps))
     got: dict[int, ReceivedShard] = {}
     endpoint.start()
     emit({"event": "listening"})
+    total = len(slices) * steps
     try:
         try:
-            while len(got) < len(slices):
+            while len(got) < total:
                 shard = await endpoint.receive_shard()
                 got[shard.shard_id] = shard
         except asyncio.CancelledError:
             pass
-        complete = len(got) == len(slices) and all(s.ok for s in got.values())
+        complete = len(got) == total and all(s.ok for s in got.values())
+        last = {i - (steps - 1) * len(slices): s for i, s in got.items() if i >= (steps - 1) * len(slices)}
         emit({"event": "done", "complete": complete, "diag": diagnostics(endpoint),
               "t_end": max(s.at for s in got.values()) if complete else None,
               "bytes": sum(len(s.data) for s in got.values() if s.ok),
+              # Every shard's verification time (the host's monotonic clock, as the sender's).
+              "verified": [[i, s.at] for i, s in sorted(got.items()) if s.ok],
+              # The buffers hold the last step (each step overwrites them): its bytes are checked.
               "slices": [{"peer": None, "offset": slices[i][0], "length": slices[i][1],
                           "received": len(s.data), "sha256": hashlib.sha256(s.data).hexdigest()}
-                         for i, s in sorted(got.items())]})
+                         for i, s in sorted(last.items())]})
         if complete:
             try:  # stay until the sender has our acknowledgements (it closes then)
                 await asyncio.wait_for(endpoint.wait_closed(), CLOSE_WAIT_S)
@@ -148,17 +159,26 @@ async def send(spec: dict[str, Any]) -> None:
     sampler = Sampler(endpoint, t0)
     sampling = asyncio.create_task(sampler.run())
     verdicts: list[bool] = []
+    steps = int(spec.get("steps", 1))
+    think_s = float(spec.get("think_ms", 0.0)) / 1000.0
+    submitted: list[float] = []
     try:
-        futures = [endpoint.submit(i, view[o:o + n], digest=d)
-                   for i, ((o, n), d) in enumerate(zip(slices, digests, strict=True))]
-        verdicts = list(await asyncio.gather(*futures))
+        for step in range(steps):
+            # Step k+1 goes think_ms after this sender learns step k verified (DESIGN.md section 4).
+            if step and think_s > 0:
+                await asyncio.sleep(think_s)
+            submitted.append(endpoint.clock())
+            base = step * len(slices)
+            futures = [endpoint.submit(base + i, view[o:o + n], digest=d)
+                       for i, ((o, n), d) in enumerate(zip(slices, digests, strict=True))]
+            verdicts.extend(await asyncio.gather(*futures))
     except asyncio.CancelledError:
         pass
     finally:
         sampling.cancel()
     sampler.record()
-    emit({"event": "done", "t0": t0, "finished": len(verdicts) == len(slices),
-          "verdicts": verdicts,
+    emit({"event": "done", "t0": t0, "finished": len(verdicts) == len(slices) * steps,
+          "verdicts": verdicts, "submitted": submitted,
           "slices": [{"src": None, "offset": o, "length": n, "sha256": d.hex()}
                      for (o, n), d in zip(slices, digests, strict=True)],
           "paths": [{"name": p.name, "payload_bytes": p.payload_bytes,

@@ -7,11 +7,12 @@ import json
 import sys
 from typing import Any
 
+from wanxport.bench.limits import BASELINES, compare_with_limits, expand_baselines, measure_limits
 from wanxport.units import format_rate, format_size, parse_size
 from wanxport.wire import native
 from wanxport.wire.protection import CIPHERS
 
-DEFAULT_SEGMENTS = 32
+DEFAULT_SEGMENTS = 64  # A/B in docs/results/cpu.md: 64 cut CPU per GB at both ends vs 32
 SHARD_TARGET_BYTES = 64 << 20
 
 
@@ -28,10 +29,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS,
                         help="datagrams per core packet (segmentation below the core)")
     parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
+    parser.add_argument("--pacer-burst-us", type=float, default=100.0,
+                        help="the native pacer sends what falls due within this window at once")
+    parser.add_argument("--fresh-buffers", action="store_true",
+                        help="receive into untouched memory (a first step: the kernel zeroes each "
+                             "page on first write) instead of buffers touched before the clock starts")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
-    parser.add_argument("--baseline", choices=("none", "iperf3"), default="none",
-                        help="also measure iperf3 -u (1472-byte datagrams) on loopback")
+    parser.add_argument("--baseline", action="append", choices=("none", *BASELINES, "all"),
+                        help="also measure, in the same run (repeatable): iperf3 -u on loopback, "
+                             "raw-udp (a C blast with GSO/GRO), aead (sealing through OpenSSL, no "
+                             "I/O), digest (SHA-256 alone), or all of them")
     parser.add_argument("--pps", type=float, default=None,
                         help="pacing precision mode: the native pacer at this packet rate")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds, with --pps")
@@ -58,13 +66,15 @@ def bench_main(args: argparse.Namespace) -> int:
               (args.segments >= 1, "--segments must be >= 1"),
               (args.shards is None or args.shards >= 1, "--shards must be >= 1"),
               (args.pps is None or args.pps > 0, "--pps must be > 0"),
-              (args.duration > 0, "--duration must be > 0")]
+              (args.duration > 0, "--duration must be > 0"),
+              (0 <= args.pacer_burst_us <= 10_000, "--pacer-burst-us must be between 0 and 10000")]
     checks.append((args.transport == "wanxport" or (args.paths == 1 and args.pps is None),
                    "--transport aioquic runs one QUIC stream: use --paths 1 and no --pps"))
     for ok, message in checks:
         if not ok:
             return _usage_error(message)
-    if args.baseline == "iperf3":
+    args.baseline = expand_baselines(args.baseline)
+    if "iperf3" in args.baseline:
         from wanxport.bench.iperf import iperf3_available
 
         if not iperf3_available():
@@ -83,10 +93,11 @@ def bench_main(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
     baseline = None
-    if args.baseline == "iperf3":
+    if "iperf3" in args.baseline:
         from wanxport.bench.iperf import run_iperf3_udp
 
         baseline = run_iperf3_udp()
+    limits = measure_limits(args.baseline, args.cipher, args.mtu)
     if args.transport == "aioquic":
         from wanxport.bench.aioquic_bench import run_aioquic_bench
 
@@ -102,7 +113,8 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         timeout = args.timeout or max(60.0, size / 10e6)
         spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
                             "python" if args.python_datapath else "native", args.segments, shards,
-                            args.seed, timeout)
+                            args.seed, timeout, pacer_burst_ns=round(args.pacer_burst_us * 1000),
+                            fresh_buffers=args.fresh_buffers)
         report = run_transfer(spec)
     if baseline is not None:
         report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)
@@ -110,6 +122,8 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         report["baseline_iperf3_udp_lost_percent"] = round(baseline.lost_percent, 2)
         if args.pps is None and baseline.received_bps > 0:
             report["goodput_vs_baseline"] = round(report["goodput_bps"] / baseline.received_bps, 3)
+    if limits:
+        compare_with_limits(report, limits)
     return report
 
 
@@ -124,8 +138,26 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"({datapath} data path, {report['cipher']}): {report['completion_s']:.3f} s, "
               f"goodput {format_rate(report['goodput_bps'])}, intact {report['intact']}, "
               f"{report['datagrams_rejected']} datagrams rejected")
+    if "cpu_s_per_gb" in report:
+        cpu = report["cpu_s_per_gb"]
+        print(f"CPU per GB: sender {cpu['sender']:.3f} s, receiver {cpu['receiver']:.3f} s")
     if "baseline_iperf3_udp_bps" in report:
         print(f"baseline iperf3 -u (1472 B): {format_rate(report['baseline_iperf3_udp_bps'])} received")
+    limits = report.get("limits", {})
+    if "aead" in limits:
+        print(f"limit AEAD ({report.get('cipher', 'aes-256-gcm')}, {limits['aead']['datagram_bytes']} B, "
+              f"no I/O): {limits['aead']['cpu_s_per_gb']:.3f} CPU-s/GB")
+    if "digest" in limits:
+        print(f"limit digest (SHA-256): {limits['digest']['cpu_s_per_gb']:.3f} CPU-s/GB")
+    if "cpu_vs_limit" in report:
+        ratio = report["cpu_vs_limit"]
+        print(f"CPU per GB / (AEAD + digest): sender {ratio['sender']:.2f}x, "
+              f"receiver {ratio['receiver']:.2f}x")
+    if "raw_udp" in limits:
+        raw = limits["raw_udp"]
+        print(f"limit raw UDP (C, GSO/GRO, {raw['datagram_bytes']} B): {format_rate(raw['goodput_bps'])}, "
+              f"CPU per GB sender {raw['cpu_s_per_gb']['sender']:.3f} s, "
+              f"receiver {raw['cpu_s_per_gb']['receiver']:.3f} s")
 
 
 def main_for_scripts(argv: list[str] | None = None) -> int:

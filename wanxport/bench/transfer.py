@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import select
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
-from wanxport.aio.endpoint import Endpoint, ReceivedShard
+from wanxport.aio.endpoint import Allocator, Endpoint, ReceivedShard
 from wanxport.aio.loop import run
 from wanxport.bench.child import module_command
 from wanxport.core.config import PathConfig, SessionConfig
@@ -48,6 +49,7 @@ class TransferSpec:
     timeout_s: float
     pacer_spin_ns: int = 2_000
     pacer_burst_ns: int = 100_000
+    fresh_buffers: bool = False  # receive into never-touched memory (see warm_allocator)
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -86,6 +88,12 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
 # -- receiver process ----------------------------------------------------------
 
 
+def process_cpu_s() -> float:
+    """User + system seconds of this process, all its threads (not its children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def receiver_main() -> None:
     """Child process entry (this module as ``__main__``): one JSON line in, lines out.
 
@@ -109,18 +117,42 @@ def _emit(kind: str, value: Any) -> None:
     sys.stdout.flush()
 
 
+def warm_allocator(spec: TransferSpec) -> Allocator:
+    """Destination buffers allocated and touched before the clock starts, as a training step
+    receives into tensors it already owns (the same every step).
+
+    Why: the first write to a fresh page makes the kernel zero it, and on these VMs
+    that cost the receiver about as much CPU as everything else it does per GB (half
+    its samples were ``clear_page_erms``). That is the cost of new memory, paid once
+    per buffer, not of moving bytes; ``fresh_buffers`` measures it, for a first step.
+    """
+    pool: dict[int, np.ndarray[Any, Any]] = {}
+    for shard_id, size in enumerate(shard_sizes(spec.size, spec.shards)):
+        pool[shard_id] = np.empty(size, dtype=np.uint8)
+        pool[shard_id].fill(0)
+
+    def allocate(shard_id: int, size: int, meta: bytes) -> np.ndarray[Any, Any]:
+        buffer = pool.pop(shard_id, None)
+        return buffer if buffer is not None and len(buffer) == size else np.empty(size, dtype=np.uint8)
+
+    return allocate
+
+
 async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
                    sender_addrs: list[tuple[str, int]]) -> dict[str, Any]:
-    endpoint = Endpoint(endpoint_config(spec, send, recv, RECEIVER_CONN_ID, SENDER_CONN_ID))
+    allocator = None if spec.fresh_buffers else warm_allocator(spec)
+    endpoint = Endpoint(endpoint_config(spec, send, recv, RECEIVER_CONN_ID, SENDER_CONN_ID), allocator)
     try:
         endpoint.connect(sender_addrs)
         _emit("ports", endpoint.local_addresses)
+        cpu_start = process_cpu_s()
         endpoint.start()
         expected = len(shard_sizes(spec.size, spec.shards))
         got: dict[int, ReceivedShard] = {}
         while len(got) < expected:
             shard = await asyncio.wait_for(endpoint.receive_shard(), spec.timeout_s)
             got[shard.shard_id] = shard
+        cpu_s = process_cpu_s() - cpu_start
         done_at = max(s.at for s in got.values())
         digest = hashlib.sha256()
         for shard_id in sorted(got):
@@ -132,7 +164,7 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
         return {"done_at": done_at, "sha256": digest.hexdigest(), "ok": all(s.ok for s in got.values()),
                 "bytes": sum(len(s.data) for s in got.values()),
                 "rejected": endpoint.datagrams_rejected, "counters": dict(endpoint.datapath.counters),
-                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records}
+                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records, "cpu_s": cpu_s}
     finally:
         await endpoint.close()
 
@@ -150,7 +182,6 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
     bounds = np.cumsum([0, *sizes]).tolist()
     view = memoryview(payload)
     shards = [view[bounds[i]:bounds[i + 1]] for i in range(len(sizes))]
-    digests = [hashlib.sha256(s).digest() for s in shards]
     payload_sha = hashlib.sha256(payload).hexdigest()
     endpoint = Endpoint(endpoint_config(spec, a_to_b, b_to_a, SENDER_CONN_ID, RECEIVER_CONN_ID))
     child: subprocess.Popen[bytes] | None = None
@@ -164,7 +195,10 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
         child.stdin.close()
         value = _expect(child.stdout, "ports", CHILD_START_TIMEOUT_S)
         endpoint.connect([(str(h), int(p)) for h, p in value])
+        cpu_start = process_cpu_s()  # the shard digests are the sender's work too
+        digests = [hashlib.sha256(s).digest() for s in shards]
         sent = run(_send(endpoint, shards, digests, spec.timeout_s))
+        sent["cpu_s"] = process_cpu_s() - cpu_start
         result = _expect(child.stdout, "ok", spec.timeout_s)
     finally:
         endpoint.abort()
@@ -245,8 +279,10 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         cipher=spec.cipher, datapath=spec.datapath,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
-        mtu=spec.mtu, receiver_counters=received["counters"],
+        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, receiver_counters=received["counters"],
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
+        cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
+                      "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
     )
 
 

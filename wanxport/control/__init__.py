@@ -4,6 +4,7 @@ QUIC + TLS 1.3 with certificates on both sides (aioquic), over which two
 gateways agree on paths, ciphers, keys and shards. See docs/notes/control.md.
 """
 
+from .admission import AdmissionLimits
 from .certs import CertificateError, load_identity, make_test_pki
 from .channel import connect_control, connect_control_any, serve_control
 from .keys import KeySchedule, RotationLimits
@@ -30,6 +31,7 @@ from .server import ControlServer
 from .session import ControlChannel
 
 __all__ = [
+    "AdmissionLimits",
     "Bye",
     "CertificateError",
     "ControlChannel",

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from wanxport.aio.port import PathPort
 
+from .admission import AdmissionLimits
 from .certs import CertificateError
 from .framing import Attach, Attached
 from .link import (
@@ -76,11 +77,13 @@ async def serve_control(
     resume_window_s: float = 30.0,
     window: int = 1024,
     on_reject: object = None,
+    admission: AdmissionLimits | None = None,
 ) -> ControlServer:
     """Listen for control sessions on ``host:port``, or on every ``(host, port)``
     of a list (one per path), and on every path port in ``ports`` (shared with
     the data plane). ``on_session(channel)`` runs once per new authenticated
-    session (a coroutine function is run as a task)."""
+    session (a coroutine function is run as a task). ``admission``: the handshake
+    limits of ``control.admission`` (Retry under load, half-open cap, per-source rate)."""
     config = make_configuration(
         is_client=False, cert=cert, key=key, ca=ca, idle_timeout_s=idle_timeout_s
     )
@@ -92,6 +95,7 @@ async def serve_control(
         resume_window_s=resume_window_s,
         window=window,
         on_reject=on_reject if callable(on_reject) else None,
+        admission=admission,
     )
     addresses = host if isinstance(host, list) else [] if host is None else [(host, port)]
     if not addresses and not ports:

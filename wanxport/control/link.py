@@ -151,6 +151,10 @@ class Link(QuicConnectionProtocol):
         self._keepalive_s = keepalive_s
         self._keepalive: asyncio.TimerHandle | None = None
 
+    @property
+    def handshake_done(self) -> bool:
+        return self._handshake_done
+
     # -- sending -----------------------------------------------------------
 
     def transmit(self) -> None:

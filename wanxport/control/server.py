@@ -13,7 +13,9 @@ are logged, counted in ``rejected_total`` and kept in ``rejections``.
 Each listening address is a path's ``aio.port.PathPort``, the UDP socket the
 path's data plane shares (``serve_on``), or one the server opens for itself
 (``listen``). QUIC-looking datagrams that aioquic drops there (forged, stale,
-undecryptable) are counted by reason in ``quic_drops``.
+undecryptable) are counted by reason in ``quic_drops``, as are the Initials
+``admission`` turns away (``rate_limited``, ``half_open_cap``); it answers
+others with a Retry under load (``control.admission``).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from typing import Any
 from aioquic.asyncio.server import QuicServer
 from aioquic.buffer import Buffer
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import NetworkAddress, QuicConnection
-from aioquic.quic.packet import QuicPacketType, pull_quic_header
+from aioquic.quic.connection import END_STATES, NetworkAddress, QuicConnection
+from aioquic.quic.packet import QuicHeader, QuicPacketType, pull_quic_header
 
 from wanxport.aio.port import PathPort
 
+from .admission import Admission, AdmissionLimits, Verdict
 from .certs import CertificateError
 from .drops import QuicDropCounter
 from .framing import Attach, Attached, Frame, Refused
@@ -48,22 +51,36 @@ SessionCallback = Callable[[ControlChannel], Awaitable[None] | None]
 
 
 class _PortServer(QuicServer):
-    """aioquic's server with its silent drops counted (see ``drops``).
+    """aioquic's server with its silent drops counted (see ``drops``) and its
+    handshakes admitted by ``admission`` (Retry under load, caps, rate limits).
 
-    aioquic drops, without a word, what it cannot route; this asks the same
-    questions first to count those (and does not answer an unknown version
+    aioquic drops, without a word, what it cannot route or what reaches a connection
+    it is closing; this asks the same questions first to count those (and does not answer an unknown version
     with Version Negotiation: both ends are wanxport, and a reply to a forged
-    source would be a reflection). And a connection aioquic created for a
-    full-size Initial whose packet did not decrypt is discarded at once instead
-    of living until its idle timeout.
+    source would be a reflection). An Initial that would open a connection is
+    first put to ``Admission``: dropped, answered with a stateless Retry, or let
+    through (aioquic then validates any token it carries). And a connection
+    aioquic created for a full-size Initial whose packet did not decrypt is
+    discarded at once instead of living until its idle timeout.
     """
 
     def __init__(self, *, drops: QuicDropCounter, create_protocol: Callable[..., Link],
-                 configuration: QuicConfiguration) -> None:
-        super().__init__(configuration=configuration, create_protocol=self._create)
+                 configuration: QuicConfiguration, admission: Admission,
+                 half_open: Callable[[], int]) -> None:
+        super().__init__(configuration=configuration, create_protocol=self._create, retry=True)
         self._drops = drops
+        self._admission = admission
+        self._count_half_open = half_open  # the server's, over all of its ports
+        self._retry_handler = self._retry  # aioquic's stateless token handler; used per Initial
         self._make_link = create_protocol
         self._created: Link | None = None
+
+    @property
+    def half_open(self) -> int:
+        """This port's connections whose handshake started and neither completed nor ended."""
+        links = {id(p): p for p in self._protocols.values()}.values()
+        return sum(1 for link in links if isinstance(link, Link) and not link.handshake_done
+                   and not link.ended)
 
     def _create(self, quic: QuicConnection, stream_handler: Any = None) -> Link:
         self._created = self._make_link(quic, stream_handler)
@@ -71,10 +88,19 @@ class _PortServer(QuicServer):
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         data = data.encode() if isinstance(data, str) else data
-        reason = self._unroutable(data)
+        reason, header = self._unroutable(data)
         if reason is not None:
             self._drops.server_drop(reason)
             return
+        assert header is not None
+        if header.destination_cid not in self._protocols:  # an Initial that would open a connection
+            verdict = self._admission.decide(str(addr[0]), bool(header.token), self._count_half_open(),
+                                             self._loop.time())
+            if verdict in (Verdict.RATE_LIMITED, Verdict.HALF_OPEN_CAP):
+                self._drops.server_drop(verdict.value)
+                return
+            use_retry = verdict is Verdict.RETRY or bool(header.token)
+            self._retry = self._retry_handler if use_retry else None
         self._created = None
         self._drops.begin()
         super().datagram_received(data, addr)
@@ -86,20 +112,22 @@ class _PortServer(QuicServer):
                 del self._protocols[cid]
             link.discard()
 
-    def _unroutable(self, data: bytes) -> str | None:
+    def _unroutable(self, data: bytes) -> tuple[str | None, QuicHeader | None]:
         try:
             header = pull_quic_header(Buffer(data=data),
                                       host_cid_length=self._configuration.connection_id_length)
         except ValueError:
-            return "header_parse_error"
+            return "header_parse_error", None
         if (header.packet_type != QuicPacketType.VERSION_NEGOTIATION and header.version is not None
                 and header.version not in self._configuration.supported_versions):
-            return "unsupported_version"
-        if header.destination_cid in self._protocols:
-            return None
+            return "unsupported_version", header
+        protocol = self._protocols.get(header.destination_cid)
+        if protocol is not None:
+            # aioquic ignores, without a word, what reaches a connection it is closing.
+            return ("closed_connection" if protocol._quic._state in END_STATES else None), header
         if header.packet_type == QuicPacketType.INITIAL and len(data) >= SMALLEST_MAX_DATAGRAM_SIZE:
-            return None  # aioquic opens a connection for it
-        return "unknown_connection_id"
+            return None, header  # aioquic opens a connection for it (or answers with a Retry)
+        return "unknown_connection_id", header
 
 
 class _ServerChannel(ControlChannel):
@@ -145,8 +173,12 @@ class ControlServer:
         resume_window_s: float,
         window: int,
         on_reject: Callable[[Exception], None] | None = None,
+        admission: AdmissionLimits | None = None,
     ) -> None:
         self.config = config
+        # One policy for all of this server's ports: the half-open cap and the
+        # per-source buckets count across them.
+        self.admission = Admission(admission)
         self.resume_window_s = resume_window_s
         self.window = window
         self.addresses: list[tuple[str, int]] = []
@@ -160,7 +192,7 @@ class ControlServer:
         self._on_reject = on_reject
         self._keepalive_s = keepalive_s
         self._transports: list[asyncio.DatagramTransport | None] = []
-        self._listeners: list[QuicServer] = []
+        self._listeners: list[_PortServer] = []
         self._owned: list[PathPort] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -183,13 +215,19 @@ class ControlServer:
             return link
 
         listener = _PortServer(configuration=self.config, create_protocol=create_protocol,
-                               drops=self.quic_drops)
+                               drops=self.quic_drops, admission=self.admission,
+                               half_open=lambda: self.half_open)
         transport = port.set_quic(listener)
         self.addresses.append(address)
         self._transports.append(transport)
         self._listeners.append(listener)
         log.info("control server listening on %s:%d", *address)
         return address
+
+    @property
+    def half_open(self) -> int:
+        """Handshakes started on any of this server's ports and not yet completed."""
+        return sum(listener.half_open for listener in self._listeners)
 
     def kill_listener(self, index: int) -> None:
         """Test hook: the listening socket vanishes without a word to anyone,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wanxport.core.cc import BbrConfig, CcConfig, CcContext
+from wanxport.core.cc import BbrConfig, CcConfig, CcContext, PathGroup
 from wanxport.wire.frames import DATA_OVERHEAD
 from wanxport.wire.header import HEADER_LEN
 
@@ -118,12 +118,12 @@ class SessionConfig:
         window_bytes = self.initial_cwnd_packets * datagram_payload(path, self.tag_bytes)
         return max(MIN_INITIAL_CORE_PACKETS, -(-window_bytes // self.data_payload(path)))
 
-    def cc_context(self, index: int) -> CcContext:
-        """What the controller of path ``index`` needs to know about it."""
+    def cc_context(self, index: int, group: PathGroup | None = None) -> CcContext:
+        """What the controller of path ``index`` needs to know about it (and its session's group)."""
         path = self.paths[index]
         return CcContext(mss_bytes=self.data_payload(path) + self.packet_overhead(),
                          initial_window_packets=self.initial_window_core_packets(path),
-                         path_index=index, initial_rtt_s=self.initial_rtt_s)
+                         path_index=index, initial_rtt_s=self.initial_rtt_s, group=group)
 
     def packet_overhead(self) -> int:
         return HEADER_LEN + self.tag_bytes

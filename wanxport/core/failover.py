@@ -45,7 +45,7 @@ class Failover:
         if health.state is PathState.FAILED:
             # The answer to a probe carried a fresh RTT sample: resume at the saved rate
             # if it shows the same route, else search from scratch.
-            rate_bps = health.resume_rate_bps(path.rtt)
+            rate_bps = health.resume_rate_bps(path.rtt, now)
             if rate_bps > 0.0:
                 path.cc.on_path_resume(now, rate_bps)
             else:
@@ -61,7 +61,8 @@ class Failover:
 
     def on_probe_timeout(self, path: Path, now: float) -> None:
         """No acknowledgement for a probe timeout: suspect the path, move its data elsewhere."""
-        path.health.save_for_resume(path.cc, path.rtt)  # before the losses below touch the congestion state
+        # Before the losses below touch the congestion state.
+        path.health.save_for_resume(path.cc, path.rtt, now)
         path.loss.on_pto()
         lost = path.loss.declare_all_lost(now)
         if lost:

@@ -20,11 +20,8 @@ from enum import StrEnum
 
 from wanxport.core.cc import CongestionController
 from wanxport.core.rtt import RttEstimator
+from wanxport.core.warm import PathMemory, remember
 
-#: Careful resume: a readmitted path's RTT sample must lie within these factors of
-#: the min RTT (below) and smoothed RTT (above) it had, or its route has changed.
-RESUME_RTT_LOW = 0.5
-RESUME_RTT_HIGH = 1.5
 #: Consecutive probe intervals without an answer that fail a suspected path.
 PROBE_MISS_LIMIT = 2
 
@@ -78,7 +75,7 @@ class PathHealth:
     """One path's health state, its failure probes and what careful resume remembers."""
 
     __slots__ = ("state", "usable", "failures", "probe_token", "probe_misses", "next_probe_at",
-                 "saved_rate_bps", "saved_min_rtt_s", "saved_srtt_s")
+                 "saved")
 
     def __init__(self) -> None:
         self.state = PathState.ACTIVE
@@ -87,10 +84,8 @@ class PathHealth:
         self.probe_token = 0  # token of the latest probe sent
         self.probe_misses = 0  # probe intervals without an answer since the last one
         self.next_probe_at: float | None = None  # when the current probe counts as missed
-        # What the path sustained when last suspected of failure (careful resume); 0: nothing validated
-        self.saved_rate_bps = 0.0
-        self.saved_min_rtt_s = 0.0
-        self.saved_srtt_s = 0.0
+        # What the path sustained when last suspected of failure (careful resume); None: nothing validated
+        self.saved: PathMemory | None = None
 
     def next_state(self, event: HealthEvent) -> PathState:
         """Where ``event`` takes the path from its current state, without moving it."""
@@ -131,27 +126,23 @@ class PathHealth:
 
     # -- careful resume --------------------------------------------------------
 
-    def save_for_resume(self, cc: CongestionController, rtt: RttEstimator) -> None:
+    def save_for_resume(self, cc: CongestionController, rtt: RttEstimator, now: float) -> None:
         """Remember the rate and RTT of a path about to be suspected, if they were validated.
 
         An estimate from Startup is a search in progress, not a measured
         capacity: it leaves an older saved rate (or none) in place.
         """
-        if self.state is PathState.ACTIVE and not cc.in_startup and rtt.has_sample:
-            self.saved_rate_bps = cc.bandwidth_bps
-            self.saved_min_rtt_s = rtt.min_recent_s
-            self.saved_srtt_s = rtt.smoothed_s
+        if self.state is PathState.ACTIVE:
+            self.saved = remember(cc, rtt, now) or self.saved
 
-    def resume_rate_bps(self, rtt: RttEstimator) -> float:
+    def resume_rate_bps(self, rtt: RttEstimator, now: float) -> float:
         """The saved rate if the path's latest RTT sample says the route is unchanged, else 0.
 
-        Careful resume (IETF draft-ietf-tsvwg-careful-resume) reuses saved state only on a confirmed path:
-        an RTT well below the old minimum or well above the old smoothed RTT
-        means another route, whose capacity nothing here has measured.
+        The careful-resume policy is ``core.warm``'s: saved state is reused only
+        on a confirmed route (RTT within 20 %) and for an hour; the controller
+        then paces its first round at half of it.
         """
-        if not self.saved_rate_bps > 0.0:
+        saved = self.saved
+        if saved is None or not saved.usable(rtt.latest_s, now):
             return 0.0
-        sample = rtt.latest_s
-        if RESUME_RTT_LOW * self.saved_min_rtt_s <= sample <= RESUME_RTT_HIGH * self.saved_srtt_s:
-            return self.saved_rate_bps
-        return 0.0
+        return saved.rate_bps

@@ -26,17 +26,26 @@ class IncomingData:
         self.shards: dict[int, IncomingShard] = {}
         self.finished = RangeSet()  # ids of shards already verified and handed over
         self.protocol_errors = 0
+        self.refusal = ""  # why the last opening was refused
 
     def open(self, frame: ShardOpenFrame) -> bool:
-        """Allocate a destination for a newly announced shard; False if refused."""
+        """Allocate a destination for a newly announced shard; False if refused (``refusal`` says why).
+
+        A refusal is a protocol violation: a sender within its credit never opens
+        beyond it, and never re-opens a shard with another size or digest.
+        """
         existing = self.shards.get(frame.shard_id)
         if existing is not None or self.finished.contains_point(frame.shard_id):
             if existing is not None and (existing.size != frame.size or existing.digest != frame.digest):
                 self.protocol_errors += 1
+                self.refusal = (f"shard {frame.shard_id} re-opened as {frame.size} bytes with another "
+                                f"digest (opened as {existing.size} bytes)")
                 return False
             return True
         if not self.budget.try_open(frame.size):
             self.protocol_errors += 1
+            self.refusal = (f"shard {frame.shard_id} of {frame.size} bytes exceeds the receive credit "
+                            f"({self.budget.limit} bytes granted, {self.budget.opened} open)")
             return False
         buffer = self.allocator(frame.shard_id, frame.size, frame.meta)
         if buffer is not None and len(buffer) != frame.size:

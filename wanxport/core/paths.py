@@ -10,7 +10,9 @@ session use it, so it holds the sending side's parts and the receiving side's:
   flight, the loss and probe timers (``core.recovery``);
 - ``acks``: the receiver's ACK tracker (``core.ack_tracker``);
 - ``health``: the health state machine with its probes and careful-resume
-  memory (``core.health``).
+  memory (``core.health``);
+- ``warm``: what the path learned across an idle gap, checked against the route
+  when it sends again (``core.warm``).
 
 What is left here is what ties them to the scheduler: the pacing schedule,
 the bandwidth figure the scheduler plans with, the path's payload counters and
@@ -26,6 +28,7 @@ from wanxport.core.health import PathHealth, PathState
 from wanxport.core.recovery import LossDetector
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
+from wanxport.core.warm import IdleGuard
 from wanxport.wire.frames import Frame
 
 
@@ -43,7 +46,7 @@ class PayloadCounters:
 class Path:
     """The parts of one path, and the pacing state that joins them to the scheduler."""
 
-    __slots__ = ("path_id", "name", "mss", "rtt", "rate", "cc", "loss", "acks", "health", "payload",
+    __slots__ = ("path_id", "name", "mss", "rtt", "rate", "cc", "loss", "acks", "health", "warm", "payload",
                  "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps", "_bw_round_at",
                  "needs_open", "pending_control")
 
@@ -58,6 +61,7 @@ class Path:
         self.loss = LossDetector(self.rtt, self.rate, cc)
         self.acks = AckTracker()
         self.health = PathHealth()
+        self.warm = IdleGuard()
         self.payload = PayloadCounters()
         self.next_send_at = 0.0  # pacing: earliest departure of the next packet
         self.last_departure_at = 0.0  # departure of the latest packet handed out
@@ -118,11 +122,29 @@ class Path:
                ) -> tuple[list[SentPacket], list[SentPacket]]:
         """Apply an ACK frame for this path's packets; return (newly acknowledged, newly lost)."""
         acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now)
+        if acked:
+            if not self.warm.confirm(acked[-1].sent_at, self.rtt.latest_s):
+                self._rerouted(now)
+                sample = None  # measured across the old route's model
+            elif self.loss.bytes_in_flight == 0:
+                self.warm.went_idle(self.cc, self.rtt, now)
         # An app-limited sample only says the path can do at least that much.
         if sample is not None and (not sample.is_app_limited
                                    or sample.delivery_rate_bps > self.bandwidth_bps):
             self._note_bandwidth(sample, now)
         return acked, lost
+
+    def restart_from_idle(self, now: float) -> None:
+        """The path sends again with nothing in flight: keep what it learned unless too old."""
+        if not self.warm.restarting(now):
+            self.cc.on_path_reset(now)
+            self.bandwidth_bps = 0.0
+
+    def _rerouted(self, now: float) -> None:
+        """The first round trip after an idle gap shows another route: forget the old one."""
+        self.rtt.restart(now)
+        self.cc.on_route_change(now)
+        self.bandwidth_bps = 0.0
 
     def _note_bandwidth(self, sample: RateSample, now: float) -> None:
         """Max filter over roughly the last few round trips."""

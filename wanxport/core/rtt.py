@@ -30,6 +30,7 @@ class RttEstimator:
 
     __slots__ = (
         "latest_s",
+        "latest_adjusted_s",
         "smoothed_s",
         "rttvar_s",
         "min_s",
@@ -50,6 +51,9 @@ class RttEstimator:
         # Before the first sample every estimate is the initial RTT (RFC 9002 6.2.2),
         # so callers never have to special-case "unknown".
         self.latest_s = self.initial_rtt_s
+        # The latest sample less the peer's ack delay (as the smoothed RTT takes it), for
+        # controllers that read queueing delay off single samples (ledbat).
+        self.latest_adjusted_s = self.initial_rtt_s
         self.smoothed_s = self.initial_rtt_s
         self.rttvar_s = self.initial_rtt_s / 2.0
         self.min_s = self.initial_rtt_s
@@ -70,7 +74,7 @@ class RttEstimator:
         """
         if not latest_rtt_s > 0.0:
             return
-        self.latest_s = latest_rtt_s
+        self.latest_s = self.latest_adjusted_s = latest_rtt_s
         if not self.has_sample:
             self.has_sample = True
             self.min_s = latest_rtt_s
@@ -84,8 +88,17 @@ class RttEstimator:
         adjusted = latest_rtt_s
         if latest_rtt_s >= self.min_s + ack_delay_s:
             adjusted = latest_rtt_s - ack_delay_s
+        self.latest_adjusted_s = adjusted
         self.rttvar_s = 0.75 * self.rttvar_s + 0.25 * abs(self.smoothed_s - adjusted)
         self.smoothed_s = 0.875 * self.smoothed_s + 0.125 * adjusted
+
+    def restart(self, now: float) -> None:
+        """Keep only the latest sample (the path was rerouted: older ones describe another route)."""
+        latest = self.latest_s
+        self.min_s = latest
+        self.smoothed_s = latest
+        self.rttvar_s = latest / 2.0
+        self._recent.reset(now, latest)
 
     def pto_s(self, max_ack_delay_s: float) -> float:
         """Probe timeout duration (RFC 9002 6.2.1), before any exponential backoff."""

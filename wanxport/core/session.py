@@ -20,7 +20,7 @@ and are translated here.
 
 from __future__ import annotations
 
-from wanxport.core.cc import CongestionController
+from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.events import (
@@ -55,6 +55,8 @@ from wanxport.wire.frames import (
     ShardOpenFrame,
 )
 
+CLOSE_PROTOCOL_VIOLATION = 1  # CLOSE code: the peer broke the protocol (the reason says how)
+
 
 class Session:
     """Both directions of one multipath session with one peer."""
@@ -66,8 +68,9 @@ class Session:
         otherwise the session hashes it on the spot (the simulator's choice: no threads)."""
         self.config = config
         self.defer_verification = defer_verification
+        group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
-            Path(i, p.name, config.data_payload(p), self._make_cc(config, i), config.initial_rtt_s)
+            Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s)
             for i, p in enumerate(config.paths)
         ]
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
@@ -86,8 +89,8 @@ class Session:
         self._shards_received = self._bytes_received = 0
 
     @staticmethod
-    def _make_cc(config: SessionConfig, index: int) -> CongestionController:
-        return config.congestion_control.build(config.cc_context(index))
+    def _make_cc(config: SessionConfig, index: int, group: PathGroup) -> CongestionController:
+        return config.congestion_control.build(config.cc_context(index, group))
 
     # -- application side ----------------------------------------------------
 
@@ -155,6 +158,16 @@ class Session:
         if self.closed is None:
             self._tx.control.append(CloseFrame(code, reason))
             self.closed = SessionClosed(code, reason, now)
+
+    def _violation(self, now: float, reason: str) -> None:
+        """The authenticated peer broke the protocol (e.g. opened beyond its credit): close,
+        telling it why, and tell our driver the same (``SessionClosed``), rather than
+        ignore it and leave both ends waiting for a shard that cannot come."""
+        if self.closed is None:
+            event = SessionClosed(CLOSE_PROTOCOL_VIOLATION, f"protocol violation: {reason}", now)
+            self._tx.control.append(CloseFrame(event.code, event.error))
+            self.closed = event
+            self._events.append(event)
 
     def handshake_probes(self, now: float) -> list[Transmit]:
         """One PROBE datagram per path before any data, outside the packet accounting.
@@ -264,7 +277,8 @@ class Session:
 
     def _on_control(self, path: Path, frame: Frame, now: float) -> None:
         if isinstance(frame, ShardOpenFrame):
-            self.incoming.open(frame)
+            if not self.incoming.open(frame):
+                self._violation(now, self.incoming.refusal)
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:

@@ -240,6 +240,8 @@ class Transmitter:
         overhead = self.config.packet_overhead()
         size = overhead + sum(f.wire_size for f in frames)
         if in_flight or eliciting:
+            if in_flight and path.bytes_in_flight <= 0:
+                path.restart_from_idle(not_before)
             rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
             path.loss.on_packet_sent(SentPacket(pn, not_before, size, chunks, control,
                                                 eliciting, in_flight, rate_state))

@@ -26,6 +26,7 @@ DEFAULT_SEGMENTS = 32  # datagrams per core packet (segmentation happens below t
 DEFAULT_CREDIT_BYTES = 1 << 30
 DEFAULT_PIECE_BYTES = 64 << 20  # files are cut into shards of this size for pipelining
 DEFAULT_CONTROL_TIMEOUT_S = 2.0  # QUIC idle timeout: how fast a dead control path is noticed
+DEFAULT_STALL_TIMEOUT_S = 60.0  # a receiver with shards open and no data arriving gives up after this
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class GatewayOptions:
     connect_timeout_s: float = 10.0
     resume_window_s: float = 30.0
     datapath: str = "auto"
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     congestion_control: str = "bbr"  # a wanxport.core.cc registered name
 
     def __post_init__(self) -> None:
@@ -53,8 +55,8 @@ class GatewayOptions:
             raise ValueError(f"credit_bytes: {self.credit_bytes} is not valid; use >= 1 MiB")
         if self.piece_bytes < 1:
             raise ValueError(f"piece_bytes: {self.piece_bytes} is not valid; use >= 1")
-        if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise ValueError("control_timeout_s and connect_timeout_s must be > 0")
+        if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.stall_timeout_s <= 0:
+            raise ValueError("control_timeout_s, connect_timeout_s and stall_timeout_s must be > 0")
 
 
 def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,

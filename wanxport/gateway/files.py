@@ -8,10 +8,18 @@ plane place every piece straight into it. Only when every piece of a file
 has been verified is it renamed (``os.replace``, atomic) to ``DIR/<name>``,
 so a partial file never sits under its final name; on failure partial files
 are removed.
+
+The partial file's blocks are reserved (``posix_fallocate``) before it is
+mapped: a sparse map on a full disk would turn the native placement's write
+into SIGBUS and kill the gateway. A file that does not fit is refused with
+``ENOSPC`` named (``FileSink.error``); its pieces are received into scratch
+memory (already within the receive budget) and reported aborted, and the
+receiving loop ends the session with that reason, so the sender learns it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -107,6 +115,12 @@ class _IncomingFile:
     failed: bool = False
 
 
+def describe_os_error(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the errno's name is what operators search for."""
+    name = errno.errorcode.get(exc.errno or 0)
+    return f"{exc.strerror or exc} ({name})" if name else str(exc.strerror or exc)
+
+
 class FileSink:
     """Receives the pieces of one session's files into partial files, then renames."""
 
@@ -114,7 +128,9 @@ class FileSink:
         self.directory = directory
         self.files: dict[str, _IncomingFile] = {}
         self.written: list[Path] = []
+        self.error: str | None = None  # the first file that could not be written, and why
         self._by_shard: dict[int, str] = {}
+        self._refused: set[int] = set()  # shards of such files, received into scratch memory
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
         """The data plane's allocator: the piece's slice of its file's map."""
@@ -128,7 +144,14 @@ class FileSink:
             name, offset, file_size = f"shard-{shard_id}", 0, size
         incoming = self.files.get(name)
         if incoming is None or incoming.size != file_size:
-            incoming = self._open(name, file_size)
+            try:
+                incoming = self._open(name, file_size)
+            except OSError as exc:
+                self.error = self.error or (f"{name}: cannot store {file_size} bytes in {self.directory}: "
+                                            f"{describe_os_error(exc)}")
+                log.error("%s", self.error)
+                self._refused.add(shard_id)
+                return np.empty(size, dtype=np.uint8)
         incoming.shards.append(shard_id)
         self._by_shard[shard_id] = name
         assert incoming.mm is not None
@@ -136,9 +159,16 @@ class FileSink:
 
     def _open(self, name: str, size: int) -> _IncomingFile:
         partial = self.directory / f".{name}.partial-{os.urandom(4).hex()}"
-        mm = np.memmap(partial, dtype=np.uint8, mode="w+", shape=(size,)) if size else None
-        if mm is None:
-            partial.touch()
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            if size:
+                os.posix_fallocate(fd, 0, size)  # every block now, or ENOSPC now (not SIGBUS later)
+        except OSError:
+            partial.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        mm = np.memmap(partial, dtype=np.uint8, mode="r+", shape=(size,)) if size else None
         incoming = _IncomingFile(name, size, partial, mm)
         self.files[name] = incoming
         return incoming
@@ -146,6 +176,9 @@ class FileSink:
     def on_piece(self, shard_id: int, ok: bool, size: int) -> tuple[str, list[int]] | None:
         """A piece was verified (or not). When its file is complete (or failed):
         (status, the file's shard ids) to confirm to the sender."""
+        if shard_id in self._refused:
+            self._refused.discard(shard_id)
+            return "aborted", [shard_id]
         name = self._by_shard.pop(shard_id, None)
         if name is None:
             return None

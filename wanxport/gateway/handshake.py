@@ -186,7 +186,8 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         endpoint.abort()
         raise
     mode = "loopback" if all(is_loopback(p[0]) for p in peers) else "network"
-    return GatewaySession("responder", channel, endpoint, keys, channel.peer_name, mode=mode)
+    return GatewaySession("responder", channel, endpoint, keys, channel.peer_name, mode=mode,
+                          stall_timeout_s=options.stall_timeout_s)
 
 
 def _with_credit(welcome: Welcome, credit: int) -> Welcome:

@@ -83,7 +83,9 @@ class GatewaySession:
     """Both roles share this class; ``role`` is "initiator" (sender) or "responder"."""
 
     def __init__(self, role: str, channel: ControlChannel, endpoint: Endpoint, keys: DataKeys,
-                 peer_name: str, *, mode: str) -> None:
+                 peer_name: str, *, mode: str, stall_timeout_s: float | None = None) -> None:
+        """``stall_timeout_s`` (receiver): fail the session when shards are open and no
+        data arrived for that long (``_watch_stall``); None: wait for ever."""
         self.role = role
         self.channel = channel
         self.endpoint = endpoint
@@ -104,6 +106,8 @@ class GatewaySession:
         self._tasks = [asyncio.create_task(self._read_control()), asyncio.create_task(self._rotate())]
         if role == "responder":
             self._tasks.append(asyncio.create_task(self._watch_data_close()))
+            if stall_timeout_s is not None:
+                self._tasks.append(asyncio.create_task(self._watch_stall(stall_timeout_s)))
         self._closed = False
 
     # -- sending (initiator) ---------------------------------------------------
@@ -311,6 +315,27 @@ class GatewaySession:
             return  # our own close
         log.info("data plane closed by the peer (%s)", closed.error or closed.code)
         self._end(f"peer closed the data plane ({closed.error or closed.code})")
+
+    async def _watch_stall(self, timeout_s: float) -> None:
+        """A sender that opens shards and then stops sending (while its control channel
+        stays alive) would hold our receive budget, and the receiving loop, for ever.
+        Progress is any new byte of any shard, so shards waiting their turn behind
+        others do not count as stalled."""
+        incoming = self.endpoint.session.incoming
+        progress, since = -1, self._loop.time()
+        while True:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            now = self._loop.time()
+            open_shards = [s for s in incoming.shards.values() if not s.complete]
+            current = incoming.budget.released + sum(s.received.total for s in incoming.shards.values())
+            if current != progress or not open_shards:
+                progress, since = current, now
+            elif now - since >= timeout_s:
+                shard = min(open_shards, key=lambda s: s.shard_id)
+                self._fail(SessionFailed(
+                    f"the sender stalled: no data for {timeout_s:g} s with {len(open_shards)} shard(s) "
+                    f"open (shard {shard.shard_id}: {shard.received.total} of {shard.size} bytes)"))
+                return
 
     async def _rotate(self) -> None:
         while True:

@@ -11,7 +11,7 @@ from typing import Any
 
 from wanxport.control import ShardAnnounce
 
-from .files import FilePiece, FileReader, FileSink
+from .files import FileError, FilePiece, FileReader, FileSink
 from .progress import ProgressMonitor, acked_bytes
 from .report import session_report
 from .session import GatewaySession, SessionFailed, sha256_hex_async
@@ -90,6 +90,10 @@ async def receive_files(session: GatewaySession, sink: FileSink, *,
             shard = await session.receive()
             last[:] = [shard.at]
             result = sink.on_piece(shard.shard_id, shard.ok, len(shard.data))
+            if sink.error is not None and (result is None or result[0] != "verified"):
+                # A file does not fit: end the session with the reason (no "aborted" verdict
+                # first, which the sender could take as the whole answer).
+                raise FileError(sink.error)
             if result is not None:
                 status, shard_ids = result
                 if status != "verified":
@@ -119,6 +123,9 @@ async def receive_files(session: GatewaySession, sink: FileSink, *,
         await monitor.stop()
         incomplete = [f.name for f in sink.files.values()]
         sink.discard_partials()
+    if sink.error is not None:
+        error = sink.error
+        await session.close(error)  # the sender's transfer fails with this reason
     if incomplete and error is None:
         error = f"the session ended before {', '.join(sorted(incomplete))} arrived"
     ok = error is None and not failures

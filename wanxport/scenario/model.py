@@ -12,6 +12,9 @@ from dataclasses import dataclass, field, replace
 
 DIRECTIONS = ("a->b", "b->a")  # one direction of one path
 TRANSFER_DIRECTIONS = ("a->b", "both")  # what a [transfer] may ask for
+MAX_STEPS = 1_000_000
+MAX_SHARD_IDS = 1 << 32  # every shard of every step has its own 32-bit id on one session
+MAX_THINK_MS = 3_600_000.0  # an hour of compute between steps is already no longer a step
 
 
 class ScenarioError(ValueError):
@@ -109,6 +112,10 @@ class Transfer:
     size_bytes: int = 64 * 1024 * 1024
     shards: int = 1
     direction: str = "a->b"  # or "both"
+    #: Exchanges of ``size_bytes`` on one session, one after another (training steps).
+    steps: int = 1
+    #: The compute phase: from the sender learning step k verified to submitting step k+1.
+    think_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -127,18 +134,29 @@ class Scenario:
         size_bytes: int | None = None,
         shards: int | None = None,
         direction: str | None = None,
+        steps: int | None = None,
+        think_ms: float | None = None,
     ) -> Scenario:
         """Return a copy whose transfer defaults are overridden (e.g. from CLI flags).
 
         Raises ValueError (one line) for values the file itself could not hold.
         """
+        old = self.transfer
         new = Transfer(
-            size_bytes=self.transfer.size_bytes if size_bytes is None else size_bytes,
-            shards=self.transfer.shards if shards is None else shards,
-            direction=self.transfer.direction if direction is None else direction,
+            size_bytes=old.size_bytes if size_bytes is None else size_bytes,
+            shards=old.shards if shards is None else shards,
+            direction=old.direction if direction is None else direction,
+            steps=old.steps if steps is None else steps,
+            think_ms=old.think_ms if think_ms is None else think_ms,
         )
         _check_transfer(new)
+        if new.steps > 1 and self.has_events():
+            raise ValueError(steps_with_events_message(new.steps))
         return replace(self, transfer=new)
+
+    def has_events(self) -> bool:
+        """Whether any path has an events timeline."""
+        return any(spec.events for spec in self.paths)
 
     def path(self, name: str) -> PathSpec:
         """The path called ``name``; KeyError if there is none."""
@@ -157,11 +175,27 @@ def apply_event(params: LinkParams, event: PathEvent) -> LinkParams:
     return params
 
 
+def steps_with_events_message(steps: int) -> str:
+    """Why contract v1 refuses repeated steps on a timeline: event times count from the
+    transfer's start, and which step's start that would be is not defined yet."""
+    return (f"steps = {steps} with an events timeline is not supported in contract v1 "
+            "(event times count from one transfer's start); use steps = 1 or remove the events")
+
+
 def _check_transfer(transfer: Transfer) -> None:
     if transfer.size_bytes < 1:
         raise ValueError(f"transfer size must be >= 1 byte, got {transfer.size_bytes}")
     if not 1 <= transfer.shards <= transfer.size_bytes:
         raise ValueError(f"transfer shards must be between 1 and the size in bytes, got {transfer.shards}")
+    steps = transfer.steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"transfer steps must be an integer in [1, {MAX_STEPS}], got {steps!r}")
+    if steps * transfer.shards > MAX_SHARD_IDS:
+        raise ValueError(f"transfer steps x shards must be at most {MAX_SHARD_IDS} (32-bit shard ids), "
+                         f"got {steps} x {transfer.shards}")
+    if not (isinstance(transfer.think_ms, int | float) and 0.0 <= transfer.think_ms <= MAX_THINK_MS):
+        raise ValueError(f"transfer think_ms must be a number in [0, {MAX_THINK_MS:g}] (milliseconds), "
+                         f"got {transfer.think_ms!r}")
     if transfer.direction not in TRANSFER_DIRECTIONS:
         raise ValueError(
             f"transfer direction must be one of {TRANSFER_DIRECTIONS}, got {transfer.direction!r}"

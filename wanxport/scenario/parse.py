@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from wanxport.scenario.model import (
+    MAX_SHARD_IDS,
+    MAX_STEPS,
+    MAX_THINK_MS,
     TRANSFER_DIRECTIONS,
     BurstLoss,
     LinkParams,
@@ -21,6 +24,7 @@ from wanxport.scenario.model import (
     Scenario,
     ScenarioError,
     Transfer,
+    steps_with_events_message,
 )
 from wanxport.scenario.validators import (
     Invalid,
@@ -174,7 +178,13 @@ def _transfer(value: object, path: str) -> Transfer:
             raise Invalid(where, f"unknown direction {chosen!r}", '"a->b" or "both"')
         return chosen
 
-    spec = {"size": size, "shards": integer(1, 2**31 - 1), "direction": direction}
+    spec = {
+        "size": size,
+        "shards": integer(1, 2**31 - 1),
+        "direction": direction,
+        "steps": integer(1, MAX_STEPS),
+        "think_ms": number(0.0, MAX_THINK_MS, unit=" (milliseconds)"),
+    }
     values = fields(table(value, path), path, spec)
     if "size" in values:
         values["size_bytes"] = values.pop("size")
@@ -184,6 +194,12 @@ def _transfer(value: object, path: str) -> Transfer:
             f"{path}.shards",
             f"{transfer.shards} shards for {transfer.size_bytes} bytes",
             "at most one shard per byte",
+        )
+    if transfer.steps * transfer.shards > MAX_SHARD_IDS:
+        raise Invalid(
+            f"{path}.steps",
+            f"{transfer.steps} steps of {transfer.shards} shards",
+            f"steps x shards at most {MAX_SHARD_IDS} (32-bit shard ids)",
         )
     return transfer
 
@@ -231,7 +247,10 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
         raise ScenarioError(f"{source}: {exc.path}: {exc.problem}; {exc.valid}") from None
     if not values["name"].strip():
         raise ScenarioError(f"{source}: name: empty name; {_HINTS['name']}")
-    return Scenario(source=source, **values)
+    scenario = Scenario(source=source, **values)
+    if scenario.transfer.steps > 1 and scenario.has_events():
+        raise ScenarioError(f"{source}: transfer.steps: {steps_with_events_message(scenario.transfer.steps)}")
+    return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:

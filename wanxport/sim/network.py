@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Protocol
 
 from wanxport.scenario import LinkParams, Scenario
 from wanxport.sim.eventloop import EventLoop
 
-__all__ = ["EventLoop", "Link", "Network", "link_rng"]
+__all__ = ["EventLoop", "Link", "LinksFactory", "Network", "PacketPort", "PathLinks", "link_rng"]
 
 Deliver = Callable[[object, float], None]
 
@@ -316,6 +317,30 @@ class Link:
             "duplicated": self.duplicated,
             "corrupted": self.corrupted,
         }
+
+
+class PacketPort(Protocol):
+    """Where a side puts a path's datagrams: a ``Link``, or a port onto a shared one."""
+
+    def send(self, packet: object, size_bytes: int) -> None: ...
+
+
+class PathLinks(Protocol):
+    """What a run needs of its network: per path a port each way, and the timeline's start."""
+
+    @property
+    def forward(self) -> Sequence[PacketPort]: ...
+
+    @property
+    def reverse(self) -> Sequence[PacketPort]: ...
+
+    def start(self, t0: float | None = None) -> None: ...
+
+
+#: Builds the links a run's datagrams cross from its loop and its two sides' deliver callbacks
+#: (``deliver_a``, ``deliver_b``), so several runs can share one loop and one set of links.
+_Deliver = Callable[[int, object, float], None]
+LinksFactory = Callable[[EventLoop, _Deliver, _Deliver], PathLinks]
 
 
 class Network:

@@ -35,13 +35,14 @@ from typing import Any
 
 from wanxport.core.cc import cc_config
 from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig
-from wanxport.core.events import ShardFilled, ShardReceived
+from wanxport.core.events import ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
-from wanxport.report import PathReport, build_report
+from wanxport.report import PathReport, build_report, spread
 from wanxport.scenario import Scenario, ideal_time_s
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.sim.eventloop import EventLoop
-from wanxport.sim.network import Network
+from wanxport.sim.network import LinksFactory, Network, PathLinks
+from wanxport.sim.steps import StepTracker
 from wanxport.sim.wire import DatagramCutter, VirtualDatagram, VirtualReceiver
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.errors import WireError
@@ -66,6 +67,7 @@ class SimOptions:
     # 16 of 1 MiB would make 16 MiB core packets and a 64 MiB minimum window per path).
     datagrams_per_packet: int | None = None
     congestion_control: str = "bbr"
+    cc_options: dict[str, Any] = field(default_factory=dict)  # the controller's options (cc_config)
     scheduler: str = "earliest-arrival"
     deadline_s: float | None = None
     duplicate: float = 0.0  # test-only impairments
@@ -105,9 +107,14 @@ class Endpoint:
 
 
 class SimRun:
-    """One simulated transfer; ``run()`` returns the v1 report."""
+    """One simulated transfer; ``run()`` returns the v1 report.
 
-    def __init__(self, scenario: Scenario, options: SimOptions) -> None:
+    By default the run owns its loop and the scenario's ``Network``; several runs
+    over shared bottlenecks (``sim.shared``) pass one ``loop`` and ``links`` instead.
+    """
+
+    def __init__(self, scenario: Scenario, options: SimOptions, loop: EventLoop | None = None,
+                 links: LinksFactory | None = None) -> None:
         self.scenario = scenario
         self.options = options
         self.seed = scenario.seed if options.seed is None else options.seed
@@ -121,9 +128,11 @@ class SimRun:
             raise ValueError(f"a quantum of {options.quantum} bytes does not fit a DATA frame "
                              f"(at most {MAX_DATA_LENGTH}); use the virtual payload mode")
         self.mode = mode
-        self.loop = EventLoop()
-        self.network = Network(scenario, self.loop, self._deliver_a, self._deliver_b, seed=self.seed,
-                               duplicate=options.duplicate, corrupt=options.corrupt)
+        self.loop = EventLoop() if loop is None else loop
+        self.network: PathLinks = Network(
+            scenario, self.loop, self._deliver_a, self._deliver_b, seed=self.seed,
+            duplicate=options.duplicate, corrupt=options.corrupt,
+        ) if links is None else links(self.loop, self._deliver_a, self._deliver_b)
         shard_count = max(1, min(scenario.transfer.shards, self.size))
         base, extra = divmod(self.size, shard_count)
         self.shard_sizes = [base + (1 if i < extra else 0) for i in range(shard_count)]
@@ -141,7 +150,7 @@ class SimRun:
         settings.update(options.session)
         config = SessionConfig(
             paths=paths,
-            congestion_control=cc_config(options.congestion_control),
+            congestion_control=cc_config(options.congestion_control, options.cc_options),
             scheduler=options.scheduler,
             segment_bytes=options.quantum,
             **settings,
@@ -150,7 +159,9 @@ class SimRun:
         self.a = self._endpoint("a", config, 0)
         self.b = self._endpoint("b", config, 1)
         self.directions = ["a->b", "b->a"] if scenario.transfer.direction == "both" else ["a->b"]
-        self._shards_pending = len(self.shard_sizes) * len(self.directions)
+        transfer = scenario.transfer
+        self.steps = StepTracker(transfer.steps, len(self.shard_sizes), self.directions,
+                                 transfer.think_ms / 1000.0)
 
     def _endpoint(self, name: str, config: SessionConfig, index: int) -> Endpoint:
         n = len(config.paths)
@@ -172,21 +183,38 @@ class SimRun:
 
     def _run(self) -> dict[str, Any]:
         self.network.start(0.0)
-        for direction in self.directions:
-            sender = self.a if direction == "a->b" else self.b
-            for shard_id, size in enumerate(self.shard_sizes):
-                data = self._payload(direction, shard_id, size) if self.mode == "bytes" else None
-                sender.driver.submit(shard_id, data, 0.0, size=size)
+        for side in ("a", "b"):
+            self._submit_step(side, 0)
         ideal = ideal_time_s(self.scenario, self.size)
-        deadline = self.options.deadline_s or max(60.0, 20.0 * ideal if ideal != float("inf") else 60.0)
-        for endpoint in (self.a, self.b):
-            self._service(endpoint)
+        deadline = self.options.deadline_s or self._default_deadline(ideal)
         self.loop.run(stop=self._finished, until=deadline)
         finished = self._finished()
         completion = max((r.at for e in self._receivers() for r in e.received), default=self.loop.now)
         if not finished:
             completion = deadline  # gave up at the deadline
         return self._report(finished, completion, ideal)
+
+    def _default_deadline(self, ideal: float) -> float:
+        """max(60 s, 20 x ideal) per step, plus the think time between steps."""
+        transfer = self.scenario.transfer
+        per_step = 20.0 * ideal if ideal != float("inf") else 60.0
+        return max(60.0, transfer.steps * per_step + (transfer.steps - 1) * transfer.think_ms / 1000.0)
+
+    def _submit_step(self, side: str, step: int) -> None:
+        """``side`` submits every shard of ``step`` in each direction it sends (step driver)."""
+        sender = self.a if side == "a" else self.b
+        now = self.loop.now
+        for direction in self.steps.sends(side):
+            for shard_id, size in zip(self.steps.shard_ids(step), self.shard_sizes, strict=True):
+                data = self._payload(direction, shard_id, size) if self.mode == "bytes" else None
+                sender.driver.submit(shard_id, data, now, size=size)
+            self.steps.submitted(direction, step, now)
+        self._service(sender)
+
+    def _step_ready(self, side: str, step: int | None) -> None:
+        """``side`` has seen the previous step end: it submits ``step`` after the think time."""
+        if step is not None:
+            self.loop.call_at(self.loop.now + self.steps.think_s, self._submit_step, side, step)
 
     def _payload(self, direction: str, shard_id: int, size: int) -> bytes:
         rng = random.Random(f"{self.seed}:{direction}:{shard_id}")
@@ -196,7 +224,7 @@ class SimRun:
         return [self.b if d == "a->b" else self.a for d in self.directions]
 
     def _finished(self) -> bool:
-        return self._shards_pending == 0
+        return self.steps.done()
 
     def _deliver_a(self, path_index: int, packet: object, now: float) -> None:
         self._deliver(self.a, path_index, packet, now)
@@ -279,13 +307,18 @@ class SimRun:
             endpoint.timer_at = max(deadline, now)
             self.loop.call_at(endpoint.timer_at, self._on_timer, endpoint)
         filled = False
+        side = endpoint.name
         for event in serviced.events:
             if isinstance(event, ShardReceived):
                 endpoint.received.append(event)
                 endpoint.buffers.pop(event.shard_id, None)
                 if isinstance(endpoint.receiver, VirtualReceiver):
                     endpoint.receiver.remove_shard(event.shard_id)
-                self._shards_pending -= 1
+                incoming = "b->a" if side == "a" else "a->b"
+                self._step_ready(side, self.steps.verified(incoming, event.shard_id, event.at))
+            elif isinstance(event, ShardAcknowledged):
+                outgoing = "a->b" if side == "a" else "b->a"
+                self._step_ready(side, self.steps.acknowledged(outgoing, event.shard_id))
             elif isinstance(event, ShardFilled):
                 # aio hashes off its loop while the shard arrives and answers later; the
                 # simulator hashes at once, through the same calls.
@@ -317,7 +350,7 @@ class SimRun:
         # Verified shards, plus what had arrived of unfinished ones when time ran out.
         delivered = sum(r.size for e in self._receivers() for r in e.received if r.ok)
         delivered += sum(e.session.stats().receiving_bytes for e in self._receivers())
-        payload = self.size * len(self.directions)
+        payload = self.size * len(self.directions) * self.scenario.transfer.steps
         return build_report(
             scenario=self.scenario.name, mode="sim", transport="wanxport", payload_bytes=payload,
             completion_s=completion, ideal_s=ideal, intact=self._intact(finished), wall_s=None,
@@ -328,6 +361,9 @@ class SimRun:
             cc=self.options.congestion_control, scheduler=self.options.scheduler,
             datagrams_rejected=self.a.rejected + self.b.rejected,
             events_processed=self.loop.processed,
+            steps=self.scenario.transfer.steps, step_s=self.steps.step_s(),
+            think_ms=self.scenario.transfer.think_ms,
+            shard_completion_s=spread(self.steps.shard_completion_s),
         )
 
 

@@ -7,7 +7,8 @@ object once, with :func:`cc_config`; the session then asks that object for
 one controller per path (``config.build(context)``), the same way for every
 controller. Built in: "bbr" (:class:`BbrConfig`, the default; rate-based,
 tolerant of random loss), "cubic" (:class:`CubicConfig`, RFC 9438, for
-comparison) and "fixed" (:class:`FixedConfig`, a provisioned rate).
+comparison), "fixed" (:class:`FixedConfig`, a provisioned rate) and "ledbat"
+(:class:`LedbatConfig`, a scavenger for background bulk that yields to queueing).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.base import CcConfig, CcContext, CongestionController, PathGroup
 from wanxport.core.cc.bbr import BbrConfig
 from wanxport.core.cc.cubic import CubicConfig
 from wanxport.core.cc.fixed import FixedConfig
+from wanxport.core.cc.ledbat import LedbatConfig
 
 __all__ = [
     "DEFAULT_CONGESTION_CONTROL",
@@ -29,6 +31,8 @@ __all__ = [
     "CongestionController",
     "CubicConfig",
     "FixedConfig",
+    "LedbatConfig",
+    "PathGroup",
     "available_congestion_controls",
     "cc_config",
     "register_congestion_control",
@@ -102,3 +106,4 @@ def _check_type(name: str, key: str, annotation: object, value: object) -> None:
 register_congestion_control("bbr", BbrConfig)
 register_congestion_control("cubic", CubicConfig)
 register_congestion_control("fixed", FixedConfig)
+register_congestion_control("ledbat", LedbatConfig)

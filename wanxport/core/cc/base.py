@@ -28,6 +28,19 @@ from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
 
 
+class PathGroup:
+    """The controllers of one session's paths, so that a coupled controller sees its siblings.
+
+    The session makes one per session and passes it in every path's context;
+    controllers that couple (``bbr`` with ``coupled = true``) join it when built.
+    """
+
+    __slots__ = ("controllers",)
+
+    def __init__(self) -> None:
+        self.controllers: list[CongestionController] = []
+
+
 @dataclass(frozen=True)
 class CcContext:
     """What a controller needs to know about the one path it runs on."""
@@ -40,6 +53,8 @@ class CcContext:
     path_index: int = 0
     #: The RTT to assume before the first sample, seconds.
     initial_rtt_s: float = INITIAL_RTT_S
+    #: The session's other paths' controllers (None: a controller on its own).
+    group: PathGroup | None = None
 
     def __post_init__(self) -> None:
         for name in ("mss_bytes", "initial_window_packets"):
@@ -117,6 +132,13 @@ class CongestionController(abc.ABC):
     @abc.abstractmethod
     def on_path_reset(self, now: float) -> None:
         """The path failed or was readmitted: start over, but keep min-RTT knowledge."""
+
+    def on_route_change(self, now: float) -> None:
+        """The path now runs over another route (its RTT moved): forget its model, min RTT too.
+
+        This default suits controllers that keep no RTT of their own.
+        """
+        self.on_path_reset(now)
 
     def on_path_resume(self, now: float, rate_bps: float) -> None:
         """A failed path answers again over what looks like the same route: resume it.

@@ -30,19 +30,17 @@ wanxport's departures from BBRv1:
   derives from the capped bandwidth. In Startup, congestion simply ends the
   search (as in BBRv2) rather than reducing anything.
 * The bandwidth filter ages only when a usable sample arrives, so an
-  app-limited stretch (a path idling between shards) keeps its estimate.
+  app-limited stretch (a path idling between shards or training steps) keeps
+  its estimate; nothing else expires over idle either. A Startup interrupted by
+  idle resumes paced at most 1.25 x the measured rate (docs/notes/steps.md).
 * ProbeBW starts at a phase drawn from an RNG seeded with ``seed`` plus the
   path's index, so runs are reproducible and paths start out of phase.
-* Careful resume (draft-ietf-tsvwg-careful-resume in spirit) when a failed path is readmitted over
-  an unchanged route (``on_path_resume``): instead of Startup from the
-  initial window, which takes ~log2(BDP / initial window) round trips, the
-  first round is paced at half the rate the path sustained before it failed
-  (the unvalidated jump), with the window for the full rate. Startup then
-  runs as usual, doubling on what the acknowledgements confirm, but never
-  paced above the saved rate, so resuming cannot overshoot what the path
-  carried before. Its usual exits still apply: a standing queue with loss
-  (the path now has less capacity: drain to what was measured, the "safe
-  retreat") or a bandwidth plateau. ProbeBW then looks for more as always.
+* ``shared = true`` (links shared with other traffic): the session's paths
+  probe as one flow and the min RTT is held (``core.cc.coupling``).
+* Careful resume (``on_path_resume``, policy in ``core.warm``): a readmitted
+  path's first round is paced at half its saved rate with the window for the
+  full rate, then Startup runs never paced above the saved rate; its usual
+  exits apply, and a standing queue with loss drains to what was measured.
 """
 
 from __future__ import annotations
@@ -53,6 +51,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.coupling import coupled_gain
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.windowed_filter import RoundMaxFilter
@@ -74,9 +73,12 @@ EXTRA_CWND_PACKETS = 3
 QUEUE_DELAY_MIN_S = 0.005
 QUEUE_DELAY_FRACTION = 0.25
 LOSS_CAP_BETA = 0.85
-#: Careful resume: the first, unvalidated round runs at this share of the saved rate.
+#: Careful resume: the first, unvalidated round runs at this share of the saved rate (core.warm).
 RESUME_JUMP_GAIN = 0.5
 CAP_GROWTH_PER_ROUND = 1.05
+#: Startup resumed from idle paces at most this over the measured rate (ProbeBW's probe gain,
+#: not 2/ln 2, which threw ~2 BDP at a path already measured near full).
+RESTART_STARTUP_GAIN = 1.25
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
 _STATE_NAMES = ("startup", "drain", "probe_bw", "probe_rtt")
@@ -94,10 +96,13 @@ class BbrConfig(CcConfig):
     probe_rtt: bool = False
     #: Each path's RNG (its first ProbeBW phase) is seeded with this plus the path's index.
     seed: int = 0
+    #: Links shared with other traffic: couple the paths, hold the min RTT (core.cc.coupling).
+    shared: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.probe_rtt, bool):
-            raise ValueError(f"bbr option probe_rtt must be true or false, got {self.probe_rtt!r}")
+        for option in ("probe_rtt", "shared"):
+            if not isinstance(getattr(self, option), bool):
+                raise ValueError(f"bbr option {option} must be true or false, got {getattr(self, option)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"bbr option seed must be an integer, got {self.seed!r}")
 
@@ -109,42 +114,13 @@ class BbrCongestionController(CongestionController):
     """BBRv1 state machine with loss counted as congestion only when a queue stands."""
 
     __slots__ = (
-        "_mss",
-        "_initial_cwnd",
-        "_probe_rtt_enabled",
-        "_rng",
-        "_mode",
-        "_pacing_gain",
-        "_cwnd_gain",
-        "_cwnd",
-        "_pacing_rate",
-        "_srtt_s",
-        "_bw_filter",
-        "_has_bw",
-        "_bw_cap",
-        "_round_count",
-        "_next_round_delivered",
-        "_round_start",
-        "_full_bw",
-        "_full_bw_count",
-        "_full_bw_reached",
-        "_min_rtt_s",
-        "_min_rtt_stamp",
-        "_round_min_rtt",
-        "_prev_round_min_rtt",
-        "_round_max_rate",
-        "_prev_round_max_rate",
-        "_idle_restart",
-        "_probe_rtt_done",
-        "_prior_cwnd",
-        "_cycle_index",
-        "_cycle_stamp",
-        "_loss_in_phase",
-        "_last_reduction",
-        "_congested_in_round",
-        "_delivered",
-        "_resume_cap",
-        "_newest_sent",
+        "_mss", "_initial_cwnd", "_probe_rtt_enabled", "_rng", "_mode", "_pacing_gain", "_cwnd_gain",
+        "_cwnd", "_pacing_rate", "_srtt_s", "_bw_filter", "_has_bw", "_bw_cap", "_round_count",
+        "_next_round_delivered", "_round_start", "_full_bw", "_full_bw_count", "_full_bw_reached",
+        "_min_rtt_s", "_min_rtt_stamp", "_round_min_rtt", "_prev_round_min_rtt", "_round_max_rate",
+        "_prev_round_max_rate", "_idle_restart", "_probe_rtt_done", "_prior_cwnd", "_cycle_index",
+        "_cycle_stamp", "_loss_in_phase", "_last_reduction", "_congested_in_round", "_delivered",
+        "_resume_cap", "_newest_sent", "_restart_capped", "_group",
     )
 
     name: ClassVar[str] = "bbr"
@@ -163,6 +139,9 @@ class BbrCongestionController(CongestionController):
         self._min_rtt_stamp = 0.0
         self._delivered = 0
         self._newest_sent = -math.inf
+        self._group = (context.group.controllers if context.group else []) if config.shared else None
+        if self._group is not None:
+            self._group.append(self)  # None: not shared; [] a shared path on its own
         self._reset(0.0)
 
     def _reset(self, now: float) -> None:
@@ -188,6 +167,7 @@ class BbrCongestionController(CongestionController):
         self._last_reduction = -math.inf
         self._congested_in_round = False
         self._resume_cap = math.inf  # while resuming: Startup is not paced above this
+        self._restart_capped = False  # Startup resumed from idle: gain RESTART_STARTUP_GAIN
         self._cwnd = self._initial_cwnd
         self._pacing_rate = self._initial_pacing_rate()
         self._enter_startup()
@@ -213,6 +193,10 @@ class BbrCongestionController(CongestionController):
         """
         if bytes_in_flight <= 0:
             self._idle_restart = True
+            if self._mode == STARTUP and self._has_bw and not self._restart_capped:
+                self._restart_capped = True  # a step ended mid-search: see RESTART_STARTUP_GAIN
+                self._pacing_rate = 0.0  # so that the capped rate replaces it
+                self._set_pacing_rate()
         if now > self._newest_sent:
             self._newest_sent = now
 
@@ -278,6 +262,11 @@ class BbrCongestionController(CongestionController):
 
     def on_path_reset(self, now: float) -> None:
         """Search for the capacity again from the initial window; keep the min RTT."""
+        self._reset(now)
+
+    def on_route_change(self, now: float) -> None:
+        """Another route: search from the initial window, and take the next RTT sample as the min."""
+        self._min_rtt_s = math.inf
         self._reset(now)
 
     def on_path_resume(self, now: float, rate_bps: float) -> None:
@@ -359,6 +348,8 @@ class BbrCongestionController(CongestionController):
 
     def _update_min_rtt(self, now: float, rtt_s: float, bytes_in_flight: int) -> None:
         expired = self._min_rtt_s < math.inf and now - self._min_rtt_stamp > MIN_RTT_WINDOW_S
+        if expired and self._group is not None:  # shared links: keep the base (core.cc.coupling)
+            self._min_rtt_stamp, expired = now, False
         if rtt_s > 0.0 and (rtt_s <= self._min_rtt_s or expired):
             self._min_rtt_s = rtt_s
             self._min_rtt_stamp = now
@@ -408,7 +399,8 @@ class BbrCongestionController(CongestionController):
         of packets sent before now (found a round trip later, in Drain or ProbeBW) are
         not a new congestion episode: they must not cap the rate Startup just measured."""
         self._note_reduction(now)
-        self._resume_cap = math.inf  # the search is over; ProbeBW may look beyond the saved rate
+        # The search is over; ProbeBW may look beyond the saved (or restart) rate.
+        self._resume_cap, self._restart_capped = math.inf, False
         self._mode = DRAIN
         self._pacing_gain = DRAIN_GAIN
         self._cwnd_gain = STARTUP_GAIN
@@ -437,13 +429,20 @@ class BbrCongestionController(CongestionController):
             return float(self._initial_cwnd)
         return gain * self._bandwidth() / 8.0 * self._min_rtt_s
 
+    def _coupled_gain(self, gain: float) -> float:
+        """ProbeBW's gains (and the window's extra packets, gain 1 + extra) reduced to this path's
+        share on shared links (``core.cc.coupling``)."""
+        return coupled_gain(gain, self.bandwidth_bps, self._group) if self._mode == PROBE_BW else gain
+
     def _set_pacing_rate(self) -> None:
         if not self._has_bw:
             rate = self._initial_pacing_rate()
         else:
-            rate = self._pacing_gain * self._bandwidth()
+            rate = self._coupled_gain(self._pacing_gain) * self._bandwidth()
         if not self._full_bw_reached:
             rate = min(max(rate, self._initial_pacing_rate()), self._resume_cap)
+            if self._restart_capped and self._has_bw:
+                rate = min(rate, RESTART_STARTUP_GAIN * self._bandwidth())
         # In Startup a small early sample must not slow the search down.
         if self._full_bw_reached or rate > self._pacing_rate:
             floor_rtt = self._min_rtt_s if self._min_rtt_s < math.inf else self._srtt_s
@@ -452,7 +451,8 @@ class BbrCongestionController(CongestionController):
     def _set_cwnd(self, acked_bytes: int) -> None:
         mss = self._mss
         if self._has_bw:
-            target = int(self._inflight(self._cwnd_gain)) + EXTRA_CWND_PACKETS * mss
+            extra = (self._coupled_gain(1.0 + EXTRA_CWND_PACKETS) - 1.0) * mss
+            target = int(self._inflight(self._coupled_gain(self._cwnd_gain)) + extra)
             if self._full_bw_reached:
                 self._cwnd = min(self._cwnd + acked_bytes, target)
             elif self._cwnd < target or self._delivered < self._initial_cwnd:
