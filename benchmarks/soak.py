@@ -18,7 +18,8 @@ verified (SHA-256 end to end), each daemon's ``RssAnon`` (from
 /proc/PID/status: anonymous memory only, since received files are mapped and
 their pages are file-backed), open file descriptors (/proc/PID/fd), asyncio
 tasks (``asyncio_tasks`` of ``GET /v1/status``), reloads applied and transfer
-failures. Written to ``--out``: ``soak.json`` (compact) and ``soak.png``
+failures; each sample is printed as one line. Written to ``--out``: ``soak.json``
+(compact; rewritten every minute with ``"complete": false``) and ``soak.png``
 (RssAnon, fds, tasks, goodput over time). The verdict compares, per daemon, the
 median RssAnon of the last 5 minutes (a quarter of the run when it is shorter
 than 20 minutes) with the median of the second quarter: within 2 %, PASS.
@@ -144,6 +145,7 @@ class Soak:
         self.active: dict[str, dict[str, Any]] = {}  # id -> {dest, source, digest, bytes_done}
         self.reloads_sent = 0
         self.start = 0.0
+        self.next_write_s = 60.0
         self.cleanup: dict[str, Any] = {}
 
     # -- set-up -----------------------------------------------------------
@@ -269,8 +271,10 @@ class Soak:
             row[site] = {**proc_sample(proc.pid), "tasks": status["asyncio_tasks"],
                          "reloads": self.reloads_applied(site)}
         self.samples.append(row)
-        if self.args.progress:
-            print(f"t={row['t_s']:7.1f}s verified {self.bytes_verified / 2**30:7.2f} GiB "
+        if row["t_s"] >= self.next_write_s:
+            self.next_write_s += 60
+            self.write_report(None, complete=False)
+        print(f"t={row['t_s']:7.1f}s verified {self.bytes_verified / 2**30:7.2f} GiB "
                   f"done {self.done} failures {len(self.failures)} "
                   + " ".join(f"{s}: rss {row[s]['rss_anon_kib'] / 1024:.1f} MiB fds {row[s]['fds']} "
                              f"tasks {row[s]['tasks']}" for s in SITES), flush=True)
@@ -293,6 +297,31 @@ class Soak:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.sample()
+
+    def report(self, error: str | None, complete: bool) -> dict[str, Any]:
+        args, samples = self.args, self.samples
+        return {
+            "benchmark": "soak", "complete": complete, "scenario": args.scenario,
+            "duration_s": args.duration, "rate_mbps_per_path": args.rate_mbps,
+            "paths": len(self.scenario.paths), "flap_path": self.scenario.paths[args.flap_path].name,
+            "flap_every_s": args.flap_every, "down_s": args.down_s, "reload_every_s": args.reload_every,
+            "file_size": args.file_size, "in_flight": args.in_flight, "error": error,
+            "transfers_done": self.done, "bytes_verified": self.bytes_verified,
+            "failures": self.failures, "reloads_sent": self.reloads_sent,
+            "flaps": int(samples[-1]["t_s"] // args.flap_every) if samples else 0,
+            "cleanup": self.cleanup,
+            "verdict": verdict(samples, args.duration) if samples else None,
+            "samples": columns(samples) if samples else None,
+        }
+
+    def write_report(self, error: str | None, complete: bool) -> dict[str, Any]:
+        """``soak.json``, replaced atomically: a run cut short still leaves its samples."""
+        report = self.report(error, complete)
+        path = self.args.out / "soak.json"
+        tmp = path.with_name(".soak.json.tmp")
+        tmp.write_text(json.dumps(report, separators=(",", ":")) + "\n")
+        os.replace(tmp, path)
+        return report
 
     # -- tear-down --------------------------------------------------------
 
@@ -393,7 +422,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sources", type=int, default=3, help="distinct random source files")
     parser.add_argument("--in-flight", type=int, default=2, help="transfers kept submitted")
     parser.add_argument("--seed", type=int, default=15)
-    parser.add_argument("--progress", action="store_true", help="print each sample")
     args = parser.parse_args(argv)
     if args.down_s >= args.flap_every:
         parser.error("--down-s must be shorter than --flap-every")
@@ -446,20 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             if (work / f"{site}.log").exists():
                 shutil.copy(work / f"{site}.log", logs[site])
         shutil.rmtree(work, ignore_errors=True)
-    report: dict[str, Any] = {
-        "benchmark": "soak", "scenario": args.scenario, "duration_s": args.duration,
-        "rate_mbps_per_path": args.rate_mbps, "paths": len(soak.scenario.paths),
-        "flap_path": soak.scenario.paths[args.flap_path].name, "flap_every_s": args.flap_every,
-        "down_s": args.down_s, "reload_every_s": args.reload_every, "file_size": args.file_size,
-        "in_flight": args.in_flight, "error": error, "transfers_done": soak.done,
-        "bytes_verified": soak.bytes_verified, "failures": soak.failures,
-        "reloads_sent": soak.reloads_sent,
-        "flaps": int(soak.samples[-1]["t_s"] // args.flap_every) if soak.samples else 0,
-        "cleanup": soak.cleanup,
-        "verdict": verdict(soak.samples, args.duration) if soak.samples else None,
-        "samples": columns(soak.samples) if soak.samples else None,
-    }
-    (args.out / "soak.json").write_text(json.dumps(report, separators=(",", ":")) + "\n")
+    report = soak.write_report(error, complete=True)
     if soak.samples:
         plot(soak.samples, args.out / "soak.png",
              f"soak: {args.scenario}, {len(soak.scenario.paths)} paths at {args.rate_mbps:g} Mb/s, "

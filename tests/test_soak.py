@@ -72,9 +72,9 @@ def test_short_soak_moves_verified_bytes_and_cleans_up(tmp_path: Path) -> None:
          "--down-s", "3", "--reload-every", "8s", "--sample-every", "2s", "--file-size", str(8 << 20),
          "--out", str(out)],
         capture_output=True, text=True, timeout=100, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert "verdict:" in proc.stdout, proc.stdout + proc.stderr
+    assert "verdict:" in proc.stdout and "t=" in proc.stdout, proc.stdout + proc.stderr
     report = json.loads((out / "soak.json").read_text())
-    assert report["error"] is None, report["error"]
+    assert report["error"] is None and report["complete"], report["error"]
     assert report["failures"] == [] and report["bytes_verified"] > 0
     assert report["transfers_done"] * (8 << 20) == report["bytes_verified"]
     samples = report["samples"]
