@@ -18,9 +18,8 @@ transfer is byte-exact, that the receiver stays within its receive budget +
 a socket is counted by reason, the kernel's full-buffer drops as
 ``rejected_kernel_overflow`` exactly as the namespace's ``RcvbufErrors`` saw
 them, and nothing is missing beyond what the kernel dropped before the socket.
-The goodput ratio (issue 16 asks >= 70 %) is printed and kept in the JSON
-line; on this shared 2-core machine it is load-dependent, so the assert on
-it is a floor the flood must not break (the transfer must not collapse).
+The flooded goodput must be >= 70 % of the unflooded one (issue 16), both
+measured in this test; the figures are printed as one JSON line.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ ROOT = TESTS.parent
 SIZE = 48 << 20
 BANDWIDTH_MBPS = 40.0
 ATTACKER_CPU = 1  # the attacker's core; the gateways and the engine share the other with it
-GOODPUT_FLOOR = 0.3  # see the module docstring; the measured ratio is reported
+GOODPUT_FLOOR = 0.7  # issue 16's figure; measured 0.89 (docs/results/security.md)
 
 
 def capped_scenario() -> Any:
