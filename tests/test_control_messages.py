@@ -31,6 +31,8 @@ from wanxport.control.messages import (
     KeyUpdate,
     Message,
     PathStatus,
+    ResumeHave,
+    ResumeQuery,
     ShardAnnounce,
     ShardComplete,
     Welcome,
@@ -68,6 +70,12 @@ messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(ShardComplete, shard_id=u32, status=st.sampled_from(SHARD_STATUSES)),
     st.builds(PathStatus, path_id=st.integers(0, 65535), up=st.booleans(), reason=text),
     st.builds(Bye, reason=text),
+    st.builds(lambda first, digests, piece: ResumeQuery(1, "a/b.bin", (first + len(digests)) * piece, piece,
+                                                       first, digests),
+              u32.map(lambda v: v % 1000),
+              st.lists(st.text("0123456789abcdef", min_size=64, max_size=64), min_size=1, max_size=4),
+              st.integers(1, 2**30)),
+    st.builds(ResumeHave, query_id=u32, pieces=st.lists(u32, max_size=8)),
 )
 
 
@@ -179,3 +187,13 @@ def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
         answer_hello(Hello(2, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
                      gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
                      conn_id=9)
+
+
+def test_resume_query_is_bounded_by_its_file() -> None:
+    digest = "0" * 64
+    with pytest.raises(ControlProtocolError, match="more pieces than the file has"):
+        ResumeQuery(1, "f", 100, 50, 1, [digest, digest]).validate()
+    with pytest.raises(ControlProtocolError, match="resume_query.pieces"):
+        ResumeQuery(1, "f", 10**9, 1, 0, [digest] * 513).validate()
+    with pytest.raises(ControlProtocolError, match="64 lowercase hex"):
+        ResumeQuery(1, "f", 100, 50, 0, ["XYZ"]).validate()

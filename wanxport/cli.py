@@ -208,7 +208,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [_add_sim, _add_bench]
 # Other layers contribute subcommands through a module-level ``register(subparsers)``
 # that adds a parser with ``set_defaults(func=...)``; func returns the exit status
 # and raises ``UsageError`` for mistakes the user can fix.
-SUBCOMMAND_MODULES = ("wanxport.gateway.cli",)
+SUBCOMMAND_MODULES = ("wanxport.gateway.cli", "wanxport.daemon.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

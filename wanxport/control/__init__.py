@@ -11,6 +11,7 @@ from .keys import KeySchedule, RotationLimits
 from .link import ControlClosed, ControlConnectError, ControlConnectionLost, SessionRefused
 from .messages import (
     PROTOCOL_VERSION,
+    RESUME_BATCH,
     Bye,
     ControlProtocolError,
     Hello,
@@ -18,6 +19,8 @@ from .messages import (
     KeyUpdate,
     Message,
     PathStatus,
+    ResumeHave,
+    ResumeQuery,
     ShardAnnounce,
     ShardComplete,
     Welcome,
@@ -44,7 +47,10 @@ __all__ = [
     "Message",
     "PROTOCOL_VERSION",
     "PathStatus",
+    "RESUME_BATCH",
     "ResilientControl",
+    "ResumeHave",
+    "ResumeQuery",
     "RotationLimits",
     "SessionRefused",
     "ShardAnnounce",

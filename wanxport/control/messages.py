@@ -25,9 +25,10 @@ PROTOCOL_VERSION = 1
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 ROLES = ("initiator", "responder")
 DIRECTIONS = ("initiator->responder", "responder->initiator")
-SHARD_STATUSES = ("verified", "integrity-failure", "aborted")
+SHARD_STATUSES = ("verified", "integrity-failure", "aborted", "exists")  # exists: overwrite refused
 MAX_U32 = 2**32 - 1
 MAX_U62 = 2**62 - 1
+RESUME_BATCH = 512  # pieces per ResumeQuery: 512 digests fit the 64 KiB control frame
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
 
@@ -234,9 +235,54 @@ class Bye(Message):
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class ResumeQuery(Message):
+    """Which pieces of a file does the receiver already hold (after a crash or a lost session)?
+
+    Pieces ``first_piece ..`` of ``piece_bytes`` each (the last one shorter), with their
+    SHA-256: the receiver answers only for data that matches, so a resume is decided by
+    content, never by a name alone. Large files take several queries (the frame cap).
+    """
+
+    TYPE: ClassVar[str] = "resume_query"
+    query_id: int
+    name: str
+    file_size: int
+    piece_bytes: int
+    first_piece: int
+    sha256: list[str]
+
+    def validate(self) -> None:
+        _check_range("resume_query.query_id", self.query_id, 0, MAX_U32)
+        _check_range("resume_query.file_size", self.file_size, 1, MAX_U62)
+        _check_range("resume_query.piece_bytes", self.piece_bytes, 1, MAX_U62)
+        _check_range("resume_query.first_piece", self.first_piece, 0, MAX_U32)
+        _check_range("resume_query.pieces", len(self.sha256), 1, RESUME_BATCH)
+        if (self.first_piece + len(self.sha256) - 1) * self.piece_bytes >= self.file_size:
+            raise ControlProtocolError("resume_query.sha256: more pieces than the file has")
+        if not all(_HEX64.match(digest) for digest in self.sha256):
+            raise ControlProtocolError("resume_query.sha256: must be 64 lowercase hex digits each")
+
+
+@dataclass(frozen=True)
+class ResumeHave(Message):
+    """The receiver's answer: the pieces (indices) it holds, verified against the query."""
+
+    TYPE: ClassVar[str] = "resume_have"
+    query_id: int
+    pieces: list[int]
+
+    def validate(self) -> None:
+        _check_range("resume_have.query_id", self.query_id, 0, MAX_U32)
+        _check_range("resume_have.pieces", len(self.pieces), 0, RESUME_BATCH)
+        for index in self.pieces:
+            _check_range("resume_have.pieces[]", index, 0, MAX_U32)
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, Welcome, Keys, KeyUpdate, ShardAnnounce, ShardComplete, PathStatus, Bye)
+    for cls in (Hello, Welcome, Keys, KeyUpdate, ShardAnnounce, ShardComplete, PathStatus, Bye,
+                ResumeQuery, ResumeHave)
 }
 
 

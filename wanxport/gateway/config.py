@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from wanxport.aio.config import offload_chunk_bytes
 from wanxport.control import RotationLimits
+from wanxport.core.cc import cc_config
 from wanxport.core.config import PathConfig, SessionConfig
 
 Address = tuple[str, int]
@@ -44,6 +45,7 @@ class GatewayOptions:
     datapath: str = "auto"
     fec: str = "auto"  # the sender's erasure-coded tail (SessionConfig.fec); a receiver always decodes
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+    congestion_control: str = "bbr"  # a wanxport.core.cc registered name
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
@@ -59,7 +61,7 @@ class GatewayOptions:
 
 
 def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
-                   fec: str = "auto") -> SessionConfig:
+                   fec: str = "auto", congestion_control: str = "bbr") -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit.
 
     Acknowledgements come about once per core packet and within 1 ms: with the
@@ -67,7 +69,8 @@ def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
     """
     paths = tuple(PathConfig(f"p{i}", mtu) for i in range(n_paths))
     chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
-    return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
+    return SessionConfig(paths=paths, congestion_control=cc_config(congestion_control),
+                         chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
                          peer_credit_bytes=credit_bytes, ack_threshold=max(2, segments),
                          max_ack_delay_s=0.001, fec=fec)
 

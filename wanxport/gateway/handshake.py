@@ -136,7 +136,8 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
         raise SetupError(f"session setup: the peer agreed to {n} paths, we offered {len(paths)}")
     credit = welcome.credit_bytes or options.credit_bytes
     cfg = EndpointConfig(
-        session_config(n, options.mtu, options.segments, credit, options.fec),
+        session_config(n, options.mtu, options.segments, credit, fec=options.fec,
+                       congestion_control=options.congestion_control),
         tuple(PathSocket(locals_[i], paths[i]) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
@@ -169,7 +170,8 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
     keys = DataKeys("responder->initiator", welcome.cipher, options.rotation, time.monotonic)
     peers = [parse_endpoint(pair[0]) for pair in welcome.paths]
     cfg = EndpointConfig(
-        session_config(n, mtu, segments, options.credit_bytes, options.fec),
+        session_config(n, mtu, segments, options.credit_bytes, fec=options.fec,
+                       congestion_control=options.congestion_control),
         tuple(PathSocket(listens[i], peers[i]) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)

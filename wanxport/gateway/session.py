@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ from wanxport.control import (
     KeyUpdate,
     Message,
     PathStatus,
+    ResumeHave,
+    ResumeQuery,
     ShardAnnounce,
     ShardComplete,
 )
@@ -95,6 +98,9 @@ class GatewaySession:
         self._announce_waiters: dict[int, asyncio.Future[ShardAnnounce]] = {}
         self._completions: dict[int, asyncio.Future[str]] = {}
         self._empty: asyncio.Queue[ShardAnnounce] = asyncio.Queue()
+        # The responder's answer to a ResumeQuery (the daemon's inbox); without one it holds nothing.
+        self.resume_handler: Callable[[ResumeQuery], Awaitable[ResumeHave]] | None = None
+        self._resume_answers: dict[int, asyncio.Future[ResumeHave]] = {}
         self._ended: asyncio.Future[str] = self._loop.create_future()
         self._failure: Exception | None = None
         self._tasks = [asyncio.create_task(self._read_control()), asyncio.create_task(self._rotate())]
@@ -137,6 +143,23 @@ class GatewaySession:
         self.stats.shards_sent += 1
         status = await self._until_ended(verdict)
         return bool(ok) and status == "verified"
+
+    async def resume_query(self, query: ResumeQuery) -> ResumeHave:
+        """Ask the receiver which of a file's pieces it already holds (the initiator)."""
+        self._check_alive()
+        answer: asyncio.Future[ResumeHave] = self._loop.create_future()
+        self._resume_answers[query.query_id] = answer
+        try:
+            await self.channel.send(query)
+            result: ResumeHave = await self._until_ended(answer)
+            return result
+        finally:
+            self._resume_answers.pop(query.query_id, None)
+
+    def verdict(self, shard_id: int) -> str | None:
+        """The receiver's status for a shard (None until it answered): why a send failed."""
+        fut = self._completions.get(shard_id)
+        return fut.result() if fut is not None and fut.done() and not fut.cancelled() else None
 
     async def announce_empty(self, announce: ShardAnnounce) -> bool:
         """A zero-byte shard (an empty file) exists only on the control channel."""
@@ -271,6 +294,14 @@ class GatewaySession:
             self.keys.on_key_update(msg, self.endpoint)
         elif isinstance(msg, Bye):
             self._end(msg.reason or "bye")
+        elif isinstance(msg, ResumeQuery):
+            handler = self.resume_handler
+            await self.channel.send(await handler(msg) if handler is not None
+                                    else ResumeHave(msg.query_id, []))
+        elif isinstance(msg, ResumeHave):
+            answer = self._resume_answers.get(msg.query_id)
+            if answer is not None and not answer.done():
+                answer.set_result(msg)
         elif isinstance(msg, PathStatus):
             log.info("peer reports path %d %s %s", msg.path_id, "up" if msg.up else "down", msg.reason)
         else:

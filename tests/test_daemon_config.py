@@ -1,0 +1,99 @@
+"""The daemon's config file: strict validation, one line naming the field, --check."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from daemon_helpers import make_pki, two_sites, write_config
+from gateway_helpers import free_path_ports, run
+
+from wanxport.daemon.config import ConfigError, load_config
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def test_a_full_config_parses(pki: Path, tmp_path: Path) -> None:
+    extra = "\n".join(['api_socket = "run/api.sock"', 'metrics = "127.0.0.1:0"',
+                       "[limits]", 'memory_budget = "256MiB"', "concurrent_transfers = 2",
+                       "[transfer]", 'checkpoint_bytes = "8MiB"', "drain_seconds = 5",
+                       'cipher = "chacha20-poly1305"',
+                       "[keys]", 'rotate_bytes = "1GiB"', "rotate_seconds = 600",
+                       "[congestion]", 'controller = "cubic"'])
+    path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400, 7401], {"gw-b": [7500]}, extra)
+    config = load_config(path)
+    assert config.listen == (("127.0.0.1", 7400), ("127.0.0.1", 7401))
+    assert config.peer("gw-b") is not None and config.peer("gw-b").paths == (("127.0.0.1", 7500),)  # type: ignore[union-attr]
+    assert config.api_socket == tmp_path / "run/api.sock"  # relative to the file
+    assert config.metrics == ("127.0.0.1", 0)
+    assert (config.limits.memory_bytes, config.limits.concurrent_transfers) == (256 << 20, 2)
+    assert (config.piece_bytes, config.drain_s, config.cipher) == (8 << 20, 5.0, "chacha20-poly1305")
+    assert (config.rotation.bytes, config.rotation.seconds) == (1 << 30, 600.0)
+    options = config.gateway_options()
+    assert (options.congestion_control, options.credit_bytes) == ("cubic", 256 << 20)
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("colour = 1", "colour: unknown key"),
+    ("[limits]\nmemory = 1", "limits.memory: unknown key"),
+    ("[limits]\nconcurrent_transfers = 0", "limits.concurrent_transfers: 0 is not valid"),
+    ("[limits]\nmemory_budget = \"12 potatoes\"", "limits.memory_budget:"),
+    ("[congestion]\ncontroller = \"reno\"", "congestion.controller: 'reno' is not valid; use one of"),
+    ("[transfer]\ncipher = \"rot13\"", "transfer.cipher: 'rot13' is not valid"),
+    ("[transfer]\ndrain_seconds = -1", "transfer.drain_seconds: -1 is not valid"),
+    ("[transfer]\ncheckpoint_bytes = 10", "transfer.checkpoint_bytes: 10 is not valid; use at least"),
+    ("metrics = \"nowhere\"", "metrics: 'nowhere' is not valid; use HOST:PORT"),
+])
+def test_bad_values_name_the_field(pki: Path, tmp_path: Path, text: str, field: str) -> None:
+    path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400], {"gw-b": [7500]}, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(field) or field in str(err.value), err.value
+    assert "\n" not in str(err.value)
+
+
+def test_structural_errors(pki: Path, tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    for text, field in [("site = \"a\"", "listen: missing"),
+                        ("site = \"a\"\nlisten = []", "listen: must be a non-empty list"),
+                        ("site = \"a b\"", "site: 'a b' is not valid"),
+                        ("site = \"a\"\nlisten = [\"1.2.3.4:7\", \"1.2.3.4:7\"]", "listen: the same address"),
+                        ("site = [", "not valid TOML")]:
+        path.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert field in str(err.value), (text, err.value)
+    path = write_config(path, "gw-a", pki, [7400], {})
+    path.write_text(path.read_text() + '[[peers]]\nname = "b"\npaths = ["127.0.0.1:1"]\nport = 3\n')
+    with pytest.raises(ConfigError, match=r"peers\[0\]\.port: unknown key"):
+        load_config(path)
+
+
+def test_check_exit_codes(pki: Path, tmp_path: Path) -> None:
+    a_cfg, _ = two_sites(tmp_path, pki)
+    ok = run("gateway", "--check", str(a_cfg))
+    assert ok.returncode == 0 and "ok (site gw-a: 2 paths" in ok.stdout, ok
+    bad = tmp_path / "bad.toml"
+    bad.write_text(a_cfg.read_text() + "\n[limits]\nfoo = 1\n")
+    result = run("gateway", "--check", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["wanxport gateway: limits.foo: unknown key; valid keys are "
+                                                  "concurrent_transfers, memory_budget"], result.stderr
+    missing = write_config(tmp_path / "m.toml", "gw-a", tmp_path / "nopki", [7400], {})
+    result = run("gateway", "--check", str(missing))
+    assert result.returncode == 2 and "identity:" in result.stderr and "does not exist" in result.stderr
+
+
+def test_a_port_in_use_is_one_line_at_start(pki: Path, tmp_path: Path) -> None:
+    [port] = free_path_ports(1)
+    path = write_config(tmp_path / "gw.toml", "gw-a", pki, [port], {})
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", port))
+        result = run("gateway", str(path), timeout=30)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "listen: port in use" in lines[0] and str(port) in lines[0], result.stderr

@@ -1,0 +1,112 @@
+"""A client of a gateway daemon's transfer API (HTTP/1.1 + JSON on its Unix socket).
+
+::
+
+    from wanxport.client import GatewayClient
+    gw = GatewayClient("/var/lib/wanxport/api.sock")
+    t = gw.submit("site-b", "/data/ckpt/step-1000", key="ckpt-1000")   # same key: same transfer
+    t = gw.wait(t["id"])                                               # until done/failed/cancelled
+    assert t["state"] == "done", t["reason"]
+
+Standard library only (``http.client`` over an ``AF_UNIX`` socket), so any tool on
+the host can drive the daemon without importing the transport. Errors the daemon
+reports (4xx/5xx) raise ``ApiError`` with its one-line reason and the status.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from typing import Any
+
+FINAL_STATES = ("done", "failed", "cancelled")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class GatewayClient:
+    def __init__(self, socket_path: str, timeout_s: float = 30.0) -> None:
+        self.socket_path = str(socket_path)
+        self.timeout_s = timeout_s
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(status, decoded JSON); OSError when the daemon is not there."""
+        conn = _UnixConnection(self.socket_path, self.timeout_s)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            headers = {"content-type": "application/json"} if data is not None else {}
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+        finally:
+            conn.close()
+        try:
+            return response.status, json.loads(raw) if raw else None
+        except ValueError:
+            raise ApiError(response.status, f"the daemon answered non-JSON: {raw[:100]!r}") from None
+
+    def _ok(self, method: str, path: str, body: Any = None) -> Any:
+        status, payload = self.request(method, path, body)
+        if status >= 400:
+            message = payload.get("error") if isinstance(payload, dict) else None
+            raise ApiError(status, message or f"HTTP {status}")
+        return payload
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._ok("GET", "/v1/status")
+        return result
+
+    def submit(self, peer: str, source: str, dest: str | None = None, *, overwrite: bool = False,
+               key: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"peer": peer, "source": source, "overwrite": overwrite}
+        if dest is not None:
+            body["dest"] = dest
+        if key is not None:
+            body["idempotency_key"] = key
+        result: dict[str, Any] = self._ok("POST", "/v1/transfers", body)
+        return result
+
+    def get(self, transfer_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._ok("GET", f"/v1/transfers/{transfer_id}")
+        return result
+
+    def list(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._ok("GET", "/v1/transfers")["transfers"]
+        return result
+
+    def cancel(self, transfer_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._ok("POST", f"/v1/transfers/{transfer_id}/cancel")
+        return result
+
+    def wait(self, transfer_id: str, timeout_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any]:
+        """Poll until the transfer is final; TimeoutError after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            transfer = self.get(transfer_id)
+            if transfer["state"] in FINAL_STATES:
+                return transfer
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"transfer {transfer_id} still {transfer['state']} after {timeout_s} s")
+            time.sleep(poll_s)

@@ -1,0 +1,1 @@
+"""The gateway daemon: ``wanxport gateway CONFIG.toml`` (docs/operations.md)."""

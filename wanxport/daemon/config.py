@@ -1,0 +1,265 @@
+"""The gateway daemon's configuration file (TOML), validated strictly.
+
+One file describes one gateway host: who it is (site name, identity, CA), where it
+listens (one ``HOST:PORT`` per path), whom it talks to (peers and their paths), where
+it keeps its state and files, and its limits. Every key is known: an unknown key,
+a wrong type or a bad value is a ``ConfigError`` whose one line names the field and
+what would be valid, because ``wanxport gateway --check`` and a reload (SIGHUP) both
+print exactly that line. Relative paths are taken relative to the file's directory,
+so a config and its PKI can move together.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wanxport.control import RotationLimits
+from wanxport.core.cc import available_congestion_controls
+from wanxport.gateway.config import Address, GatewayOptions, format_endpoint, parse_hostport
+from wanxport.units import parse_size
+
+DEFAULT_CHECKPOINT_BYTES = 64 << 20
+DEFAULT_DRAIN_S = 30.0
+DEFAULT_WARM_S = 300.0
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used: one line naming the field and what is valid."""
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """A gateway we exchange files with: its certificate name and its paths."""
+
+    name: str
+    paths: tuple[Address, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int = 1 << 30  # the receive budget granted to each peer's session
+    concurrent_transfers: int = 4
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    site: str
+    identity: Path  # PREFIX: PREFIX.pem and PREFIX.key
+    ca: Path
+    listen: tuple[Address, ...]
+    data_dir: Path
+    api_socket: Path
+    peers: tuple[PeerConfig, ...] = ()
+    metrics: Address | None = None
+    limits: Limits = field(default_factory=Limits)
+    piece_bytes: int = DEFAULT_CHECKPOINT_BYTES
+    drain_s: float = DEFAULT_DRAIN_S
+    warm_s: float = DEFAULT_WARM_S  # an idle session to a peer is kept this long
+    congestion_control: str = "bbr"
+    rotation: RotationLimits = field(default_factory=RotationLimits)
+    cipher: str = "aes-256-gcm"
+    source: Path | None = None  # the file this came from
+
+    def peer(self, name: str) -> PeerConfig | None:
+        return next((p for p in self.peers if p.name == name), None)
+
+    def gateway_options(self) -> GatewayOptions:
+        return GatewayOptions(cipher=self.cipher, credit_bytes=self.limits.memory_bytes,
+                              piece_bytes=self.piece_bytes, rotation=self.rotation,
+                              congestion_control=self.congestion_control)
+
+    @property
+    def received_dir(self) -> Path:
+        return self.data_dir / "received"
+
+
+_TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "metrics", "peers",
+        "limits", "transfer", "keys", "congestion"}
+_LIMITS = {"memory_budget", "concurrent_transfers"}
+_TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
+_KEYS = {"rotate_bytes", "rotate_seconds"}
+_CONGESTION = {"controller"}
+_PEER = {"name", "paths"}
+CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
+
+
+def load_config(path: Path | str) -> DaemonConfig:
+    """Read and validate ``path``; ConfigError (one line) on any problem."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return parse_config(raw, path.resolve().parent, source=path)
+
+
+def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None) -> DaemonConfig:
+    _known(raw, _TOP, "")
+    site = _name(_required(raw, "site"), "site")
+    listen = _addresses(_required(raw, "listen"), "listen")
+    data_dir = _path(_required(raw, "data_dir"), "data_dir", base)
+    api_socket = (_path(raw["api_socket"], "api_socket", base) if "api_socket" in raw
+                  else data_dir / "api.sock")
+    metrics = None
+    if "metrics" in raw:
+        metrics = _address(raw["metrics"], "metrics", allow_zero=True)
+    peers = _peers(raw.get("peers", []))
+    limits = _limits(_table(raw.get("limits", {}), "limits"))
+    transfer = _table(raw.get("transfer", {}), "transfer")
+    _known(transfer, _TRANSFER, "transfer.")
+    keys = _table(raw.get("keys", {}), "keys")
+    _known(keys, _KEYS, "keys.")
+    congestion = _table(raw.get("congestion", {}), "congestion")
+    _known(congestion, _CONGESTION, "congestion.")
+    controller = congestion.get("controller", "bbr")
+    if controller not in available_congestion_controls():
+        raise ConfigError(f"congestion.controller: {controller!r} is not valid; use one of "
+                          f"{', '.join(available_congestion_controls())}")
+    cipher = transfer.get("cipher", CIPHERS[0])
+    if cipher not in CIPHERS:
+        raise ConfigError(f"transfer.cipher: {cipher!r} is not valid; use one of {', '.join(CIPHERS)}")
+    rotation: dict[str, Any] = {}
+    if "rotate_bytes" in keys:
+        rotation["bytes"] = _size(keys["rotate_bytes"], "keys.rotate_bytes", minimum=1)
+    if "rotate_seconds" in keys:
+        rotation["seconds"] = _positive(keys["rotate_seconds"], "keys.rotate_seconds")
+    return DaemonConfig(
+        site=site,
+        identity=_path(_required(raw, "identity"), "identity", base),
+        ca=_path(_required(raw, "ca"), "ca", base),
+        listen=listen, data_dir=data_dir, api_socket=api_socket, peers=peers, metrics=metrics,
+        limits=limits,
+        piece_bytes=_size(transfer.get("checkpoint_bytes", DEFAULT_CHECKPOINT_BYTES),
+                          "transfer.checkpoint_bytes", minimum=1 << 16),
+        drain_s=_positive(transfer.get("drain_seconds", DEFAULT_DRAIN_S), "transfer.drain_seconds"),
+        warm_s=_positive(transfer.get("warm_seconds", DEFAULT_WARM_S), "transfer.warm_seconds"),
+        congestion_control=controller, rotation=RotationLimits(**rotation), cipher=cipher,
+        source=source)
+
+
+def check_files(config: DaemonConfig) -> None:
+    """What --check verifies beyond the syntax: the identity and CA files are there."""
+    for path, what in ((config.identity.with_name(config.identity.name + ".pem"), "identity"),
+                       (config.identity.with_name(config.identity.name + ".key"), "identity"),
+                       (config.ca, "ca")):
+        if not path.is_file():
+            raise ConfigError(f"{what}: {path} does not exist; give an existing file "
+                              f"(`wanxport certs` writes test ones)")
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+def _known(table: dict[str, Any], known: set[str], prefix: str) -> None:
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{prefix}{key}: unknown key; valid keys are {', '.join(sorted(known))}")
+
+
+def _required(table: dict[str, Any], key: str) -> Any:
+    if key not in table:
+        raise ConfigError(f"{key}: missing; it is required")
+    return table[key]
+
+
+def _table(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what}: must be a table ([{what}])")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or not value.replace("-", "").replace("_", "").replace(
+            ".", "").isalnum():
+        raise ConfigError(f"{what}: {value!r} is not valid; use letters, digits, '-', '_' or '.'")
+    return value
+
+
+def _path(value: Any, what: str, base: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what}: {value!r} is not valid; use a file system path (a string)")
+    path = Path(value)
+    return path if path.is_absolute() else base / path
+
+
+def _address(value: Any, what: str, *, allow_zero: bool = False) -> Address:
+    if not isinstance(value, str):
+        raise ConfigError(f"{what}: {value!r} is not valid; use \"HOST:PORT\" (e.g. \"10.0.0.2:7400\")")
+    if allow_zero and value.endswith(":0"):
+        return parse_hostport(value[:-1] + "1", what)[0], 0
+    try:
+        return parse_hostport(value, what)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _addresses(value: Any, what: str) -> tuple[Address, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{what}: must be a non-empty list of \"HOST:PORT\" (one per path)")
+    addresses = tuple(_address(v, f"{what}[{i}]") for i, v in enumerate(value))
+    if len(set(addresses)) != len(addresses):
+        raise ConfigError(f"{what}: the same address appears twice; each path needs its own HOST:PORT")
+    return addresses
+
+
+def _peers(value: Any) -> tuple[PeerConfig, ...]:
+    if not isinstance(value, list):
+        raise ConfigError("peers: must be a list of tables ([[peers]] with name and paths)")
+    peers: list[PeerConfig] = []
+    for i, item in enumerate(value):
+        table = _table(item, f"peers[{i}]")
+        _known(table, _PEER, f"peers[{i}].")
+        name = _name(_required_in(table, "name", f"peers[{i}]"), f"peers[{i}].name")
+        if any(p.name == name for p in peers):
+            raise ConfigError(f"peers[{i}].name: {name!r} appears twice; each peer once")
+        paths = _addresses(_required_in(table, "paths", f"peers[{i}]"), f"peers[{i}].paths")
+        peers.append(PeerConfig(name, paths))
+    return tuple(peers)
+
+
+def _required_in(table: dict[str, Any], key: str, where: str) -> Any:
+    if key not in table:
+        raise ConfigError(f"{where}.{key}: missing; it is required")
+    return table[key]
+
+
+def _limits(table: dict[str, Any]) -> Limits:
+    _known(table, _LIMITS, "limits.")
+    limits = Limits()
+    memory = _size(table.get("memory_budget", limits.memory_bytes), "limits.memory_budget",
+                   minimum=1 << 20)
+    concurrent = table.get("concurrent_transfers", limits.concurrent_transfers)
+    if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
+        raise ConfigError(f"limits.concurrent_transfers: {concurrent!r} is not valid; use a whole "
+                          "number >= 1")
+    return Limits(memory, concurrent)
+
+
+def _size(value: Any, what: str, *, minimum: int) -> int:
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    if size < minimum:
+        raise ConfigError(f"{what}: {value!r} is not valid; use at least {minimum} bytes")
+    return size
+
+
+def _positive(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{what}: {value!r} is not valid; use a number of seconds > 0")
+    return float(value)
+
+
+def describe(config: DaemonConfig) -> str:
+    """One line for logs and --check: what this config sets up."""
+    return (f"site {config.site}: {len(config.listen)} paths "
+            f"({', '.join(format_endpoint(a) for a in config.listen)}), "
+            f"{len(config.peers)} peers ({', '.join(p.name for p in config.peers) or 'none'})")

@@ -1,0 +1,418 @@
+"""``wanxport gateway CONFIG.toml``: one long-lived gateway process, composed.
+
+Start binds everything the daemon will ever listen on (every path's UDP port, the
+metrics address, the API socket) before it announces READY, so nothing can take a
+port in between and a port in use is a one-line error at start. Then three things
+run on one event loop:
+
+* the receiving side: sessions from configured peers, one at a time (the listener's
+  rule), files into ``DATA_DIR/received/<peer>/``;
+* one sending worker per peer with queued transfers: it dials the peer (backing off
+  while it is away), sends the transfers one after another over one session, and
+  re-queues a transfer whose session failed;
+* the API (``routes.py``), the systemd watchdog, and the signal handlers: SIGHUP
+  reloads (``reload.py``), SIGTERM/SIGINT drain.
+
+Drain: submissions are refused from the first moment, running transfers get
+``drain_seconds`` to finish; what is still running then is interrupted and stays
+queued for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from wanxport.control import CertificateError, ControlConnectError
+from wanxport.gateway.config import Address
+from wanxport.gateway.handshake import SetupError, initiate
+from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
+from wanxport.gateway.progress import acked_bytes
+from wanxport.gateway.session import GatewaySession, SessionFailed
+from wanxport.gateway.transfer import receive_files
+
+from .api import ApiServer
+from .config import DaemonConfig, describe
+from .durable import remove_stale_temporaries
+from .inbox import Inbox
+from .listener import DaemonListener
+from .metrics import DaemonCollector
+from .notify import Notifier
+from .outbox import OutgoingPiece, SourceError, plan, resume, send
+from .pathcache import PathCache
+from .reload import reload
+from .routes import Routes
+from .store import Transfer, TransferStore
+from .tally import Tally
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 0.2
+BACKOFF_MAX_S = 30.0
+DRAIN_GRACE_S = 5.0  # after drain_seconds: for the workers to record and close
+
+
+class DaemonError(Exception):
+    """The daemon cannot start as configured (one line)."""
+
+
+class GatewayDaemon:
+    def __init__(self, config: DaemonConfig, notifier: Notifier | None = None, *,
+                 signals: bool = True) -> None:
+        self.config = config
+        self.signals = signals  # in-process tests run two daemons on one loop: no handlers
+        self.notifier = notifier or Notifier()
+        self.metrics = GatewayMetrics("gateway")
+        self.inbox: Inbox | None = None
+        self.store: TransferStore | None = None
+        self.listener: DaemonListener | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.api: ApiServer | None = None
+        self.draining = False
+        self._stopped = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._work: dict[str, asyncio.Event] = {}  # per peer: a transfer was submitted
+        self._refresh: set[str] = set()  # peers whose paths a reload changed
+        self.outgoing: dict[str, GatewaySession] = {}  # the warm session to each peer
+        self.dialled = 0  # sessions this gateway set up to its peers
+        self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
+        self._cancelled: set[str] = set()
+        self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
+        self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- start and stop --------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        try:
+            config.received_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
+        stale = remove_stale_temporaries(config.data_dir)
+        if stale:
+            log.info("removed %d temporary state files a previous run left mid-write", stale)
+        self.store = TransferStore(config.data_dir / "transfers.json")
+        self.path_cache = PathCache(config.data_dir / "path-cache.json")
+        self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
+                                       self.allocate, self._peer_dir, self._set_inbox)
+        try:
+            await self.listener.start()
+        except OSError as exc:
+            raise DaemonError(f"listen: port in use or not available: {exc.strerror or exc}") from None
+        except CertificateError as exc:
+            raise DaemonError(f"identity: {exc}") from None
+        self.metrics.listener = self.listener
+        try:
+            if config.metrics is not None:
+                self.metrics_server = MetricsServer(self.metrics, config.metrics)
+                self.metrics_server.registry.register(DaemonCollector(self))
+                log.info("metrics on %s", self.metrics_server.url)
+            self.api = ApiServer(config.api_socket, Routes(self).handle)
+            await self.api.start()
+        except OSError as exc:
+            self.listener.close()
+            raise DaemonError(f"cannot listen: {exc.strerror or exc} ({exc.filename or ''})") from None
+        self._tasks = [asyncio.create_task(self._receive_loop()),
+                       asyncio.create_task(self._schedule_loop()),
+                       asyncio.create_task(self.notifier.feed_watchdog())]
+        if self.signals:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        log.info("gateway ready: %s; API on %s", describe(config), config.api_socket)
+        self.notifier.ready(describe(config))
+
+    def request_stop(self) -> None:
+        if not self.draining:
+            log.info("draining: no new submissions; %d transfers get %.0f s to finish",
+                     len(self._active), self.config.drain_s)
+            self.draining = True
+            self.notifier.stopping()
+            self._wake.set()
+            self._stopped.set()
+
+    async def serve(self) -> None:
+        """Until SIGTERM/SIGINT (or ``request_stop``), then drain and close."""
+        await self._stopped.wait()
+        await self._drain()
+        await self.close()
+
+    async def _drain(self) -> None:
+        """Transfers in flight get ``drain_seconds``; then they are interrupted (and stay
+        queued), and the workers get a few seconds to record that and say goodbye (a
+        worker still dialling is cancelled by ``close``)."""
+        active = [task for task, _, _ in self._active.values()]
+        if active:
+            _, pending = await asyncio.wait(active, timeout=self.config.drain_s)
+            for task in pending:
+                task.cancel()  # interrupted: the transfer stays queued (see _run_one)
+        workers = list(self._workers.values())
+        if workers:
+            await asyncio.wait(workers, timeout=DRAIN_GRACE_S)
+
+    async def close(self) -> None:
+        if self.signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        for task in [*self._tasks, *self._workers.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._workers.values(), return_exceptions=True)
+        if self.api is not None:
+            await self.api.close()
+        if self.listener is not None:
+            self.listener.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
+        self.notifier.reloading()
+        before = {p.name: p.paths for p in self.config.peers}
+        if reload(self):
+            after = {p.name: p.paths for p in self.config.peers}
+            for name, paths in before.items():
+                if after.get(name) != paths:  # paths changed, or the peer was removed
+                    self._refresh.add(name)  # its warm session ends after the current transfer
+                    self._work_for(name).set()
+            self._wake.set()  # a peer may have come back into the config
+        self.notifier.ready(describe(self.config))
+
+    # -- receiving -------------------------------------------------------------
+
+    def _peer_dir(self, peer_name: str) -> Path | None:
+        peer = self.config.peer(peer_name)
+        return None if peer is None else self.config.received_dir / peer.name
+
+    def _set_inbox(self, directory: Path) -> Inbox:
+        self.inbox = Inbox(directory)
+        return self.inbox
+
+    def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
+        assert self.inbox is not None, "a session's inbox is set before its setup"
+        return self.inbox.allocate(shard_id, size, meta)
+
+    async def _receive_loop(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                session = await self.listener.accept()
+            except (SetupError, OSError) as exc:
+                log.warning("incoming session failed: %s", exc)
+                continue
+            inbox = self.inbox
+            assert inbox is not None
+            with self.metrics.tracking(session):
+                try:
+                    result = await receive_files(session, inbox, show_progress=False)
+                finally:
+                    await session.close()
+                    self.listener.release()
+            log.info("session from %s ended: %d files received%s", session.peer_name, len(result.files),
+                     f" ({result.error})" if result.error else "")
+
+    # -- sending ---------------------------------------------------------------
+
+    def submitted(self, peer: str) -> None:
+        self._work_for(peer).set()
+        self._wake.set()
+
+    def _work_for(self, peer: str) -> asyncio.Event:
+        return self._work.setdefault(peer, asyncio.Event())
+
+    async def _schedule_loop(self) -> None:
+        """One worker per configured peer (started at start and for peers a reload adds),
+        plus one for any peer that only queued transfers name (a removed one)."""
+        assert self.store is not None
+        while not self.draining:
+            names = [p.name for p in self.config.peers] + [t.submission.peer for t in self.store.queued()]
+            for peer in dict.fromkeys(names):
+                if peer not in self._workers:
+                    self._workers[peer] = asyncio.create_task(self._peer_worker(peer))
+            await self._wake.wait()
+            self._wake.clear()
+
+    def _queued_for(self, peer: str) -> list[Transfer]:
+        assert self.store is not None
+        return [t for t in self.store.queued() if t.submission.peer == peer]
+
+    async def _peer_worker(self, peer_name: str) -> None:
+        """Keep a warm session to ``peer_name``: dialled at start and whenever there is work,
+        redialled with backoff while the peer is away, closed after ``warm_seconds`` idle."""
+        assert self.store is not None
+        backoff = BACKOFF_START_S
+        warm_up = True  # the first session is set up before any transfer asks for it
+        work = self._work_for(peer_name)
+        try:
+            while not self.draining:
+                peer = self.config.peer(peer_name)
+                queue = self._queued_for(peer_name)
+                if peer is None:
+                    for transfer in queue:
+                        self.store.update(transfer, state="failed",
+                                          reason=f"peer {peer_name!r} was removed from the config")
+                    return
+                if not queue and not warm_up:
+                    work.clear()
+                    await self._until(work.wait())
+                    continue
+                try:
+                    session = await initiate(list(peer.paths), self.config.identity, self.config.ca,
+                                             self.config.gateway_options())
+                except (ControlConnectError, SetupError, CertificateError, OSError) as exc:
+                    reason = f"waiting for peer {peer_name}: {exc}"
+                    for transfer in queue:
+                        if transfer.reason != reason:
+                            self.store.update(transfer, reason=reason)
+                    log.info("%s (retry in %.1f s)", reason, backoff)
+                    await self._until(asyncio.sleep(backoff))
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                    continue
+                backoff = BACKOFF_START_S
+                warm_up = not await self._serve_session(session, peer_name, peer.paths)
+        finally:
+            self._workers.pop(peer_name, None)
+            self._wake.set()  # a submission that came while we finished gets a new worker
+
+    async def _until(self, awaitable: Any) -> None:
+        """Wait for ``awaitable`` or the start of a drain, whichever comes first."""
+        task = asyncio.ensure_future(awaitable)
+        stop = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, stop):
+                pending.cancel()
+
+    async def _serve_session(self, session: GatewaySession, peer_name: str,
+                             paths: tuple[Address, ...]) -> bool:
+        """Send the peer's queue over ``session``, keep it idle up to ``warm_seconds``.
+        Returns True when it ended idle (no need to redial), False when it failed."""
+        next_shard = 0
+        work = self._work_for(peer_name)
+        self.dialled += 1
+        self.outgoing[peer_name] = session
+        with self.metrics.tracking(session):
+            try:
+                while not self.draining and session.failure is None:
+                    if peer_name in self._refresh:  # its paths changed: the next session takes them
+                        self._refresh.discard(peer_name)
+                        return False
+                    queue = self._queued_for(peer_name)
+                    if queue:
+                        next_shard = await self._run_one(session, queue[0], next_shard)
+                        self.path_cache.save(peer_name, paths, session)
+                        continue
+                    work.clear()
+                    ended = asyncio.ensure_future(session.wait_ended())
+                    try:
+                        await asyncio.wait_for(self._until(_first(work.wait(), ended)),
+                                               self.config.warm_s)
+                    except TimeoutError:
+                        log.info("session to %s idle for %.0f s: closed", peer_name, self.config.warm_s)
+                        return True
+                    finally:
+                        ended.cancel()
+                    if ended.done() and not ended.cancelled():
+                        return False
+                return session.failure is None
+            except SessionFailed:
+                return False
+            finally:
+                del self.outgoing[peer_name]
+                self.path_cache.save(peer_name, paths, session)
+                await session.close()
+
+    async def _run_one(self, session: GatewaySession, transfer: Transfer, first_shard: int) -> int:
+        """Send one transfer; returns the next free shard id of the session."""
+        assert self.store is not None
+        try:
+            pieces = plan(transfer.submission, self.config.piece_bytes, first_shard)
+        except (SourceError, OSError) as exc:
+            self.store.update(transfer, state="failed", reason=str(exc))
+            return first_shard
+        async with self._slots:
+            resuming = transfer.attempts > 0  # an earlier attempt may have left pieces there
+            self.store.update(transfer, state="active", reason=None, attempts=transfer.attempts + 1,
+                              bytes_total=sum(p.size for p in pieces), bytes_done=0)
+            tally = Tally(session)
+            task = asyncio.create_task(self._send(session, transfer, pieces, resuming))
+            self._active[transfer.id] = (task, session, acked_bytes(session.endpoint))
+            try:
+                reason = await task
+            except asyncio.CancelledError:
+                if transfer.id in self._cancelled:
+                    self.store.update(transfer, state="cancelled", reason="cancelled by request")
+                else:
+                    self.store.update(transfer, state="queued", reason="interrupted by shutdown")
+                await session.close("cancelled")  # the peer drops the partial files
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the daemon is closing, not just this transfer
+                return first_shard + len(pieces)
+            except SessionFailed as exc:
+                reason = str(exc)
+            finally:
+                self._active.pop(transfer.id, None)
+                self._cancelled.discard(transfer.id)
+        if reason is None:
+            stats = tally.finish(transfer.bytes_total)
+            stats["skipped_bytes"] = self._skipped.pop(transfer.id, 0)
+            self.store.update(transfer, state="done", bytes_done=transfer.bytes_total, stats=stats)
+        elif session.failure is not None or self.draining:
+            self.store.update(transfer, state="queued", reason=f"session lost, will retry: {reason}")
+        else:
+            self.store.update(transfer, state="failed", reason=reason)
+        return first_shard + len(pieces)
+
+    async def _send(self, session: GatewaySession, transfer: Transfer, pieces: list[OutgoingPiece],
+                    resuming: bool) -> str | None:
+        if resuming:
+            pieces, held = await resume(session, pieces, self.config.piece_bytes)
+            self._skipped[transfer.id] = held
+            log.info("transfer %s resumes: the peer holds %d of %d bytes", transfer.id, held,
+                     transfer.bytes_total)
+        return await send(session, pieces)
+
+    def progress(self, transfer: Transfer) -> int:
+        active = self._active.get(transfer.id)
+        if active is None:
+            return transfer.bytes_done
+        _, session, baseline = active
+        return min(transfer.bytes_total, max(0, acked_bytes(session.endpoint) - baseline))
+
+    def cancel(self, transfer: Transfer) -> bool:
+        """Cancel a queued or active transfer; False when it already ended."""
+        assert self.store is not None
+        if transfer.state == "queued":
+            self.store.update(transfer, state="cancelled", reason="cancelled by request")
+            return True
+        active = self._active.get(transfer.id)
+        if active is None:
+            return False
+        self._cancelled.add(transfer.id)
+        active[0].cancel()
+        return True
+
+
+async def _first(*awaitables: Any) -> None:
+    """Until the first of ``awaitables`` is done (the others are cancelled)."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def run_daemon(config: DaemonConfig, notifier: Notifier | None = None) -> int:
+    daemon = GatewayDaemon(config, notifier)
+    await daemon.start()
+    await daemon.serve()
+    return 0
