@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import resource
@@ -35,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from wanxport.collective import join  # noqa: E402
+from wanxport.collective.mesh import default_options  # noqa: E402
 from wanxport.control.certs import make_test_pki  # noqa: E402
 from wanxport.units import parse_size  # noqa: E402
 
@@ -65,9 +67,12 @@ def loop_thread_s() -> tuple[float, float]:
 
 
 async def site(index: int, pki: Path, paths: list[str], size: int, steps: int,
-               pause: float) -> dict[str, object]:
+               pause: float, segments: int | None) -> dict[str, object]:
+    options = default_options()
+    if segments is not None:
+        options = dataclasses.replace(options, segments=segments)
     group = await join(index, NAMES, identity=pki / NAMES[index], ca=pki / "ca.pem", paths=paths,
-                       timeout=120.0, join_timeout=60.0)
+                       options=options, timeout=120.0, join_timeout=60.0)
     array = np.full(size // 4, float(index + 1), dtype=np.float32)
     await asyncio.sleep(pause)
     walls, cpus, waits, loop_cpu, loop_wait = [], [], [], [], []
@@ -119,6 +124,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--paths", type=int, default=4)
     parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--segments", type=int, help="datagrams per core packet (the emulated "
+                        "allreduce app uses 16; default: the gateway's)")
     parser.add_argument("--site", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--pki", help=argparse.SUPPRESS)
     parser.add_argument("--path-list", help=argparse.SUPPRESS)
@@ -126,7 +133,7 @@ def main() -> None:
     size = parse_size(args.size)
     if args.site is not None:
         result = asyncio.run(site(args.site, Path(args.pki), args.path_list.split(","), size, args.steps,
-                                  args.pause))
+                                  args.pause, args.segments))
         print(json.dumps(result), flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +142,9 @@ def main() -> None:
         paths = ",".join(f"127.0.0.1:{p}" for p in free_ports(args.paths))
         procs = [subprocess.Popen([sys.executable, __file__, "--site", str(k), "--pki", str(pki),
                                    "--path-list", paths, "--size", args.size, "--steps", str(args.steps),
-                                   "--pause", str(args.pause)], stdout=subprocess.PIPE, text=True)
+                                   "--pause", str(args.pause),
+                                   *(["--segments", str(args.segments)] if args.segments else [])],
+                                  stdout=subprocess.PIPE, text=True)
                  for k in (1, 0)]
         for p in procs:
             print(f"pid {p.pid}", file=sys.stderr, flush=True)
