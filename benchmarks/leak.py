@@ -44,6 +44,10 @@ async def run(args: argparse.Namespace) -> None:
         b = GatewayDaemon(load_config(b_cfg), signals=False)
         await b.start()
         await a.start()
+        if args.keep_finished is not None:  # the store's bound, lowered to see what else grows
+            for daemon in (a, b):
+                assert daemon.store is not None
+                daemon.store.keep_finished = args.keep_finished
         client = GatewayClient(str(a.config.api_socket))
         received = root / "gw-b-data" / "received" / "gw-a"
 
@@ -81,6 +85,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--transfers", type=int, default=200)
     parser.add_argument("--size-mib", type=int, default=1)
+    parser.add_argument("--keep-finished", type=int, help="the transfer store's bound (default 1000)")
     parser.add_argument("--tracemalloc", action="store_true")
     asyncio.run(run(parser.parse_args()))
 
