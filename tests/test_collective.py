@@ -275,5 +275,26 @@ async def test_receive_buffers_are_reused_across_steps_without_mixing_steps(pki:
             await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))
             assert arrays[0].tobytes() == arrays[1].tobytes() == fixed_order_sum(xs).tobytes()
         assert all(link.pool.reused >= 3 for g in groups for link in g.links.values())
+        assert all(g.send_pool.reused >= 3 for g in groups)
+    finally:
+        await close_all(groups)
+
+
+@pytest.mark.parametrize("compress", [None, "int8"])
+async def test_send_buffers_are_reused_on_three_sites_without_mixing_steps(pki: Path, compress: str | None,
+                                                                          ) -> None:
+    """Each step's parts go out of reused buffers (n > 2: one per part); a buffer written
+    again too early would put one step's bytes into another's sums."""
+    groups = await join_all(pki, 3)
+    try:
+        for step in range(4):
+            xs = inputs(3, 30_001, seed=200 + step)
+            arrays = [x.copy() for x in xs]
+            await asyncio.gather(*(g.all_reduce(a, compress=compress) for g, a in zip(groups, arrays,
+                                                                                     strict=True)))
+            assert arrays[0].tobytes() == arrays[1].tobytes() == arrays[2].tobytes()
+            if compress is None:
+                assert arrays[0].tobytes() == fixed_order_sum(xs).tobytes()
+        assert all(g.send_pool.reused >= 2 for g in groups)
     finally:
         await close_all(groups)

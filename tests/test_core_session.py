@@ -572,3 +572,34 @@ def test_a_long_session_keeps_no_state_per_finished_shard() -> None:
     assert a.stats().acked_bytes == sum(len(d) for d in shards)  # still counts the finished ones
     with pytest.raises(ValueError):
         pair.a.submit(3, b"again", pair.now)  # a finished id is still refused
+
+
+def test_a_path_whose_shard_open_is_lost_is_not_left_silent() -> None:
+    """Every OPEN on the longer path is lost: the copy on the shortest path opens the shards.
+
+    Without that copy, the longer path's DATA of such a shard went unacknowledged
+    (unknown shard) and the path heard nothing until its probe timeout suspected it.
+    """
+    shards = payloads(4, 200_000, seed=5)
+    lost_opens = [0]
+    ptos = [0]
+
+    def drop(side: str, path_id: int, at: float, frames: list[Frame]) -> bool:
+        if side == "a" and path_id == 1 and any(isinstance(f, ShardOpenFrame) for f in frames):
+            lost_opens[0] += 1
+            return True
+        return False
+
+    def no_probe_timeout(pair: Pair) -> None:
+        ptos[0] = max(ptos[0], pair.a.paths[1].loss.pto_count)
+
+    pair = Pair(make_config(), owd_s=[0.005, 0.04], rate_bps=[20e6, 20e6], drop=drop,
+                checks=[no_probe_timeout])
+    for i, data in enumerate(shards):
+        pair.submit("a", i, data)
+    pair.run(until=30.0, stop=all_acknowledged(len(shards)))
+
+    assert lost_opens[0] > 0, "the longer path must have sent (and lost) OPENs of its own"
+    assert sorted((e.shard_id, e.ok) for e in pair.acknowledged("a")) == [(i, True) for i in range(4)]
+    assert ptos[0] == 0, "the longer path waited for a probe timeout"
+    assert pair.b.data_dropped == 0

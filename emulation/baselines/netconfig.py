@@ -100,8 +100,9 @@ def source_routing(emu: Emulation, first_path: int) -> None:
             table = str(TABLE_BASE + k)
             emu.run(side, ["ip", "route", "replace", "default", "via", peer, "dev", path.ifname,
                            "table", table])
-            emu.run(side, ["ip", "rule", "add", "from", local, "table", table,
-                           "priority", str(RULE_PRIORITY)])
+            rule = ["from", local, "table", table, "priority", str(RULE_PRIORITY)]
+            emu.run(side, ["ip", "rule", "del", *rule], check=False)  # idempotent: runs may repeat
+            emu.run(side, ["ip", "rule", "add", *rule])
 
 
 def configure_mptcp(emu: Emulation, first_path: int) -> dict[str, Any]:

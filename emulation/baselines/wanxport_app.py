@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import resource
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -193,8 +194,12 @@ async def send(spec: dict[str, Any]) -> None:
 
 def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
     """Counters that explain a slow run: data-path drops, pacer backpressure, kernel UDP drops."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     out: dict[str, Any] = {"udp": udp_counters(), "data_runs": endpoint.data_runs,
-                           "data_records": endpoint.data_records}
+                           "data_records": endpoint.data_records,
+                           # what this gateway cost: its peak memory next to its receive budget
+                           "max_rss_bytes": usage.ru_maxrss * 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
+                           "receive_budget_bytes": endpoint.config.session.receive_budget_bytes}
     counters = getattr(endpoint.datapath, "counters", None)
     if counters is not None:
         out["receiver"] = dict(counters)

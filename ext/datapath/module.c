@@ -23,7 +23,8 @@ static PyMethodDef module_methods[] = {
      "shard_buffer, offset, length, max_payload) -> (bytearray, stride, count)."},
     {"recv_batch", (PyCFunction)(void (*)(void))wx_recv_batch, METH_VARARGS | METH_KEYWORDS,
      "recv_batch(fd, buffer, max_datagrams, want_addrs=False, quic_addrs=False) -> "
-     "(count, descriptors: bytes, addrs | None, truncated); quic_addrs: addresses of "
+     "(count, descriptors: bytes, addrs | None, truncated, rxq_overflow); rxq_overflow: the "
+     "SO_RXQ_OVFL drop count on the newest message (-1 if none); quic_addrs: addresses of "
      "QUIC-looking datagrams only (None for the rest)."},
     {"enable_timestamps", (PyCFunction)wx_enable_timestamps, METH_VARARGS,
      "enable_timestamps(fd): ask the kernel for SO_TIMESTAMPNS receive timestamps."},

@@ -1,5 +1,8 @@
 /*
  * Batched UDP receive: recvmmsg with kernel receive timestamps and UDP GRO.
+ * With SO_RXQ_OVFL on, it also returns the socket's cumulative count of
+ * datagrams the kernel dropped for a full receive buffer (the value on the
+ * newest message), so a flood that overflows the socket is counted, not silent.
  *
  * One call drains up to max_datagrams messages into one caller-owned buffer
  * and describes each datagram with a WxDesc (offset, length, rx_time_ns), the
@@ -20,6 +23,10 @@
 #endif
 #ifndef UDP_GRO
 #define UDP_GRO 104
+#endif
+
+#ifndef SO_RXQ_OVFL
+#define SO_RXQ_OVFL 40
 #endif
 
 #define WX_MAX_BATCH 1024
@@ -98,6 +105,7 @@ PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     /* First pass: how many datagrams after splitting GRO-coalesced messages. */
     Py_ssize_t count = 0, truncated = 0;
+    long long overflow = -1; /* -1: no message carried SO_RXQ_OVFL */
     int *gso = PyMem_Calloc(got ? got : 1, sizeof(int));
     int64_t *ts = PyMem_Calloc(got ? got : 1, sizeof(int64_t));
     if (!gso || !ts) {
@@ -109,10 +117,6 @@ PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs) {
     for (int i = 0; i < got; i++) {
         struct msghdr *h = &msgs[i].msg_hdr;
         ts[i] = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
-        if (h->msg_flags & MSG_TRUNC) {
-            truncated++;
-            continue;
-        }
         for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c != NULL; c = CMSG_NXTHDR(h, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
                 struct timespec t;
@@ -120,7 +124,15 @@ PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs) {
                 ts[i] = (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
             } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
                 memcpy(&gso[i], CMSG_DATA(c), sizeof(int));
+            } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+                uint32_t dropped;
+                memcpy(&dropped, CMSG_DATA(c), sizeof dropped);
+                overflow = (long long)dropped; /* messages come in order: keep the newest */
             }
+        }
+        if (h->msg_flags & MSG_TRUNC) { /* after the cmsgs: it still carries the drop count */
+            truncated++;
+            continue;
         }
         unsigned int len = msgs[i].msg_len;
         count += (gso[i] > 0 && len > (unsigned int)gso[i]) ? (len + gso[i] - 1) / gso[i] : 1;
@@ -165,7 +177,7 @@ PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyMem_Free(gso);
     PyMem_Free(ts);
     if (PyErr_Occurred()) goto done;
-    res = Py_BuildValue("(nOOn)", count, desc, addrs ? addrs : Py_None, truncated);
+    res = Py_BuildValue("(nOOnL)", count, desc, addrs ? addrs : Py_None, truncated, overflow);
 done:
     Py_XDECREF(desc);
     Py_XDECREF(addrs);

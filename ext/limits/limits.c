@@ -11,7 +11,9 @@
  *                    header as associated data and a fresh nonce each: no I/O;
  *   udp_blast_send   a raw UDP sender: GSO super-buffers (UDP_SEGMENT), no
  *                    crypto, no protocol, as fast as the socket takes them;
- *   udp_blast_sink   its receiver: recvmmsg into GRO-sized slots, counting.
+ *   udp_blast_sink   its receiver: recvmmsg into GRO-sized slots, counting;
+ *   udp_flood_send   a flood: sendmmsg of a caller's pool of datagrams (any
+ *                    sizes, any bytes), cycled, as fast as one core sends them.
  *
  * They are benchmarks' building blocks, not part of the data path.
  */
@@ -243,6 +245,90 @@ static PyObject *udp_blast_sink(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LLdd)", datagrams, bytes, cpu_last - cpu_first, last - first);
 }
 
+/* udp_flood_send(fd, seconds, pool, lengths) -> (datagrams, payload_bytes, cpu_s, wall_s, eagain)
+ * fd must be connected. The datagrams are pool's bytes cut at lengths (each 1..65507), sent in
+ * sendmmsg batches of up to 64, cycled until seconds have passed: the rate one core reaches
+ * with datagrams a caller chose (random, truncated, oversize, protocol look-alikes). */
+static PyObject *udp_flood_send(PyObject *self, PyObject *args) {
+    int fd;
+    double seconds;
+    Py_buffer pool = {0};
+    PyObject *o_lengths;
+    if (!PyArg_ParseTuple(args, "idy*O:udp_flood_send", &fd, &seconds, &pool, &o_lengths)) return NULL;
+    PyObject *seq = PySequence_Fast(o_lengths, "lengths must be a sequence of ints");
+    if (seq == NULL) {
+        PyBuffer_Release(&pool);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    struct mmsghdr *msgs = n > 0 ? PyMem_Calloc((size_t)n, sizeof *msgs) : NULL;
+    struct iovec *iovs = n > 0 ? PyMem_Calloc((size_t)n, sizeof *iovs) : NULL;
+    PyObject *res = NULL;
+    if (seconds <= 0 || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "seconds must be > 0 and lengths not empty");
+        goto done;
+    }
+    if (msgs == NULL || iovs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (len == -1 && PyErr_Occurred()) goto done;
+        if (len < 1 || len > 65507 || pos + len > pool.len) {
+            PyErr_Format(PyExc_ValueError, "lengths[%zd]: %zd is not 1..65507 or runs past the pool",
+                         i, len);
+            goto done;
+        }
+        iovs[i].iov_base = (uint8_t *)pool.buf + pos;
+        iovs[i].iov_len = (size_t)len;
+        msgs[i].msg_hdr.msg_iov = &iovs[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        pos += len;
+    }
+    long long datagrams = 0, bytes = 0, eagain = 0;
+    int err = 0;
+    double cpu0, wall0, cpu1, wall1;
+    Py_BEGIN_ALLOW_THREADS
+    cpu0 = thread_cpu_s();
+    wall0 = mono_s();
+    double end = wall0 + seconds;
+    Py_ssize_t next = 0;
+    for (int k = 0;; k++) {
+        if ((k & 15) == 0 && mono_s() >= end) break;
+        unsigned int batch = (unsigned int)(n - next < 64 ? n - next : 64);
+        int rc = sendmmsg(fd, msgs + next, batch, 0);
+        if (rc > 0) {
+            for (int j = 0; j < rc; j++) bytes += (long long)iovs[next + j].iov_len;
+            datagrams += rc;
+            next = (next + rc) % n;
+        } else if (errno == EAGAIN || errno == ENOBUFS) {
+            eagain++;
+        } else if (errno == EMSGSIZE) {
+            next = (next + 1) % n; /* the stack refused this one: skipped, not counted as sent */
+        } else if (errno != EINTR && errno != ECONNREFUSED) {
+            err = errno;
+            break;
+        }
+    }
+    cpu1 = thread_cpu_s();
+    wall1 = mono_s();
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    res = Py_BuildValue("(LLddL)", datagrams, bytes, cpu1 - cpu0, wall1 - wall0, eagain);
+done:
+    PyMem_Free(msgs);
+    PyMem_Free(iovs);
+    Py_DECREF(seq);
+    PyBuffer_Release(&pool);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"aead_seal", aead_seal, METH_VARARGS,
      "aead_seal(cipher, datagram_bytes, count) -> (cpu_s, wall_s, payload_bytes)."},
@@ -251,6 +337,9 @@ static PyMethodDef methods[] = {
      "(datagrams, payload_bytes, cpu_s, wall_s, eagain)."},
     {"udp_blast_sink", udp_blast_sink, METH_VARARGS,
      "udp_blast_sink(fd, idle_s, timeout_s) -> (messages, payload_bytes, cpu_s, span_s)."},
+    {"udp_flood_send", udp_flood_send, METH_VARARGS,
+     "udp_flood_send(fd, seconds, pool, lengths) -> "
+     "(datagrams, payload_bytes, cpu_s, wall_s, eagain)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,10 +31,12 @@ def recv_batch(
     kernel's CLOCK_REALTIME receive times when enable_timestamps() was called.
     ``quic_addrs``: ``addrs`` holds the sender only of QUIC-looking datagrams
     (None elsewhere), what a socket shared with the control channel needs.
+    ``rxq_overflow`` is the socket's cumulative kernel drop count when SO_RXQ_OVFL
+    is on (``aio.overflow``), and ``truncated`` the messages larger than a slot.
     """
-    count, desc, addrs, truncated = require().recv_batch(fd, buffer, max_datagrams, want_addrs,
-                                                         quic_addrs)
-    return DatagramBatch(buffer, desc, count, addrs, truncated)
+    count, desc, addrs, truncated, overflow = require().recv_batch(fd, buffer, max_datagrams,
+                                                                   want_addrs, quic_addrs)
+    return DatagramBatch(buffer, desc, count, addrs, truncated, overflow)
 
 
 def enable_timestamps(fd: FdLike) -> None:

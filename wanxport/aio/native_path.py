@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from wanxport.aio import native_io
+from wanxport.aio import native_io, overflow
 from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.datapath import PlacesShards, Received
 from wanxport.aio.plan import ControlPlan, DataPlan, Plan
@@ -72,7 +72,12 @@ class NativeDatapath(PlacesShards):
         self.pacer = native_io.Pacer(n, capacity=capacity, slot_size=slot_size, spin_ns=spin_ns,
                                      burst_ns=burst_ns)
         self.gro = [False] * n
+        # Drops outside the receiver's parsers: the kernel's, for a full socket
+        # buffer (aio.overflow), and messages larger than a receive slot.
+        self.kernel_overflow = 0
+        self.oversize = 0
         for i, sock in enumerate(sockets):
+            overflow.enable(sock)
             native_io.enable_timestamps(sock)
             self.gro[i] = native_io.enable_gro(sock)
         slot = GRO_SLOT_BYTES if any(self.gro) else slot_size
@@ -210,6 +215,8 @@ class NativeDatapath(PlacesShards):
                 batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=True)
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
+            self.kernel_overflow += overflow.delta(sock, batch.rxq_overflow)
+            self.oversize += batch.truncated
             if batch.count == 0:
                 break
             result = self.receiver.process(batch)
@@ -226,11 +233,12 @@ class NativeDatapath(PlacesShards):
 
     @property
     def rejected(self) -> int:
-        return sum(v for k, v in self.receiver.counters.items() if k.startswith("rejected_"))
+        return sum(v for k, v in self.counters.items() if k.startswith("rejected_"))
 
     @property
     def counters(self) -> dict[str, int]:
-        return self.receiver.counters
+        return {**self.receiver.counters, f"rejected_{overflow.REASON}": self.kernel_overflow,
+                "rejected_oversize": self.oversize}
 
     def close(self, drain_s: float = 0.2) -> None:
         """Let queued datagrams leave (bounded wait), then stop the pacer thread."""

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from wanxport.aio import overflow
 from wanxport.aio.config import Address, PathSocket
 from wanxport.aio.sockets import open_path_socket
 from wanxport.wire.header import is_data_plane, is_quic
@@ -80,7 +81,8 @@ class PathPort:
 
     def __init__(self, sock: socket.socket) -> None:
         self.socket = sock
-        # Datagrams dropped by reason: no_session, marker, short, quic (no control side).
+        # Datagrams dropped by reason: no_session, marker, short, quic (no control side),
+        # kernel_overflow (the kernel's, for a full socket buffer: aio.overflow).
         self.counters: Counter[str] = Counter()
         self._quic: asyncio.DatagramProtocol | None = None
         self._transport: PortTransport | None = None
@@ -177,11 +179,14 @@ class PathPort:
             return
         for _ in range(MAX_DATAGRAMS_PER_WAKE):
             try:
-                data, addr = self.socket.recvfrom(MAX_DATAGRAM)
+                data, ancdata, _, addr = self.socket.recvmsg(MAX_DATAGRAM, overflow.CMSG_BYTES)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 continue  # an ICMP error queued on the socket: consumed
+            dropped = overflow.delta(self.socket, overflow.from_ancillary(ancdata))
+            if dropped:
+                self.counters[overflow.REASON] += dropped
             if is_quic(data):
                 self.quic_received(data, (str(addr[0]), int(addr[1])))
             elif not data:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 
+from wanxport.aio import overflow
 from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.datapath import PlacesShards, Received
 from wanxport.aio.plan import DataPlan, Plan
@@ -42,6 +43,9 @@ class PythonDatapath(PlacesShards):
                                                                          send_key.iv)})
         self.receiver = ReferenceReceiver(local_conn_id, len(sockets))
         self.receiver.set_key(0, AeadProtection(recv_key.cipher, recv_key.key, recv_key.iv))
+        self.kernel_overflow = 0  # the kernel's drops for a full socket buffer (aio.overflow)
+        for sock in self._sockets:
+            overflow.enable(sock)
         self.send_errors = 0
         self.key_phase = 0
         self.packets_under_key = 0  # sealed under the current sending key: the rotation trigger
@@ -104,11 +108,12 @@ class PythonDatapath(PlacesShards):
         senders: list[Address] = []
         for _ in range(MAX_DATAGRAMS_PER_WAKE):
             try:
-                datagram, addr = sock.recvfrom(MAX_DATAGRAM)
+                datagram, ancdata, _, addr = sock.recvmsg(MAX_DATAGRAM, overflow.CMSG_BYTES)
             except BlockingIOError:
                 break
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
+            self.kernel_overflow += overflow.delta(sock, overflow.from_ancillary(ancdata))
             datagrams.append(datagram)
             senders.append((str(addr[0]), int(addr[1])))
         result = self.receiver.process(datagrams)
@@ -118,12 +123,12 @@ class PythonDatapath(PlacesShards):
 
     @property
     def rejected(self) -> int:
-        return sum(v for k, v in self.receiver.counters.items() if k.startswith("rejected_"))
+        return sum(v for k, v in self.counters.items() if k.startswith("rejected_"))
 
     @property
     def counters(self) -> dict[str, int]:
         # dict() copies in one C call: a metrics scrape reads this from another thread.
-        return dict(self.receiver.counters)
+        return {**self.receiver.counters, f"rejected_{overflow.REASON}": self.kernel_overflow}
 
     def close(self, drain_s: float = 0.0) -> None:
         """Nothing to stop."""

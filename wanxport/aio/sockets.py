@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 
+from wanxport.aio import overflow
 from wanxport.aio.config import PathSocket
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ def open_path_socket(spec: PathSocket, recv_buffer: int, send_buffer: int) -> so
         if spec.device:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, spec.device.encode())
         set_buffers(sock, recv_buffer, send_buffer)
+        overflow.enable(sock)
         sock.bind(spec.local)
         if spec.remote is not None:
             sock.connect(spec.remote)

@@ -39,8 +39,8 @@ from . import codec
 from .buffers import as_array, flat_work, write_back
 from .errors import CollectiveError
 from .link import Link
-from .message import Call, Header, body_of, mismatch, new_payload, payload_of
-from .pool import ReceivePool
+from .message import HEADER_BYTES, Call, Header, body_of, fill_payload, mismatch, new_payload, payload_of
+from .pool import ReceivePool, SendPool
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class Group:
         self._low = 0  # every seq below this is over
         self._stats: deque[CallStats] = deque(maxlen=STATS_KEPT)
         self._tallies: dict[int, _Tally] = {}
+        self.send_pool = SendPool()
 
     @property
     def name(self) -> str:
@@ -243,7 +244,8 @@ class Group:
         key = self.feedback.key(name, arr)
         if self.size == 2:
             bounds = [(0, call.count)] * 2
-            payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds)
+            payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds,
+                                        self._take_buffers(call.compress, flat, bounds))
             got = await self._exchange(call, 0, {p: (0, call.count, payloads[p]) for p in self.links})
             await _cpu(flat.nbytes, self._reduce, call, flat, mine, got, 0)
         else:
@@ -264,7 +266,8 @@ class Group:
     async def _scatter_reduce(self, call: Call, flat: npt.NDArray[Any], key: object,
                               bounds: list[tuple[int, int]]) -> npt.NDArray[Any]:
         """Phase 0: part k of every site's (encoded) contribution goes to site k; ours summed."""
-        payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds)
+        payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds,
+                                    self._take_buffers(call.compress, flat, bounds))
         sends = {p: (bounds[p][0], bounds[p][1] - bounds[p][0], payloads[p]) for p in self.links}
         got = await self._exchange(call, 0, sends)
         a, b = bounds[self.site]
@@ -322,24 +325,33 @@ class Group:
 
     # -- array work (in a worker thread for large arrays) -------------------------
 
+    def _take_buffers(self, compress: str | None, flat: npt.NDArray[Any], bounds: list[tuple[int, int]],
+                      ) -> dict[tuple[int, int], npt.NDArray[np.uint8]]:
+        """A reused message buffer for each part (taken on the loop: the pool is not thread-safe)."""
+        def size(a: int, b: int) -> int:
+            body = (b - a) * flat.itemsize if compress is None else codec.encoded_bytes(compress, b - a)
+            return HEADER_BYTES + body
+        return {(a, b): self.send_pool.take(size(a, b)) for a, b in sorted(set(bounds))}
+
     def _prepare(self, compress: str | None, key: object, flat: npt.NDArray[Any],
-                 bounds: list[tuple[int, int]]) -> tuple[dict[int, npt.NDArray[np.uint8]], npt.NDArray[Any]]:
-        """The message buffer for each site (its part, encoded) and our own contribution as
-        the others will decode it (with compression: plus the error-feedback residual,
-        updated here). Uncompressed, our contribution is read from the send buffers."""
+                 bounds: list[tuple[int, int]], buffers: dict[tuple[int, int], npt.NDArray[np.uint8]],
+                 ) -> tuple[dict[int, npt.NDArray[np.uint8]], npt.NDArray[Any]]:
+        """The message buffer for each site (its part, encoded, in ``buffers``) and our own
+        contribution as the others will decode it (with compression: plus the error-feedback
+        residual, updated here). Uncompressed, our contribution is read from the send buffers."""
         parts = sorted(set(bounds))
         payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
         if compress is None and len(parts) == 1:
-            payload = payloads[parts[0]] = payload_of(flat)
+            payload = payloads[parts[0]] = fill_payload(buffers[parts[0]], flat)
             return {k: payload for k in range(len(bounds))}, body_of(payload).view(flat.dtype)
         mine = np.empty_like(flat)
         target = flat if compress is None else self.feedback.compensate(key, flat)
         for a, b in parts:
             if compress is None:
-                payloads[(a, b)] = payload_of(flat[a:b])
+                payloads[(a, b)] = fill_payload(buffers[(a, b)], flat[a:b])
                 mine[a:b] = flat[a:b]
             else:
-                payload = payloads[(a, b)] = new_payload(codec.encoded_bytes(compress, b - a))
+                payload = payloads[(a, b)] = buffers[(a, b)]
                 codec.encode(compress, target[a:b], body_of(payload))
                 codec.decode(compress, body_of(payload), b - a, out=mine[a:b])
         if compress is not None:
@@ -367,7 +379,9 @@ class Group:
         tally = self._tallies.get(call.seq)
         for peer, (offset, elements, payload) in sends.items():
             message = payload if payload is not None and elements > 0 else new_payload(0)
-            self.links[peer].send(Header(call, phase, offset, elements), message)
+            task = self.links[peer].send(Header(call, phase, offset, elements), message)
+            if message.nbytes > HEADER_BYTES:
+                self.send_pool.sending(call.seq, message, task)
             if tally is not None:
                 tally.sent += message.nbytes
         futures = [self._receive(peer, call.seq, phase) for peer in self.links]
@@ -454,6 +468,7 @@ class Group:
             self._waiters.pop(key).cancel()
         for link in self.links.values():
             link.pool.release(seq)
+        self.send_pool.release(seq)
 
     def _link_failed(self, link: Link, error: CollectiveError) -> None:
         self._break(error)

@@ -53,15 +53,17 @@ class Link:
         self._closing = False
         self._reader = asyncio.create_task(self._read())
 
-    def send(self, header: Header, payload: npt.NDArray[np.uint8]) -> None:
+    def send(self, header: Header, payload: npt.NDArray[np.uint8]) -> asyncio.Task[None]:
         """Queue one message (``payload`` from ``message.new_payload``; its header is written
-        here); a failure to deliver it fails the link (and so the group's waiters)."""
+        here); a failure to deliver it fails the link (and so the group's waiters). The
+        task ends when the data plane no longer reads ``payload``."""
         payload[:HEADER_BYTES] = np.frombuffer(pack(header), dtype=np.uint8)
         shard_id = self._next_shard
         self._next_shard += 1
         task = asyncio.create_task(self._send(shard_id, payload, header.call.seq))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
+        return task
 
     async def _send(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:

@@ -70,6 +70,15 @@ def payload_of(body: npt.NDArray[Any] | None) -> npt.NDArray[np.uint8]:
     return payload
 
 
+def fill_payload(buffer: npt.NDArray[np.uint8], body: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
+    """``buffer`` (a message buffer of exactly the right size) with a copy of ``body``."""
+    raw = body.reshape(-1).view(np.uint8)
+    if buffer.nbytes != HEADER_BYTES + raw.nbytes:
+        raise ValueError(f"message buffer of {buffer.nbytes} bytes for a {raw.nbytes}-byte body")
+    buffer[HEADER_BYTES:] = raw
+    return buffer
+
+
 def pack(header: Header) -> bytes:
     c = header.call
     return HEADER.pack(MAGIC, OPS.index(c.op), COMPRESS.index(c.compress), REDUCE.index(c.reduce),

@@ -1,4 +1,4 @@
-"""Receive buffers a link reuses from one collective to the next.
+"""Message buffers reused from one collective to the next: received (per link) and sent.
 
 A fresh 64 MiB ``np.empty`` per message is 16k page faults and 64 MiB of page zeroing
 by the kernel at every step (about half a receiver's CPU in ``wanxport bench``, see
@@ -11,6 +11,7 @@ write into the caller's arrays), so nothing reads it after that.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -51,3 +52,50 @@ class ReceivePool:
             free = self._free.setdefault(buffer.nbytes, [])
             if len(free) < KEEP_PER_SIZE:
                 free.append(buffer)
+
+
+class SendPool:
+    """Message buffers for our own sends, reused from one collective to the next.
+
+    Building a fresh 64 MiB message per step costs page faults and zeroing (about
+    5x the copy into a warm buffer: 43 vs 9 ms CPU here). A buffer may be written
+    again only when both hold: the collective it carried is over here (the local
+    reduce read our contribution from it) and every link's send of it ended (the
+    data plane no longer reads it: verified, failed or cancelled). ``take`` reclaims
+    lazily, so no callback races the worker threads that fill buffers.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[Buffer]] = {}
+        self._sending: dict[int, dict[int, tuple[Buffer, list[asyncio.Task[None]]]]] = {}  # seq -> id
+        self._over: list[tuple[Buffer, list[asyncio.Task[None]]]] = []
+        self.reused = 0
+
+    def take(self, size: int) -> Buffer:
+        """A buffer of ``size`` bytes nobody reads any more (contents undefined)."""
+        self._reclaim()
+        free = self._free.get(size)
+        if free:
+            self.reused += 1
+            return free.pop()
+        return np.empty(size, dtype=np.uint8)
+
+    def sending(self, seq: int, buffer: Buffer, task: asyncio.Task[None]) -> None:
+        """``task`` sends ``buffer`` for collective ``seq`` (one call per link that sends it)."""
+        entry = self._sending.setdefault(seq, {}).setdefault(id(buffer), (buffer, []))
+        entry[1].append(task)
+
+    def release(self, seq: int) -> None:
+        """Collective ``seq`` is over here; its buffers return once their sends end."""
+        self._over.extend(self._sending.pop(seq, {}).values())
+
+    def _reclaim(self) -> None:
+        pending = []
+        for buffer, tasks in self._over:
+            if not all(t.done() for t in tasks):
+                pending.append((buffer, tasks))
+                continue
+            free = self._free.setdefault(buffer.nbytes, [])
+            if len(free) < KEEP_PER_SIZE:
+                free.append(buffer)
+        self._over = pending

@@ -92,11 +92,17 @@ class Transmitter:
                 if path.acks.ack_due(now) or path.pending_control:
                     self._emit_path_control(path, now, out)
             self.needs_ack.clear()  # an ACK not yet due has its ack timer
-        if self.control:
-            self._emit_control(now, out)
         for shard in self.outgoing.open_ready():
             for path in self.paths:
                 path.needs_open.add(shard.shard_id)
+            # Also as connection control, on the shortest round trip (every other path
+            # still sends its own before its first DATA of the shard). The receiver
+            # drops, unacknowledged, DATA of a shard it has not seen opened, so a path
+            # whose only OPEN was lost went silent until its probe timeout suspected it
+            # (docs/notes/steps.md); now that takes both copies lost.
+            self.control.append(ShardOpenFrame(shard.shard_id, shard.size, shard.digest, shard.meta))
+        if self.control:
+            self._emit_control(now, out)
         self._emit_data(now, out)
         return out
 
@@ -122,6 +128,8 @@ class Transmitter:
         frames: list[Frame] = []
         size = 0
         for frame in self.control:
+            if isinstance(frame, ShardOpenFrame):
+                path.needs_open.discard(frame.shard_id)  # this path's own copy would be the same
             if frames and size + frame.wire_size > MAX_CONTROL_PAYLOAD:
                 self._send(path, frames, now, now, out, control=frames)
                 frames, size = [], 0

@@ -224,6 +224,7 @@ class DatagramBatch:
     count: int
     addrs: list[tuple[str, int] | None] | None = None
     truncated: int = 0
+    rxq_overflow: int = -1  # the socket's SO_RXQ_OVFL drop count on the newest message; -1: none
 
     @property
     def table(self) -> npt.NDArray[Any]:
