@@ -99,3 +99,18 @@ def test_translate_fresh_skips_ranges_below_interest_and_repeats() -> None:
     ack, parts = numbering.translate_fresh(AckFrame(0, 9, ((3, 7),)), 1)
     assert ack == AckFrame(0, 9, ((1, 2),))
     assert parts == []
+
+
+def test_spans_below_the_oldest_of_interest_are_forgotten() -> None:
+    """A months-long session keeps the spans of outstanding packets, not of every packet."""
+    numbering = WireNumbering()
+    for pn in range(100_000):
+        numbering.allocate(pn, 4)  # core packet pn is wire [4 pn, 4 pn + 3]
+        if pn % 64 == 63:  # the peer acknowledges all but the last 10 packets
+            top = 4 * (pn - 10) + 3
+            numbering.translate_fresh(AckFrame(0, 0, ((0, top),)), pn - 10)
+    assert len(numbering._starts) < 4 * 1024
+    assert numbering.first_wire(99_995) == 4 * 99_995
+    ack, parts = numbering.translate_fresh(AckFrame(0, 0, ((4 * 99_990, 4 * 99_998 + 1),)), 99_990)
+    assert ack == AckFrame(0, 0, ((99_990, 99_997),))
+    assert parts == [(99_998, 0, 1)]

@@ -555,6 +555,25 @@ def test_sender_releases_the_shard_buffer_once_acknowledged() -> None:
     assert alive() is None, "the sender still holds the application's buffer"
 
 
+def test_a_long_session_keeps_no_state_per_finished_shard() -> None:
+    """A warm daemon session carries shards for months: once acknowledged, a shard leaves
+    the sender's and receiver's tables (only merged id ranges and byte totals remain)."""
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[20e6, 20e6])
+    shards = payloads(40, 20_000)
+    for wave in range(4):
+        for i in range(wave * 10, wave * 10 + 10):
+            pair.submit("a", i, shards[i])
+        pair.run(until=30.0 * (wave + 1), stop=all_acknowledged(wave * 10 + 10))
+    a, b = pair.a, pair.b
+    assert sorted(e.shard_id for e in pair.acknowledged("a")) == list(range(40))
+    assert a.outgoing.shards == {} and b.incoming.shards == {}
+    assert len(a.outgoing.finished) == 1 and len(b.incoming.finished) == 1
+    assert all(not p.needs_open for p in a.paths)
+    assert a.stats().acked_bytes == sum(len(d) for d in shards)  # still counts the finished ones
+    with pytest.raises(ValueError):
+        pair.a.submit(3, b"again", pair.now)  # a finished id is still refused
+
+
 def test_a_path_whose_shard_open_is_lost_is_not_left_silent() -> None:
     """Every OPEN on the longer path is lost: the copy on the shortest path opens the shards.
 

@@ -137,3 +137,22 @@ async def test_control_moves_to_another_path_when_its_path_dies(pki: Path) -> No
         await receiver.close()
         listener.close()
     assert sender.channel.reconnects_total >= 1  # type: ignore[attr-defined]
+
+
+async def test_a_warm_session_keeps_nothing_per_answered_shard(pki: Path) -> None:
+    """Announcements (receiver) and verdicts (sender, once read and forgotten) do not
+    pile up over a session that carries many shards."""
+    listener, sender, receiver = await pair(pki, 1, GatewayOptions())
+    try:
+        data = random.Random(5).randbytes(64 << 10)
+        for shard_id in range(20):
+            assert await transfer(sender, receiver, shard_id, data)
+            assert sender.verdict(shard_id) == "verified"
+            sender.forget([shard_id])
+    finally:
+        await sender.close()
+        await receiver.close()
+        listener.close()
+    assert sender.verdict(0) is None
+    assert not receiver._announced and not sender._completions
+    assert not sender.endpoint.session.outgoing.shards

@@ -26,6 +26,8 @@ from wanxport.wire.frames import AckFrame
 #: Keep at most this many core packets' mapping per path; older ones are no
 #: longer outstanding (an ACK that names them translates to nothing).
 MAX_TRACKED = 1 << 20
+#: Spans below the oldest packet of interest are dropped in runs of at least this many.
+FORGET_AT_LEAST = 1024
 
 
 class WireNumbering:
@@ -133,6 +135,16 @@ class WireNumbering:
             return None
         return AckFrame(frame.path_id, frame.ack_delay_us, ranges)
 
+    def _forget_below(self, core_pn: int) -> None:
+        """Drop the spans of core packets below ``core_pn`` (no ACK can tell about them
+        any more), once they are most of the array: a session that lives for months
+        keeps what is outstanding, not every packet up to ``MAX_TRACKED``. Amortised:
+        each span is deleted once, in runs at least as long as what remains."""
+        drop = min(core_pn - self._base, len(self._starts) - 1)
+        if drop >= FORGET_AT_LEAST and 2 * drop >= len(self._starts):
+            del self._starts[:drop]
+            self._base += drop
+
     def translate_fresh(self, frame: AckFrame, oldest_core_pn: int
                         ) -> tuple[AckFrame | None, list[tuple[int, int, int]]]:
         """What an ACK (wire numbers) says that earlier ACKs did not, in core terms.
@@ -143,6 +155,7 @@ class WireNumbering:
         sender about) and those the previous ACK carried unchanged repeat what
         earlier ACKs said — most of every ACK — and are skipped.
         """
+        self._forget_below(oldest_core_pn)
         floor = self.first_wire(oldest_core_pn)
         ranges = frame.ranges
         kept = 0

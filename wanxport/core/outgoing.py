@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from wanxport.core.flow import SendCredit
+from wanxport.core.ranges import RangeSet
 from wanxport.core.sent_packets import Chunk
 from wanxport.core.shards import OutgoingShard
 
@@ -28,9 +29,14 @@ class OutgoingData:
         self.retransmit_bytes = 0
         self.unsent_bytes = 0  # in opened and waiting shards, not yet taken
         self.unfinished = 0  # shards without a SHARD_DONE yet
+        # A done shard leaves ``shards`` (a warm session carries shards for months): only
+        # its id (to refuse a reused one; consecutive ids merge into one range) and its
+        # acknowledged bytes (``SessionStats.acked_bytes`` never goes down) remain.
+        self.finished = RangeSet()
+        self.finished_bytes = 0
 
     def submit(self, shard: OutgoingShard) -> None:
-        if shard.shard_id in self.shards:
+        if shard.shard_id in self.shards or self.finished.contains_point(shard.shard_id):
             raise ValueError(f"shard id {shard.shard_id} is already in use in this session")
         self.shards[shard.shard_id] = shard
         self.waiting.append(shard)
@@ -42,6 +48,8 @@ class OutgoingData:
         opened = []
         while self.waiting and self.credit.can_open(self.waiting[0].size):
             shard = self.waiting.popleft()
+            if shard.done_status is not None:
+                continue  # the peer finished it unopened (misbehaving): spend no credit on it
             self.credit.open(shard.size)
             shard.opened = True
             self.sending.append(shard)
@@ -66,8 +74,8 @@ class OutgoingData:
         """Up to ``max_len`` bytes of lost data, skipping what has been acknowledged since."""
         while self.retransmit:
             shard_id, offset, length = self.retransmit[0]
-            shard = self.shards[shard_id]
-            if shard.done_status is not None or shard.acked.contains(offset, offset + length):
+            shard = self.shards.get(shard_id)
+            if shard is None or shard.acked.contains(offset, offset + length):
                 self.retransmit.popleft()
                 self.retransmit_bytes -= length
                 continue
@@ -123,6 +131,9 @@ class OutgoingData:
         shard.done_status = status
         shard.data = None  # the application's buffer is free again
         shard.acked.add(0, shard.size)
+        del self.shards[shard_id]
+        self.finished.add(shard_id, shard_id + 1)
+        self.finished_bytes += shard.size
         self.unfinished -= 1
         if shard.next_offset < shard.size:
             self.unsent_bytes -= shard.size - shard.next_offset

@@ -141,7 +141,9 @@ class Session:
             shards_acknowledged=self._shards_acknowledged,
             shards_received=self._shards_received,
             bytes_submitted=self._bytes_submitted,
-            acked_bytes=sum(shard.acked.total for shard in list(self.outgoing.shards.values())),
+            # Finished shards first: one leaving ``shards`` meanwhile dips the sum, never doubles it.
+            acked_bytes=self.outgoing.finished_bytes + sum(
+                shard.acked.total for shard in list(self.outgoing.shards.values())),
             bytes_received=self._bytes_received,
             receiving_bytes=sum(shard.received.total for shard in list(self.incoming.shards.values())),
             data_dropped=self.data_dropped,
@@ -324,6 +326,8 @@ class Session:
             if shard is not None:
                 self._shards_acknowledged += 1
                 self.scheduler.forget_shard(shard.shard_id)
+                for p in self.paths:  # a path that never carried its SHARD_OPEN (it was down)
+                    p.needs_open.discard(shard.shard_id)
                 self._events.append(ShardAcknowledged(shard.shard_id, frame.status == 0, now))
         elif isinstance(frame, CreditFrame):
             self.outgoing.credit.update(frame.max_bytes)

@@ -119,12 +119,15 @@ async def send(session: GatewaySession, pieces: list[OutgoingPiece],
     """Send the pieces; None when every file is verified at the peer, else the reason."""
     if not pieces:
         return None  # the receiver held everything
-    result = await send_files(session, list(pieces), show_progress=False)
+    try:
+        result = await send_files(session, list(pieces), show_progress=False)
+        verdicts = {session.verdict(p.shard_id) for p in pieces}
+    finally:
+        session.forget(p.shard_id for p in pieces)
     if on_report is not None:
         on_report(result.report)
     if result.ok:
         return None
-    verdicts = {session.verdict(p.shard_id) for p in pieces}
     if EXISTS in verdicts:
         return "the destination exists at the peer (submit with overwrite to replace it)"
     return str(result.report.get("error") or "the peer did not verify every file "

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 STATES = ("queued", "active", "done", "failed", "cancelled")
 FINAL = ("done", "failed", "cancelled")
+KEEP_FINISHED = 1000  # a client polls a transfer it submitted well before a thousand more finish
 
 
 class SubmitConflict(ValueError):
@@ -70,10 +71,12 @@ class Transfer:
 class TransferStore:
     """Transfers by id and by idempotency key, persisted on every change."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep_finished: int = KEEP_FINISHED) -> None:
         self.path = path
+        self.keep_finished = keep_finished
         self.transfers: dict[str, Transfer] = {}
         self._by_key: dict[str, str] = {}
+        self._finished: dict[str, None] = {}  # ids of finished transfers, oldest first
         self._load()
 
     def _load(self) -> None:
@@ -92,6 +95,18 @@ class TransferStore:
                 transfer.state = "queued"  # the daemon stopped while it ran: run it again
             self.transfers[transfer.id] = transfer
             self._by_key[transfer.key] = transfer.id
+        for transfer in sorted(self.transfers.values(), key=lambda t: t.updated):
+            if transfer.state in FINAL:
+                self._finished[transfer.id] = None
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget the oldest finished transfers beyond ``keep_finished``."""
+        while len(self._finished) > self.keep_finished:
+            oldest = next(iter(self._finished))
+            del self._finished[oldest]
+            transfer = self.transfers.pop(oldest)
+            self._by_key.pop(transfer.key, None)
 
     def save(self) -> None:
         write_state(self.path, [t.to_json() for t in self.transfers.values()])
@@ -125,6 +140,10 @@ class TransferStore:
         for name, value in changes.items():
             setattr(transfer, name, value)
         transfer.updated = time.time()
+        self._finished.pop(transfer.id, None)
+        if transfer.state in FINAL:
+            self._finished[transfer.id] = None  # the newest finished one
+            self._prune()
         self.save()
         return transfer
 

@@ -22,6 +22,10 @@ from rich.progress import (
 )
 
 TIMELINE_INTERVAL_S = 0.1
+# A daemon's receiving session samples for as long as it is warm (months): past this many
+# samples the timeline keeps every other one and samples half as often, so it covers
+# the whole run at a resolution that halves, in bounded memory.
+MAX_TIMELINE = 2048
 
 
 def acked_bytes(endpoint: Any) -> int:
@@ -53,6 +57,12 @@ class ProgressMonitor:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
+    def sample(self, at: float, value: int) -> None:
+        self.timeline.append((at, value))
+        if len(self.timeline) > MAX_TIMELINE:
+            del self.timeline[1::2]
+            self.interval_s *= 2
+
     async def _run(self) -> None:
         progress = (Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                              TransferSpeedColumn(), TimeRemainingColumn(), transient=True,
@@ -63,7 +73,7 @@ class ProgressMonitor:
                 task = progress.add_task(self._description, total=self.total)
             while True:
                 value = self.measure()
-                self.timeline.append((round(time.monotonic() - self.origin, 3), value))
+                self.sample(round(time.monotonic() - self.origin, 3), value)
                 if progress is not None:
                     progress.update(task, completed=min(value, self.total))
                 await asyncio.sleep(self.interval_s)

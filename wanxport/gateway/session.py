@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,7 +192,16 @@ class GatewaySession:
         return await self._until_ended(asyncio.ensure_future(self._empty.get()))
 
     async def complete(self, shard_id: int, status: str) -> None:
+        # The shard is answered: its announcement is not needed again (a warm session
+        # receives shards for months, so nothing per shard may stay behind).
+        self._announced.pop(shard_id, None)
         await self.channel.send(ShardComplete(shard_id, status))
+
+    def forget(self, shard_ids: Iterable[int]) -> None:
+        """The initiator read these shards' verdicts: drop them (a warm session sends
+        shards for months)."""
+        for shard_id in shard_ids:
+            self._completions.pop(shard_id, None)
 
     async def wait_ended(self) -> str:
         """Until the peer says goodbye (the reason) or the session fails (raises)."""

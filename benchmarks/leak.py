@@ -1,0 +1,94 @@
+"""Memory growth per transfer of two gateway daemons in one process (issue 15 item 8).
+
+Runs gw-a and gw-b in-process on loopback (the daemon tests' configs), sends
+``--warmup`` transfers, then measures the process's RssAnon across ``--transfers``
+more (each received file is deleted). ``--tracemalloc`` adds the top Python
+allocation differences over the measured transfers (slow: tracing costs ~10x).
+
+    .venv/bin/python benchmarks/leak.py --warmup 100 --transfers 200 --size-mib 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import tempfile
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from daemon_helpers import make_pki, two_sites  # noqa: E402
+
+from wanxport.client import GatewayClient  # noqa: E402
+from wanxport.daemon.config import load_config  # noqa: E402
+from wanxport.daemon.service import GatewayDaemon  # noqa: E402
+
+
+def rss_anon_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise RuntimeError("no RssAnon in /proc/self/status")
+
+
+async def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        a_cfg, b_cfg = two_sites(root, make_pki(root / "pki"), n_paths=2)
+        source = root / "source.bin"
+        source.write_bytes(os.urandom(args.size_mib << 20))
+        a = GatewayDaemon(load_config(a_cfg), signals=False)
+        b = GatewayDaemon(load_config(b_cfg), signals=False)
+        await b.start()
+        await a.start()
+        if args.keep_finished is not None:  # the store's bound, lowered to see what else grows
+            for daemon in (a, b):
+                assert daemon.store is not None
+                daemon.store.keep_finished = args.keep_finished
+        client = GatewayClient(str(a.config.api_socket))
+        received = root / "gw-b-data" / "received" / "gw-a"
+
+        async def send(first: int, count: int) -> None:
+            for k in range(first, first + count):
+                transfer = await asyncio.to_thread(client.submit, "gw-b", str(source), f"f{k}.bin")
+                while transfer["state"] not in ("done", "failed", "cancelled"):
+                    await asyncio.sleep(0.02)
+                    transfer = await asyncio.to_thread(client.get, transfer["id"])
+                if transfer["state"] != "done":
+                    raise RuntimeError(f"transfer {k}: {transfer}")
+                (received / f"f{k}.bin").unlink()
+
+        await send(0, args.warmup)
+        gc.collect()
+        if args.tracemalloc:
+            tracemalloc.start()
+            before = tracemalloc.take_snapshot()
+        start = rss_anon_kib()
+        await send(args.warmup, args.transfers)
+        gc.collect()
+        end = rss_anon_kib()
+        print(f"RssAnon {start} -> {end} KiB: {(end - start) / args.transfers:.1f} KiB per transfer "
+              f"over {args.transfers} transfers of {args.size_mib} MiB")
+        if args.tracemalloc:
+            for stat in tracemalloc.take_snapshot().compare_to(before, "lineno")[:15]:
+                print(stat)
+        for daemon in (a, b):
+            daemon.request_stop()
+        await asyncio.gather(a.serve(), b.serve())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--transfers", type=int, default=200)
+    parser.add_argument("--size-mib", type=int, default=1)
+    parser.add_argument("--keep-finished", type=int, help="the transfer store's bound (default 1000)")
+    parser.add_argument("--tracemalloc", action="store_true")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
