@@ -17,17 +17,14 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_helpers import make_pki, two_sites
+from daemon_helpers import make_pki, running, two_sites
 
-from wanxport.daemon.config import load_config
 from wanxport.daemon.durable import read_state
-from wanxport.daemon.service import GatewayDaemon
 from wanxport.daemon.store import Submission, Transfer
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,17 +46,6 @@ def small_received(tmp_path: Path) -> Iterator[Path]:
         yield received
     finally:
         subprocess.run(["umount", "-l", str(received)], check=False)
-
-
-@asynccontextmanager
-async def running(config: Path) -> AsyncIterator[GatewayDaemon]:
-    daemon = GatewayDaemon(load_config(config), signals=False)
-    await daemon.start()
-    try:
-        yield daemon
-    finally:
-        daemon.request_stop()
-        await daemon.serve()
 
 
 async def until(transfer: Transfer, states: tuple[str, ...], timeout_s: float = 60.0) -> None:
