@@ -56,7 +56,8 @@ def job(name: str, label: str, steps: int, fec: str) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--scenario", action="append", help="a bundled name (default: both)")
+    parser.add_argument("--scenario", action="append",
+                        help="a bundled name or a scenario file (default: both bundled)")
     parser.add_argument("--all", action="store_true", help="every bundled scenario (unless --scenario)")
     parser.add_argument("--size", action="append", choices=sorted(SIZES), help="default: both")
     parser.add_argument("--fec", action="append", choices=("off", "auto"), help="default: both")

@@ -129,6 +129,18 @@ def test_repair_count_holds_its_target_against_simulated_burst_loss() -> None:
     assert iid_m < m  # and the i.i.d. pricing would have been short
 
 
+def test_repair_is_held_to_its_share_of_the_data_by_relaxing_the_target() -> None:
+    sender = fec_sender.FecSender(SessionConfig(paths=(PathConfig("p0"),)), [], None)  # type: ignore[arg-type]
+    curves = [fec_code.failure_curve([(150, 0.02, 1.0)], 48) for _ in range(3)]
+    full = [fec_code.repair_for(curve, 1e-4) for curve in curves]
+    sender.allowance = 10.0 * sender.symbol
+    assert sum(full) > 10  # the full target would cost more than the allowance
+    counts = sender._within_allowance(curves, 1e-4)
+    assert sum(counts) <= 10 and min(counts) >= 1  # within it, and no block left bare
+    sender.allowance = 1000.0 * sender.symbol
+    assert sender._within_allowance(curves, 1e-4) == full
+
+
 def test_block_shapes_tile_the_range_with_at_most_max_k_symbols() -> None:
     shapes = fec_code.block_shapes(1_000_003, 1386)
     assert shapes[0][0] == 0 and sum(size for _, size in shapes) == 1_000_003
@@ -230,7 +242,7 @@ def test_fec_off_sends_no_repair_and_auto_does_on_a_lossy_long_tail() -> None:
     off, auto = run(0.01, "off"), run(0.01, "auto")
     assert off["intact"] and auto["intact"]
     assert off["repair_bytes"] == 0 and all(p["repair_bytes"] == 0 for p in off["paths"])
-    assert auto["repair_bytes"] > 0
+    assert 0 < auto["repair_bytes"] <= fec_sender.REPAIR_SHARE * auto["payload_bytes"]
     assert sum(p["repair_bytes"] for p in auto["paths"]) == auto["repair_bytes"]
     assert auto["repaired_bytes"] > 0  # the bytes mode rebuilt real data and the digests matched
 

@@ -38,6 +38,8 @@ from wanxport.wire.frames import DATA_OVERHEAD, RepairFrame
 # P(a step's tail needs a retransmission round trip anyway), split over its blocks.
 FAILURE_TARGET = 0.01
 MAX_REPAIR_PER_BLOCK = 48
+# Repair bytes at most this share of the new data sent (issue 18: <= 3 % of the payload).
+REPAIR_SHARE = 0.03
 # A path's loss estimate before it has history: one loss in this many datagrams, as
 # if observed (a prior that fades as datagrams are counted).
 PRIOR_DATAGRAMS = 100
@@ -109,6 +111,7 @@ class FecSender:
         self.repair_datagram = config.packet_overhead() + DATA_OVERHEAD + self.symbol
         self.pending: deque[RepairFrame] = deque()
         self.covered: dict[int, RangeSet] = {}  # per shard: bytes some block already covers
+        self.allowance = 0.0  # repair bytes still to spend: REPAIR_SHARE of the new data sent
         self.repair_bytes = 0
         self.blocks = 0
 
@@ -138,12 +141,34 @@ class FecSender:
                 covered.add(start, end)
         if not blocks:
             return
-        target = FAILURE_TARGET / len(blocks)
-        for shard, offset, length, parts in blocks:
-            k = -(-length // self.symbol)
-            m = fec_code.repair_count(parts, target, MAX_REPAIR_PER_BLOCK, k)
+        curves = [fec_code.failure_curve(parts, MAX_REPAIR_PER_BLOCK, -(-length // self.symbol))
+                  for _, _, length, parts in blocks]
+        counts = self._within_allowance(curves, FAILURE_TARGET / len(blocks))
+        for (shard, offset, length, _), m in zip(blocks, counts, strict=True):
             if m:
-                self._queue(shard, offset, length, k, m)
+                self._queue(shard, offset, length, -(-length // self.symbol), m)
+        self.allowance -= sum(counts) * self.symbol
+
+    def _within_allowance(self, curves: list[list[float]], target: float) -> list[int]:
+        """Each block's m for ``target``, or for the tightest target the allowance pays for.
+
+        A short transfer has a large share of its bytes in flight at its end
+        (hetero-8path at 16 MiB: about half), and protecting all of it to the
+        full target would cost more than ``REPAIR_SHARE`` of the payload; the
+        target is then relaxed (bisected on a log scale) until the repair fits.
+        """
+        counts = [fec_code.repair_for(curve, target) for curve in curves]
+        budget = max(0.0, self.allowance) / self.symbol
+        if sum(counts) <= budget:
+            return counts
+        tight, loose = target, 1.0
+        for _ in range(20):
+            middle = (tight * loose) ** 0.5
+            if sum(fec_code.repair_for(curve, middle) for curve in curves) > budget:
+                tight = middle
+            else:
+                loose = middle
+        return [fec_code.repair_for(curve, loose) for curve in curves]
 
     def _uncovered_in_flight(self) -> dict[int, dict[int, RangeSet]]:
         """Per shard and path: outstanding bytes not yet acknowledged nor covered, on symbol boundaries."""
@@ -190,6 +215,11 @@ class FecSender:
         usable = [p for p in self.paths if p.usable]
         cutoff = water_fill_cutoff(usable, now, len(self.pending) * self.repair_datagram)
         return expected_arrival(path, now) <= cutoff
+
+    def on_new_data(self, length: int) -> None:
+        """``length`` new bytes were handed out: they earn their share of repair."""
+        if self.enabled:
+            self.allowance += REPAIR_SHARE * length
 
     def observe(self, path: Path) -> None:
         """Once per fill of ``path``: roll its loss estimate's buckets (a few integer operations)."""

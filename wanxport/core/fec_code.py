@@ -72,28 +72,41 @@ def lost_symbols_cdf(parts: list[tuple[int, float, float]], limit: int) -> list[
     return cdf
 
 
-def repair_count(parts: list[tuple[int, float, float]], target: float, max_m: int,
-                 k: int | None = None) -> int:
-    """The fewest repair symbols that bring a block's failure probability under ``target``.
+def failure_curve(parts: list[tuple[int, float, float]], max_m: int, k: int | None = None) -> list[float]:
+    """P(the block fails) with m = 0, 1, ... repair symbols, up to ``max_m`` (and what GF(2^8) allows).
 
     ``parts`` are the block's symbols still at risk (``lost_symbols_cdf``); a
     block of ``k`` symbols (default: their sum) may hold others already
     received. It fails when its lost data symbols plus its lost repair symbols
-    (i.i.d. at the parts' mean loss) exceed m. 0 when the paths lose (almost)
-    nothing; at most ``max_m`` (and what GF(2^8) allows).
+    (i.i.d. at the parts' mean loss) exceed m. ``[0.0]`` when nothing is at risk.
     """
     at_risk = sum(symbols for symbols, _, _ in parts)
     k = at_risk if k is None else k
     loss = sum(symbols * rate for symbols, rate, _ in parts) / at_risk if at_risk else 0.0
     if loss <= 0.0:
-        return 0
+        return [0.0]
     limit = max(0, min(max_m, MAX_BLOCK_SYMBOLS - k))
     cdf = lost_symbols_cdf(parts, limit)
-    for m in range(limit + 1):
-        kept = sum(comb(m, r) * loss ** r * (1.0 - loss) ** (m - r) * cdf[m - r] for r in range(m + 1))
-        if 1.0 - kept <= target:
+    return [max(0.0, 1.0 - sum(comb(m, r) * loss ** r * (1.0 - loss) ** (m - r) * cdf[m - r]
+                               for r in range(m + 1)))
+            for m in range(limit + 1)]
+
+
+def repair_for(curve: list[float], target: float) -> int:
+    """The fewest repair symbols whose failure probability (``failure_curve``) is under ``target``."""
+    for m, failure in enumerate(curve):
+        if failure <= target:
             return m
-    return limit
+    return len(curve) - 1
+
+
+def repair_count(parts: list[tuple[int, float, float]], target: float, max_m: int,
+                 k: int | None = None) -> int:
+    """The fewest repair symbols that bring a block's failure probability under ``target``.
+
+    0 when the paths lose (almost) nothing; at most ``max_m`` (and what GF(2^8) allows).
+    """
+    return repair_for(failure_curve(parts, max_m, k), target)
 
 
 def block_shapes(length: int, symbol: int) -> list[tuple[int, int]]:

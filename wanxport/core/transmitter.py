@@ -238,6 +238,8 @@ class Transmitter:
             elif kind is ChunkKind.HEDGE:
                 counters.hedged_bytes += length
                 self.hedged_bytes += length
+            else:
+                self.fec.on_new_data(length)
             if kind is not ChunkKind.HEDGE and not self.scheduler.remaining_bytes:
                 self.fec.plan()  # nothing left behind the data in flight: protect it
             # Pace by the whole datagram, DATA frame header included: the delivery-rate
