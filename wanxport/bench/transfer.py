@@ -51,6 +51,7 @@ class TransferSpec:
     pacer_burst_ns: int = 100_000
     fresh_buffers: bool = False  # receive into never-touched memory (see warm_allocator)
     fec: str = "auto"  # the erasure-coded tail (SessionConfig.fec)
+    workers: int = 1  # data-path worker threads at each end (EndpointConfig.workers)
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -83,7 +84,8 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
     sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in range(spec.paths))
     return EndpointConfig(session_config(spec), sockets, send, recv, local_conn_id=local,
                           remote_conn_id=remote, datapath=spec.datapath,
-                          pacer_spin_ns=spec.pacer_spin_ns, pacer_burst_ns=spec.pacer_burst_ns)
+                          pacer_spin_ns=spec.pacer_spin_ns, pacer_burst_ns=spec.pacer_burst_ns,
+                          workers=spec.workers)
 
 
 # -- receiver process ----------------------------------------------------------
@@ -280,7 +282,7 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         cipher=spec.cipher, datapath=spec.datapath,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
-        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, receiver_counters=received["counters"], fec=spec.fec,
+        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, workers=spec.workers, receiver_counters=received["counters"], fec=spec.fec,
         repair_bytes=session.stats().repair_bytes,
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
         cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
