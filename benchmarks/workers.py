@@ -157,7 +157,7 @@ async def measure_send(size: int, paths: int, workers: int, mtu: int, segments: 
         dp.attach(p)
         dp.set_rate(p, UNPACED_BYTES_PER_S)
     pns = [0] * paths
-    cpu0, t0 = _cpu_s(), time.monotonic()
+    cpu0, t0, loop0 = _cpu_s(), time.monotonic(), time.thread_time()
     offset, p = 0, 0
     while offset < size:
         if dp.backlogged:
@@ -176,6 +176,7 @@ async def measure_send(size: int, paths: int, workers: int, mtu: int, segments: 
         dp.flush()
         await asyncio.sleep(0.0002)
     shares = dp.shares
+    loop_cpu = time.thread_time() - loop0
     dp.close(drain_s=120.0)
     wall, cpu = time.monotonic() - t0, _cpu_s() - cpu0
     for sock in socks:
@@ -186,7 +187,8 @@ async def measure_send(size: int, paths: int, workers: int, mtu: int, segments: 
             "bytes": size, "sink_bytes": got["bytes"], "wall_s": round(wall, 3),
             "goodput_gbps": round(size * 8 / wall / 1e9, 3), "cpu_s": round(cpu, 3),
             "cpu_s_per_gb": round(cpu / (size / GB), 3), "cores_busy": round(cpu / wall, 2),
-            "shares": shares, "loadavg": [round(x, 2) for x in os.getloadavg()]}
+            "loop_cpu_s_per_gb": round(loop_cpu / (size / GB), 3), "shares": shares,
+            "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
 
 async def measure_recv(size: int, paths: int, workers: int, mtu: int) -> dict[str, Any]:
@@ -229,14 +231,14 @@ async def measure_recv(size: int, paths: int, workers: int, mtu: int) -> dict[st
     if not dp.threaded:
         for p, sock in enumerate(socks):
             loop.add_reader(sock.fileno(), lambda p=p: absorb(dp.receive(p)))
-    cpu0 = _cpu_s()
+    cpu0, loop0 = _cpu_s(), time.thread_time()
     source.stdin.write("go\n")
     source.stdin.flush()
     while not done.done():  # all placed, or idle for a second after the first byte
         await asyncio.wait([done], timeout=0.1)
         if got["last"] and time.monotonic() - got["last"] > 1.0:
             break
-    cpu = _cpu_s() - cpu0
+    cpu, loop_cpu = _cpu_s() - cpu0, time.thread_time() - loop0
     for sock in socks:
         if not dp.threaded:
             loop.remove_reader(sock.fileno())
@@ -252,7 +254,9 @@ async def measure_recv(size: int, paths: int, workers: int, mtu: int) -> dict[st
             "placed_bytes": placed, "kernel_drops": counters.get("rejected_kernel_overflow", 0),
             "span_s": round(span, 3), "goodput_gbps": round(placed * 8 / span / 1e9, 3),
             "cpu_s": round(cpu, 3), "cpu_s_per_gb": round(cpu / max(placed / GB, 1e-9), 3),
-            "cores_busy": round(cpu / span, 2), "source_wall_s": round(sent["wall_s"], 3),
+            "cores_busy": round(cpu / span, 2),
+            "loop_cpu_s_per_gb": round(loop_cpu / max(placed / GB, 1e-9), 3),
+            "source_wall_s": round(sent["wall_s"], 3),
             "shares": shares, "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
 
