@@ -6,9 +6,9 @@ each inside a worker thread that owns some of the paths (``aio.workers``), so
 that more cores seal, pace, receive, open and place. A lane is never used by
 two threads at once; the caller (the loop, or the worker owning it) serialises.
 
-Per call, not per datagram: one ``build_data_datagrams`` per data plan (it
-segments and seals the whole burst in C, without the GIL), one ``enqueue`` per
-plan into the pacer's ring (its release thread sends), one ``recv_batch`` +
+Per call, not per datagram: one ``Pacer.enqueue_data`` per data plan (it
+segments the plan and seals each datagram straight into a free slot of the
+pacer's ring, in C without the GIL; the release thread sends), one ``recv_batch`` +
 ``Receiver.process`` per batch of up to 64 messages (more with GRO), which
 open, replay-check and place DATA straight into the registered shard buffers
 (without the GIL).
@@ -38,15 +38,18 @@ MAX_BATCHES_PER_WAKE = 16
 
 
 class _Pending:
-    """A plan's datagrams the pacer ring had no room for yet (backpressure)."""
+    """What the pacer ring had no room for yet (backpressure): the unsealed rest of a data
+    plan (sealed when it fits, under the key it was handed out with), or a sealed control
+    datagram."""
 
-    __slots__ = ("buffer", "stride", "lengths", "not_before_ns")
+    __slots__ = ("plan", "seal", "key_phase", "datagram", "not_before_ns")
 
-    def __init__(self, buffer: memoryview, stride: int | None, lengths: list[int] | None,
-                 not_before_ns: int) -> None:
-        self.buffer = buffer
-        self.stride = stride
-        self.lengths = lengths
+    def __init__(self, plan: DataPlan | None, seal: native.Protector | None, key_phase: int,
+                 datagram: bytes | None, not_before_ns: int) -> None:
+        self.plan = plan
+        self.seal = seal
+        self.key_phase = key_phase
+        self.datagram = datagram
         self.not_before_ns = not_before_ns
 
 
@@ -85,15 +88,16 @@ class SendLane:
         self.pacer.set_path(path_id, self._sockets[path_id], self._dest[path_id])
 
     def send(self, plans: Sequence[tuple[Plan, bool]], seal: native.Protector, key_phase: int) -> None:
-        """Seal and queue ``(plan, overtake)`` pairs, in order, with ``seal`` under ``key_phase``."""
+        """Seal and queue ``(plan, overtake)`` pairs, in order, with ``seal`` under ``key_phase``.
+
+        A data plan is segmented and sealed straight into the pacer's ring slots
+        (``Pacer.enqueue_data``): no burst buffer, no copy into the ring.
+        """
         for plan, overtake in plans:
             self.plans += 1
             nb = int(plan.not_before * 1e9)
             if isinstance(plan, DataPlan):
-                burst = native.build_data_datagrams(
-                    seal, self._conn, plan.path_id, plan.first_pn, key_phase, plan.shard_id,
-                    plan.buffer, plan.offset, plan.length, plan.segment)
-                self._enqueue(plan.path_id, _Pending(memoryview(burst.buffer), burst.stride, None, nb))
+                self._enqueue(plan.path_id, _Pending(plan, seal, key_phase, None, nb))
             else:
                 assert isinstance(plan, ControlPlan)
                 header = encode_header(plan.path_id, self._conn, plan.pn, key_phase)
@@ -129,7 +133,7 @@ class SendLane:
                 self.local_send_errors += 1
                 log.debug("path %d: control datagram not sent (%s)", path_id, exc.strerror or exc)
                 return
-        self._enqueue(path_id, _Pending(memoryview(datagram), None, None, not_before_ns))
+        self._enqueue(path_id, _Pending(None, None, 0, datagram, not_before_ns))
 
     def _enqueue(self, path_id: int, item: _Pending) -> None:
         queue = self._pending[path_id]
@@ -138,19 +142,21 @@ class SendLane:
 
     def _push(self, path_id: int, item: _Pending) -> bool:
         """Enqueue as much as fits; True when all of it did."""
-        if item.stride is None:
-            lengths = item.lengths or [len(item.buffer)]
-            accepted = self.pacer.enqueue(path_id, item.buffer, lengths=lengths,
-                                          not_before_ns=item.not_before_ns)
-            if accepted == len(lengths):
-                return True
-            item.buffer = item.buffer[sum(lengths[:accepted]):]
-            item.lengths = lengths[accepted:]
-            return False
-        accepted = self.pacer.enqueue(path_id, item.buffer, stride=item.stride,
-                                      not_before_ns=item.not_before_ns)
-        item.buffer = item.buffer[accepted * item.stride:]
-        return len(item.buffer) == 0
+        plan = item.plan
+        if plan is None:
+            assert item.datagram is not None
+            return self.pacer.enqueue(path_id, item.datagram, lengths=[len(item.datagram)],
+                                      not_before_ns=item.not_before_ns) == 1
+        assert item.seal is not None
+        accepted = self.pacer.enqueue_data(path_id, item.seal, self._conn, plan.first_pn, item.key_phase,
+                                           plan.shard_id, plan.buffer, plan.offset, plan.length,
+                                           plan.segment, item.not_before_ns)
+        if accepted * plan.segment >= plan.length:
+            return True
+        done = accepted * plan.segment  # the rest waits: same plan, from the first datagram not queued
+        item.plan = DataPlan(plan.path_id, plan.first_pn + accepted, plan.shard_id, plan.buffer,
+                             plan.offset + done, plan.length - done, plan.segment, plan.not_before)
+        return False
 
     @property
     def backlogged(self) -> bool:
