@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import resource
@@ -222,6 +223,9 @@ async def measure_recv(size: int, paths: int, workers: int, mtu: int) -> dict[st
             if got["bytes"] >= share * paths and not done.done():
                 done.set_result(None)
 
+    def drain(path_id: int) -> None:  # inline: the loop reads the socket itself
+        absorb(dp.receive(path_id))
+
     def deliver(items: list[tuple[int, Received]]) -> None:
         for _, received in items:
             absorb(received)
@@ -230,7 +234,7 @@ async def measure_recv(size: int, paths: int, workers: int, mtu: int) -> dict[st
     dp.start(loop, deliver)
     if not dp.threaded:
         for p, sock in enumerate(socks):
-            loop.add_reader(sock.fileno(), lambda p=p: absorb(dp.receive(p)))
+            loop.add_reader(sock.fileno(), functools.partial(drain, p))
     cpu0, loop0 = _cpu_s(), time.thread_time()
     source.stdin.write("go\n")
     source.stdin.flush()

@@ -104,3 +104,24 @@ def test_a_worker_receiver_refuses_other_workers_paths() -> None:
     assert receiver.counters["rejected_path"] == 2
     with pytest.raises(ValueError, match="path_id"):
         receiver.own_paths([4])
+
+
+async def test_two_workers_switch_keys_without_losing_data(pair: tuple[Endpoint, Endpoint]) -> None:
+    """A key update with workers: every worker opens the new phase, plans queued before the
+    switch keep the old one, and both shards still arrive intact."""
+    a, b = pair
+    new = DirectionKey("aes-256-gcm", bytes(range(2, 34)), bytes(range(1, 13)))
+    first, second = random.Random(3).randbytes(2 << 20), random.Random(4).randbytes(2 << 20)
+    acked = [a.submit(0, first)]
+    b.install_recv_key(1, new)  # the receiver learns the next key before the sender uses it
+    a.use_send_key(1, new)
+    acked.append(a.submit(1, second))
+    got = {}
+    while len(got) < 2:
+        shard = await asyncio.wait_for(b.receive_shard(), WAIT_S)
+        got[shard.shard_id] = shard
+    assert await asyncio.wait_for(asyncio.gather(*acked), WAIT_S) == [True, True]
+    assert bytes(got[0].data) == first and bytes(got[1].data) == second
+    counters = b.datapath.counters
+    assert counters["opened_phase1"] > 0
+    assert b.datagrams_rejected == 0
