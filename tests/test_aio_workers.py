@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
 
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
 from wanxport.aio.endpoint import Endpoint
+from wanxport.aio.port import PathPort
 from wanxport.aio.workers import owned_paths
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.wire import native
@@ -125,3 +127,54 @@ async def test_two_workers_switch_keys_without_losing_data(pair: tuple[Endpoint,
     counters = b.datapath.counters
     assert counters["opened_phase1"] > 0
     assert b.datagrams_rejected == 0
+
+
+class _Recorder(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+        self.arrived = asyncio.Event()
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:  # type: ignore[override]
+        self.got.append(data)
+        self.arrived.set()
+
+
+async def test_workers_on_shared_ports_hand_quic_back_and_give_the_socket_back() -> None:
+    """As a gateway's responder: the endpoint shares the listener's path ports. Its worker
+    threads drain them (the loop stops watching), QUIC-looking datagrams still reach the
+    control side, and after close the port reads its socket again."""
+    n = 2
+    ports = [PathPort.open(("127.0.0.1", 0)) for _ in range(n)]
+    control = _Recorder()
+    ports[0].set_quic(control)
+    paths = tuple(PathConfig(f"p{i}", 1500) for i in range(n))
+    session = SessionConfig(paths=paths, chunk_bytes=offload_chunk_bytes(paths, 16), max_ack_delay_s=0.001)
+    a_socks = tuple(PathSocket(("127.0.0.1", 0)) for _ in paths)
+    a = Endpoint(EndpointConfig(session, a_socks, A_TO_B, B_TO_A, 11, 22, datapath="native", workers=2))
+    b_socks = tuple(PathSocket(port.address, addr)
+                    for port, addr in zip(ports, a.local_addresses, strict=True))
+    b = Endpoint(EndpointConfig(session, b_socks, B_TO_A, A_TO_B, 22, 11, datapath="native", workers=2),
+                 ports=ports)
+    a.connect([port.address for port in ports])
+    try:
+        a.start()
+        b.start()
+        data = random.Random(5).randbytes(3 << 20)
+        acked = a.submit(0, data)
+        shard = await asyncio.wait_for(b.receive_shard(), WAIT_S)
+        assert await asyncio.wait_for(acked, WAIT_S)
+        assert shard.ok and bytes(shard.data) == data
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.sendto(b"\x40quic-during", ports[0].address)  # a worker drains it, the loop hands it
+            await asyncio.wait_for(control.arrived.wait(), WAIT_S)
+            assert control.got == [b"\x40quic-during"]
+            await b.close()
+            control.arrived.clear()
+            peer.sendto(b"\x40quic-after", ports[0].address)  # the port's own reader again
+            await asyncio.wait_for(control.arrived.wait(), WAIT_S)
+            assert control.got == [b"\x40quic-during", b"\x40quic-after"]
+    finally:
+        await a.close()
+        await b.close()
+        for port in ports:
+            port.close()
