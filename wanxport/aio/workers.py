@@ -65,6 +65,7 @@ class PathWorker:
         self._delivery_scheduled = False
         self._room = threading.Event()
         self._room.set()
+        self._stopping = False
         self._stop_r, self._stop_w = os.pipe()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,10 +132,12 @@ class PathWorker:
 
     def _hand_over(self, path_id: int, received: Received) -> None:
         """Queue a result for the loop; one wake-up per drain of the queue, not per result."""
-        while len(self._undelivered) >= MAX_UNDELIVERED:
+        while len(self._undelivered) >= MAX_UNDELIVERED and not self._stopping:
             self._room.clear()
             if len(self._undelivered) >= MAX_UNDELIVERED:
                 self._room.wait(POLL_MS / 1000)
+        if self._stopping:
+            return  # close() joins this thread from the loop, which will not drain any more
         self._undelivered.append((path_id, received))
         if not self._delivery_scheduled:
             self._delivery_scheduled = True
@@ -156,6 +159,7 @@ class PathWorker:
 
     def close(self, drain_s: float) -> None:
         """Stop both threads (the send thread first seals what was queued), then the pacer."""
+        self._stopping = True
         self._jobs.put(_STOP)
         os.write(self._stop_w, b"x")
         self._room.set()
