@@ -1,6 +1,8 @@
 #!/bin/sh
 # A/B of two builds (old: copy each sealed burst into the ring; new: seal into the ring slots),
 # swapping the extension and the two Python files between runs: A B A B A B.
+# /tmp/wk/old and /tmp/wk/new held the built wanxport/_native*.so, aio/native_lanes.py and
+# aio/native_io.py of commits e72e141 (old) and 7a3cd31 (new); run under the lock.
 cd /work/wt/workers
 out=docs/results/cpu/seal-into-ring-ab.jsonl
 for round in 1 2 3; do
