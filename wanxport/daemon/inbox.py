@@ -93,7 +93,7 @@ class Inbox(FileSink):
     """One session's receiving sink, rooted at the sending peer's directory."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
+        super().__init__(directory, keep_names=False)  # a warm session lands thousands of files
         self._refused: set[int] = set()
         self._announcement: Any = None
         self.resumed_bytes = 0  # held at a resume query (not sent again)
