@@ -32,6 +32,13 @@ from wanxport.daemon.config import load_config  # noqa: E402
 from wanxport.daemon.service import GatewayDaemon  # noqa: E402
 
 
+def malloc_trim() -> None:
+    """glibc's malloc_trim(0): hand free heap pages back to the kernel."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def rss_anon_kib() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssAnon:"):
@@ -73,9 +80,13 @@ async def run(args: argparse.Namespace) -> None:
         if args.tracemalloc:
             before = tracemalloc.take_snapshot()
             traced_start = tracemalloc.get_traced_memory()[0] + tracemalloc.get_tracemalloc_memory()
+        if args.malloc_trim:
+            malloc_trim()
         start = rss_anon_kib()
         await send(args.warmup, args.transfers)
         gc.collect()
+        if args.malloc_trim:
+            malloc_trim()
         end = rss_anon_kib()
         print(f"RssAnon {start} -> {end} KiB: {(end - start) / args.transfers:.1f} KiB per transfer "
               f"over {args.transfers} transfers of {args.size_mib} MiB")
@@ -99,6 +110,8 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1)
     parser.add_argument("--keep-finished", type=int, help="the transfer store's bound (default 1000)")
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--malloc-trim", action="store_true",
+                        help="malloc_trim(0) before each RssAnon reading: is the growth free but kept?")
     asyncio.run(run(parser.parse_args()))
 
 
