@@ -7,11 +7,13 @@ one is queued, running, done or failed, and whether the daemon restarted in betw
 ``durable.write_state`` after every change of state). The same key with different
 parameters is a conflict, never a silent second transfer. On start, a transfer that
 was active when the daemon stopped is queued again: the receiver keeps what it got.
+A paused transfer (the peer's disk was full; the daemon retries it with backoff) is
+queued again at start too: the wait it was in does not outlive the process.
 
 A transfer that finishes (done, failed, cancelled) moves to ``finished.FinishedArchive``
 (one file each under ``DATA_DIR/finished/``, kept for a week): lookups by id and by key
-still find it, while memory and ``transfers.json`` hold only the unfinished transfers
-plus the ``keep_finished`` most recent finished ones. So the daemon's memory and the
+still find it, while memory holds only the unfinished transfers plus the
+``keep_finished`` most recent finished ones, and ``transfers.json`` only the unfinished. So the daemon's memory and the
 cost of each state change stay flat however many transfers it has finished.
 """
 
@@ -29,7 +31,7 @@ from .finished import FinishedArchive
 
 log = logging.getLogger(__name__)
 
-STATES = ("queued", "active", "done", "failed", "cancelled")
+STATES = ("queued", "active", "paused", "done", "failed", "cancelled")
 FINAL = ("done", "failed", "cancelled")
 KEEP_FINISHED = 100  # in memory (and in the listing); older finished ones are read from disk
 
@@ -104,8 +106,8 @@ class TransferStore:
             return
         for raw in body or []:
             transfer = Transfer.from_json(raw)
-            if transfer.state == "active":
-                transfer.state = "queued"  # the daemon stopped while it ran: run it again
+            if transfer.state in ("active", "paused"):
+                transfer.state = "queued"  # the daemon stopped while it ran or waited: run it again
             self.transfers[transfer.id] = transfer
             self._by_key[transfer.key] = transfer.id
         finished = [t for t in self.transfers.values() if t.state in FINAL]
