@@ -13,8 +13,9 @@ queued again at start too: the wait it was in does not outlive the process.
 A transfer that finishes (done, failed, cancelled) moves to ``finished.FinishedArchive``
 (one file each under ``DATA_DIR/finished/``, kept for a week): lookups by id and by key
 still find it, while memory holds only the unfinished transfers plus the
-``keep_finished`` most recent finished ones, and ``transfers.json`` only the unfinished. So the daemon's memory and the
-cost of each state change stay flat however many transfers it has finished.
+``keep_finished`` most recent finished ones, and ``transfers.json`` only the
+unfinished. So the daemon's memory and the cost of each state change stay flat
+however many transfers it has finished.
 """
 
 from __future__ import annotations
