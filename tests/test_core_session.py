@@ -596,6 +596,8 @@ def test_a_long_session_keeps_no_state_per_finished_shard() -> None:
     assert len(a.outgoing.finished) == 1 and len(b.incoming.finished) == 1
     assert all(not p.needs_open for p in a.paths)
     assert a.stats().acked_bytes == sum(len(d) for d in shards)  # still counts the finished ones
+    hedger = a.scheduler.hedger  # type: ignore[attr-defined]
+    assert a.stats().hedged_bytes > 0 and hedger.hedged == set(), "every tail was hedged, none is kept"
     with pytest.raises(ValueError):
         pair.a.submit(3, b"again", pair.now)  # a finished id is still refused
 

@@ -168,6 +168,12 @@ size_t wx_pacer_reserve(WxPacer *pc, int path, size_t *tail) {
     pthread_mutex_lock(&pc->produce_mu);
     PPath *p = &pc->paths[path];
     pthread_mutex_lock(&pc->mu);
+    /* An empty ring starts again at slot 0 (no plan refers to its slots: a planned
+     * datagram stays counted until it is consumed). Otherwise a path that carries a
+     * datagram now and then walks the whole ring, touching a new slot's page each
+     * time: a warm session's resident memory grew by up to capacity * slot_size
+     * (32 MiB) per path over hours, like a leak. */
+    if (p->ring.count == 0) p->ring.head = 0;
     *tail = wx_ring_index(&p->ring, p->ring.count);
     size_t room = wx_ring_room(&p->ring);
     pthread_mutex_unlock(&pc->mu);
