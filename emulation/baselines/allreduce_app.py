@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from emulation.baselines.tcp_app import emit
+from emulation.baselines.wanxport_app import diagnostics
 from wanxport.aio.loop import run
 from wanxport.collective import error_bound, join
 from wanxport.collective.mesh import default_options
@@ -81,12 +82,31 @@ class Checker:
         err = np.abs(result.astype(np.float64) - self.exact)
         return bool(np.all(err <= self.tol)), float(np.max(err / np.maximum(self.tol, 1e-30)))
 
+    def verdict(self, result: np.ndarray) -> tuple[bool, float, str]:
+        """``check`` and the result's digest (the runner compares ranks'), in one call for a thread."""
+        ok, ratio = self.check(result)
+        return ok, ratio, hashlib.sha256(result.data).hexdigest()[:16]
+
 
 def cpu_seconds() -> float:
     """User + system CPU this rank used (setup and checks included): on a shared 2-core
     machine a CPU-bound rank shows here."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return round(usage.ru_utime + usage.ru_stime, 2)
+
+
+def session_diagnostics(endpoint: Any) -> dict[str, Any]:
+    """The plain emulated transfer's diagnostics (data-path drops, pacer, per-path loss and
+    window) plus the session's recovery counters: what explains a slow step."""
+    stats = endpoint.session.stats()
+    out = diagnostics(endpoint)
+    out["session"] = {k: getattr(stats, k) for k in (
+        "hedged_bytes", "repair_bytes", "repaired_bytes", "retransmitted_after_repair_bytes",
+        "repair_blocks_rebuilt", "repair_blocks_short", "data_dropped")}
+    for row, p in zip(out["paths"], stats.paths, strict=True):
+        row.update(payload_bytes=p.payload_bytes, retransmitted_bytes=p.retransmitted_bytes,
+                   hedged_bytes=p.hedged_bytes, repair_bytes=p.repair_bytes, bytes_sent=p.bytes_sent)
+    return out
 
 
 def intra_group(spec: dict[str, Any]) -> Any:
@@ -122,7 +142,7 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     steps, digests, worst, correct, error = [], [], 0.0, True, None
     try:
         for _ in range(spec["steps"]):
-            work[:] = checker.own
+            await asyncio.to_thread(np.copyto, work, checker.own)
             await group.barrier()
             if dist is not None:
                 await asyncio.to_thread(dist.barrier)
@@ -135,18 +155,21 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
                 await asyncio.to_thread(dist.all_gather_into_tensor, work_t, piece_t)
             t1 = time.monotonic()
             steps.append([t0, t1])
-            ok, ratio = checker.check(work)
+            # Off the loop: a second of numpy here starved the transport's acknowledgements
+            # and pacing while the peer still waited for this rank's bytes.
+            ok, ratio, digest = await asyncio.to_thread(checker.verdict, work)
             correct, worst = correct and ok, max(worst, ratio)
-            digests.append(hashlib.sha256(work.data).hexdigest()[:16])
+            digests.append(digest)
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
         error, correct = f"{type(exc).__name__}: {exc}", False
     paths = [[p.payload_bytes, p.retransmitted_bytes, p.srtt_s, p.state]
              for stats in group.path_stats().values() for p in stats]
     sent = sum(s.sent_bytes for s in group.stats() if s.op == "all_reduce")
+    diag = {link.name: session_diagnostics(link.session.endpoint) for link in group.links.values()}
     await group.close()
     emit({"event": "done", "steps": steps, "correct": correct, "worst_error_ratio": worst,
           "digests": digests, "paths": paths, "collective_bytes_sent": sent, "error": error,
-          "cpu_s": cpu_seconds()})
+          "cpu_s": cpu_seconds(), "diag": diag})
 
 
 def gloo_rank(spec: dict[str, Any]) -> None:
