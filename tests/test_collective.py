@@ -11,6 +11,8 @@ import pytest
 from collective_helpers import close_all, join_all, make_pki
 
 from wanxport.collective import CollectiveError, Group, error_bound, part_bounds
+from wanxport.collective.mesh import ACK_DELAY_S
+from wanxport.gateway.config import GatewayOptions
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -220,6 +222,18 @@ async def test_a_site_with_bad_arguments_fails_its_peers_at_once_naming_it(pki: 
         assert all(a.tolist() == [3.0] * 5 for a in arrays)
     finally:
         await close_all(groups)
+
+
+async def test_group_sessions_acknowledge_at_the_wan_delay_on_both_sides(pki: Path) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        configs = [link.session.endpoint.config.session for g in groups for link in g.links.values()]
+        assert [c.max_ack_delay_s for c in configs] == [ACK_DELAY_S, ACK_DELAY_S]
+        assert GatewayOptions().ack_delay_s == 0.001  # the gateway's own default is unchanged
+    finally:
+        await close_all(groups)
+    with pytest.raises(ValueError, match="ack_delay_s"):
+        GatewayOptions(ack_delay_s=0.0)
 
 
 def per_step_state(group: Group) -> dict[str, int]:

@@ -26,7 +26,6 @@ from the last (error feedback), i.e. ``2.02 x`` the per-site bounds, plus the fo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 import os
@@ -42,9 +41,6 @@ from emulation.baselines.tcp_app import emit
 from emulation.baselines.wanxport_app import diagnostics
 from wanxport.aio.loop import run
 from wanxport.collective import error_bound, join
-from wanxport.collective.mesh import default_options
-
-SEGMENTS = 16  # as the emulation's wanxport app (emulation/baselines/wanxport_app.py)
 
 
 def inputs(seed: int, sites: int, ranks: int, count: int) -> list[list[np.ndarray]]:
@@ -127,9 +123,8 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     dist = intra_group(spec) if ranks > 1 else None
     pki = spec["pki"]
     names = spec["names"]
-    options = dataclasses.replace(default_options(), segments=SEGMENTS)
     group = await join(spec["site"], names, identity=f"{pki}/{names[spec['site']]}", ca=f"{pki}/ca.pem",
-                       paths=spec["paths"], options=options, timeout=spec["timeout"], join_timeout=60.0)
+                       paths=spec["paths"], timeout=spec["timeout"], join_timeout=60.0)
     work = np.empty(count, dtype=np.float32)
     part = count // ranks
     piece = np.empty(part, dtype=np.float32)
