@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from collective_helpers import close_all, join_all, make_pki
 
-from wanxport.collective import CollectiveError, error_bound, part_bounds
+from wanxport.collective import CollectiveError, Group, error_bound, part_bounds
+from wanxport.collective.mesh import ACK_DELAY_S
+from wanxport.gateway.config import GatewayOptions
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -187,6 +189,92 @@ async def test_bad_arguments_are_one_line_errors(pki: Path) -> None:
             await groups[0].all_reduce(np.ones(3, np.int64), op="mean")
         with pytest.raises(ValueError, match="root"):
             await groups[0].broadcast(np.ones(3), root=2)
+    finally:
+        await close_all(groups)
+
+
+async def test_a_site_with_bad_arguments_fails_its_peers_at_once_naming_it(pki: Path) -> None:
+    """The bad site raises ValueError; the others' matching calls fail with CollectiveError
+    naming it and the problem long before their timeout, and the group goes on."""
+    groups = await join_all(pki, 3, timeout=60.0)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        calls = [groups[0].all_reduce(np.ones(10, np.float32)),
+                 groups[1].all_reduce(np.ones(10, np.float32), op="max"),
+                 groups[2].all_reduce(np.ones(10, np.float32))]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(results[1], ValueError) and "op" in str(results[1]), results
+        for k in (0, 2):
+            error = results[k]
+            assert isinstance(error, CollectiveError), results
+            assert error.site == "site-1" and "bad arguments" in str(error) and "'max'" in str(error)
+        later = [groups[0].broadcast(np.ones(3), root=1),
+                 groups[1].broadcast(np.ones(3), root=1),
+                 groups[2].broadcast(np.ones(3), root=7)]  # site 2 asks for a root that is not there
+        results = await asyncio.gather(*later, return_exceptions=True)
+        assert isinstance(results[2], ValueError), results
+        assert all(isinstance(r, CollectiveError) and r.site == "site-2" and "root" in str(r)
+                   for r in results[:2]), results
+        assert loop.time() - started < 20.0  # no call waited out its 60 s timeout
+        arrays = [np.full(5, k, np.float32) for k in range(3)]  # the same group still works
+        await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))
+        assert all(a.tolist() == [3.0] * 5 for a in arrays)
+    finally:
+        await close_all(groups)
+
+
+async def test_group_sessions_acknowledge_at_the_wan_delay_on_both_sides(pki: Path) -> None:
+    groups = await join_all(pki, 2)
+    try:
+        configs = [link.session.endpoint.config.session for g in groups for link in g.links.values()]
+        assert [c.max_ack_delay_s for c in configs] == [ACK_DELAY_S, ACK_DELAY_S]
+        assert GatewayOptions().ack_delay_s == 0.001  # the gateway's own default is unchanged
+    finally:
+        await close_all(groups)
+    with pytest.raises(ValueError, match="ack_delay_s"):
+        GatewayOptions(ack_delay_s=0.0)
+
+
+def per_step_state(group: Group) -> dict[str, int]:
+    """Everything a group, its links and their sessions keep that could grow per collective."""
+    sizes = {"inbox": len(group._inbox), "waiters": len(group._waiters), "finished": len(group._finished),
+             "tallies": len(group._tallies), "send_sending": len(group.send_pool._sending),
+             "send_over": len(group.send_pool._over)}
+    for link in group.links.values():
+        session, endpoint = link.session, link.session.endpoint
+        for name, size in {"verdicts": len(session._completions), "announced": len(session._announced),
+                           "announce_waiters": len(session._announce_waiters), "sends": len(link._sends),
+                           "pool_by_shard": len(link.pool._by_shard), "pool_held": len(link.pool._held),
+                           "acks": len(endpoint._acks), "rx_buffers": len(endpoint._rx_buffers),
+                           "hashers": len(endpoint._hashers),
+                           "outgoing": len(endpoint.session.outgoing.shards),
+                           "incoming": len(endpoint.session.incoming.shards)}.items():
+            sizes[name] = sizes.get(name, 0) + size
+    return sizes
+
+
+async def test_per_step_state_stays_bounded_over_many_steps(pki: Path) -> None:
+    """A training run calls the same collectives for months: after the first steps, nothing
+    a group or its sessions hold may grow with the number of steps (the session's verdicts
+    did: the link never forgot them)."""
+    groups = await join_all(pki, 2)
+    try:
+        async def steps(n: int) -> None:
+            for _ in range(n):
+                arrays = [np.ones(1_000, np.float32) for _ in groups]
+                await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))
+                await asyncio.gather(*(g.barrier() for g in groups))
+            await asyncio.gather(*(link.drain(5.0) for g in groups for link in g.links.values()))
+
+        await steps(10)
+        early = [per_step_state(g) for g in groups]
+        await steps(40)
+        late = [per_step_state(g) for g in groups]
+        for before, after in zip(early, late, strict=True):
+            grown = {k: (before[k], after[k]) for k in after if after[k] > max(before[k], 4)}
+            assert not grown, grown  # 100 collectives later: nothing grew
+            assert after["verdicts"] <= 2, after
     finally:
         await close_all(groups)
 

@@ -90,3 +90,29 @@ def test_ack_ranges_are_bounded_and_the_record_forgets_the_oldest() -> None:
     top = 4 * RECEIVED_RANGES_KEPT - 2
     assert ranges[0] == (top, top)
     assert tracker.received.contains(top, top + 1) and not tracker.received.contains(0, 1)
+
+
+def test_an_ack_only_packet_that_overtook_data_is_no_gap() -> None:
+    """The peer's acknowledgement-only packets leave ahead of its queued data (the
+    transmitter's ``overtake``): when that data arrives, no number is missing and no ACK
+    is owed at once; a real hole still asks for one, and so does a late data packet."""
+    tracker = AckTracker()  # (ack_sent() after each check keeps THRESHOLD out of it)
+    receive(tracker, 0)
+    tracker.ack_sent()
+    receive(tracker, 4, eliciting=False)  # the peer's ACK, ahead of its data 1..3
+    tracker.on_run_received(1, 3, 0.0)  # data 1, 2 ...
+    receive(tracker, 3)  # ... and 3: the run's last
+    assert not tracker.ack_now
+    tracker.ack_sent()
+    receive(tracker, 5)  # right after the ACK-only 4: in order
+    assert not tracker.ack_now
+    tracker.ack_sent()
+    receive(tracker, 7)  # 6 is missing
+    assert tracker.ack_now
+    tracker.ack_sent()
+    receive(tracker, 6)  # late
+    assert tracker.ack_now
+    tracker.ack_sent()
+    receive(tracker, 9, eliciting=False)
+    tracker.on_run_received(10, 12, 0.0)  # 8 missing below an ACK-only 9: still a hole
+    assert tracker.ack_now

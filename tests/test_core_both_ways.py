@@ -63,21 +63,35 @@ def _session() -> Session:
     return Session(config, allocator=lambda shard_id, size, meta: None)
 
 
-def test_an_ack_never_leaves_before_data_handed_out_earlier() -> None:
-    """Packets leave a path in packet-number order, the ACK included, and its delay says so."""
+def test_an_ack_leaves_ahead_of_data_handed_out_earlier_and_the_peer_sees_no_gap() -> None:
+    """An ACK-only packet leaves now, not behind the data this side paced out ahead (with
+    data both ways that coupled each side's RTT to the other's rate); the data keeps its
+    order, and the peer, receiving the ACK before that data, owes no ACK at once for it."""
     sender = _session()
     sender.submit(0, None, 0.0, size=4 << 20)
-    handed_out = [tx for tx in sender.poll_transmit(0.0) if any(isinstance(f, DataFrame) for f in tx.frames)]
+    flight = sender.poll_transmit(0.0)
+    handed_out = [tx for tx in flight if any(isinstance(f, DataFrame) for f in tx.frames)]
     last_departure = max(tx.not_before for tx in handed_out)
     assert last_departure > 0.0  # paced: some data departs later than now
-    # The peer's data arrives now: the ACK for it must queue behind our data.
+    # The peer's data arrives now: the ACK for it leaves now too.
     sender.receive_packet(0, 0, [ShardOpenFrame(7, 1 << 20, bytes(32))], 0.0)
     sender.receive_packet(0, 1, [DataFrame(7, 0, 1000, None)], 0.0)
     sender.receive_packet(0, 3, [DataFrame(7, 2000, 1000, None)], 0.0)  # a gap: ack at once
     acks = [tx for tx in sender.poll_transmit(0.0) if any(isinstance(f, AckFrame) for f in tx.frames)]
     assert len(acks) == 1
     ack = acks[0]
-    assert ack.not_before >= last_departure
+    assert ack.not_before == 0.0
     assert ack.first_pn > max(tx.first_pn for tx in handed_out)
     ack_frame = next(f for f in ack.frames if isinstance(f, AckFrame))
-    assert ack_frame.ack_delay_us == pytest.approx(last_departure * 1e6, abs=1)
+    assert ack_frame.ack_delay_us == 0
+    more = [tx for tx in sender.poll_transmit(0.0005) if any(isinstance(f, DataFrame) for f in tx.frames)]
+    assert all(tx.not_before >= last_departure for tx in more)  # data still leaves in order
+    # The peer: the first packet, then the ACK-only one, then the rest numbered below it.
+    peer = _session().paths[0].acks
+    numbers = sorted(pn for tx in flight for pn in range(tx.first_pn, tx.first_pn + tx.count))
+    assert numbers == list(range(len(numbers))) and ack.first_pn == len(numbers)
+    peer.on_packet_received(numbers[0], True, 0.0, 1 << 20, 0.005)
+    peer.on_packet_received(ack.first_pn, False, 0.0, 1 << 20, 0.005)
+    for pn in numbers[1:]:
+        peer.on_packet_received(pn, True, 0.001, 1 << 20, 0.005)
+    assert not peer.ack_now

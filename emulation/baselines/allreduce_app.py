@@ -26,7 +26,6 @@ from the last (error feedback), i.e. ``2.02 x`` the per-site bounds, plus the fo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 import os
@@ -39,11 +38,9 @@ from typing import Any
 import numpy as np
 
 from emulation.baselines.tcp_app import emit
+from emulation.baselines.wanxport_app import diagnostics
 from wanxport.aio.loop import run
 from wanxport.collective import error_bound, join
-from wanxport.collective.mesh import default_options
-
-SEGMENTS = 16  # as the emulation's wanxport app (emulation/baselines/wanxport_app.py)
 
 
 def inputs(seed: int, sites: int, ranks: int, count: int) -> list[list[np.ndarray]]:
@@ -81,12 +78,31 @@ class Checker:
         err = np.abs(result.astype(np.float64) - self.exact)
         return bool(np.all(err <= self.tol)), float(np.max(err / np.maximum(self.tol, 1e-30)))
 
+    def verdict(self, result: np.ndarray) -> tuple[bool, float, str]:
+        """``check`` and the result's digest (the runner compares ranks'), in one call for a thread."""
+        ok, ratio = self.check(result)
+        return ok, ratio, hashlib.sha256(result.data).hexdigest()[:16]
+
 
 def cpu_seconds() -> float:
     """User + system CPU this rank used (setup and checks included): on a shared 2-core
     machine a CPU-bound rank shows here."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return round(usage.ru_utime + usage.ru_stime, 2)
+
+
+def session_diagnostics(endpoint: Any) -> dict[str, Any]:
+    """The plain emulated transfer's diagnostics (data-path drops, pacer, per-path loss and
+    window) plus the session's recovery counters: what explains a slow step."""
+    stats = endpoint.session.stats()
+    out = diagnostics(endpoint)
+    out["session"] = {k: getattr(stats, k) for k in (
+        "hedged_bytes", "repair_bytes", "repaired_bytes", "retransmitted_after_repair_bytes",
+        "repair_blocks_rebuilt", "repair_blocks_short", "data_dropped")}
+    for row, p in zip(out["paths"], stats.paths, strict=True):
+        row.update(payload_bytes=p.payload_bytes, retransmitted_bytes=p.retransmitted_bytes,
+                   hedged_bytes=p.hedged_bytes, repair_bytes=p.repair_bytes, bytes_sent=p.bytes_sent)
+    return out
 
 
 def intra_group(spec: dict[str, Any]) -> Any:
@@ -107,9 +123,8 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     dist = intra_group(spec) if ranks > 1 else None
     pki = spec["pki"]
     names = spec["names"]
-    options = dataclasses.replace(default_options(), segments=SEGMENTS)
     group = await join(spec["site"], names, identity=f"{pki}/{names[spec['site']]}", ca=f"{pki}/ca.pem",
-                       paths=spec["paths"], options=options, timeout=spec["timeout"], join_timeout=60.0)
+                       paths=spec["paths"], timeout=spec["timeout"], join_timeout=60.0)
     work = np.empty(count, dtype=np.float32)
     part = count // ranks
     piece = np.empty(part, dtype=np.float32)
@@ -122,7 +137,7 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     steps, digests, worst, correct, error = [], [], 0.0, True, None
     try:
         for _ in range(spec["steps"]):
-            work[:] = checker.own
+            await asyncio.to_thread(np.copyto, work, checker.own)
             await group.barrier()
             if dist is not None:
                 await asyncio.to_thread(dist.barrier)
@@ -135,18 +150,21 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
                 await asyncio.to_thread(dist.all_gather_into_tensor, work_t, piece_t)
             t1 = time.monotonic()
             steps.append([t0, t1])
-            ok, ratio = checker.check(work)
+            # Off the loop: a second of numpy here starved the transport's acknowledgements
+            # and pacing while the peer still waited for this rank's bytes.
+            ok, ratio, digest = await asyncio.to_thread(checker.verdict, work)
             correct, worst = correct and ok, max(worst, ratio)
-            digests.append(hashlib.sha256(work.data).hexdigest()[:16])
+            digests.append(digest)
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
         error, correct = f"{type(exc).__name__}: {exc}", False
     paths = [[p.payload_bytes, p.retransmitted_bytes, p.srtt_s, p.state]
              for stats in group.path_stats().values() for p in stats]
     sent = sum(s.sent_bytes for s in group.stats() if s.op == "all_reduce")
+    diag = {link.name: session_diagnostics(link.session.endpoint) for link in group.links.values()}
     await group.close()
     emit({"event": "done", "steps": steps, "correct": correct, "worst_error_ratio": worst,
           "digests": digests, "paths": paths, "collective_bytes_sent": sent, "error": error,
-          "cpu_s": cpu_seconds()})
+          "cpu_s": cpu_seconds(), "diag": diag})
 
 
 def gloo_rank(spec: dict[str, Any]) -> None:

@@ -21,10 +21,11 @@ keeps serving every path's acknowledgements meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 300.0
 REDUCE_OPS = ("sum", "mean")
 STATS_KEPT = 10_000
+ABORT_REASON_BYTES = 1024  # an abort message's body: why the call was refused, UTF-8
 Got = tuple[int, Header, npt.NDArray[np.uint8]]
 
 
@@ -158,9 +160,10 @@ class Group:
         """Start an all-reduce now (its place in the sequence is this call's) and return its
         handle; several may run at once (e.g. one per gradient bucket). Sites must start
         their collectives in the same order."""
-        arr = as_array(array)
-        _check_reduce(op, arr.dtype)
-        codec.check_codec(compress, arr.dtype)
+        with self._refusing("all_reduce"):
+            arr = as_array(array)
+            _check_reduce(op, arr.dtype)
+            codec.check_codec(compress, arr.dtype)
         call = self._call("all_reduce", arr, compress=compress, reduce=op)
         work = self._all_reduce(call, arr, array, name)
         return Handle(call, self._run(call, work, timeout))
@@ -169,9 +172,10 @@ class Group:
                              timeout: float | None = None, name: str | None = None) -> npt.NDArray[Any]:
         """Site k ends with part k (``part_bounds``) of the reduction, written into that part of
         ``array`` and returned (a view when ``array`` is contiguous); other parts unchanged."""
-        arr = as_array(array)
-        _check_reduce(op, arr.dtype)
-        codec.check_codec(compress, arr.dtype)
+        with self._refusing("reduce_scatter"):
+            arr = as_array(array)
+            _check_reduce(op, arr.dtype)
+            codec.check_codec(compress, arr.dtype)
         call = self._call("reduce_scatter", arr, compress=compress, reduce=op)
         result: npt.NDArray[Any] = await self._run(call, self._reduce_scatter(call, arr, name), timeout)
         return result
@@ -179,20 +183,22 @@ class Group:
     async def all_gather(self, array: Any, out: Any = None, timeout: float | None = None) -> npt.NDArray[Any]:
         """Every site's ``array`` (same shape and dtype everywhere), stacked in site order:
         ``out[k]`` is site k's. ``out`` (shape ``(n, *array.shape)``) is filled when given."""
-        arr = as_array(array)
-        result = None if out is None else as_array(out, "out")
-        if result is not None and (result.shape != (self.size, *arr.shape) or result.dtype != arr.dtype):
-            raise ValueError(f"out: need shape {(self.size, *arr.shape)} {arr.dtype}, "
-                             f"got {result.shape} {result.dtype}")
+        with self._refusing("all_gather"):
+            arr = as_array(array)
+            result = None if out is None else as_array(out, "out")
+            if result is not None and (result.shape != (self.size, *arr.shape) or result.dtype != arr.dtype):
+                raise ValueError(f"out: need shape {(self.size, *arr.shape)} {arr.dtype}, "
+                                 f"got {result.shape} {result.dtype}")
         call = self._call("all_gather", arr)
         gathered: npt.NDArray[Any] = await self._run(call, self._all_gather(call, arr, result), timeout)
         return gathered
 
     async def broadcast(self, array: Any, root: int = 0, timeout: float | None = None) -> Any:
         """Site ``root``'s ``array`` into every site's ``array`` (in place); returns it."""
-        if not 0 <= root < self.size:
-            raise ValueError(f"root: {root} is not a site index (0..{self.size - 1})")
-        arr = as_array(array)
+        with self._refusing("broadcast"):
+            if not 0 <= root < self.size:
+                raise ValueError(f"root: {root} is not a site index (0..{self.size - 1})")
+            arr = as_array(array)
         call = self._call("broadcast", arr, root=root)
         await self._run(call, self._broadcast(call, arr), timeout)
         return array
@@ -373,6 +379,26 @@ class Group:
 
     # -- plumbing --------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _refusing(self, op: str) -> Iterator[None]:
+        """A call whose own arguments are invalid raises ValueError here, but it still takes
+        its place in the sequence and tells every peer why (an ``abort`` message), so the
+        peers' matching calls fail at once naming this site instead of waiting out their
+        timeout for a message that would never come."""
+        try:
+            yield
+        except ValueError as exc:
+            self._check_usable()
+            call = Call(self._seq, "abort", 0, "")
+            self._seq += 1
+            reason = f"{op}: {exc}".encode()[:ABORT_REASON_BYTES]
+            message = new_payload(len(reason))
+            body_of(message)[:] = np.frombuffer(reason, dtype=np.uint8)
+            for link in self.links.values():
+                link.send(Header(call, 0, 0, len(reason)), message)
+            self._over(call.seq)  # the peers' messages for it are dropped as they come
+            raise
+
     async def _exchange(self, call: Call, phase: int,
                         sends: dict[int, tuple[int, int, npt.NDArray[np.uint8] | None]]) -> dict[int, Got]:
         """Send each peer its message of this phase; one from each peer, checked, in return."""
@@ -388,6 +414,10 @@ class Group:
         got: dict[int, Got] = {}
         for next_done in asyncio.as_completed(futures):
             peer, header, body = await next_done
+            if header.call.op == "abort":
+                reason = body.tobytes().decode("utf-8", "replace")
+                raise CollectiveError(f"{call.op} #{call.seq}: site {self.names[peer]} called with bad "
+                                      f"arguments ({reason})", self.names[peer])
             problem = mismatch(call, header.call)
             if problem is not None:
                 raise CollectiveError(f"{call.op} #{call.seq}: site {self.names[peer]} called a different "

@@ -67,9 +67,14 @@ class Link:
 
     async def _send(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
-            digest = await sha256_hex_async(payload) if payload.nbytes > 1 << 16 else sha256_hex(payload)
-            announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
-            ok = await self.session.send_shard(shard_id, payload.data, announce)
+            try:
+                digest = await sha256_hex_async(payload) if payload.nbytes > 1 << 16 else sha256_hex(payload)
+                announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
+                ok = await self.session.send_shard(shard_id, payload.data, announce)
+            finally:
+                # Its verdict is read (or moot): a group sends a shard per message for months,
+                # so the session must not keep one verdict per message.
+                self.session.forget((shard_id,))
         except SessionFailed as exc:
             self._fail(f"site {self.name}: session lost while sending ({exc})")
             return

@@ -35,11 +35,16 @@ RETRY_S = 0.2
 # in full drop-tail queues made it re-dial mid-step under load. A dead peer is
 # still caught by the collective's own timeout.
 CONTROL_TIMEOUT_S = 10.0
+# A group's sessions cross WAN paths (tens of ms), where a 5 ms delayed ACK costs no
+# window. At the gateway's 1 ms the emulated all-reduce sent 1.5x the acknowledgements
+# (Python work at both ends of each) and RTT samples kept more of the delay of busy
+# sites: 11.0 s -> 6.3 s per 64 MiB step in one A/B (docs/results/collective.md).
+ACK_DELAY_S = 0.005
 
 
 def default_options() -> GatewayOptions:
     """The gateway options a group uses unless ``join`` is given others."""
-    return GatewayOptions(control_timeout_s=CONTROL_TIMEOUT_S)
+    return GatewayOptions(control_timeout_s=CONTROL_TIMEOUT_S, ack_delay_s=ACK_DELAY_S)
 
 
 def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Address]]:

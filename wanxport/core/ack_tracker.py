@@ -27,11 +27,13 @@ RECEIVED_RANGES_KEPT = 256
 class AckTracker:
     """Received packet numbers of one path and the timing of their acknowledgement."""
 
-    __slots__ = ("received", "largest", "largest_at", "unacked_eliciting", "ack_at", "ack_now")
+    __slots__ = ("received", "largest", "largest_eliciting", "largest_at", "unacked_eliciting", "ack_at",
+                 "ack_now")
 
     def __init__(self) -> None:
         self.received = RangeSet()
         self.largest = -1  # largest packet number received, -1 before the first
+        self.largest_eliciting = -1  # ... of the ack-eliciting ones: where a gap is judged from
         self.largest_at = 0.0  # when it arrived (the ACK's delay is measured from it)
         self.unacked_eliciting = 0  # ack-eliciting packets since the last ACK
         self.ack_at: float | None = None  # delayed-ACK deadline, None when no ACK is owed
@@ -43,8 +45,10 @@ class AckTracker:
         # A gap or reordering: tell the sender promptly, but only about packets that
         # ask for acknowledgement; answering an ACK-only packet would start an ACK
         # ping-pong whenever acknowledgements themselves are lost or reordered.
-        if ack_eliciting and pn != self.largest + 1:
-            self.ack_now = True
+        if ack_eliciting:
+            if self._gap_before(pn):
+                self.ack_now = True
+            self.largest_eliciting = max(self.largest_eliciting, pn)
         self.received.add(pn, pn + 1)
         if len(self.received) > RECEIVED_RANGES_KEPT:
             highest = self.received.last(RECEIVED_RANGES_KEPT // 2)
@@ -65,13 +69,24 @@ class AckTracker:
         The run's last packet is then recorded with :meth:`on_packet_received`,
         which applies the ACK-timing rules once for the whole run.
         """
-        if first_pn != self.largest + 1:
+        if self._gap_before(first_pn):
             self.ack_now = True  # a gap before the run: tell the sender promptly
+        self.largest_eliciting = max(self.largest_eliciting, last_pn - 1)
         self.received.add(first_pn, last_pn)
         if last_pn - 1 > self.largest:
             self.largest = last_pn - 1
             self.largest_at = now
         self.unacked_eliciting += last_pn - first_pn
+
+    def _gap_before(self, pn: int) -> bool:
+        """Whether ack-eliciting ``pn`` arrives out of order: late (below the largest
+        ack-eliciting number), or with a number missing between that one and it. Numbers
+        already received do not count as missing: the peer's acknowledgement-only packets
+        may overtake its data (``Transmitter._send``), and that is no loss to report."""
+        expected = self.largest_eliciting + 1
+        if pn == expected:
+            return False
+        return pn < expected or not self.received.contains(expected, pn)
 
     def on_timer(self, now: float) -> bool:
         """The path's timer fired: True if that was the delayed ACK's, which is now due at once."""

@@ -109,17 +109,20 @@ class Transmitter:
     def _emit_path_control(self, path: Path, now: float, out: list[Transmit]) -> None:
         frames: list[Frame] = []
         acks = path.acks
+        # A probe must be acknowledged (that readmits the path); a probe answer need not.
+        eliciting = any(isinstance(frame, ProbeFrame) for frame in path.pending_control)
         if acks.has_unacked:
-            departs = max(now, path.last_departure_at)  # behind data already handed out
+            # Acknowledgement-only packets leave now, ahead of data of ours already handed
+            # out on the path (see ``_send``); anything eliciting goes behind it.
+            departs = max(now, path.last_departure_at) if eliciting else now
             delay_us = int(max(0.0, departs - acks.largest_at) * 1e6)
             frames.append(AckFrame(path.path_id, min(delay_us, 0xFFFFFFFF), acks.ack_ranges()))
             acks.ack_sent()
         frames.extend(path.pending_control)
-        # A probe must be acknowledged (that readmits the path); a probe answer need not.
-        eliciting = any(isinstance(frame, ProbeFrame) for frame in path.pending_control)
         path.pending_control = []
         if frames:
-            self._send(path, frames, now, now, out, in_flight=False, eliciting=eliciting)
+            self._send(path, frames, now, now, out, in_flight=False, eliciting=eliciting,
+                       overtake=not eliciting)
 
     def _emit_control(self, now: float, out: list[Transmit]) -> None:
         path = self._best_path(now)
@@ -268,13 +271,21 @@ class Transmitter:
 
     def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
               out: list[Transmit], *, chunks: list[Chunk] | None = None,
-              control: list[Frame] | None = None, in_flight: bool = True, eliciting: bool = True) -> None:
+              control: list[Frame] | None = None, in_flight: bool = True, eliciting: bool = True,
+              overtake: bool = False) -> None:
         # Packets leave a path in packet-number order: one handed out later never
-        # departs before one already scheduled (an ACK overtaking paced data would
-        # look like reordering to the peer, which answers reordering at once).
-        if not_before < path.last_departure_at:
-            not_before = path.last_departure_at
-        path.last_departure_at = not_before
+        # departs before one already scheduled. Except (``overtake``) a packet that asks
+        # for nothing and that we never track: an acknowledgement of the peer's data.
+        # Queued behind our own paced data, with data flowing both ways, it waited up
+        # to a horizon plus a core packet at our rate on that path: the peer's RTT grew
+        # with our slowness, its window then held its rate down, which delayed its
+        # acknowledgements of our data in turn -- a spiral that took emulated
+        # all-reduce paths to 1-2 Mb/s and second-long RTTs (docs/results/collective.md).
+        # The peer's gap rule skips numbers such a packet took (``AckTracker``).
+        if not overtake:
+            if not_before < path.last_departure_at:
+                not_before = path.last_departure_at
+            path.last_departure_at = not_before
         pn = path.loss.take_pn()
         overhead = self.config.packet_overhead()
         size = overhead + sum(f.wire_size for f in frames)

@@ -27,6 +27,7 @@ DEFAULT_CREDIT_BYTES = 1 << 30
 DEFAULT_PIECE_BYTES = 64 << 20  # files are cut into shards of this size for pipelining
 DEFAULT_CONTROL_TIMEOUT_S = 2.0  # QUIC idle timeout: how fast a dead control path is noticed
 DEFAULT_STALL_TIMEOUT_S = 60.0  # a receiver with shards open and no data arriving gives up after this
+DEFAULT_ACK_DELAY_S = 0.001  # longest a receiver holds an ACK back (session_config)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class GatewayOptions:
     fec: str = "auto"  # the sender's erasure-coded tail (SessionConfig.fec); a receiver always decodes
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     congestion_control: str = "bbr"  # a wanxport.core.cc registered name
+    ack_delay_s: float = DEFAULT_ACK_DELAY_S  # SessionConfig.max_ack_delay_s (see session_config)
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
@@ -58,21 +60,26 @@ class GatewayOptions:
             raise ValueError(f"piece_bytes: {self.piece_bytes} is not valid; use >= 1")
         if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise ValueError("control_timeout_s, connect_timeout_s and stall_timeout_s must be > 0")
+        if not 0 < self.ack_delay_s <= 0.1:
+            raise ValueError(f"ack_delay_s: {self.ack_delay_s} is not valid; use 0 < s <= 0.1")
 
 
 def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
-                   fec: str = "auto", congestion_control: str = "bbr") -> SessionConfig:
+                   fec: str = "auto", congestion_control: str = "bbr",
+                   ack_delay_s: float = DEFAULT_ACK_DELAY_S) -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit.
 
-    Acknowledgements come about once per core packet and within 1 ms: with the
-    default 5 ms delayed-ACK timer a short path's window would follow the timer.
+    Acknowledgements come about once per core packet and within ``ack_delay_s`` (1 ms
+    by default): with the core's 5 ms delayed-ACK timer a short path's window would
+    follow the timer. Over WAN paths only (tens of ms) a longer delay costs no window
+    and saves acknowledgements (wanxport.collective uses 5 ms).
     """
     paths = tuple(PathConfig(f"p{i}", mtu) for i in range(n_paths))
     chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
     return SessionConfig(paths=paths, congestion_control=cc_config(congestion_control),
                          chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
                          peer_credit_bytes=credit_bytes, ack_threshold=max(2, segments),
-                         max_ack_delay_s=0.001, fec=fec)
+                         max_ack_delay_s=ack_delay_s, fec=fec)
 
 
 def parse_hostport(text: str, what: str) -> Address:

@@ -291,10 +291,11 @@ class SimRun:
             link = links[path_id]
             # aio's native pacer: one FIFO ring per path that spreads a core packet's
             # datagrams PACER_HEADROOM faster than the core paces (a shallow queue sees them
-            # spaced). Nothing overtakes a datagram queued before it (an ACK that did would
-            # look like reordering to the peer); an ACK-only datagram takes no pacing time
-            # (the native path sends it past the pacer), so it leaves at once when nothing waits.
-            at = max(now, tx.not_before, pacer_free[path_id])
+            # spaced). Nothing overtakes a datagram queued before it, except an ACK-only one:
+            # the core lets it leave ahead of our data (core.transmitter ``overtake``) and the
+            # native path sends it past the pacer, taking no pacing time.
+            ack_only = all(isinstance(frame, AckFrame | PaddingFrame) for frame in tx.frames)
+            at = max(now, tx.not_before) if ack_only else max(now, tx.not_before, pacer_free[path_id])
             s_per_byte = 8.0 / (rates[path_id] * PACER_HEADROOM)
             for datagram, size in cutter.cut(tx):
                 if at <= now:
@@ -302,7 +303,7 @@ class SimRun:
                 else:
                     call_at(at, link.send, datagram, size + IP_UDP_OVERHEAD)
                 at += size * s_per_byte
-            if not all(isinstance(frame, AckFrame | PaddingFrame) for frame in tx.frames):
+            if not ack_only:
                 pacer_free[path_id] = at
         deadline = serviced.deadline
         if deadline is not None and deadline < endpoint.timer_at:
