@@ -91,10 +91,6 @@ class MappedRange:
         with open(path, "r+b" if writable else "rb") as fh:
             self._mm = mmap.mmap(fh.fileno(), size + skew, offset=offset - skew,
                                  access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-        if writable:
-            # Pages about to be overwritten need no read-ahead: it would only fill the page
-            # cache with the holes (zeroes) of the pieces after this one.
-            self._mm.madvise(mmap.MADV_RANDOM)
         self.array: np.ndarray[Any, Any] = np.frombuffer(self._mm, dtype=np.uint8, count=size, offset=skew)
 
     def evict(self) -> None:

@@ -85,11 +85,12 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
                               origin=session.stats.started, show=show_progress)
     monitor.start()
     tasks: list[asyncio.Task[bool]] = []
-    failed: list[asyncio.Task[bool]] = []
+
+    def failed(task: asyncio.Task[bool]) -> bool:
+        return task.done() and not task.cancelled() and task.exception() is not None
 
     def note_failure(task: asyncio.Task[bool]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            failed.append(task)
+        if failed(task):
             window.abort()
 
     def acked(piece: FilePiece) -> None:
@@ -104,8 +105,9 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
                 tasks.append(asyncio.create_task(session.announce_empty(announce)))
                 continue
             await window.acquire(piece.size)
-            if failed:
-                await failed[0]  # the session failed: raises, reading no further
+            first_failed = next((t for t in tasks if failed(t)), None)
+            if first_failed is not None:
+                await first_failed  # the session failed: its reason, and no further reading
             view = reader.view(piece)
             digest = await sha256_hex_async(view)
             announce = ShardAnnounce(piece.shard_id, piece.size, digest, 0, **announce_fields)
