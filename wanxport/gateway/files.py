@@ -169,7 +169,7 @@ class _IncomingFile:
     name: str
     size: int
     partial: Path
-    fd: int | None  # the partial file, open for syncs and page-cache hints (None: empty file)
+    fd: int | None  # the partial file, open for syncs and page-cache hints (None once closed)
     verified: int = 0
     shards: list[int] = field(default_factory=list)
     failed: bool = False
