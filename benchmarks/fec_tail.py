@@ -7,6 +7,10 @@ payload mode (tests/test_fec.py holds it to the bytes mode's results).
 Simulator results are virtual-time and deterministic, so this needs no lock.
 
     python benchmarks/fec_tail.py --steps 20 --out docs/results/fec-tail.json
+    python benchmarks/fec_tail.py --steps 20 --all --jobs 2 --out all.json   # every bundled scenario
+
+A scenario with an events timeline cannot repeat steps (contract v1), so with
+``--all`` those run one step of each size (``steps`` is 1 in their rows).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,31 +39,47 @@ KEEP = ("scenario", "seed", "steps", "payload_bytes", "completion_s", "ideal_s",
 
 def one(scenario: Scenario, fec: str) -> dict[str, Any]:
     report = simulate(scenario, SimOptions(payload_mode="virtual", fec=fec))
-    row = {key: report[key] for key in KEEP}
+    row = {key: report.get(key) for key in KEEP}
     row["retransmitted_bytes"] = sum(p["retransmitted_bytes"] for p in report["paths"])
     row["paths_repair_bytes"] = {p["name"]: p["repair_bytes"] for p in report["paths"]}
+    return row
+
+
+def job(name: str, label: str, steps: int, fec: str) -> dict[str, Any]:
+    scenario = resolve(name, BUNDLED)
+    scenario = scenario.with_transfer(size_bytes=SIZES[label], steps=1 if scenario.has_events() else steps)
+    row = one(scenario, fec)
+    row["size"] = label
     return row
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--scenario", action="append", help="a bundled name (default: both)")
+    parser.add_argument("--scenario", action="append",
+                        help="a bundled name or a scenario file (default: both bundled)")
+    parser.add_argument("--all", action="store_true", help="every bundled scenario (unless --scenario)")
     parser.add_argument("--size", action="append", choices=sorted(SIZES), help="default: both")
+    parser.add_argument("--fec", action="append", choices=("off", "auto"), help="default: both")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--out")
     args = parser.parse_args()
+    names = args.scenario or (sorted(p.stem for p in BUNDLED.glob("*.toml")) if args.all else SCENARIOS)
+    work = [(name, label, args.steps, fec) for name in names for label in (args.size or SIZES)
+            for fec in (args.fec or ("off", "auto"))]
+    print("scenario                    size   fec  steps steady_s worst_s  ideal_s  efficiency worst/ideal "
+          "repair%  intact")
     rows: list[dict[str, Any]] = []
-    print("scenario           size   fec   steady_s worst_s  ideal_s  efficiency worst/ideal repair%  intact")
-    for name in args.scenario or SCENARIOS:
-        for label in args.size or SIZES:
-            scenario = resolve(name, BUNDLED).with_transfer(size_bytes=SIZES[label], steps=args.steps)
-            for fec in ("off", "auto"):
-                r = one(scenario, fec)
-                rows.append(r)
-                steady, worst, ideal = r["steady_step_s"], r["worst_step_s"], r["ideal_s"]
-                print(f"{name:18s} {label:6s} {fec:5s} {steady:8.3f} {worst:8.3f} {ideal:8.3f} "
-                      f"{r['efficiency']:10.3f} {worst / ideal:11.3f} "
-                      f"{100 * r['repair_bytes'] / r['payload_bytes']:7.2f}  {r['intact']}", flush=True)
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for r in pool.map(job, *zip(*work, strict=True)):
+            rows.append(r)
+            steady = r["steady_step_s"] if r["steps"] > 1 else r["completion_s"]
+            worst = r["worst_step_s"] if r["steps"] > 1 else r["completion_s"]
+            ideal = r["ideal_s"]
+            print(f"{r['scenario']:27s} {r['size']:6s} {r['fec']:5s} {r['steps']:4d} "
+                  f"{steady:8.3f} {worst:8.3f} "
+                  f"{ideal:8.3f} {r['efficiency']:10.3f} {worst / ideal:11.3f} "
+                  f"{100 * r['repair_bytes'] / r['payload_bytes']:7.2f}  {r['intact']}", flush=True)
     if args.out:
         with open(args.out, "w") as out:
             json.dump(rows, out, separators=(",", ":"))

@@ -3,7 +3,12 @@
 Runs gw-a and gw-b in-process on loopback (the daemon tests' configs), sends
 ``--warmup`` transfers, then measures the process's RssAnon across ``--transfers``
 more (each received file is deleted). ``--tracemalloc`` adds the top Python
-allocation differences over the measured transfers (slow: tracing costs ~10x).
+allocation differences over the measured transfers (slow: tracing costs ~10x) and
+splits the RssAnon growth into what Python's allocators hold (traced) and the rest
+(native: C extensions, OpenSSL, glibc arenas). Tracing starts before the warm-up,
+so a bounded table whose entries are replaced (the store's recent transfers, the
+goodput timeline) shows no growth; started after it, every replacement would look
+like a new allocation.
 
     .venv/bin/python benchmarks/leak.py --warmup 100 --transfers 200 --size-mib 1
 """
@@ -25,6 +30,13 @@ from daemon_helpers import make_pki, two_sites  # noqa: E402
 from wanxport.client import GatewayClient  # noqa: E402
 from wanxport.daemon.config import load_config  # noqa: E402
 from wanxport.daemon.service import GatewayDaemon  # noqa: E402
+
+
+def malloc_trim() -> None:
+    """glibc's malloc_trim(0): hand free heap pages back to the kernel."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def rss_anon_kib() -> int:
@@ -61,18 +73,29 @@ async def run(args: argparse.Namespace) -> None:
                     raise RuntimeError(f"transfer {k}: {transfer}")
                 (received / f"f{k}.bin").unlink()
 
+        if args.tracemalloc:
+            tracemalloc.start()
         await send(0, args.warmup)
         gc.collect()
         if args.tracemalloc:
-            tracemalloc.start()
             before = tracemalloc.take_snapshot()
+            traced_start = tracemalloc.get_traced_memory()[0] + tracemalloc.get_tracemalloc_memory()
+        if args.malloc_trim:
+            malloc_trim()
         start = rss_anon_kib()
         await send(args.warmup, args.transfers)
         gc.collect()
+        if args.malloc_trim:
+            malloc_trim()
         end = rss_anon_kib()
         print(f"RssAnon {start} -> {end} KiB: {(end - start) / args.transfers:.1f} KiB per transfer "
               f"over {args.transfers} transfers of {args.size_mib} MiB")
         if args.tracemalloc:
+            # tracemalloc's own tables are native allocations too: count them as traced
+            traced = (tracemalloc.get_traced_memory()[0] + tracemalloc.get_tracemalloc_memory()
+                      - traced_start) / 1024
+            print(f"traced (Python allocators) {traced / args.transfers:+.2f} KiB per transfer; "
+                  f"the rest (native) {(end - start - traced) / args.transfers:+.2f} KiB per transfer")
             for stat in tracemalloc.take_snapshot().compare_to(before, "lineno")[:15]:
                 print(stat)
         for daemon in (a, b):
@@ -87,6 +110,8 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1)
     parser.add_argument("--keep-finished", type=int, help="the transfer store's bound (default 1000)")
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--malloc-trim", action="store_true",
+                        help="malloc_trim(0) before each RssAnon reading: is the growth free but kept?")
     asyncio.run(run(parser.parse_args()))
 
 

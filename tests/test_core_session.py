@@ -215,7 +215,8 @@ def test_shard_reported_only_when_complete_and_verified() -> None:
             assert bytes(pair.buffers["b"][event.shard_id]) == shards[event.shard_id], (
                 "reported received before every byte was in place")
 
-    pair = Pair(make_config(), owd_s=[0.01, 0.03], rate_bps=[20e6, 10e6], drop=drop, checks=[check])
+    # Without the coded tail: the withheld byte must arrive as DATA, not be rebuilt from repair.
+    pair = Pair(make_config(fec="off"), owd_s=[0.01, 0.03], rate_bps=[20e6, 10e6], drop=drop, checks=[check])
     for i, data in enumerate(shards):
         pair.submit("a", i, data)
     pair.run(until=30.0, stop=all_acknowledged(len(shards)))
@@ -306,20 +307,46 @@ def test_a_verdict_for_no_pending_shard_is_ignored() -> None:
     assert session.poll_transmit(0.0) == []
 
 
-def test_data_for_an_unopened_shard_is_not_acknowledged() -> None:
-    config = make_config(paths=1)
-    b = Session(config)
-    b.receive_packet(0, 0, [DataFrame(5, 0, 4, b"abcd")], 0.0)
-    assert b.data_dropped == 1
-    b.receive_packet(0, 1, [AckFrame(0, 0, ((0, 0),))], 0.001)  # not eliciting: no ack owed either
-    b.receive_packet(0, 2, [ProbeFrame(9)], 0.002)  # eliciting and accepted: acknowledged
-    acks = [f for tx in b.poll_transmit(1.0) for f in tx.frames if isinstance(f, AckFrame)]
-    acked = {pn for ack in acks for lo, hi in ack.ranges for pn in range(lo, hi + 1)}
-    assert 2 in acked and 0 not in acked  # an ACK went out, and it leaves the dropped packet out
+def acknowledged_pns(session: Session, now: float) -> set[int]:
+    session.on_deadline(now)  # the ack timer
+    acks = [f for tx in session.poll_transmit(now) for f in tx.frames if isinstance(f, AckFrame)]
+    return {pn for ack in acks for lo, hi in ack.ranges for pn in range(lo, hi + 1)}
+
+
+def test_data_before_its_shard_open_is_held_acknowledged_and_placed_on_open() -> None:
+    data = b"abcdefgh"
+    b = Session(make_config(paths=1))
+    b.receive_packet(0, 0, [DataFrame(5, 4, 4, memoryview(bytearray(data[4:])))], 0.0)
+    assert b.data_dropped == 0
+    assert 0 in acknowledged_pns(b, 1.0)  # held: the sender need not re-send it
     assert b.events() == []
+    b.receive_packet(0, 1, [ShardOpenFrame(5, 8, hashlib.sha256(data).digest())], 1.1)
+    b.receive_packet(0, 2, [DataFrame(5, 0, 4, data[:4])], 1.2)
+    received = [e for e in b.events() if isinstance(e, ShardReceived)]
+    assert [(e.shard_id, e.ok) for e in received] == [(5, True)]  # the held half was placed, bytes intact
 
 
-def test_data_before_shard_open_is_resent_after_open() -> None:
+def test_early_data_past_the_hold_limit_is_dropped_unacknowledged() -> None:
+    b = Session(make_config(paths=1))
+    b._early.limit = 6
+    b.receive_packet(0, 0, [DataFrame(5, 0, 4, b"abcd")], 0.0)  # held
+    b.receive_packet(0, 1, [DataFrame(5, 4, 4, b"efgh")], 0.0)  # 8 > 6 bytes: dropped
+    assert (b.data_dropped, b._early.refused) == (1, 1)
+    b.receive_packet(0, 2, [ProbeFrame(9)], 0.002)  # eliciting and accepted: acknowledged
+    acked = acknowledged_pns(b, 1.0)
+    assert {0, 2} <= acked and 1 not in acked  # the ACK leaves the dropped packet out
+
+
+def test_early_data_outside_the_shard_its_open_announces_closes_the_session() -> None:
+    b = Session(make_config(paths=1))
+    b.receive_packet(0, 0, [DataFrame(5, 100, 4, b"abcd")], 0.0)  # held and acknowledged
+    b.receive_packet(0, 1, [ShardOpenFrame(5, 50, bytes(32))], 0.1)  # ... but the shard has 50 bytes
+    closed = [e for e in b.events() if isinstance(e, SessionClosed)]
+    assert len(closed) == 1 and "outside" in closed[0].error and b.closed is not None
+
+
+def test_data_that_overtakes_its_shard_open_is_held_not_resent() -> None:
+    """Both copies of shard 1's OPEN are lost: its DATA arrives first, is held and acknowledged."""
     shards = payloads(3, 50_000, seed=3)
     dropped_opens = [0]
 
@@ -329,7 +356,8 @@ def test_data_before_shard_open_is_resent_after_open() -> None:
             return True
         return False
 
-    pair = Pair(make_config(), owd_s=[0.01, 0.015], rate_bps=[20e6, 20e6], drop=drop)
+    # Without the coded tail: a REPAIR of the unopened shard is dropped (and counted) too.
+    pair = Pair(make_config(fec="off"), owd_s=[0.01, 0.015], rate_bps=[20e6, 20e6], drop=drop)
     for i, data in enumerate(shards):
         pair.submit("a", i, data)
     pair.run(until=30.0, stop=all_acknowledged(len(shards)))
@@ -340,14 +368,12 @@ def test_data_before_shard_open_is_resent_after_open() -> None:
     early = {(d.path_id, d.packet_number) for d in pair.delivered
              if d.side == "b" and d.at < opened_at and any(f.shard_id == 1 for f in data_frames(d.frames))}
     assert early, "the scenario must deliver shard 1 data before its SHARD_OPEN"
-    for d in pair.delivered:
-        if d.side != "a":
-            continue
-        for ack in (f for f in d.frames if isinstance(f, AckFrame)):
-            for path_id, pn in early:
-                if ack.path_id == path_id:
-                    assert not any(lo <= pn <= hi for lo, hi in ack.ranges), (
-                        f"packet {pn} on path {path_id} carried unopened-shard data but was acknowledged")
+    acked = {(ack.path_id, pn) for d in pair.delivered if d.side == "a"
+             for ack in d.frames if isinstance(ack, AckFrame)
+             for lo, hi in ack.ranges for pn in range(lo, hi + 1)}
+    assert early <= acked, "early DATA was held, so it is acknowledged"
+    assert pair.b.data_dropped == 0
+    assert sum(p.payload.retransmitted_bytes for p in pair.a.paths) == 0  # nothing had to be re-sent
     assert all(e.ok for e in pair.received("b")) and len(pair.received("b")) == 3
     assert sorted((e.shard_id, e.ok) for e in pair.acknowledged("a")) == [(0, True), (1, True), (2, True)]
 
@@ -570,6 +596,8 @@ def test_a_long_session_keeps_no_state_per_finished_shard() -> None:
     assert len(a.outgoing.finished) == 1 and len(b.incoming.finished) == 1
     assert all(not p.needs_open for p in a.paths)
     assert a.stats().acked_bytes == sum(len(d) for d in shards)  # still counts the finished ones
+    hedger = a.scheduler.hedger  # type: ignore[attr-defined]
+    assert a.stats().hedged_bytes > 0 and hedger.hedged == set(), "every tail was hedged, none is kept"
     with pytest.raises(ValueError):
         pair.a.submit(3, b"again", pair.now)  # a finished id is still refused
 

@@ -155,7 +155,9 @@ def test_sigterm_lets_a_transfer_in_flight_finish(pki: Path, tmp_path: Path, not
     finally:
         _stop(sender)
         _stop(receiver)
-    [stored] = read_state(load_config(a_cfg).data_dir / "transfers.json")
+    data_dir = load_config(a_cfg).data_dir
+    assert read_state(data_dir / "transfers.json") == [], "a finished transfer leaves the queue file"
+    stored = read_state(data_dir / "finished" / f"{transfer['id']}.json")  # for its archive
     assert stored["state"] == "done", stored
     assert (load_config(b_cfg).received_dir / "gw-a" / "mid.bin").read_bytes() == src.read_bytes()
 

@@ -1,9 +1,14 @@
-"""The transfer store stays bounded however many transfers a daemon finishes."""
+"""The transfer store stays bounded in memory however many transfers a daemon finishes,
+while finished transfers stay findable (by id and by key) from the on-disk archive."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
+from wanxport.daemon.durable import read_state
+from wanxport.daemon.finished import FinishedArchive
 from wanxport.daemon.store import Submission, TransferStore
 
 
@@ -18,22 +23,55 @@ def _finish(store: TransferStore, n: int, start: int = 0) -> list[str]:
     return ids
 
 
-def test_only_the_most_recent_finished_transfers_are_kept(tmp_path: Path) -> None:
+def test_memory_keeps_the_most_recent_finished_and_the_archive_the_rest(tmp_path: Path) -> None:
     store = TransferStore(tmp_path / "transfers.json", keep_finished=5)
     waiting, _ = store.submit(Submission("gw-b", "/src/q", "q"), key="queued")
     ids = _finish(store, 50)
     assert set(store.transfers) == {waiting.id, *ids[-5:]}  # the queued one is never dropped
-    assert store.get_by_key("k0") is None and store.get_by_key("k49") is not None
-    # A forgotten key makes a new transfer; a kept one still returns its transfer.
-    assert store.submit(Submission("gw-b", "/src/0", "f0"), key="k0")[1]
-    assert not store.submit(Submission("gw-b", "/src/49", "f49"), key="k49")[1]
+    assert len(store._by_key) == 6 and len(store._finished) == 5
+    old = store.get(ids[0])
+    assert old is not None and (old.key, old.state, old.submission.source) == ("k0", "failed", "/src/0")
+    assert store.get_by_key("k1") is not None and store.get_by_key("k1").id == ids[1]  # type: ignore[union-attr]
+    # An old key still returns its transfer (no second transfer); another submission conflicts.
+    assert not store.submit(Submission("gw-b", "/src/0", "f0"), key="k0")[1]
+    assert store.get("../transfers") is None and store.get("0" * 16) is None
+    # transfers.json holds only what is unfinished: its size does not grow with history.
+    assert [t["id"] for t in read_state(tmp_path / "transfers.json")] == [waiting.id]
 
 
-def test_the_file_is_pruned_too_and_a_restart_keeps_the_bound(tmp_path: Path) -> None:
+def test_a_restart_finds_finished_transfers_on_disk_and_keeps_none_in_memory(tmp_path: Path) -> None:
     path = tmp_path / "transfers.json"
-    _finish(TransferStore(path, keep_finished=1000), 30)
+    ids = _finish(TransferStore(path), 30)
+    queued, _ = TransferStore(path).submit(Submission("gw-b", "/src/q", "q"), key="q")
     reopened = TransferStore(path, keep_finished=4)
-    assert len(reopened.transfers) == 4
-    assert {t.key for t in reopened.transfers.values()} == {"k26", "k27", "k28", "k29"}
-    _finish(reopened, 10, start=30)
-    assert len(TransferStore(path, keep_finished=4).transfers) == 4
+    assert set(reopened.transfers) == {queued.id}
+    assert reopened.get(ids[7]) is not None and reopened.get_by_key("k29").id == ids[29]  # type: ignore[union-attr]
+
+
+def test_finished_records_left_in_the_queue_file_by_a_crash_move_to_the_archive(tmp_path: Path) -> None:
+    path = tmp_path / "transfers.json"
+    store = TransferStore(path)
+    transfer, _ = store.submit(Submission("gw-b", "/src/x", "x"), key="x")
+    from wanxport.daemon.durable import write_state
+    write_state(path, [{**transfer.to_json(), "state": "done"}])  # killed between the two writes
+    reopened = TransferStore(path)
+    assert reopened.transfers == {} and read_state(path) == []
+    assert reopened.get(transfer.id).state == "done"  # type: ignore[union-attr]
+
+
+def test_the_archive_removes_records_past_retention_or_beyond_its_bound(tmp_path: Path) -> None:
+    archive = FinishedArchive(tmp_path / "finished", retention_s=3600, max_records=10)
+    store = TransferStore(tmp_path / "transfers.json", keep_finished=2, archive=archive)
+    ids = _finish(store, 15)
+    base = time.time() - 60  # file times are coarse (a few ms): order them explicitly
+    for k, transfer_id in enumerate(ids):
+        os.utime(archive.directory / f"{transfer_id}.json", (base + k, base + k))
+    assert archive.sweep() == 5  # the 5 oldest beyond the bound of 10
+    assert archive.get(ids[4]) is None and archive.get(ids[5]) is not None
+    assert archive.get_by_key("k4") is None and archive.get_by_key("k5") is not None
+    past = time.time() - 7200
+    for transfer_id in ids[5:8]:
+        os.utime(archive.directory / f"{transfer_id}.json", (past, past))
+    assert archive.sweep() == 3
+    assert store.get(ids[7]) is None and store.get(ids[8]) is not None
+    assert len(list(archive.keys.iterdir())) == 7

@@ -77,3 +77,30 @@ def test_careful_resume_plan_follows_the_policy(tmp_path: Path) -> None:
     assert cache.resume_plan("gw-c", paths, [0.05, 0.03, 0.01], now) == [0.0, 0.0, 0.0]
     path.write_bytes(b"\0" * 64)  # a zeroed cache is reported and ignored, never trusted
     assert PathCache(path).entries == {}
+
+
+async def test_a_session_ends_cleanly_after_its_files_were_deleted(pki: Path, tmp_path: Path) -> None:
+    """The receiver counts each file's bytes as it lands: a file the operator deleted
+    before the session ended is not stat()ed again (FileNotFoundError stopped the
+    receive loop, so the next session was never answered), and a warm session keeps
+    no per-file list."""
+    a_cfg, b_cfg = two_sites(tmp_path, pki, extra="[transfer]\nwarm_seconds = 0.5")
+    src = tmp_path / "w.bin"
+    payload(src, 1 << 20, 11)
+    received = tmp_path / "gw-b-data" / "received" / "gw-a"
+    async with running(a_cfg) as a, running(b_cfg) as b:
+        client = GatewayClient(str(a.config.api_socket))
+        for name in ("one.bin", "two.bin"):
+            t = await call(client, "submit", "gw-b", str(src), name)
+            assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
+            (received / name).unlink()
+        assert b.inbox is not None
+        assert (b.inbox.written_count, b.inbox.written_bytes, b.inbox.written) == (2, 2 << 20, [])
+        for _ in range(300):  # idle for warm_seconds: the session ends with its files gone
+            if "gw-b" not in a.outgoing:
+                break
+            await asyncio.sleep(0.01)
+        assert "gw-b" not in a.outgoing
+        t = await call(client, "submit", "gw-b", str(src), "three.bin")
+        assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
+        assert (received / "three.bin").stat().st_size == 1 << 20

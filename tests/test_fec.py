@@ -8,6 +8,7 @@ retransmitted data, and a run whose repair falls short still completes intact;
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -80,12 +81,64 @@ def test_decode_with_too_few_repair_symbols_is_an_error_not_wrong_bytes() -> Non
         fec_code.decode(data, 10, 2, 100, [1, 2, 3], {0: repair[0], 1: repair[1]})
 
 
+def exact_failure(k: int, m: int, loss: float) -> float:
+    """P(more than m of k + m i.i.d. symbols lost): the exact binomial tail."""
+    n = k + m
+    return 1.0 - sum(math.comb(n, i) * loss ** i * (1.0 - loss) ** (n - i) for i in range(m + 1))
+
+
 def test_repair_count_follows_the_loss_and_the_target() -> None:
-    assert fec_code.repair_count(200, 0.0, 1e-3, 48) == 0
-    light, heavy = fec_code.repair_count(200, 0.001, 1e-3, 48), fec_code.repair_count(200, 0.02, 1e-3, 48)
+    assert fec_code.repair_count([(200, 0.0, 1)], 1e-3, 48) == 0
+    light, heavy = (fec_code.repair_count([(200, p, 1)], 1e-3, 48) for p in (0.001, 0.02))
     assert 1 <= light < heavy <= 48
-    m = fec_code.repair_count(200, 0.01, 1e-3, 48)
-    assert fec_code.failure_probability(200, m, 0.01) <= 1e-3 < fec_code.failure_probability(200, m - 1, 0.01)
+    for loss in (0.005, 0.01, 0.02):  # i.i.d.: the Poisson model lands on the exact binomial's m, or one more
+        m = fec_code.repair_count([(200, loss, 1)], 1e-3, 48)
+        exact = next(j for j in range(49) if exact_failure(200, j, loss) <= 1e-3)
+        assert exact <= m <= exact + 1
+    assert fec_code.repair_count([(3, 1e-5, 1)], 1e-3, 48) == 0  # a clean path's few symbols need none
+
+
+def test_a_bursty_path_gets_more_repair_than_an_iid_one_at_the_same_loss() -> None:
+    iid = fec_code.repair_count([(200, 0.02, 1)], 1e-3, 48)
+    bursty = fec_code.repair_count([(200, 0.02, 4)], 1e-3, 48)
+    assert bursty > iid
+    # Mixing: the bursty path's share raises the block's repair over the i.i.d. path's alone.
+    assert fec_code.repair_count([(100, 0.02, 1), (100, 0.02, 4)], 1e-3, 48) > fec_code.repair_count(
+        [(200, 0.02, 1)], 1e-3, 48)
+
+
+def test_repair_count_holds_its_target_against_simulated_burst_loss() -> None:
+    """Seeded Gilbert-Elliott losses (bursts of ~4): blocks sized by the model fail as rarely as promised."""
+    rng = random.Random(11)
+    k, target = 150, 0.02
+    # Stationary loss 0.01 / (0.01 + 0.25) = 3.8 %, mean burst 4 (r = 0.25, every bad-state datagram lost).
+    p_bad, r = 0.01, 0.25
+    loss, burst = p_bad / (p_bad + r), 1 / r
+    m = fec_code.repair_count([(k, loss, burst)], target, 48)
+    bad = False
+    failures = 0
+    trials = 3000
+    for _ in range(trials):
+        lost = 0
+        for _ in range(k + m):
+            bad = rng.random() >= r if bad else rng.random() < p_bad
+            lost += bad
+        failures += lost > m
+    assert failures / trials <= 2 * target
+    iid_m = fec_code.repair_count([(k, loss, 1)], target, 48)
+    assert iid_m < m  # and the i.i.d. pricing would have been short
+
+
+def test_repair_is_held_to_its_share_of_the_data_by_relaxing_the_target() -> None:
+    sender = fec_sender.FecSender(SessionConfig(paths=(PathConfig("p0"),)), [], None)  # type: ignore[arg-type]
+    curves = [fec_code.failure_curve([(150, 0.02, 1.0)], 48) for _ in range(3)]
+    full = [fec_code.repair_for(curve, 1e-4) for curve in curves]
+    sender.allowance = 10.0 * sender.symbol
+    assert sum(full) > 10  # the full target would cost more than the allowance
+    counts = sender._within_allowance(curves, 1e-4)
+    assert sum(counts) <= 10 and min(counts) >= 1  # within it, and no block left bare
+    sender.allowance = 1000.0 * sender.symbol
+    assert sender._within_allowance(curves, 1e-4) == full
 
 
 def test_block_shapes_tile_the_range_with_at_most_max_k_symbols() -> None:
@@ -189,7 +242,7 @@ def test_fec_off_sends_no_repair_and_auto_does_on_a_lossy_long_tail() -> None:
     off, auto = run(0.01, "off"), run(0.01, "auto")
     assert off["intact"] and auto["intact"]
     assert off["repair_bytes"] == 0 and all(p["repair_bytes"] == 0 for p in off["paths"])
-    assert auto["repair_bytes"] > 0
+    assert 0 < auto["repair_bytes"] <= fec_sender.REPAIR_SHARE * auto["payload_bytes"]
     assert sum(p["repair_bytes"] for p in auto["paths"]) == auto["repair_bytes"]
     assert auto["repaired_bytes"] > 0  # the bytes mode rebuilt real data and the digests matched
 

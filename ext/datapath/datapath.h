@@ -109,6 +109,14 @@ int wx_seal(WxProtector *p, const uint8_t *header, const uint8_t *pt1, size_t n1
  * holds p->lock and guarantees n >= tag_len. Returns 0 if authentic. */
 int wx_open(WxProtector *p, const uint8_t *header, const uint8_t *ct, size_t n, uint8_t *out);
 
+/* One DATA datagram at d: header (marker, key phase, path, conn, pn), then the
+ * sealed DATA frame (shard, offset, n bytes of data) and the tag; d must hold
+ * WX_HEADER_LEN + WX_DATA_FRAME_HEADER_LEN + n + tag_len bytes. Caller holds
+ * p->lock. 0 on success (packet.c; build_data_datagrams and the pacer's
+ * enqueue_data, which seals straight into its ring slots). */
+int wx_seal_data(WxProtector *p, uint8_t *d, uint32_t conn_id, uint16_t path_id, uint64_t pn,
+                 int key_phase, uint32_t shard_id, uint64_t offset, const uint8_t *data, size_t n);
+
 /* ---- packet.c / receiver.c / pacer_py.c / udpio.c ---------------------- */
 
 extern PyTypeObject WxReceiver_Type;

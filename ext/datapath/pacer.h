@@ -96,6 +96,13 @@ void wx_pacer_set_pacing(WxPacer *pc, int path, double value, int is_pps);
  * returns how many fit (a prefix): backpressure, never an unbounded queue. */
 size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t *lens, size_t n,
                         int64_t not_before);
+/* The two halves of an enqueue, for a producer that writes the slots itself
+ * (Pacer.enqueue_data seals straight into them): reserve returns the free
+ * room and the first free slot (*tail) and holds produce_mu; the producer
+ * fills slots tail, tail + 1, ... (mod capacity, at most room) with their
+ * lens/not_before, then commit queues the first `accepted` and releases it. */
+size_t wx_pacer_reserve(WxPacer *pc, int path, size_t *tail);
+void wx_pacer_commit(WxPacer *pc, int path, size_t accepted);
 /* Block until every queue is empty or timeout_ns passed; 1 if empty. */
 int wx_pacer_wait_idle(WxPacer *pc, int64_t timeout_ns);
 /* Each path's counters into out[0 .. n_paths - 1]. */

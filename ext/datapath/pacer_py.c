@@ -248,6 +248,85 @@ done:
     return res;
 }
 
+/* enqueue_data(...): segment and seal a data plan straight into the path's free
+ * ring slots (no intermediate buffer, no copy); returns how many datagrams fit
+ * (a prefix): the caller re-offers the rest, from first_pn + accepted. */
+static PyObject *Pacer_enqueue_data(Pacer *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path_id", "protector", "conn_id", "first_pn", "key_phase",
+                             "shard_id", "shard_buffer", "offset", "length", "max_payload",
+                             "not_before_ns", NULL};
+    PyObject *o_path, *pobj, *o_conn, *o_pn, *o_phase, *o_shard, *o_off, *o_len, *o_max, *o_nb;
+    Py_buffer shard = {0};
+    long long path, conn_id, first_pn, key_phase, shard_id, offset, length, max_payload, nb;
+    PyObject *res = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOy*OOOO:enqueue_data", kwlist, &o_path,
+                                     &pobj, &o_conn, &o_pn, &o_phase, &o_shard, &shard, &o_off,
+                                     &o_len, &o_max, &o_nb))
+        return NULL;
+    if (path_arg(self, o_path, &path)) goto done;
+    WxProtector *p = wx_as_protector(pobj, "protector");
+    if (p == NULL) goto done;
+    const size_t overhead = WX_HEADER_LEN + WX_DATA_FRAME_HEADER_LEN + p->tag_len;
+    long long max_limit = (long long)self->pc->slot_size - (long long)overhead;
+    if (max_limit > 0xFFFF) max_limit = 0xFFFF;
+    if (max_limit < 1) {
+        PyErr_Format(PyExc_ValueError, "slot_size %zu cannot hold a DATA datagram",
+                     self->pc->slot_size);
+        goto done;
+    }
+    if (wx_int_in_range(o_conn, "conn_id", 0, 0xFFFFFFFFLL, &conn_id) ||
+        wx_int_in_range(o_pn, "first_pn", 0, (long long)WX_MAX_PN, &first_pn) ||
+        wx_int_in_range(o_phase, "key_phase", 0, 1, &key_phase) ||
+        wx_int_in_range(o_shard, "shard_id", 0, 0xFFFFFFFFLL, &shard_id) ||
+        wx_int_in_range(o_off, "offset", 0, (long long)shard.len, &offset) ||
+        wx_int_in_range(o_len, "length", 0, (long long)shard.len - offset, &length) ||
+        wx_int_in_range(o_max, "max_payload", 1, max_limit, &max_payload) ||
+        wx_int_in_range(o_nb, "not_before_ns", 0, INT64_MAX, &nb))
+        goto done;
+    long long count = (length + max_payload - 1) / max_payload;
+    if (count > 0 && (unsigned long long)first_pn + (unsigned long long)count - 1 > WX_MAX_PN) {
+        PyErr_Format(PyExc_ValueError, "first_pn: %lld + %lld datagrams exceeds 2^62-1",
+                     first_pn, count);
+        goto done;
+    }
+    WxPacer *pc = self->pc;
+    const uint8_t *src = (const uint8_t *)shard.buf + offset;
+    size_t accepted = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    size_t tail, room = wx_pacer_reserve(pc, (int)path, &tail);
+    WxRing *r = &pc->paths[path].ring;
+    size_t n = (size_t)count < room ? (size_t)count : room;
+    pthread_mutex_lock(&p->lock);
+    for (size_t i = 0; i < n; i++) {
+        size_t idx = (tail + i) % r->capacity;
+        uint64_t off = (uint64_t)i * (uint64_t)max_payload;
+        size_t chunk = (size_t)((uint64_t)length - off < (uint64_t)max_payload
+                                    ? (uint64_t)length - off
+                                    : (uint64_t)max_payload);
+        if (wx_seal_data(p, wx_ring_slot(r, idx), (uint32_t)conn_id, (uint16_t)path,
+                         (uint64_t)first_pn + i, (int)key_phase, (uint32_t)shard_id,
+                         (uint64_t)offset + off, src + off, chunk) != 0) {
+            failed = 1;
+            break;
+        }
+        r->lens[idx] = (uint32_t)(overhead + chunk);
+        r->not_before[idx] = nb;
+        accepted++;
+    }
+    pthread_mutex_unlock(&p->lock);
+    wx_pacer_commit(pc, (int)path, accepted);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to seal a datagram");
+        goto done;
+    }
+    res = PyLong_FromSize_t(accepted);
+done:
+    PyBuffer_Release(&shard);
+    return res;
+}
+
 static PyObject *Pacer_wait_idle(Pacer *self, PyObject *args) {
     double timeout_s;
     int idle;
@@ -319,6 +398,9 @@ static PyMethodDef Pacer_methods[] = {
      "set_pps(path_id, pps): pace at a fixed packets-per-second target; 0 = unpaced."},
     {"enqueue", (PyCFunction)(void (*)(void))Pacer_enqueue, METH_VARARGS | METH_KEYWORDS,
      "enqueue(path_id, buffer, stride=None, lengths=None, not_before_ns=0) -> accepted."},
+    {"enqueue_data", (PyCFunction)(void (*)(void))Pacer_enqueue_data, METH_VARARGS | METH_KEYWORDS,
+     "enqueue_data(path_id, protector, conn_id, first_pn, key_phase, shard_id, shard_buffer, "
+     "offset, length, max_payload, not_before_ns) -> datagrams sealed into the ring (a prefix)."},
     {"wait_idle", (PyCFunction)Pacer_wait_idle, METH_VARARGS,
      "wait_idle(timeout_s) -> bool: block until every queue is empty."},
     {"stats", (PyCFunction)Pacer_stats, METH_NOARGS, "stats() -> list of per-path counters."},

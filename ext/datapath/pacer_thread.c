@@ -160,18 +160,28 @@ void wx_pacer_set_pacing(WxPacer *pc, int path, double value, int is_pps) {
     pthread_mutex_unlock(&pc->mu);
 }
 
-size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t *lens, size_t n,
-                        int64_t not_before) {
-    /* Copy into the free slots without holding mu, so a large enqueue never
-     * stalls the release thread: it only reads the queued slots and only
-     * advances head, so the tail and the free slots beyond it stay ours until
-     * count is raised under mu. produce_mu keeps two producers apart. */
+size_t wx_pacer_reserve(WxPacer *pc, int path, size_t *tail) {
+    /* Fill the free slots without holding mu, so a large enqueue never stalls
+     * the release thread: it only reads the queued slots and only advances
+     * head, so the tail and the free slots beyond it stay ours until count is
+     * raised under mu. produce_mu keeps two producers apart. */
     pthread_mutex_lock(&pc->produce_mu);
     PPath *p = &pc->paths[path];
     pthread_mutex_lock(&pc->mu);
-    size_t tail = wx_ring_index(&p->ring, p->ring.count), room = wx_ring_room(&p->ring);
+    /* An empty ring starts again at slot 0 (no plan refers to its slots: a planned
+     * datagram stays counted until it is consumed). Otherwise a path that carries a
+     * datagram now and then walks the whole ring, touching a new slot's page each
+     * time: a warm session's resident memory grew by up to capacity * slot_size
+     * (32 MiB) per path over hours, like a leak. */
+    if (p->ring.count == 0) p->ring.head = 0;
+    *tail = wx_ring_index(&p->ring, p->ring.count);
+    size_t room = wx_ring_room(&p->ring);
     pthread_mutex_unlock(&pc->mu);
-    size_t accepted = wx_ring_fill(&p->ring, tail, room, src, lens, n, not_before);
+    return room;
+}
+
+void wx_pacer_commit(WxPacer *pc, int path, size_t accepted) {
+    PPath *p = &pc->paths[path];
     pthread_mutex_lock(&pc->mu);
     int was_empty = p->ring.count == 0;
     if (was_empty) wx_pace_restart(&p->clock, wx_mono_ns());
@@ -182,6 +192,13 @@ size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t 
         pthread_cond_signal(&pc->wake);
     pthread_mutex_unlock(&pc->mu);
     pthread_mutex_unlock(&pc->produce_mu);
+}
+
+size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t *lens, size_t n,
+                        int64_t not_before) {
+    size_t tail, room = wx_pacer_reserve(pc, path, &tail);
+    size_t accepted = wx_ring_fill(&pc->paths[path].ring, tail, room, src, lens, n, not_before);
+    wx_pacer_commit(pc, path, accepted);
     return accepted;
 }
 

@@ -246,6 +246,21 @@ fail:
     return result;
 }
 
+int wx_seal_data(WxProtector *p, uint8_t *d, uint32_t conn_id, uint16_t path_id, uint64_t pn,
+                 int key_phase, uint32_t shard_id, uint64_t offset, const uint8_t *data, size_t n) {
+    uint8_t frame[WX_DATA_FRAME_HEADER_LEN];
+    d[0] = WX_MARKER;
+    d[1] = (uint8_t)key_phase;
+    wx_put_u16(d + 2, path_id);
+    wx_put_u32(d + 4, conn_id);
+    wx_put_u64(d + 8, pn);
+    frame[0] = WX_FRAME_DATA;
+    wx_put_u32(frame + 1, shard_id);
+    wx_put_u64(frame + 5, offset);
+    wx_put_u16(frame + 13, (uint16_t)n);
+    return wx_seal(p, d, frame, sizeof frame, data, n, d + WX_HEADER_LEN);
+}
+
 PyObject *wx_build_data_datagrams(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"protector", "conn_id", "path_id", "first_pn", "key_phase",
                              "shard_id", "shard_buffer", "offset", "length", "max_payload",
@@ -299,17 +314,9 @@ PyObject *wx_build_data_datagrams(PyObject *self, PyObject *args, PyObject *kwar
         size_t chunk = (size_t)(length - (long long)chunk_off < max_payload
                                     ? length - (long long)chunk_off
                                     : max_payload);
-        uint8_t frame[WX_DATA_FRAME_HEADER_LEN];
-        d[0] = WX_MARKER;
-        d[1] = (uint8_t)key_phase;
-        wx_put_u16(d + 2, (uint16_t)path_id);
-        wx_put_u32(d + 4, (uint32_t)conn_id);
-        wx_put_u64(d + 8, (uint64_t)first_pn + (uint64_t)i);
-        frame[0] = WX_FRAME_DATA;
-        wx_put_u32(frame + 1, (uint32_t)shard_id);
-        wx_put_u64(frame + 5, (uint64_t)offset + chunk_off);
-        wx_put_u16(frame + 13, (uint16_t)chunk);
-        failed = wx_seal(p, d, frame, sizeof frame, src + chunk_off, chunk, d + WX_HEADER_LEN);
+        failed = wx_seal_data(p, d, (uint32_t)conn_id, (uint16_t)path_id, (uint64_t)first_pn + (uint64_t)i,
+                              (int)key_phase, (uint32_t)shard_id, (uint64_t)offset + chunk_off,
+                              src + chunk_off, chunk);
     }
     pthread_mutex_unlock(&p->lock);
     Py_END_ALLOW_THREADS

@@ -60,6 +60,10 @@ typedef struct {
     int busy; /* set (under the GIL) while process() runs without it */
     WxProtector *keys[2];
     WxReplay *replay;
+    /* NULL: every path is this receiver's. Otherwise owned[path] says which are:
+     * a data-path worker's receiver keeps its own replay windows, so it must
+     * refuse another worker's paths or a datagram could be accepted twice. */
+    uint8_t *owned;
     Shard **shards; /* sorted by id */
     size_t n_shards, cap_shards;
     uint64_t counters[C_COUNT];
@@ -165,6 +169,7 @@ static void Receiver_dealloc(Receiver *self) {
     for (size_t i = 0; i < self->n_shards; i++) shard_free(self->shards[i]);
     PyMem_Free(self->shards);
     PyMem_Free(self->replay);
+    PyMem_Free(self->owned);
     Py_XDECREF(self->keys[0]);
     Py_XDECREF(self->keys[1]);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -190,6 +195,31 @@ static PyObject *Receiver_set_key(Receiver *self, PyObject *args) {
         Py_INCREF(key);
     }
     Py_XSETREF(self->keys[phase], key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Receiver_own_paths(Receiver *self, PyObject *arg) {
+    if (ready(self)) return NULL;
+    PyObject *seq = PySequence_Fast(arg, "path_ids must be a sequence of ints");
+    if (seq == NULL) return NULL;
+    uint8_t *owned = PyMem_Calloc((size_t)self->n_paths, 1);
+    if (owned == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        long long path;
+        if (wx_int_in_range(PySequence_Fast_GET_ITEM(seq, i), "path_id", 0, self->n_paths - 1,
+                            &path)) {
+            PyMem_Free(owned);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        owned[path] = 1;
+    }
+    Py_DECREF(seq);
+    PyMem_Free(self->owned);
+    self->owned = owned;
     Py_RETURN_NONE;
 }
 
@@ -351,7 +381,7 @@ static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
         return 0;
     }
     uint16_t path = wx_get_u16(d + 2);
-    if (path >= self->n_paths) {
+    if (path >= self->n_paths || (self->owned != NULL && !self->owned[path])) {
         self->counters[C_REJ_PATH]++;
         return 0;
     }
@@ -574,6 +604,8 @@ static PyObject *Receiver_new(PyTypeObject *type, PyObject *args, PyObject *kwar
 static PyMethodDef Receiver_methods[] = {
     {"set_key", (PyCFunction)Receiver_set_key, METH_VARARGS,
      "set_key(phase, protector | None): the key that opens datagrams of key phase 0 or 1."},
+    {"own_paths", (PyCFunction)Receiver_own_paths, METH_O,
+     "own_paths(path_ids): accept only datagrams of these paths (rejected_path otherwise)."},
     {"add_shard", (PyCFunction)Receiver_add_shard, METH_VARARGS,
      "add_shard(shard_id, writable_buffer): DATA for this shard is placed into the buffer."},
     {"remove_shard", (PyCFunction)Receiver_remove_shard, METH_O,

@@ -13,7 +13,10 @@
  *                    crypto, no protocol, as fast as the socket takes them;
  *   udp_blast_sink   its receiver: recvmmsg into GRO-sized slots, counting;
  *   udp_flood_send   a flood: sendmmsg of a caller's pool of datagrams (any
- *                    sizes, any bytes), cycled, as fast as one core sends them.
+ *                    sizes, any bytes), cycled, as fast as one core sends them;
+ *   udp_replay_send  a C source: a caller's pool of equal-stride datagrams
+ *                    (say, sealed DATA) sent once, in GSO super-buffers, so a
+ *                    receiver can be measured alone against a cheap sender.
  *
  * They are benchmarks' building blocks, not part of the data path.
  */
@@ -328,6 +331,74 @@ done:
     return res;
 }
 
+/* udp_replay_send(fd, pool, stride) -> (datagrams, payload_bytes, cpu_s, wall_s, eagain)
+ * fd must be connected. pool holds datagrams of stride bytes back to back (the last may be
+ * shorter), the layout build_data_datagrams produces; each is sent exactly once, as many
+ * per UDP_SEGMENT send as fit in GSO_MAX_BYTES (at most 64). Blocking sends. */
+static PyObject *udp_replay_send(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer pool = {0};
+    Py_ssize_t stride;
+    if (!PyArg_ParseTuple(args, "iy*n:udp_replay_send", &fd, &pool, &stride)) return NULL;
+    if (stride < 1 || stride > 65507 || pool.len < 1) {
+        PyBuffer_Release(&pool);
+        PyErr_SetString(PyExc_ValueError, "stride must be 1..65507 and the pool not empty");
+        return NULL;
+    }
+    int per_send = (int)(GSO_MAX_BYTES / stride);
+    if (per_send < 1) per_send = 1;
+    if (per_send > 64) per_send = 64;
+    long long datagrams = 0, eagain = 0;
+    int err = 0;
+    double cpu0, wall0, cpu1, wall1;
+    Py_BEGIN_ALLOW_THREADS
+    cpu0 = thread_cpu_s();
+    wall0 = mono_s();
+    char control[CMSG_SPACE(sizeof(uint16_t))];
+    memset(control, 0, sizeof control);
+    struct iovec iov;
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    uint16_t seg = (uint16_t)stride;
+    memcpy(CMSG_DATA(c), &seg, sizeof seg);
+    Py_ssize_t pos = 0;
+    while (pos < pool.len) {
+        Py_ssize_t len = (Py_ssize_t)per_send * stride;
+        if (len > pool.len - pos) len = pool.len - pos;
+        iov.iov_base = (uint8_t *)pool.buf + pos;
+        iov.iov_len = (size_t)len;
+        ssize_t rc = sendmsg(fd, &msg, 0);
+        if (rc >= 0) {
+            datagrams += (len + stride - 1) / stride;
+            pos += len;
+        } else if (errno == EAGAIN || errno == ENOBUFS) {
+            eagain++;
+        } else if (errno == ECONNREFUSED) {
+            pos += len; /* the receiver's socket was not there: lost, as on the wire */
+        } else if (errno != EINTR) {
+            err = errno;
+            break;
+        }
+    }
+    cpu1 = thread_cpu_s();
+    wall1 = mono_s();
+    Py_END_ALLOW_THREADS
+    Py_ssize_t sent = pool.len;
+    PyBuffer_Release(&pool);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("(LnddL)", datagrams, sent, cpu1 - cpu0, wall1 - wall0, eagain);
+}
+
 static PyMethodDef methods[] = {
     {"aead_seal", aead_seal, METH_VARARGS,
      "aead_seal(cipher, datagram_bytes, count) -> (cpu_s, wall_s, payload_bytes)."},
@@ -339,6 +410,8 @@ static PyMethodDef methods[] = {
     {"udp_flood_send", udp_flood_send, METH_VARARGS,
      "udp_flood_send(fd, seconds, pool, lengths) -> "
      "(datagrams, payload_bytes, cpu_s, wall_s, eagain)."},
+    {"udp_replay_send", udp_replay_send, METH_VARARGS,
+     "udp_replay_send(fd, pool, stride) -> (datagrams, pool_bytes, cpu_s, wall_s, eagain)."},
     {NULL, NULL, 0, NULL},
 };
 

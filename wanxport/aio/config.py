@@ -8,6 +8,7 @@ from wanxport.core.config import PathConfig, SessionConfig, datagram_payload
 from wanxport.wire.protection import CIPHERS, IV_LEN, KEY_LEN
 
 DATAPATHS = ("auto", "native", "python")
+MAX_WORKERS = 64
 Address = tuple[str, int]
 
 
@@ -67,6 +68,10 @@ class EndpointConfig:
     # any WAN bottleneck buffer.
     pacer_spin_ns: int = 0
     pacer_burst_ns: int = 500_000
+    # Threads the native data path spreads the paths over (aio.workers): path i goes
+    # to worker i % workers, each seals, paces, receives, opens and places its own
+    # paths on its own core. 1: everything on the loop's thread. At most one per path.
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if len(self.sockets) != len(self.session.paths):
@@ -74,6 +79,10 @@ class EndpointConfig:
                              f"{len(self.session.paths)} paths")
         if self.datapath not in DATAPATHS:
             raise ValueError(f"datapath {self.datapath!r} is not valid; valid: {', '.join(DATAPATHS)}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be 1..{MAX_WORKERS}, got {self.workers}")
+        if self.workers > 1 and self.datapath == "python":
+            raise ValueError("workers > 1 needs the native data path")
         if self.session.tag_bytes != 16:
             raise ValueError("session.tag_bytes must be 16: every datagram is AEAD-protected")
         for name in ("local_conn_id", "remote_conn_id"):

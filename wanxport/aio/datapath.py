@@ -15,6 +15,8 @@ for the endpoint to hand to the port's control side.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,12 +62,25 @@ class PlacesShards:
         self.receiver.freeze(shard_id, upto)
 
 
+Deliver = Callable[[list[tuple[int, "Received"]]], None]  # (path_id, Received) pairs, on the loop
+
+
 class Datapath(Protocol):
-    """Seals and paces what the core sends; opens, checks and places what arrives."""
+    """Seals and paces what the core sends; opens, checks and places what arrives.
+
+    Inline (``threaded`` False) the endpoint reads each socket from the loop and
+    calls ``receive``; threaded, worker threads drain the sockets and hand their
+    results to the ``deliver`` given to ``start`` (``aio.workers``).
+    """
 
     name: str
     packets_under_key: int  # sealed under the current sending key: the rotation trigger
     bytes_under_key: int
+
+    @property
+    def threaded(self) -> bool: ...
+
+    def start(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None: ...
 
     def use_send_key(self, phase: int, key: DirectionKey) -> None: ...
 

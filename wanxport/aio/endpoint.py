@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from wanxport.aio.config import Address, DirectionKey, EndpointConfig
-from wanxport.aio.datapath import Datapath
+from wanxport.aio.datapath import Datapath, Received
 from wanxport.aio.plan import plan_transmits
 from wanxport.aio.port import PathPort
 from wanxport.aio.python_path import PythonDatapath
@@ -150,7 +150,7 @@ class Endpoint:
         return NativeDatapath(self.sockets, cfg.send_key, cfg.recv_key, cfg.remote_conn_id,
                               cfg.local_conn_id, slot_size=max(2048, slot), capacity=cfg.pacer_capacity,
                               spin_ns=cfg.pacer_spin_ns, burst_ns=cfg.pacer_burst_ns,
-                              destinations=destinations)
+                              destinations=destinations, workers=cfg.workers)
 
     def _pacing_factor(self, path_id: int) -> float:
         """Pacer rate per core rate: a core packet leaves as several datagrams, each with its
@@ -180,12 +180,16 @@ class Endpoint:
         self._loop = loop
         self._received = asyncio.Queue()
         self._closed = loop.create_future()
+        threaded = self.datapath.threaded
         for path_id, sock in enumerate(self.sockets):
             self.datapath.attach(path_id)
             if self.ports is not None:
                 self.ports[path_id].attach_data(self._readers[path_id])
-            else:
+                if threaded:  # the data path's worker threads drain the socket
+                    self.ports[path_id].pause_reading()
+            elif not threaded:
                 loop.add_reader(sock.fileno(), self._on_readable, path_id)
+        self.datapath.start(loop, self._on_delivered)
         self._service()
 
     async def probe_paths(self, timeout_s: float) -> list[bool]:
@@ -240,6 +244,7 @@ class Endpoint:
                 if self._loop is not None:  # the ports stay open (the control side still listens)
                     for port, reader in zip(self.ports, self._readers, strict=True):
                         port.detach_data(reader)
+                        port.resume_reading()
             else:
                 for sock in self.sockets:
                     if self._loop is not None and sock.fileno() >= 0:
@@ -325,9 +330,26 @@ class Endpoint:
     # -- I/O callbacks -------------------------------------------------------
 
     def _on_readable(self, path_id: int) -> None:
-        now = self.clock()
-        session = self.session
         received = self.datapath.receive(path_id)
+        self._absorb(path_id, received, self.clock())
+        self._after_receive()
+        if received.quic:
+            self._hand_quic(path_id, received.quic)
+
+    def _on_delivered(self, items: list[tuple[int, Received]]) -> None:
+        """What the data path's worker threads drained (``Datapath.start``), on the loop."""
+        if self._loop is None:
+            return  # closed meanwhile
+        now = self.clock()
+        for path_id, received in items:
+            self._absorb(path_id, received, now)
+        self._after_receive()
+        for path_id, received in items:
+            if received.quic:
+                self._hand_quic(path_id, received.quic)
+
+    def _absorb(self, path_id: int, received: Received, now: float) -> None:
+        session = self.session
         if self._heard is not None and (received.runs or received.controls):
             self._note_heard(path_id)
         if received.runs:
@@ -342,11 +364,11 @@ class Endpoint:
                 self.malformed_controls += 1
                 continue
             session.receive_packet(pid, pn, frames, now)
+
+    def _after_receive(self) -> None:
         for shard_id, hasher in self._hashers.items():
-            hasher.advance(session.received_prefix(shard_id))
+            hasher.advance(self.session.received_prefix(shard_id))
         self._service()
-        if received.quic:
-            self._hand_quic(path_id, received.quic)
 
     def _hand_quic(self, path_id: int, quic: list[tuple[bytes, Address]]) -> None:
         """The control channel's datagrams met on a shared port go to its QUIC side."""

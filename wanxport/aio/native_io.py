@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from wanxport.wire.native import Buffer, DataBurst, DatagramBatch, require
+from wanxport.wire.native import Buffer, DataBurst, DatagramBatch, Protector, require
 
 FdLike = int | socket.socket
 
@@ -115,6 +115,14 @@ class Pacer:
     ) -> int:
         """Copy datagrams into the path's ring; returns how many fit (a prefix)."""
         return int(self._c.enqueue(path_id, buffer, stride, lengths, not_before_ns))
+
+    def enqueue_data(self, path_id: int, protector: Protector, conn_id: int, first_pn: int, key_phase: int,
+                     shard_id: int, shard_buffer: Buffer, offset: int, length: int, max_payload: int,
+                     not_before_ns: int = 0) -> int:
+        """Segment and seal shard bytes straight into the path's ring (no copy); returns how
+        many datagrams fit (a prefix: re-offer the rest from ``first_pn`` + that many)."""
+        return int(self._c.enqueue_data(path_id, protector._c, conn_id, first_pn, key_phase, shard_id,
+                                        shard_buffer, offset, length, max_payload, not_before_ns))
 
     def enqueue_burst(self, path_id: int, burst: DataBurst, start: int = 0, not_before_ns: int = 0) -> int:
         """Enqueue datagrams ``start..`` of a burst; returns how many were accepted."""

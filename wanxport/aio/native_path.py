@@ -1,113 +1,104 @@
 """The native data path: sealed bursts into the C pacer, batches out of recvmmsg.
 
-Per call, not per datagram: one ``build_data_datagrams`` per data plan (it
-segments and seals the whole burst in C), one ``enqueue`` per plan into the
-pacer's ring, one ``recv_batch`` + ``Receiver.process`` per batch of up to 64
-messages (more with GRO), which open, replay-check and place DATA straight
-into the registered shard buffers.
+With one worker (the default) the event loop's thread drives one send lane and
+one receive lane for every path (``native_lanes``): per call, not per
+datagram. With ``workers`` > 1 the paths are spread over that many worker
+threads (``aio.workers``), each with its own lanes, so sealing, pacing,
+receiving, opening and placing overlap on several cores; the loop then only
+hands plans out and takes results in (``start``).
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import socket
-import time
-from collections import deque
 from collections.abc import Sequence
 
 from wanxport.aio import native_io, overflow
 from wanxport.aio.config import Address, DirectionKey
-from wanxport.aio.datapath import PlacesShards, Received
-from wanxport.aio.plan import ControlPlan, DataPlan, Plan
+from wanxport.aio.datapath import Deliver, Received
+from wanxport.aio.native_lanes import ReceiveLane, SendLane, may_overtake
+from wanxport.aio.plan import DataPlan, Plan
+from wanxport.aio.workers import WorkerSet
 from wanxport.wire import native
-from wanxport.wire.frames import AckFrame, PaddingFrame, encode_frames
-from wanxport.wire.header import encode_header
-
-log = logging.getLogger(__name__)
-
-RECV_SLOTS = 64
-GRO_SLOT_BYTES = 65536
-MAX_BATCHES_PER_WAKE = 16
+from wanxport.wire.frames import DATA_OVERHEAD
+from wanxport.wire.header import HEADER_LEN
 
 
-class _Pending:
-    """A plan's datagrams the pacer ring had no room for yet (backpressure)."""
-
-    __slots__ = ("buffer", "stride", "lengths", "not_before_ns")
-
-    def __init__(self, buffer: memoryview, stride: int | None, lengths: list[int] | None,
-                 not_before_ns: int) -> None:
-        self.buffer = buffer
-        self.stride = stride
-        self.lengths = lengths
-        self.not_before_ns = not_before_ns
-
-
-def _address(addr: object) -> Address:
-    assert isinstance(addr, tuple), addr  # recv_batch(quic_addrs=True) named this sender
-    return str(addr[0]), int(addr[1])
-
-
-def not_eliciting(plan: ControlPlan) -> bool:
-    """Only ACK and PADDING frames: the peer records nothing that could be reordered."""
-    return all(isinstance(frame, AckFrame | PaddingFrame) for frame in plan.frames)
-
-
-class NativeDatapath(PlacesShards):
-    receiver: native.Receiver
+class NativeDatapath:
     name = "native"
 
     def __init__(self, sockets: Sequence[socket.socket], send_key: DirectionKey, recv_key: DirectionKey,
                  remote_conn_id: int, local_conn_id: int, slot_size: int, capacity: int,
-                 spin_ns: int, burst_ns: int, destinations: Sequence[Address | None] | None = None) -> None:
+                 spin_ns: int, burst_ns: int, destinations: Sequence[Address | None] | None = None,
+                 workers: int = 1) -> None:
         n = len(sockets)
         self._sockets = list(sockets)
         # A path's socket shared with the control channel (aio.port) is unconnected:
         # sends name the peer.
-        self._dest = list(destinations or [None] * n)
+        dest = list(destinations or [None] * n)
         self._seal = native.Protector(send_key.cipher, send_key.key, send_key.iv)
-        self._conn = remote_conn_id
-        self.receiver = native.Receiver(local_conn_id, n)
-        self.receiver.set_key(0, native.Protector(recv_key.cipher, recv_key.key, recv_key.iv))
-        self.pacer = native_io.Pacer(n, capacity=capacity, slot_size=slot_size, spin_ns=spin_ns,
-                                     burst_ns=burst_ns)
         self.gro = [False] * n
-        # Drops outside the receiver's parsers: the kernel's, for a full socket
-        # buffer (aio.overflow), and messages larger than a receive slot.
-        self.kernel_overflow = 0
-        self.oversize = 0
         for i, sock in enumerate(sockets):
             overflow.enable(sock)
             native_io.enable_timestamps(sock)
             self.gro[i] = native_io.enable_gro(sock)
-        slot = GRO_SLOT_BYTES if any(self.gro) else slot_size
-        self._rx_buffer = bytearray(RECV_SLOTS * slot)
-        self._pending: list[deque[_Pending]] = [deque() for _ in range(n)]
+        self.workers = max(1, min(workers, n))
+        self._set: WorkerSet | None = None
+        if self.workers > 1:
+            self._set = WorkerSet(self.workers, self._sockets, dest, send_key, recv_key, remote_conn_id,
+                                  local_conn_id, any(self.gro), slot_size, capacity, spin_ns, burst_ns)
+            self._send_lanes = [w.send_lane for w in self._set.workers]
+            self._recv_lanes = [w.recv_lane for w in self._set.workers]
+        else:
+            recv = native.Protector(recv_key.cipher, recv_key.key, recv_key.iv)
+            self._send_lanes = [SendLane(self._sockets, dest, remote_conn_id, slot_size, capacity,
+                                         spin_ns, burst_ns)]
+            self._recv_lanes = [ReceiveLane(local_conn_id, n, recv, any(self.gro), slot_size)]
+        self.pacer = self._send_lanes[0].pacer  # (its name: every lane's pacer is the same kind)
         self._rates = [0.0] * n
+        self._per_datagram = HEADER_LEN + DATA_OVERHEAD + self._seal.tag_len
         self.key_phase = 0
         self.packets_under_key = 0  # sealed under the current sending key: the rotation trigger
         self.bytes_under_key = 0
-        self.local_send_errors = 0
+        self._closed = False
+
+    @property
+    def threaded(self) -> bool:
+        """True when worker threads drain the sockets: the loop must not read them (``start``)."""
+        return self._set is not None
+
+    def start(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
+        """Start the worker threads; each drain's ``Received`` reaches ``deliver`` on the loop."""
+        if self._set is not None:
+            self._set.start(loop, deliver)
 
     # -- keys ----------------------------------------------------------------
 
     def use_send_key(self, phase: int, key: DirectionKey) -> None:
         """Seal from now on with ``key`` and ``phase`` in the header's key-phase bit.
 
-        Datagrams already sealed and waiting in the pacer ring keep their old
-        phase, which the peer still holds, so a switch strands nothing in flight.
+        Datagrams already sealed and waiting in the pacer ring (or handed to a
+        worker) keep their old phase, which the peer still holds, so a switch
+        strands nothing in flight.
         """
         self._seal = native.Protector(key.cipher, key.key, key.iv)
+        if self._set is not None:
+            self._set.use_send_key(key)
         self.key_phase = phase & 1
         self.packets_under_key = self.bytes_under_key = 0
 
     def install_recv_key(self, phase: int, key: DirectionKey) -> None:
         """Open datagrams whose key-phase bit is ``phase`` with ``key``."""
-        self.receiver.set_key(phase & 1, native.Protector(key.cipher, key.key, key.iv))
+        if self._set is not None:
+            self._set.install_recv_key(phase & 1, key)
+        else:
+            self._recv_lanes[0].receiver.set_key(phase & 1, native.Protector(key.cipher, key.key, key.iv))
 
     def attach(self, path_id: int) -> None:
         """Start sending on a path (to its socket's peer, or to its destination)."""
-        self.pacer.set_path(path_id, self._sockets[path_id], self._dest[path_id])
+        worker = 0 if self._set is None else self._set.worker_of[path_id]
+        self._send_lanes[worker].attach(path_id)
 
     # -- send ----------------------------------------------------------------
 
@@ -115,121 +106,77 @@ class NativeDatapath(PlacesShards):
         old = self._rates[path_id]
         if abs(rate_bytes_per_s - old) > 0.01 * old:
             self._rates[path_id] = rate_bytes_per_s
-            self.pacer.set_rate(path_id, rate_bytes_per_s)
+            worker = 0 if self._set is None else self._set.worker_of[path_id]
+            self._send_lanes[worker].pacer.set_rate(path_id, rate_bytes_per_s)
 
     def send(self, plans: list[Plan]) -> None:
+        items = []
         for plan in plans:
-            nb = int(plan.not_before * 1e9)
             if isinstance(plan, DataPlan):
-                burst = native.build_data_datagrams(
-                    self._seal, self._conn, plan.path_id, plan.first_pn, self.key_phase, plan.shard_id,
-                    plan.buffer, plan.offset, plan.length, plan.segment)
-                self.packets_under_key += burst.count
-                self.bytes_under_key += len(burst.buffer)
-                self._enqueue(plan.path_id, _Pending(memoryview(burst.buffer), burst.stride, None, nb))
+                count = -(-plan.length // plan.segment)
+                self.packets_under_key += count
+                self.bytes_under_key += plan.length + count * self._per_datagram
             else:
                 self.packets_under_key += 1
-                # The core schedules an ACK behind data it handed out earlier; only when
-                # that data has left may the ACK skip the ring.
-                overtake = not_eliciting(plan) and plan.not_before <= time.monotonic()
-                self._send_control(plan.path_id, self._seal_control(plan), nb, overtake=overtake)
-
-    def _seal_control(self, plan: ControlPlan) -> bytes:
-        header = encode_header(plan.path_id, self._conn, plan.pn, self.key_phase)
-        return self._seal.seal(header, encode_frames(plan.frames))
-
-    def _send_control(self, path_id: int, datagram: bytes, not_before_ns: int,
-                      overtake: bool = True) -> None:
-        """Acknowledgements leave at once when no data is due before them; anything else queues.
-
-        A trip through the pacer thread would add its wake-up latency to every
-        ACK. But an ACK must not overtake data handed out before it (the peer
-        would see reordering and answer every packet with an ACK), and an
-        ack-eliciting control packet (SHARD_OPEN, PROBE, SHARD_DONE, CREDIT) must
-        not overtake the data queued before it: its packet number is higher, so once the peer acknowledged it
-        the core would declare the still-queued data lost (packet threshold) and
-        send it again. The ring is also the fallback when the socket buffer is full.
-        A local firewall drop (EPERM) or an unreachable route is a lost datagram,
-        as on the wire: counted, and the core repairs it.
-        """
-        if overtake and not self._pending[path_id]:
-            try:
-                dest = self._dest[path_id]
-                if dest is None:
-                    self._sockets[path_id].send(datagram)
-                else:
-                    self._sockets[path_id].sendto(datagram, dest)
-                return
-            except (BlockingIOError, InterruptedError):
-                pass
-            except ConnectionRefusedError:
-                return  # the peer's socket is gone (ICMP): UDP semantics, the core repairs
-            except OSError as exc:
-                self.local_send_errors += 1
-                log.debug("path %d: control datagram not sent (%s)", path_id, exc.strerror or exc)
-                return
-        self._enqueue(path_id, _Pending(memoryview(datagram), None, None, not_before_ns))
-
-    def _enqueue(self, path_id: int, item: _Pending) -> None:
-        queue = self._pending[path_id]
-        if queue or not self._push(path_id, item):
-            queue.append(item)
-
-    def _push(self, path_id: int, item: _Pending) -> bool:
-        """Enqueue as much as fits; True when all of it did."""
-        if item.stride is None:
-            lengths = item.lengths or [len(item.buffer)]
-            accepted = self.pacer.enqueue(path_id, item.buffer, lengths=lengths,
-                                          not_before_ns=item.not_before_ns)
-            if accepted == len(lengths):
-                return True
-            item.buffer = item.buffer[sum(lengths[:accepted]):]
-            item.lengths = lengths[accepted:]
-            return False
-        accepted = self.pacer.enqueue(path_id, item.buffer, stride=item.stride,
-                                      not_before_ns=item.not_before_ns)
-        item.buffer = item.buffer[accepted * item.stride:]
-        return len(item.buffer) == 0
+            # The core schedules an ACK behind data it handed out earlier; only when
+            # that data has left may the ACK skip the ring (decided now, not in a worker).
+            items.append((plan, may_overtake(plan)))
+        if self._set is not None:
+            self._set.send(items, self.key_phase)
+        else:
+            self._send_lanes[0].send(items, self._seal, self.key_phase)
 
     @property
     def backlogged(self) -> bool:
-        return any(self._pending)
+        """Inline: the ring held something back (``flush`` retries). With workers each
+        retries its own; this says whether any still holds plans it has not queued."""
+        if self._set is not None:
+            return any(w.queued or w.send_lane.backlogged for w in self._set.workers)
+        return self._send_lanes[0].backlogged
 
     def flush(self) -> None:
-        """Retry what backpressure held back, in order."""
-        for path_id, queue in enumerate(self._pending):
-            while queue and self._push(path_id, queue[0]):
-                queue.popleft()
+        """Retry what backpressure held back, in order (workers retry their own)."""
+        if self._set is None:
+            self._send_lanes[0].flush()
+
+    @property
+    def local_send_errors(self) -> int:
+        return sum(lane.local_send_errors for lane in self._send_lanes)
 
     # -- receive -------------------------------------------------------------
 
+    def _receivers(self) -> list[tuple[object, native.Receiver]]:
+        if self._set is not None:
+            return list(self._set.each_receiver())
+        return [(None, self._recv_lanes[0].receiver)]
+
+    def add_shard(self, shard_id: int, buffer: memoryview) -> None:
+        for lock, receiver in self._receivers():
+            with _held(lock):
+                receiver.add_shard(shard_id, buffer)
+
+    def remove_shard(self, shard_id: int) -> None:
+        for lock, receiver in self._receivers():
+            with _held(lock):
+                receiver.remove_shard(shard_id)
+
+    def freeze(self, shard_id: int, upto: int) -> None:
+        """Bytes below ``upto`` are all in: never write them again (see aio.verify)."""
+        for lock, receiver in self._receivers():
+            with _held(lock):
+                receiver.freeze(shard_id, upto)
+
     def receive(self, path_id: int) -> Received:
-        """Drain the path's socket: runs of placed DATA datagrams (``native.fold_runs``), how
-        many datagrams they hold, opened control datagrams, and the QUIC-looking ones with
-        their senders (``recv_batch(quic_addrs=True)`` builds an address only for those)."""
-        sock = self._sockets[path_id]
-        out = Received()
-        runs, controls = out.runs, out.controls
-        for _ in range(MAX_BATCHES_PER_WAKE):
-            try:
-                batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=True)
-            except ConnectionRefusedError:
-                continue  # an ICMP error queued on the socket (peer not up yet): consumed
-            self.kernel_overflow += overflow.delta(sock, batch.rxq_overflow)
-            self.oversize += batch.truncated
-            if batch.count == 0:
-                break
-            result = self.receiver.process(batch)
-            if len(result.records):
-                runs += native.fold_runs(result.records)
-                out.datagrams += len(result.records)
-            for c in result.controls:
-                controls.append((c.path_id, c.packet_number, c.plaintext))
-            if result.quic:
-                addrs = batch.addrs
-                assert addrs is not None  # quic_addrs: a sender for every QUIC-looking datagram
-                out.quic += [(datagram, _address(addrs[index])) for index, datagram in result.quic]
-        return out
+        """Drain the path's socket (inline only: with workers their threads drain)."""
+        if self._set is not None:
+            raise RuntimeError("the worker threads drain the sockets; use start(loop, deliver)")
+        return self._recv_lanes[0].receive(self._sockets[path_id])
+
+    @property
+    def shares(self) -> list[dict[str, int]]:
+        """Per worker: plans it sealed, DATA datagrams it placed (each worker's traffic)."""
+        return [{"plans_sent": s.plans, "datagrams_placed": r.datagrams}
+                for s, r in zip(self._send_lanes, self._recv_lanes, strict=True)]
 
     @property
     def rejected(self) -> int:
@@ -237,13 +184,35 @@ class NativeDatapath(PlacesShards):
 
     @property
     def counters(self) -> dict[str, int]:
-        return {**self.receiver.counters, f"rejected_{overflow.REASON}": self.kernel_overflow,
-                "rejected_oversize": self.oversize}
+        total: dict[str, int] = {}
+        for lane in self._recv_lanes:
+            for key, value in lane.counters.items():
+                total[key] = total.get(key, 0) + value
+        return total
 
     def close(self, drain_s: float = 0.2) -> None:
-        """Let queued datagrams leave (bounded wait), then stop the pacer thread."""
-        if not self.pacer.closed:
-            deadline = time.monotonic() + drain_s
-            self.flush()
-            self.pacer.wait_idle(max(0.0, deadline - time.monotonic()))
-            self.pacer.close()
+        """Let queued datagrams leave (bounded wait), then stop the pacer (and worker) threads."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._set is not None:
+            self._set.close(drain_s)
+        else:
+            self._send_lanes[0].close(drain_s)
+
+
+class _held:
+    """``with`` a lock, or with nothing (the inline lane needs none)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: object) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        if self._lock is not None:
+            self._lock.acquire()  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock is not None:
+            self._lock.release()  # type: ignore[attr-defined]

@@ -169,6 +169,17 @@ class PathPort:
         if self._data == on_readable:
             self._data = None
 
+    def pause_reading(self) -> None:
+        """The attached session's own threads drain the socket (``aio.workers``): the loop
+        must not watch it meanwhile (it would wake for every datagram they are about to take)."""
+        if self._loop is not None and not self.closed:
+            self._loop.remove_reader(self.socket.fileno())
+
+    def resume_reading(self) -> None:
+        """Watch the socket from the loop again (after ``pause_reading``; idempotent)."""
+        if self._loop is not None and not self.closed:
+            self._loop.add_reader(self.socket.fileno(), self._on_readable)
+
     @property
     def data_attached(self) -> bool:
         return self._data is not None

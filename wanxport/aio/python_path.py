@@ -11,12 +11,13 @@ Python frame per datagram, so expect a fraction of the native throughput.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Sequence
 
 from wanxport.aio import overflow
 from wanxport.aio.config import Address, DirectionKey
-from wanxport.aio.datapath import PlacesShards, Received
+from wanxport.aio.datapath import Deliver, PlacesShards, Received
 from wanxport.aio.plan import DataPlan, Plan
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.frames import DataFrame
@@ -61,6 +62,11 @@ class PythonDatapath(PlacesShards):
     def install_recv_key(self, phase: int, key: DirectionKey) -> None:
         """Open datagrams whose key-phase bit is ``phase`` with ``key``."""
         self.receiver.set_key(phase, AeadProtection(key.cipher, key.key, key.iv))
+
+    threaded = False  # the loop reads the sockets and calls receive()
+
+    def start(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
+        """Nothing to start: this path has no worker threads."""
 
     def attach(self, path_id: int) -> None:
         self._attached[path_id] = True

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from wanxport.aio.config import MAX_WORKERS
 from wanxport.bench.limits import BASELINES, compare_with_limits, expand_baselines, measure_limits
 from wanxport.units import format_rate, format_size, parse_size
 from wanxport.wire import native
@@ -34,6 +35,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh-buffers", action="store_true",
                         help="receive into untouched memory (a first step: the kernel zeroes each "
                              "page on first write) instead of buffers touched before the clock starts")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="data-path worker threads at each end (native; at most one per path)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fec", choices=("off", "auto"), default="auto",
                         help="erasure-coded tail (default auto; off for the ablation)")
@@ -66,6 +69,8 @@ def bench_main(args: argparse.Namespace) -> int:
     checks = [(args.paths >= 1, "--paths must be >= 1"), (size >= 1, "--size must be at least 1 byte"),
               (576 <= args.mtu <= 65535, "--mtu must be between 576 and 65535"),
               (args.segments >= 1, "--segments must be >= 1"),
+              (1 <= args.workers <= MAX_WORKERS, f"--workers must be between 1 and {MAX_WORKERS}"),
+              (args.workers == 1 or not args.python_datapath, "--workers > 1 needs the native data path"),
               (args.shards is None or args.shards >= 1, "--shards must be >= 1"),
               (args.pps is None or args.pps > 0, "--pps must be > 0"),
               (args.duration > 0, "--duration must be > 0"),
@@ -116,7 +121,7 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
                             "python" if args.python_datapath else "native", args.segments, shards,
                             args.seed, timeout, pacer_burst_ns=round(args.pacer_burst_us * 1000),
-                            fresh_buffers=args.fresh_buffers, fec=args.fec)
+                            fresh_buffers=args.fresh_buffers, fec=args.fec, workers=args.workers)
         report = run_transfer(spec)
     if baseline is not None:
         report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)

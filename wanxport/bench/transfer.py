@@ -51,6 +51,7 @@ class TransferSpec:
     pacer_burst_ns: int = 100_000
     fresh_buffers: bool = False  # receive into never-touched memory (see warm_allocator)
     fec: str = "auto"  # the erasure-coded tail (SessionConfig.fec)
+    workers: int = 1  # data-path worker threads at each end (EndpointConfig.workers)
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -83,7 +84,8 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
     sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in range(spec.paths))
     return EndpointConfig(session_config(spec), sockets, send, recv, local_conn_id=local,
                           remote_conn_id=remote, datapath=spec.datapath,
-                          pacer_spin_ns=spec.pacer_spin_ns, pacer_burst_ns=spec.pacer_burst_ns)
+                          pacer_spin_ns=spec.pacer_spin_ns, pacer_burst_ns=spec.pacer_burst_ns,
+                          workers=spec.workers)
 
 
 # -- receiver process ----------------------------------------------------------
@@ -146,14 +148,14 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
     try:
         endpoint.connect(sender_addrs)
         _emit("ports", endpoint.local_addresses)
-        cpu_start = process_cpu_s()
+        cpu_start, loop_start = process_cpu_s(), time.thread_time()
         endpoint.start()
         expected = len(shard_sizes(spec.size, spec.shards))
         got: dict[int, ReceivedShard] = {}
         while len(got) < expected:
             shard = await asyncio.wait_for(endpoint.receive_shard(), spec.timeout_s)
             got[shard.shard_id] = shard
-        cpu_s = process_cpu_s() - cpu_start
+        cpu_s, loop_cpu_s = process_cpu_s() - cpu_start, time.thread_time() - loop_start
         done_at = max(s.at for s in got.values())
         digest = hashlib.sha256()
         for shard_id in sorted(got):
@@ -165,7 +167,8 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
         return {"done_at": done_at, "sha256": digest.hexdigest(), "ok": all(s.ok for s in got.values()),
                 "bytes": sum(len(s.data) for s in got.values()),
                 "rejected": endpoint.datagrams_rejected, "counters": dict(endpoint.datapath.counters),
-                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records, "cpu_s": cpu_s}
+                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records, "cpu_s": cpu_s,
+                "loop_cpu_s": loop_cpu_s}
     finally:
         await endpoint.close()
 
@@ -198,7 +201,9 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
         endpoint.connect([(str(h), int(p)) for h, p in value])
         cpu_start = process_cpu_s()  # the shard digests are the sender's work too
         digests = [hashlib.sha256(s).digest() for s in shards]
+        loop_start = time.thread_time()  # the event loop's thread: the serial part (the core)
         sent = run(_send(endpoint, shards, digests, spec.timeout_s))
+        sent["loop_cpu_s"] = time.thread_time() - loop_start
         sent["cpu_s"] = process_cpu_s() - cpu_start
         result = _expect(child.stdout, "ok", spec.timeout_s)
     finally:
@@ -280,11 +285,14 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         cipher=spec.cipher, datapath=spec.datapath,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
-        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, receiver_counters=received["counters"], fec=spec.fec,
+        mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, workers=spec.workers,
+        receiver_counters=received["counters"], fec=spec.fec,
         repair_bytes=session.stats().repair_bytes,
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
         cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
                       "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
+        loop_cpu_s_per_gb={"sender": round(sent["loop_cpu_s"] / spec.size * 1e9, 4),
+                           "receiver": round(received["loop_cpu_s"] / spec.size * 1e9, 4)},
     )
 
 

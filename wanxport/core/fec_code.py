@@ -10,7 +10,7 @@ whole blocks in C, one call per block, never per datagram.
 
 from __future__ import annotations
 
-from math import comb
+from math import comb, exp
 
 from wanxport import _fec
 from wanxport.wire.frames import MAX_BLOCK_SYMBOLS
@@ -43,25 +43,70 @@ def decode(data: Buffer, k: int, m: int, symbol: int, missing: list[int],
     return [out[t * symbol:(t + 1) * symbol] for t in range(len(missing))]
 
 
-def failure_probability(k: int, m: int, loss: float) -> float:
-    """P(more than ``m`` of the block's ``k + m`` datagrams are lost), i.i.d. ``loss``."""
-    n = k + m
-    kept = sum(comb(n, i) * loss ** i * (1.0 - loss) ** (n - i) for i in range(m + 1))
-    return max(0.0, 1.0 - kept)
+def lost_symbols_cdf(parts: list[tuple[int, float, float]], limit: int) -> list[float]:
+    """P(at most j of a block's data symbols are lost), j = 0..``limit``.
+
+    ``parts`` are (symbols, loss rate, mean burst length) of each path's share
+    of the block. A path loses its datagrams in bursts (a Gilbert-Elliott link
+    drops runs of geometric length): loss events are Poisson with mean
+    ``symbols * loss / burst``, each erasing a geometric number of symbols of
+    mean ``burst`` (a compound Poisson, computed by Panjer's recursion), so a
+    bursty path needs more repair than an i.i.d. one at the same rate. Burst 1
+    is the i.i.d. case (Poisson).
+    """
+    pmf = [1.0] + [0.0] * limit
+    for symbols, loss, burst in parts:
+        events = symbols * loss / burst
+        if events <= 0.0:
+            continue
+        q = 1.0 / burst  # a burst ends after each datagram with this probability
+        jump = [0.0] + [q * (1.0 - q) ** (j - 1) for j in range(1, limit + 1)]
+        own = [exp(-events)] + [0.0] * limit
+        for n in range(1, limit + 1):
+            own[n] = events / n * sum(j * jump[j] * own[n - j] for j in range(1, n + 1))
+        pmf = [sum(pmf[i] * own[n - i] for i in range(n + 1)) for n in range(limit + 1)]
+    cdf, total = [], 0.0
+    for p in pmf:
+        total += p
+        cdf.append(min(1.0, total))
+    return cdf
 
 
-def repair_count(k: int, loss: float, target: float, max_m: int) -> int:
+def failure_curve(parts: list[tuple[int, float, float]], max_m: int, k: int | None = None) -> list[float]:
+    """P(the block fails) with m = 0, 1, ... repair symbols, up to ``max_m`` (and what GF(2^8) allows).
+
+    ``parts`` are the block's symbols still at risk (``lost_symbols_cdf``); a
+    block of ``k`` symbols (default: their sum) may hold others already
+    received. It fails when its lost data symbols plus its lost repair symbols
+    (i.i.d. at the parts' mean loss) exceed m. ``[0.0]`` when nothing is at risk.
+    """
+    at_risk = sum(symbols for symbols, _, _ in parts)
+    k = at_risk if k is None else k
+    loss = sum(symbols * rate for symbols, rate, _ in parts) / at_risk if at_risk else 0.0
+    if loss <= 0.0:
+        return [0.0]
+    limit = max(0, min(max_m, MAX_BLOCK_SYMBOLS - k))
+    cdf = lost_symbols_cdf(parts, limit)
+    return [max(0.0, 1.0 - sum(comb(m, r) * loss ** r * (1.0 - loss) ** (m - r) * cdf[m - r]
+                               for r in range(m + 1)))
+            for m in range(limit + 1)]
+
+
+def repair_for(curve: list[float], target: float) -> int:
+    """The fewest repair symbols whose failure probability (``failure_curve``) is under ``target``."""
+    for m, failure in enumerate(curve):
+        if failure <= target:
+            return m
+    return len(curve) - 1
+
+
+def repair_count(parts: list[tuple[int, float, float]], target: float, max_m: int,
+                 k: int | None = None) -> int:
     """The fewest repair symbols that bring a block's failure probability under ``target``.
 
-    0 when the path mix loses nothing; at most ``max_m`` (and what GF(2^8) allows).
+    0 when the paths lose (almost) nothing; at most ``max_m`` (and what GF(2^8) allows).
     """
-    if loss <= 0.0:
-        return 0
-    limit = min(max_m, MAX_BLOCK_SYMBOLS - k)
-    m = 1
-    while m < limit and failure_probability(k, m, loss) > target:
-        m += 1
-    return m
+    return repair_for(failure_curve(parts, max_m, k), target)
 
 
 def block_shapes(length: int, symbol: int) -> list[tuple[int, int]]:

@@ -42,7 +42,7 @@ class LossDetector:
     __slots__ = ("rtt", "rate", "cc", "next_pn", "_sent", "bytes_in_flight", "largest_acked",
                  "last_ack_at", "pto_count", "reorder_threshold", "time_threshold",
                  "_recently_lost", "_recently_lost_pns", "packets_sent", "bytes_sent",
-                 "packets_lost", "spurious_losses")
+                 "packets_lost", "spurious_losses", "detected_lost", "detected_lost_bytes")
 
     def __init__(self, rtt: RttEstimator, rate: DeliveryRateEstimator, cc: CongestionController) -> None:
         self.rtt = rtt
@@ -65,6 +65,11 @@ class LossDetector:
         self.bytes_sent = 0
         self.packets_lost = 0
         self.spurious_losses = 0
+        # Losses found by the thresholds (not a probe timeout's "everything in flight"), and
+        # their bytes not confirmed by a partial acknowledgement: the datagrams really lost,
+        # which the erasure-coded tail prices its repair by (core.fec).
+        self.detected_lost = 0
+        self.detected_lost_bytes = 0
 
     # -- sending -----------------------------------------------------------------
 
@@ -229,6 +234,8 @@ class LossDetector:
             else:
                 break  # later packets are newer and closer to the largest acknowledged
         if lost:
+            self.detected_lost += len(lost)
+            self.detected_lost_bytes += sum(packet.size - packet.credited for packet in lost)
             self._remove_lost(lost, now)
         return lost
 

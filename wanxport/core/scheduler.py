@@ -153,6 +153,8 @@ class ComposedScheduler(Scheduler):
 
     def forget_shard(self, shard_id: int) -> None:
         self.stripes.forget_shard(shard_id)
+        if self.hedger is not None:
+            self.hedger.forget_shard(shard_id)
 
     def data_requeued(self) -> None:
         if self.tail is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
+from wanxport.core.early import EarlyData
 from wanxport.core.events import (
     Event,
     SessionClosed,
@@ -85,6 +86,7 @@ class Session:
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
         self._fec_rx = FecReceiver()
+        self._early = EarlyData()  # DATA that overtook its shard's SHARD_OPEN
         self.closed: SessionClosed | None = None
         self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
         # Totals for stats(): shards (and their bytes) submitted, acknowledged by the peer, received.
@@ -245,6 +247,8 @@ class Session:
         if verdict is None:
             return True
         if not verdict:
+            if frame.shard_id not in self.incoming.shards and self._early.hold(frame):
+                return True  # acknowledged: placed when its SHARD_OPEN arrives (core.early)
             self.data_dropped += 1
             return False
         shard = self.incoming.shards[frame.shard_id]
@@ -321,6 +325,13 @@ class Session:
         if isinstance(frame, ShardOpenFrame):
             if not self.incoming.open(frame):
                 self._violation(now, self.incoming.refusal)
+                return
+            for held in self._early.release(frame.shard_id):
+                if not self._on_data(held, now):  # acknowledged, so it must fit
+                    self._violation(now, f"DATA [{held.offset}, {held.offset + held.length}) sent "
+                                         f"before shard {frame.shard_id} was opened lies outside "
+                                         f"its {frame.size} bytes")
+                    return
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:

@@ -203,14 +203,18 @@ class Transmitter:
         overhead = self.config.packet_overhead()
         path.pacing_wake = None
         self.fec.observe(path)
+        repair: bool | None = None  # whether this path carries repair (asked once per fill)
         while path.cwnd_space > 0:
             if path.next_send_at > horizon:
                 path.pacing_wake = path.next_send_at - (horizon - now)
                 self.touch(path)
                 return
             # Repair follows the data it covers: once nothing is left to send or re-send.
-            if self.fec.pending and not self.scheduler.remaining_bytes and self._send_repair(path, now, out):
-                continue
+            if self.fec.pending and not self.scheduler.remaining_bytes:
+                if repair is None:
+                    repair = self.fec.carries_repair(path, now)
+                if repair and self._send_repair(path, now, out):
+                    continue
             picked = self.scheduler.next_chunk(path, now, self.paths)
             if picked is None:
                 path.rate.on_app_limited(path.bytes_in_flight)
@@ -234,8 +238,10 @@ class Transmitter:
             elif kind is ChunkKind.HEDGE:
                 counters.hedged_bytes += length
                 self.hedged_bytes += length
-            elif offset + length == self.outgoing.shards[shard_id].size:  # its last new byte
-                self.fec.plan(self.outgoing.shards[shard_id], self.scheduler.remaining_bytes)
+            else:
+                self.fec.on_new_data(length)
+            if kind is not ChunkKind.HEDGE and not self.scheduler.remaining_bytes:
+                self.fec.plan()  # nothing left behind the data in flight: protect it
             # Pace by the whole datagram, DATA frame header included: the delivery-rate
             # samples count the same bytes, so gain 1.0 is exactly the measured rate.
             # Leaving the frame header out paced ~1 % above it: a queue crept up

@@ -136,7 +136,7 @@ class Inbox(FileSink):
     """One session's receiving sink, rooted at the sending peer's directory."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
+        super().__init__(directory, keep_names=False)  # a warm session lands thousands of files
         self._refused: set[int] = set()
         self._no_space: set[int] = set()  # pieces a full disk refused (received into scratch)
         self._announcement: Any = None

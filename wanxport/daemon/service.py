@@ -226,7 +226,7 @@ class GatewayDaemon:
                 finally:
                     await session.close()
                     self.listener.release()
-            log.info("session from %s ended: %d files received%s", session.peer_name, len(result.files),
+            log.info("session from %s ended: %d files received%s", session.peer_name, result.file_count,
                      f" ({result.error})" if result.error else "")
 
     # -- sending ---------------------------------------------------------------

@@ -9,6 +9,13 @@ parameters is a conflict, never a silent second transfer. On start, a transfer t
 was active when the daemon stopped is queued again: the receiver keeps what it got.
 A paused transfer (the peer's disk was full; the daemon retries it with backoff) is
 queued again at start too: the wait it was in does not outlive the process.
+
+A transfer that finishes (done, failed, cancelled) moves to ``finished.FinishedArchive``
+(one file each under ``DATA_DIR/finished/``, kept for a week): lookups by id and by key
+still find it, while memory holds only the unfinished transfers plus the
+``keep_finished`` most recent finished ones, and ``transfers.json`` only the
+unfinished. So the daemon's memory and the cost of each state change stay flat
+however many transfers it has finished.
 """
 
 from __future__ import annotations
@@ -21,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from .durable import StateCorrupt, read_state, write_state
+from .finished import FinishedArchive
 
 log = logging.getLogger(__name__)
 
 STATES = ("queued", "active", "paused", "done", "failed", "cancelled")
 FINAL = ("done", "failed", "cancelled")
-KEEP_FINISHED = 1000  # a client polls a transfer it submitted well before a thousand more finish
+KEEP_FINISHED = 100  # in memory (and in the listing); older finished ones are read from disk
 
 
 class SubmitConflict(ValueError):
@@ -71,14 +79,20 @@ class Transfer:
 
 
 class TransferStore:
-    """Transfers by id and by idempotency key, persisted on every change."""
+    """Transfers by id and by idempotency key, persisted on every change.
 
-    def __init__(self, path: Path, keep_finished: int = KEEP_FINISHED) -> None:
+    ``transfers`` holds the unfinished ones and the most recent finished ones;
+    ``get``/``get_by_key`` also find older finished ones in the archive.
+    """
+
+    def __init__(self, path: Path, keep_finished: int = KEEP_FINISHED,
+                 archive: FinishedArchive | None = None) -> None:
         self.path = path
         self.keep_finished = keep_finished
+        self.archive = archive if archive is not None else FinishedArchive(path.parent / "finished")
         self.transfers: dict[str, Transfer] = {}
         self._by_key: dict[str, str] = {}
-        self._finished: dict[str, None] = {}  # ids of finished transfers, oldest first
+        self._finished: dict[str, None] = {}  # ids of finished transfers in memory, oldest first
         self._load()
 
     def _load(self) -> None:
@@ -97,26 +111,34 @@ class TransferStore:
                 transfer.state = "queued"  # the daemon stopped while it ran or waited: run it again
             self.transfers[transfer.id] = transfer
             self._by_key[transfer.key] = transfer.id
-        for transfer in sorted(self.transfers.values(), key=lambda t: t.updated):
-            if transfer.state in FINAL:
-                self._finished[transfer.id] = None
-        self._prune()
+        finished = [t for t in self.transfers.values() if t.state in FINAL]
+        for transfer in sorted(finished, key=lambda t: t.updated):
+            # A crash after archiving but before the rewrite: archiving again is harmless.
+            self.archive.put(transfer.to_json())
+            self.transfers.pop(transfer.id)
+            self._by_key.pop(transfer.key, None)
+        if finished:
+            self.save()
+        self.archive.sweep()
 
     def _prune(self) -> None:
-        """Forget the oldest finished transfers beyond ``keep_finished``."""
+        """Drop the oldest finished transfers beyond ``keep_finished`` from memory
+        (they are in the archive)."""
         while len(self._finished) > self.keep_finished:
             oldest = next(iter(self._finished))
             del self._finished[oldest]
             transfer = self.transfers.pop(oldest)
-            self._by_key.pop(transfer.key, None)
+            if self._by_key.get(transfer.key) == oldest:
+                del self._by_key[transfer.key]
 
     def save(self) -> None:
-        write_state(self.path, [t.to_json() for t in self.transfers.values()])
+        """``transfers.json``: the unfinished transfers only (the archive has the rest)."""
+        write_state(self.path, [t.to_json() for t in self.transfers.values() if t.state not in FINAL])
 
     def submit(self, submission: Submission, key: str | None) -> tuple[Transfer, bool]:
         """(the transfer, True when it is new). SubmitConflict on a reused key."""
-        if key is not None and key in self._by_key:
-            existing = self.transfers[self._by_key[key]]
+        existing = self.get_by_key(key) if key is not None else None
+        if existing is not None:
             if existing.submission != submission:
                 raise SubmitConflict(f"idempotency key {key!r} was used for another submission "
                                      f"({existing.id})")
@@ -130,10 +152,17 @@ class TransferStore:
 
     def get_by_key(self, key: str) -> Transfer | None:
         transfer_id = self._by_key.get(key)
-        return None if transfer_id is None else self.transfers[transfer_id]
+        if transfer_id is not None:
+            return self.transfers[transfer_id]
+        record = self.archive.get_by_key(key)
+        return None if record is None else Transfer.from_json(record)
 
     def get(self, transfer_id: str) -> Transfer | None:
-        return self.transfers.get(transfer_id)
+        transfer = self.transfers.get(transfer_id)
+        if transfer is not None:
+            return transfer
+        record = self.archive.get(transfer_id)
+        return None if record is None else Transfer.from_json(record)
 
     def update(self, transfer: Transfer, **changes: Any) -> Transfer:
         """Change a transfer's fields (state, reason, bytes) and persist."""
@@ -144,6 +173,9 @@ class TransferStore:
         transfer.updated = time.time()
         self._finished.pop(transfer.id, None)
         if transfer.state in FINAL:
+            self.archive.put(transfer.to_json())  # on disk before it leaves transfers.json
+            self.transfers[transfer.id] = transfer  # one read back from the archive, too
+            self._by_key[transfer.key] = transfer.id
             self._finished[transfer.id] = None  # the newest finished one
             self._prune()
         self.save()

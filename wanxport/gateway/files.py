@@ -189,12 +189,21 @@ def describe_os_error(exc: OSError) -> str:
 
 
 class FileSink:
-    """Receives the pieces of one session's files into partial files, then renames."""
+    """Receives the pieces of one session's files into partial files, then renames.
 
-    def __init__(self, directory: Path) -> None:
+    Each finished file is counted (``written_count``, ``written_bytes``) as it lands, so
+    the session's report never ``stat()``s a file the receiver may have moved or deleted
+    since. ``keep_names=False`` (the daemon's warm sessions, which last for thousands of
+    files) keeps no per-file list at all: ``written`` stays empty.
+    """
+
+    def __init__(self, directory: Path, *, keep_names: bool = True) -> None:
         self.directory = directory
         self.files: dict[str, _IncomingFile] = {}
         self.written: list[Path] = []
+        self.written_count = 0
+        self.written_bytes = 0
+        self._keep_names = keep_names
         self.error: str | None = None  # the first file that could not be written, and why
         self._by_shard: dict[int, str] = {}
         self._maps: dict[int, MappedRange] = {}  # shard id -> its piece, mapped while it arrives
@@ -302,7 +311,10 @@ class FileSink:
         final = self.directory / incoming.name
         os.replace(incoming.partial, final)
         del self.files[incoming.name]
-        self.written.append(final)
+        self.written_count += 1
+        self.written_bytes += incoming.size
+        if self._keep_names:
+            self.written.append(final)
         log.info("received %s (%d bytes)", final, incoming.size)
 
     def _discard(self, incoming: _IncomingFile) -> None:

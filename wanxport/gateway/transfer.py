@@ -29,7 +29,8 @@ class SendResult:
 @dataclass
 class ReceiveResult:
     ok: bool
-    files: list[Path] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # empty when the sink keeps no names
+    file_count: int = 0
     error: str | None = None
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -196,11 +197,12 @@ async def receive_files(session: GatewaySession, sink: FileSink, *,
     if incomplete and error is None:
         error = f"the session ended before {', '.join(sorted(incomplete))} arrived"
     ok = error is None and not failures
-    delivered = sum(p.stat().st_size for p in sink.written)
+    delivered = sink.written_bytes  # counted as each file landed: it may be gone by now
     start = session.stats.started
     report = session_report(session, payload_bytes=delivered, delivered_bytes=delivered,
                             completion_s=(last[0] - start) if last else 0.0, intact=ok,
                             wall_s=time.perf_counter() - wall_start, timeline=monitor.timeline,
                             files=[p.name for p in sink.written],
                             error=error or ("; ".join(failures) if failures else None))
-    return ReceiveResult(ok, list(sink.written), error or ("; ".join(failures) or None), report)
+    return ReceiveResult(ok, list(sink.written), sink.written_count,
+                         error or ("; ".join(failures) or None), report)

@@ -290,6 +290,11 @@ class Receiver:
     def set_key(self, phase: int, protector: Protector | None) -> None:
         self._c.set_key(phase, None if protector is None else protector._c)
 
+    def own_paths(self, path_ids: Sequence[int]) -> None:
+        """Accept only these paths' datagrams: a data-path worker's receiver has its own
+        replay windows, so another worker's paths must not get a second chance here."""
+        self._c.own_paths(list(path_ids))
+
     def add_shard(self, shard_id: int, buffer: bytearray | memoryview | npt.NDArray[Any]) -> None:
         """Place DATA for ``shard_id`` into ``buffer`` (held until remove_shard)."""
         self._c.add_shard(shard_id, buffer)

@@ -4,7 +4,8 @@ Once every byte has been sent at least once, a path with room would otherwise
 idle while the last chunks are still on their way over slow (or lossy) paths.
 It takes instead the outstanding chunk expected to arrive *latest*, if it would
 deliver that chunk sooner itself; whichever copy arrives first completes it.
-Each chunk is hedged at most once.
+Each chunk is hedged at most once while its shard is unfinished; a finished shard's
+entries are forgotten (a warm session hedges the tail of every transfer for months).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Hedger:
     """Picks which outstanding chunk a path with room should carry a second copy of."""
 
     def __init__(self) -> None:
-        self.hedged: set[tuple[int, int]] = set()  # (shard id, offset) of every chunk hedged
+        self.hedged: set[tuple[int, int]] = set()  # (shard id, offset) of chunks hedged, live shards
         self._queue: list[tuple[float, Chunk, int]] = []  # latest expected arrival last
         self._built_at = -1.0
 
@@ -52,6 +53,11 @@ class Hedger:
             self.hedged.add((chunk[0], chunk[1]))
             return chunk
         return None
+
+    def forget_shard(self, shard_id: int) -> None:
+        """The shard is done: none of its chunks will be a candidate again."""
+        if self.hedged:
+            self.hedged = {hedged for hedged in self.hedged if hedged[0] != shard_id}
 
     def _rebuild(self, now: float, paths: list[Path]) -> None:
         """Outstanding chunks ordered so the one expected latest is hedged first."""

@@ -1,0 +1,61 @@
+"""The pacer's rings stay small in memory on a path that carries a datagram now and then.
+
+A ring is ``capacity * slot_size`` bytes (32 MiB with the endpoint's defaults) of
+``malloc``: pages become resident only when a slot on them is written. A path that
+queues one datagram at a time (a receiver's acknowledgements and probes) used to
+walk the whole ring, one new page per datagram, so a warm session's RssAnon grew
+for hours (the one-hour soak's receiver: ~0.3 MiB a minute, docs/results/soak.md).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from wanxport.aio.native_io import Pacer
+from wanxport.wire import native
+
+pytestmark = pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
+
+CAPACITY, SLOT = 8192, 4096  # one slot per page: each new slot touched is a new resident page
+DATAGRAMS = 3000  # 11.7 MiB of slots if each one took the next slot
+
+
+def rss_anon_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise RuntimeError("no RssAnon in /proc/self/status")
+
+
+def test_one_datagram_at_a_time_reuses_the_same_slots() -> None:
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.setblocking(False)
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    out.connect(sink.getsockname())
+    pacer = Pacer(1, capacity=CAPACITY, slot_size=SLOT)
+    try:
+        pacer.set_path(0, out)
+        datagram = bytes(200)
+        assert pacer.enqueue(0, datagram, stride=len(datagram)) == 1 and pacer.wait_idle(5.0)
+        before = rss_anon_kib()
+        received = 0
+        for _ in range(DATAGRAMS):
+            assert pacer.enqueue(0, datagram, stride=len(datagram)) == 1
+            assert pacer.wait_idle(5.0)
+            try:
+                while True:
+                    sink.recv(2048)
+                    received += 1
+            except BlockingIOError:
+                pass
+        grown = rss_anon_kib() - before
+    finally:
+        pacer.close()
+        out.close()
+        sink.close()
+    assert received > 0 and pacer.closed
+    assert grown < 2048, f"RssAnon grew {grown} KiB over {DATAGRAMS} single datagrams"
