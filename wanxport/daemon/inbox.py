@@ -11,9 +11,12 @@ long-lived gateway adds:
 * partial files survive a crash of either gateway and are resumed. A file being
   received is ``.<name>.partial`` next to its destination, with
   ``.<name>.partial.state`` listing the pieces verified so far (offset, size,
-  SHA-256). Durability order: a verified piece's data is synced (msync + fsync)
-  before the state file that records it is written (``durable.write_state``:
-  temporary file, fsync, rename, directory fsync). After a restart the sender
+  SHA-256). Durability order: a verified piece's data is synced (fsync, which
+  writes the mapped pages back) before the state file that records it is written
+  (``durable.write_state``: temporary file, fsync, rename, directory fsync); only
+  then are the recorded pieces dropped from the page cache (the file is mapped
+  piece by piece, as in ``FileSink``, so a file larger than memory passes through
+  a window of the pieces in flight). After a restart the sender
   asks which pieces are held (``ResumeQuery`` with each piece's SHA-256); a piece
   counts as held only when the intact state file records it with that digest, or,
   when the state file is missing, truncated or zeroed (its checksum fails), when
@@ -48,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from wanxport.control import ResumeHave, ResumeQuery
-from wanxport.gateway.files import FileSink, _IncomingFile, describe_os_error
+from wanxport.gateway.files import FileSink, MappedRange, _IncomingFile, describe_os_error, drop_cached
 from wanxport.gateway.session import GatewaySession
 
 from .durable import StateCorrupt, read_state, sync_directory, write_state
@@ -74,7 +77,6 @@ class _Partial(_IncomingFile):
     """A file being received, with the pieces already verified and recorded."""
 
     pieces: dict[str, list[Any]] = field(default_factory=dict)  # str(offset) -> [size, sha256]
-    offsets: dict[int, int] = field(default_factory=dict)  # shard id -> offset
     syncing: Future[None] | None = None  # the latest record on the sync thread
 
     @property
@@ -86,14 +88,18 @@ def partial_path(final: Path) -> Path:
     return final.with_name(f".{final.name}.partial")
 
 
-def _sync_then_record(partial: Path, state: Path, body: dict[str, Any]) -> None:
-    """On the sync thread: the pieces' data (the file's mapped pages), then their record."""
+def _sync_then_record(partial: Path, state: Path, body: dict[str, Any],
+                      ranges: list[tuple[int, int]]) -> None:
+    """On the sync thread: the pieces' data (the file's mapped pages), then their record,
+    then those pieces out of the page cache (clean now, so dropping them is immediate)."""
     fd = os.open(partial, os.O_RDONLY)
     try:
         os.fsync(fd)
+        write_state(state, body)
+        for offset, size in ranges:
+            drop_cached(fd, offset, size)
     finally:
         os.close(fd)
-    write_state(state, body)
 
 
 def _reserve(partial: Path, offset: int, size: int) -> None:
@@ -112,6 +118,18 @@ def _reserve(partial: Path, offset: int, size: int) -> None:
 
 def _sha256(view: Any) -> str:
     return hashlib.sha256(memoryview(view).cast("B")).hexdigest()
+
+
+def _sha256_range(path: Path, offset: int, size: int) -> str:
+    """One piece of a file on disk, read through its own mapping, then dropped from the
+    page cache (a re-verification streams through the file, it does not cache it)."""
+    digest = _sha256(MappedRange(path, offset, size).array)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        drop_cached(fd, offset, size)
+    finally:
+        os.close(fd)
+    return digest
 
 
 class Inbox(FileSink):
@@ -154,9 +172,8 @@ class Inbox(FileSink):
             return self._no_room(shard_id, name, offset, size, exc)
         incoming.shards.append(shard_id)
         self._by_shard[shard_id] = name
-        assert isinstance(incoming, _Partial) and incoming.mm is not None
         incoming.offsets[shard_id] = offset
-        return incoming.mm[offset:offset + size]
+        return self._map(shard_id, incoming, offset, size)
 
     def _refuse(self, shard_id: int, size: int) -> Any:
         self._refused.add(shard_id)
@@ -188,8 +205,11 @@ class Inbox(FileSink):
         if ok and isinstance(incoming, _Partial) and shard_id in incoming.offsets:
             announce = self._announcement(shard_id) if self._announcement is not None else None
             if announce is not None:
-                self._record(incoming, [(incoming.offsets[shard_id], size, announce.sha256)])
+                self._record(incoming, [(incoming.offsets.pop(shard_id), size, announce.sha256)])
         return super().on_piece(shard_id, ok, size)
+
+    def _written(self, incoming: _IncomingFile, shard_id: int, size: int) -> None:
+        """Nothing yet: a piece leaves the page cache once its record is durable (``_record``)."""
 
     def _record(self, incoming: _Partial, pieces: list[tuple[int, int, str]]) -> None:
         """Make verified pieces durable: their data first, then the state naming them.
@@ -206,7 +226,8 @@ class Inbox(FileSink):
         body = {"size": incoming.size, "pieces": dict(incoming.pieces)}
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wanxport-inbox-sync")
-        incoming.syncing = self._syncer.submit(_sync_then_record, incoming.partial, incoming.state_path, body)
+        incoming.syncing = self._syncer.submit(_sync_then_record, incoming.partial, incoming.state_path, body,
+                                               [(offset, size) for offset, size, _ in pieces])
 
     def _synced(self, incoming: _IncomingFile) -> None:
         """Until the file's last state write is done (before it is renamed or removed)."""
@@ -224,13 +245,11 @@ class Inbox(FileSink):
         final = self.directory / name
         final.parent.mkdir(parents=True, exist_ok=True)
         partial = partial_path(final)
-        incoming = _Partial(name, size, partial, None)
-        incoming.state_path.unlink(missing_ok=True)
+        partial.with_name(partial.name + ".state").unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
-        if size:
-            incoming.mm = np.memmap(partial, dtype=np.uint8, mode="w+", shape=(size,))
-        else:
-            partial.touch()
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.ftruncate(fd, size)
+        incoming = _Partial(name, size, partial, fd)
         self.files[name] = incoming
         return incoming
 
@@ -252,7 +271,7 @@ class Inbox(FileSink):
         for incoming in self.files.values():
             log.info("kept %s for a resume (%d of %d bytes verified)", incoming.partial,
                      incoming.verified, incoming.size)
-            incoming.mm = None
+            incoming.close()
         self.files.clear()
         if self._syncer is not None:
             self._syncer.shutdown(wait=False)  # queued records still complete
@@ -281,7 +300,7 @@ class Inbox(FileSink):
         incoming = self.files.get(name)
         if incoming is None or incoming.size != query.file_size:
             incoming = self._reopen(name, query.file_size)
-        if not isinstance(incoming, _Partial) or incoming.mm is None:
+        if not isinstance(incoming, _Partial) or incoming.fd is None:
             return ResumeHave(query.query_id, [])
         trusted = self._trusted_state(incoming)
         held: list[int] = []
@@ -293,7 +312,7 @@ class Inbox(FileSink):
             if trusted is not None:
                 ok = trusted.get(str(offset)) == [size, digest]
             else:
-                ok = await asyncio.to_thread(_sha256, incoming.mm[offset:offset + size]) == digest
+                ok = await asyncio.to_thread(_sha256_range, incoming.partial, offset, size) == digest
                 self.reverified_bytes += size if ok else 0
             if ok:
                 held.append(index)
@@ -316,7 +335,7 @@ class Inbox(FileSink):
                 return None
         except FileNotFoundError:
             return None
-        incoming = _Partial(name, size, partial, np.memmap(partial, dtype=np.uint8, mode="r+", shape=(size,)))
+        incoming = _Partial(name, size, partial, os.open(partial, os.O_RDWR))
         self.files[name] = incoming
         return incoming
 
@@ -340,9 +359,8 @@ class Inbox(FileSink):
         if query.first_piece != 0 or batch[-1][1] + batch[-1][2] != query.file_size or \
                 final.stat().st_size != query.file_size:
             return []
-        mm = np.memmap(final, dtype=np.uint8, mode="r")
         for _, offset, size, digest in batch:
-            if await asyncio.to_thread(_sha256, mm[offset:offset + size]) != digest:
+            if await asyncio.to_thread(_sha256_range, final, offset, size) != digest:
                 return []
         self.resumed_bytes += query.file_size
         return [index for index, _, _, _ in batch]

@@ -97,7 +97,10 @@ async def resume(session: GatewaySession, pieces: list[OutgoingPiece], piece_byt
             if file_pieces[0].file_size == 0:
                 remaining += file_pieces
                 continue
-            digests = [await sha256_hex_async(reader.view(p)) for p in file_pieces]
+            digests = []
+            for piece in file_pieces:  # one piece mapped at a time, out of the cache once hashed
+                digests.append(await sha256_hex_async(reader.view(piece)))
+                reader.release(piece)
             held: set[int] = set()
             for first in range(0, len(file_pieces), RESUME_BATCH):
                 answer = await session.resume_query(ResumeQuery(

@@ -2,12 +2,20 @@
 
 A file is sent as pieces of ``piece_bytes`` (one shard each), so hashing,
 sending and verification overlap and the receiver never hashes a gigabyte
-in one go. The sender maps its files read-only; the receiver maps a
-``DIR/.<name>.partial-XXXXXXXX`` file of the final size and lets the data
-plane place every piece straight into it. Only when every piece of a file
-has been verified is it renamed (``os.replace``, atomic) to ``DIR/<name>``,
-so a partial file never sits under its final name; on failure partial files
-are removed.
+in one go. The receiver creates a ``DIR/.<name>.partial-XXXXXXXX`` file of
+the final size and lets the data plane place every piece straight into it.
+Only when every piece of a file has been verified is it renamed
+(``os.replace``, atomic) to ``DIR/<name>``, so a partial file never sits
+under its final name; on failure partial files are removed.
+
+Files may be larger than memory, so neither end maps a whole file: each piece
+is mapped on its own (``MappedRange``) while it is in flight, and its pages are
+dropped from the page cache once they are no longer needed (``drop_cached``):
+the sender's after the receiver acknowledged the piece, the receiver's once
+the piece is written back. What is resident per transfer is then bounded by
+the pieces in flight (the receive budget) instead of growing with the file,
+and the page cache does not fill up behind the window, pushing out what other
+processes on the host use.
 
 The partial file's blocks are reserved (``posix_fallocate``) before it is
 mapped: a sparse map on a full disk would turn the native placement's write
@@ -22,6 +30,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,19 +77,70 @@ def plan_files(paths: list[Path], piece_bytes: int) -> list[FilePiece]:
     return pieces
 
 
+class MappedRange:
+    """``size`` bytes of ``path`` from ``offset``, mapped on their own (shared, so writes
+    through ``array`` go to the file).
+
+    ``evict`` takes the pages out of this process at once, whoever still holds a view
+    (the data plane, a received shard on its way to the application): a shared file
+    mapping loses nothing by it, a later access faults the same bytes back in. The
+    virtual range itself goes with the last reference."""
+
+    def __init__(self, path: Path, offset: int, size: int, *, writable: bool = False) -> None:
+        skew = offset % mmap.ALLOCATIONGRANULARITY
+        with open(path, "r+b" if writable else "rb") as fh:
+            self._mm = mmap.mmap(fh.fileno(), size + skew, offset=offset - skew,
+                                 access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        self.array: np.ndarray[Any, Any] = np.frombuffer(self._mm, dtype=np.uint8, count=size, offset=skew)
+
+    def evict(self) -> None:
+        self._mm.madvise(mmap.MADV_DONTNEED)
+
+
+def drop_cached(fd: int, offset: int, size: int) -> None:
+    """Ask the kernel to drop ``[offset, offset+size)`` of ``fd``'s file from the page cache.
+
+    Clean pages go at once; dirty ones are only queued for write-back (so the
+    receiver calls this after its data is synced). Pages still mapped somewhere
+    stay. A hint: a file system that ignores it costs page cache, not correctness."""
+    if size > 0:
+        os.posix_fadvise(fd, offset, size, os.POSIX_FADV_DONTNEED)
+
+
 class FileReader:
-    """Read-only maps of the files being sent (no copy into Python memory)."""
+    """The pieces of the files being sent, each mapped while it is in flight.
+
+    ``view`` maps one piece (hashed, then sent from the same pages, no copy into
+    Python memory); ``release`` drops its pages from the page cache once the
+    receiver acknowledged it (the mapping itself goes with the data plane's last
+    reference). A sender that releases what was acknowledged and reads ahead by
+    a bounded window keeps a file of any size within that window.
+    """
 
     def __init__(self) -> None:
-        self._maps: dict[Path, np.memmap[Any, Any]] = {}
+        self._fds: dict[Path, int] = {}
+        self._maps: dict[tuple[Path, int], MappedRange] = {}
 
     def view(self, piece: FilePiece) -> memoryview:
-        mm = self._maps.get(piece.path)
-        if mm is None:
-            mm = self._maps[piece.path] = np.memmap(piece.path, dtype=np.uint8, mode="r")
-        return memoryview(mm[piece.offset:piece.offset + piece.size])
+        if piece.size == 0:
+            return memoryview(b"")
+        mapped = self._maps[(piece.path, piece.offset)] = MappedRange(piece.path, piece.offset, piece.size)
+        return memoryview(mapped.array)
+
+    def release(self, piece: FilePiece) -> None:
+        """The piece is no longer needed: out of this process, then out of the page cache."""
+        mapped = self._maps.pop((piece.path, piece.offset), None)
+        if mapped is not None:
+            mapped.evict()
+        fd = self._fds.get(piece.path)
+        if fd is None:
+            fd = self._fds[piece.path] = os.open(piece.path, os.O_RDONLY)
+        drop_cached(fd, piece.offset, piece.size)
 
     def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         self._maps.clear()
 
 
@@ -109,10 +169,17 @@ class _IncomingFile:
     name: str
     size: int
     partial: Path
-    mm: np.memmap[Any, Any] | None
+    fd: int | None  # the partial file, open for syncs and page-cache hints (None once closed)
     verified: int = 0
     shards: list[int] = field(default_factory=list)
     failed: bool = False
+    offsets: dict[int, int] = field(default_factory=dict)  # shard id -> offset in the file
+    behind: list[tuple[int, int]] = field(default_factory=list)  # verified, write-back started
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -139,10 +206,11 @@ class FileSink:
         self._keep_names = keep_names
         self.error: str | None = None  # the first file that could not be written, and why
         self._by_shard: dict[int, str] = {}
+        self._maps: dict[int, MappedRange] = {}  # shard id -> its piece, mapped while it arrives
         self._refused: set[int] = set()  # shards of such files, received into scratch memory
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
-        """The data plane's allocator: the piece's slice of its file's map."""
+        """The data plane's allocator: the piece's range of its partial file, mapped alone."""
         try:
             info = json.loads(meta)
             name = safe_name(info.get("name"), shard_id)
@@ -163,8 +231,18 @@ class FileSink:
                 return np.empty(size, dtype=np.uint8)
         incoming.shards.append(shard_id)
         self._by_shard[shard_id] = name
-        assert incoming.mm is not None
-        return incoming.mm[offset:offset + size]
+        incoming.offsets[shard_id] = offset
+        return self._map(shard_id, incoming, offset, size)
+
+    def _map(self, shard_id: int, incoming: _IncomingFile, offset: int, size: int) -> Any:
+        mapped = self._maps[shard_id] = MappedRange(incoming.partial, offset, size, writable=True)
+        return mapped.array
+
+    def _unmap(self, shard_id: int) -> None:
+        """The piece arrived (verified or not): its pages leave this process now."""
+        mapped = self._maps.pop(shard_id, None)
+        if mapped is not None:
+            mapped.evict()
 
     def settled(self) -> bool:
         """After ``error``: may the session end now? Here at once (its partial files are
@@ -178,14 +256,23 @@ class FileSink:
             if size:
                 os.posix_fallocate(fd, 0, size)  # every block now, or ENOSPC now (not SIGBUS later)
         except OSError:
+            os.close(fd)
             partial.unlink(missing_ok=True)
             raise
-        finally:
-            os.close(fd)
-        mm = np.memmap(partial, dtype=np.uint8, mode="r+", shape=(size,)) if size else None
-        incoming = _IncomingFile(name, size, partial, mm)
+        incoming = _IncomingFile(name, size, partial, fd)
         self.files[name] = incoming
         return incoming
+
+    def _written(self, incoming: _IncomingFile, shard_id: int, size: int) -> None:
+        """A verified piece: start its write-back now and drop it from the page cache
+        once written (the pieces behind it, advised again one piece later)."""
+        offset = incoming.offsets.pop(shard_id, None)
+        if incoming.fd is None or offset is None:
+            return
+        for earlier in incoming.behind:
+            drop_cached(incoming.fd, *earlier)
+        incoming.behind = [(offset, size)]
+        drop_cached(incoming.fd, offset, size)
 
     def on_piece(self, shard_id: int, ok: bool, size: int) -> tuple[str, list[int]] | None:
         """A piece was verified (or not). When its file is complete (or failed):
@@ -193,6 +280,7 @@ class FileSink:
         if shard_id in self._refused:
             self._refused.discard(shard_id)
             return "aborted", [shard_id]
+        self._unmap(shard_id)
         name = self._by_shard.pop(shard_id, None)
         if name is None:
             return None
@@ -204,6 +292,7 @@ class FileSink:
             self._discard(incoming)
             return "integrity-failure", incoming.shards
         incoming.verified += size
+        self._written(incoming, shard_id, size)
         if incoming.verified < incoming.size:
             return None
         self._finish(incoming)
@@ -215,9 +304,10 @@ class FileSink:
         self._finish(incoming)
 
     def _finish(self, incoming: _IncomingFile) -> None:
-        if incoming.mm is not None:
-            incoming.mm.flush()
-            incoming.mm = None
+        if incoming.fd is not None:
+            os.fsync(incoming.fd)  # the pieces' mapped pages, written before the rename
+            drop_cached(incoming.fd, 0, incoming.size)
+            incoming.close()
         final = self.directory / incoming.name
         os.replace(incoming.partial, final)
         del self.files[incoming.name]
@@ -228,7 +318,7 @@ class FileSink:
         log.info("received %s (%d bytes)", final, incoming.size)
 
     def _discard(self, incoming: _IncomingFile) -> None:
-        incoming.mm = None
+        incoming.close()
         incoming.partial.unlink(missing_ok=True)
         self.files.pop(incoming.name, None)
 

@@ -113,12 +113,15 @@ class GatewaySession:
     # -- sending (initiator) ---------------------------------------------------
 
     async def send_shard(self, shard_id: int, data: Any, announce: ShardAnnounce,
-                         meta: dict[str, Any] | None = None) -> bool:
+                         meta: dict[str, Any] | None = None,
+                         on_acked: Callable[[], None] | None = None) -> bool:
         """Announce, send and wait for the receiver's verdict over both channels.
 
         True only when the data plane acknowledged the shard as verified *and*
         the receiver confirmed completion on the control channel (for files:
-        after the file is in place).
+        after the file is in place). ``on_acked`` runs once the data plane is done
+        with ``data`` (acknowledged, or the session ended while it was in flight):
+        a file's verdict comes after its last piece, each piece's buffer is free before.
         """
         self._check_alive()
         verdict = self._completion(shard_id)
@@ -128,6 +131,7 @@ class GatewaySession:
             self.stats.first_submit = now
         acked = self.endpoint.submit(shard_id, data, json.dumps(meta or {}).encode(),
                                      bytes.fromhex(announce.sha256))
+        del data  # the data plane holds it until acknowledged, and no longer
         try:
             ok = await self._until_ended(acked)
         except SessionFailed:
@@ -138,6 +142,9 @@ class GatewaySession:
             if not verdict.done() or verdict.cancelled():
                 raise
             ok = True
+        finally:
+            if on_acked is not None:
+                on_acked()
         self.stats.last_ack = self.endpoint.clock()
         self.stats.bytes_sent += announce.size_bytes
         self.stats.shards_sent += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -34,16 +35,69 @@ class ReceiveResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
+class ReadWindow:
+    """Bytes of the files being sent that are read (mapped, hashed) but not acknowledged yet.
+
+    A piece is read only once its bytes fit under ``limit``, and they are released
+    when the receiver acknowledged it. Without this the sender hashed every piece
+    up front, so a file larger than memory was read (and cached) ahead of the
+    transfer as a whole. The receiver accepts no more than its credit in flight
+    anyway, so the default limit (its credit plus one piece, hashed ready for
+    the next free slot) costs no throughput.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self.aborted = False
+        self._changed = asyncio.Event()
+
+    async def acquire(self, size: int) -> None:
+        """Until ``size`` more bytes fit (one piece always does) or the window is aborted."""
+        while not self.aborted and self.used and self.used + size > self.limit:
+            self._changed.clear()
+            await self._changed.wait()
+        self.used += size
+        self.peak = max(self.peak, self.used)
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        self._changed.set()
+
+    def abort(self) -> None:
+        """A send failed: wake the reader, which then stops."""
+        self.aborted = True
+        self._changed.set()
+
+
 async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
-                     show_progress: bool | None = None) -> SendResult:
-    """Send every piece; True when the receiver confirmed every file in place."""
+                     show_progress: bool | None = None, window_bytes: int | None = None) -> SendResult:
+    """Send every piece; True when the receiver confirmed every file in place.
+
+    At most ``window_bytes`` (default: the receiver's credit plus one piece) are
+    read ahead of the receiver's acknowledgements (``ReadWindow``)."""
     wall_start = time.perf_counter()
     total = sum(p.size for p in pieces)
     reader = FileReader()
+    largest = max((p.size for p in pieces), default=0)
+    window = ReadWindow(window_bytes or session.endpoint.session.config.peer_credit_bytes + largest)
     monitor = ProgressMonitor("sending", total, lambda: acked_bytes(session.endpoint),
                               origin=session.stats.started, show=show_progress)
     monitor.start()
     tasks: list[asyncio.Task[bool]] = []
+
+    def failed(task: asyncio.Task[bool]) -> bool:
+        return task.done() and not task.cancelled() and task.exception() is not None
+
+    def note_failure(task: asyncio.Task[bool]) -> None:
+        if failed(task):
+            window.abort()
+
+    def acked(piece: FilePiece) -> None:
+        reader.release(piece)
+        window.release(piece.size)
+
     try:
         for piece in pieces:
             announce_fields: dict[str, Any] = {"name": piece.name}
@@ -51,11 +105,18 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
                 announce = ShardAnnounce(piece.shard_id, 0, "0" * 64, 0, **announce_fields)
                 tasks.append(asyncio.create_task(session.announce_empty(announce)))
                 continue
+            await window.acquire(piece.size)
+            first_failed = next((t for t in tasks if failed(t)), None)
+            if first_failed is not None:
+                await first_failed  # the session failed: its reason, and no further reading
             view = reader.view(piece)
             digest = await sha256_hex_async(view)
             announce = ShardAnnounce(piece.shard_id, piece.size, digest, 0, **announce_fields)
-            tasks.append(asyncio.create_task(session.send_shard(piece.shard_id, view, announce,
-                                                                piece.meta())))
+            task = asyncio.create_task(session.send_shard(piece.shard_id, view, announce, piece.meta(),
+                                                          on_acked=functools.partial(acked, piece)))
+            del view
+            task.add_done_callback(note_failure)
+            tasks.append(task)
         verdicts = await asyncio.gather(*tasks)
         error = None
     except SessionFailed as exc:
@@ -72,6 +133,7 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
                             completion_s=completion, intact=ok, wall_s=time.perf_counter() - wall_start,
                             timeline=monitor.timeline, files=sorted({p.name for p in pieces}),
                             error=error)
+    report["read_window"] = {"limit_bytes": window.limit, "peak_bytes": window.peak}
     reader.close()
     return SendResult(ok, report)
 
