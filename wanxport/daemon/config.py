@@ -36,12 +36,15 @@ class PeerConfig:
 
     name: str
     paths: tuple[Address, ...]
+    # Our sending rate cap per path to this peer (bits/s), overriding [limits] rate_mbps.
+    rate_caps_bps: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Limits:
     memory_bytes: int = 1 << 30  # the receive budget granted to each peer's session
     concurrent_transfers: int = 4
+    rate_cap_bps: float | None = None  # every path's sending rate cap, unless a peer sets its own
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,16 @@ class DaemonConfig:
     def peer(self, name: str) -> PeerConfig | None:
         return next((p for p in self.peers if p.name == name), None)
 
-    def gateway_options(self) -> GatewayOptions:
+    def gateway_options(self, peer: PeerConfig | None = None) -> GatewayOptions:
+        """The session settings; with ``peer``, those of our sessions to it (its rate caps)."""
+        caps: tuple[float | None, ...] = ()
+        if peer is not None:
+            caps = peer.rate_caps_bps or (self.limits.rate_cap_bps,) * len(peer.paths)
+        elif self.limits.rate_cap_bps is not None:
+            caps = (self.limits.rate_cap_bps,) * len(self.listen)
         return GatewayOptions(cipher=self.cipher, credit_bytes=self.limits.memory_bytes,
                               piece_bytes=self.piece_bytes, rotation=self.rotation,
-                              congestion_control=self.congestion_control)
+                              congestion_control=self.congestion_control, rate_caps_bps=caps)
 
     @property
     def received_dir(self) -> Path:
@@ -78,11 +87,11 @@ class DaemonConfig:
 
 _TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "metrics", "peers",
         "limits", "transfer", "keys", "congestion"}
-_LIMITS = {"memory_budget", "concurrent_transfers"}
+_LIMITS = {"memory_budget", "concurrent_transfers", "rate_mbps"}
 _TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
 _CONGESTION = {"controller"}
-_PEER = {"name", "paths"}
+_PEER = {"name", "paths", "rate_mbps"}
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 
 
@@ -220,7 +229,10 @@ def _peers(value: Any) -> tuple[PeerConfig, ...]:
         if any(p.name == name for p in peers):
             raise ConfigError(f"peers[{i}].name: {name!r} appears twice; each peer once")
         paths = _addresses(_required_in(table, "paths", f"peers[{i}]"), f"peers[{i}].paths")
-        peers.append(PeerConfig(name, paths))
+        caps = None
+        if "rate_mbps" in table:
+            caps = _rate_caps(table["rate_mbps"], len(paths), f"peers[{i}].rate_mbps")
+        peers.append(PeerConfig(name, paths, caps))
     return tuple(peers)
 
 
@@ -239,7 +251,25 @@ def _limits(table: dict[str, Any]) -> Limits:
     if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
         raise ConfigError(f"limits.concurrent_transfers: {concurrent!r} is not valid; use a whole "
                           "number >= 1")
-    return Limits(memory, concurrent)
+    rate = _rate(table["rate_mbps"], "limits.rate_mbps") if "rate_mbps" in table else None
+    return Limits(memory, concurrent, rate)
+
+
+def _rate(value: Any, what: str) -> float:
+    """A rate cap in Mb/s (10^6 bits/s) -> bits/s."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigError(f"{what}: {value!r} is not valid; use a rate in Mb/s > 0 (e.g. 2500)")
+    return float(value) * 1e6
+
+
+def _rate_caps(value: Any, n_paths: int, what: str) -> tuple[float, ...]:
+    """One cap for every path of a peer, or a list with one per path (in its ``paths`` order)."""
+    if not isinstance(value, list):
+        return (_rate(value, what),) * n_paths
+    if len(value) != n_paths:
+        raise ConfigError(f"{what}: {len(value)} rates for {n_paths} paths; give one number, "
+                          f"or one per path")
+    return tuple(_rate(v, f"{what}[{i}]") for i, v in enumerate(value))
 
 
 def _size(value: Any, what: str, *, minimum: int) -> int:

@@ -174,11 +174,11 @@ class GatewayDaemon:
     def reload(self) -> None:
         """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
         self.notifier.reloading()
-        before = {p.name: p.paths for p in self.config.peers}
+        before = {p.name: p for p in self.config.peers}
         if reload(self):
-            after = {p.name: p.paths for p in self.config.peers}
-            for name, paths in before.items():
-                if after.get(name) != paths:  # paths changed, or the peer was removed
+            after = {p.name: p for p in self.config.peers}
+            for name, peer in before.items():
+                if after.get(name) != peer:  # paths or rate caps changed, or the peer was removed
                     self._refresh.add(name)  # its warm session ends after the current transfer
                     self._work_for(name).set()
             self._wake.set()  # a peer may have come back into the config
@@ -264,7 +264,7 @@ class GatewayDaemon:
                     continue
                 try:
                     session = await initiate(list(peer.paths), self.config.identity, self.config.ca,
-                                             self.config.gateway_options())
+                                             self.config.gateway_options(peer))
                 except (ControlConnectError, SetupError, CertificateError, OSError) as exc:
                     reason = f"waiting for peer {peer_name}: {exc}"
                     for transfer in queue:
@@ -297,6 +297,7 @@ class GatewayDaemon:
         next_shard = 0
         work = self._work_for(peer_name)
         self.dialled += 1
+        self.path_cache.resume(peer_name, paths, session)
         self.outgoing[peer_name] = session
         with self.metrics.tracking(session):
             try:

@@ -46,6 +46,8 @@ class GatewayOptions:
     fec: str = "auto"  # the sender's erasure-coded tail (SessionConfig.fec); a receiver always decodes
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     congestion_control: str = "bbr"  # a wanxport.core.cc registered name
+    # Our sending rate cap (bits/s) per path, in path order; None or a missing entry: no cap.
+    rate_caps_bps: tuple[float | None, ...] = ()
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
@@ -61,13 +63,16 @@ class GatewayOptions:
 
 
 def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
-                   fec: str = "auto", congestion_control: str = "bbr") -> SessionConfig:
+                   fec: str = "auto", congestion_control: str = "bbr",
+                   rate_caps_bps: tuple[float | None, ...] = ()) -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit.
 
     Acknowledgements come about once per core packet and within 1 ms: with the
     default 5 ms delayed-ACK timer a short path's window would follow the timer.
+    ``rate_caps_bps`` is ours alone (the pacer's ceiling per path), not agreed.
     """
-    paths = tuple(PathConfig(f"p{i}", mtu) for i in range(n_paths))
+    caps = tuple(rate_caps_bps[:n_paths]) + (None,) * max(0, n_paths - len(rate_caps_bps))
+    paths = tuple(PathConfig(f"p{i}", mtu, max_rate_bps=caps[i]) for i in range(n_paths))
     chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
     return SessionConfig(paths=paths, congestion_control=cc_config(congestion_control),
                          chunk_bytes=chunk, receive_budget_bytes=credit_bytes,

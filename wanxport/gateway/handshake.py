@@ -137,7 +137,8 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
     credit = welcome.credit_bytes or options.credit_bytes
     cfg = EndpointConfig(
         session_config(n, options.mtu, options.segments, credit, fec=options.fec,
-                       congestion_control=options.congestion_control),
+                       congestion_control=options.congestion_control,
+                       rate_caps_bps=options.rate_caps_bps),
         tuple(PathSocket(locals_[i], paths[i]) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
@@ -171,7 +172,8 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
     peers = [parse_endpoint(pair[0]) for pair in welcome.paths]
     cfg = EndpointConfig(
         session_config(n, mtu, segments, options.credit_bytes, fec=options.fec,
-                       congestion_control=options.congestion_control),
+                       congestion_control=options.congestion_control,
+                       rate_caps_bps=options.rate_caps_bps),
         tuple(PathSocket(listens[i], peers[i]) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)
