@@ -101,8 +101,9 @@ def test_check_exit_codes(pki: Path, tmp_path: Path) -> None:
     bad.write_text(a_cfg.read_text() + "\n[limits]\nfoo = 1\n")
     result = run("gateway", "--check", str(bad))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["wanxport gateway: limits.foo: unknown key; valid keys are "
-                                                  "concurrent_transfers, memory_budget, rate_mbps"], result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "wanxport gateway: limits.foo: unknown key; valid keys are concurrent_transfers, memory_budget, "
+        "rate_mbps"], result.stderr
     missing = write_config(tmp_path / "m.toml", "gw-a", tmp_path / "nopki", [7400], {})
     result = run("gateway", "--check", str(missing))
     assert result.returncode == 2 and "identity:" in result.stderr and "does not exist" in result.stderr

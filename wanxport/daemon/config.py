@@ -38,6 +38,7 @@ class PeerConfig:
     paths: tuple[Address, ...]
     # Our sending rate cap per path to this peer (bits/s), overriding [limits] rate_mbps.
     rate_caps_bps: tuple[float, ...] | None = None
+    dscp: int | None = None  # the DSCP of our datagrams to this peer, overriding [network] dscp
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class DaemonConfig:
     congestion_control: str = "bbr"
     rotation: RotationLimits = field(default_factory=RotationLimits)
     cipher: str = "aes-256-gcm"
+    dscp: int | None = None  # [network] dscp: our datagrams' DiffServ code point
     source: Path | None = None  # the file this came from
 
     def peer(self, name: str) -> PeerConfig | None:
@@ -72,13 +74,16 @@ class DaemonConfig:
     def gateway_options(self, peer: PeerConfig | None = None) -> GatewayOptions:
         """The session settings; with ``peer``, those of our sessions to it (its rate caps)."""
         caps: tuple[float | None, ...] = ()
+        dscp = self.dscp
         if peer is not None:
             caps = peer.rate_caps_bps or (self.limits.rate_cap_bps,) * len(peer.paths)
+            dscp = peer.dscp if peer.dscp is not None else dscp
         elif self.limits.rate_cap_bps is not None:
             caps = (self.limits.rate_cap_bps,) * len(self.listen)
         return GatewayOptions(cipher=self.cipher, credit_bytes=self.limits.memory_bytes,
                               piece_bytes=self.piece_bytes, rotation=self.rotation,
-                              congestion_control=self.congestion_control, rate_caps_bps=caps)
+                              congestion_control=self.congestion_control, rate_caps_bps=caps,
+                              dscp=dscp)
 
     @property
     def received_dir(self) -> Path:
@@ -86,12 +91,16 @@ class DaemonConfig:
 
 
 _TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "metrics", "peers",
-        "limits", "transfer", "keys", "congestion"}
+        "limits", "transfer", "keys", "congestion", "network"}
 _LIMITS = {"memory_budget", "concurrent_transfers", "rate_mbps"}
 _TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
 _CONGESTION = {"controller"}
-_PEER = {"name", "paths", "rate_mbps"}
+_NETWORK = {"dscp"}
+_PEER = {"name", "paths", "rate_mbps", "dscp"}
+# DiffServ class names (RFC 2474, 2597, 3246, 8622) -> code points; AFxy is added below.
+DSCP_NAMES = {"DF": 0, "BE": 0, "LE": 1, "EF": 46, "VA": 44, **{f"CS{i}": 8 * i for i in range(8)},
+              **{f"AF{x}{y}": 8 * x + 2 * y for x in range(1, 5) for y in range(1, 4)}}
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 
 
@@ -127,6 +136,9 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
     _known(keys, _KEYS, "keys.")
     congestion = _table(raw.get("congestion", {}), "congestion")
     _known(congestion, _CONGESTION, "congestion.")
+    network = _table(raw.get("network", {}), "network")
+    _known(network, _NETWORK, "network.")
+    dscp = _dscp(network["dscp"], "network.dscp") if "dscp" in network else None
     controller = congestion.get("controller", "bbr")
     if controller not in available_congestion_controls():
         raise ConfigError(f"congestion.controller: {controller!r} is not valid; use one of "
@@ -150,7 +162,7 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         drain_s=_positive(transfer.get("drain_seconds", DEFAULT_DRAIN_S), "transfer.drain_seconds"),
         warm_s=_positive(transfer.get("warm_seconds", DEFAULT_WARM_S), "transfer.warm_seconds"),
         congestion_control=controller, rotation=RotationLimits(**rotation), cipher=cipher,
-        source=source)
+        dscp=dscp, source=source)
 
 
 def check_files(config: DaemonConfig) -> None:
@@ -232,7 +244,8 @@ def _peers(value: Any) -> tuple[PeerConfig, ...]:
         caps = None
         if "rate_mbps" in table:
             caps = _rate_caps(table["rate_mbps"], len(paths), f"peers[{i}].rate_mbps")
-        peers.append(PeerConfig(name, paths, caps))
+        dscp = _dscp(table["dscp"], f"peers[{i}].dscp") if "dscp" in table else None
+        peers.append(PeerConfig(name, paths, caps, dscp))
     return tuple(peers)
 
 
@@ -253,6 +266,16 @@ def _limits(table: dict[str, Any]) -> Limits:
                           "number >= 1")
     rate = _rate(table["rate_mbps"], "limits.rate_mbps") if "rate_mbps" in table else None
     return Limits(memory, concurrent, rate)
+
+
+def _dscp(value: Any, what: str) -> int:
+    """A DiffServ code point: 0..63, or a class name ("EF", "AF41", "CS1", "LE")."""
+    if isinstance(value, str) and value.upper() in DSCP_NAMES:
+        return DSCP_NAMES[value.upper()]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 63:
+        raise ConfigError(f"{what}: {value!r} is not valid; use 0..63 or a class name "
+                          "(EF, AF11..AF43, CS0..CS7, LE)")
+    return value
 
 
 def _rate(value: Any, what: str) -> float:

@@ -79,7 +79,7 @@ class DaemonListener(GatewayListener):
         opened: list[PathPort] = []
         try:
             for address in added:
-                opened.append(open_port(address))
+                opened.append(open_port(address, self.options.dscp))
         except OSError:
             for port in opened:
                 port.close()

@@ -48,6 +48,8 @@ class GatewayOptions:
     congestion_control: str = "bbr"  # a wanxport.core.cc registered name
     # Our sending rate cap (bits/s) per path, in path order; None or a missing entry: no cap.
     rate_caps_bps: tuple[float | None, ...] = ()
+    # DiffServ code point (0..63) marked on our data and control datagrams; None: unmarked.
+    dscp: int | None = None
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
@@ -58,6 +60,8 @@ class GatewayOptions:
             raise ValueError(f"credit_bytes: {self.credit_bytes} is not valid; use >= 1 MiB")
         if self.piece_bytes < 1:
             raise ValueError(f"piece_bytes: {self.piece_bytes} is not valid; use >= 1")
+        if self.dscp is not None and not 0 <= self.dscp <= 63:
+            raise ValueError(f"dscp: {self.dscp} is not valid; use 0..63")
         if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise ValueError("control_timeout_s, connect_timeout_s and stall_timeout_s must be > 0")
 

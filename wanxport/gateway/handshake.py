@@ -110,7 +110,7 @@ async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: o
     channel = await ResilientControl.connect(
         list(paths), cert=cert, key=key, ca=ca,
         timeout_s=options.connect_timeout_s, idle_timeout_s=options.control_timeout_s,
-        resume_window_s=options.resume_window_s)
+        resume_window_s=options.resume_window_s, dscp=options.dscp)
     try:
         return await _initiate_on(channel, paths, identity_name(cert), options, allocator)
     except BaseException:
@@ -139,7 +139,7 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
         session_config(n, options.mtu, options.segments, credit, fec=options.fec,
                        congestion_control=options.congestion_control,
                        rate_caps_bps=options.rate_caps_bps),
-        tuple(PathSocket(locals_[i], paths[i]) for i in range(n)),
+        tuple(PathSocket(locals_[i], paths[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
     endpoint = Endpoint(cfg, allocator=allocator)
@@ -174,7 +174,7 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         session_config(n, mtu, segments, options.credit_bytes, fec=options.fec,
                        congestion_control=options.congestion_control,
                        rate_caps_bps=options.rate_caps_bps),
-        tuple(PathSocket(listens[i], peers[i]) for i in range(n)),
+        tuple(PathSocket(listens[i], peers[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)
     try:
