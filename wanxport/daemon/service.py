@@ -66,7 +66,6 @@ class GatewayDaemon:
         self.signals = signals  # in-process tests run two daemons on one loop: no handlers
         self.notifier = notifier or Notifier()
         self.metrics = GatewayMetrics("gateway")
-        self.inbox: Inbox | None = None
         self.store: TransferStore | None = None
         self.listener: DaemonListener | None = None
         self.metrics_server: MetricsServer | None = None
@@ -84,6 +83,7 @@ class GatewayDaemon:
         self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
+        self._incoming: set[asyncio.Task[None]] = set()  # one per session a peer has open to us
 
     # -- start and stop --------------------------------------------------------
 
@@ -99,7 +99,7 @@ class GatewayDaemon:
         self.store = TransferStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
-                                       self.allocate, self._peer_dir, self._set_inbox)
+                                       None, self._peer_dir, Inbox)
         try:
             await self.listener.start()
         except OSError as exc:
@@ -161,9 +161,10 @@ class GatewayDaemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-        for task in [*self._tasks, *self._workers.values()]:
+        tasks = [*self._tasks, *self._incoming, *self._workers.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._workers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.api is not None:
             await self.api.close()
         if self.listener is not None:
@@ -190,15 +191,8 @@ class GatewayDaemon:
         peer = self.config.peer(peer_name)
         return None if peer is None else self.config.received_dir / peer.name
 
-    def _set_inbox(self, directory: Path) -> Inbox:
-        self.inbox = Inbox(directory)
-        return self.inbox
-
-    def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
-        assert self.inbox is not None, "a session's inbox is set before its setup"
-        return self.inbox.allocate(shard_id, size, meta)
-
     async def _receive_loop(self) -> None:
+        """Serve each incoming session in its own task: several peers send at once."""
         assert self.listener is not None
         while True:
             try:
@@ -206,16 +200,21 @@ class GatewayDaemon:
             except (SetupError, OSError) as exc:
                 log.warning("incoming session failed: %s", exc)
                 continue
-            inbox = self.inbox
-            assert inbox is not None
-            with self.metrics.tracking(session):
-                try:
-                    result = await receive_files(session, inbox, show_progress=False)
-                finally:
-                    await session.close()
-                    self.listener.release()
-            log.info("session from %s ended: %d files received%s", session.peer_name, len(result.files),
-                     f" ({result.error})" if result.error else "")
+            task = asyncio.create_task(self._receive_session(session))
+            self._incoming.add(task)
+            task.add_done_callback(self._incoming.discard)
+
+    async def _receive_session(self, session: GatewaySession) -> None:
+        assert self.listener is not None
+        inbox = self.listener.inboxes[session]
+        with self.metrics.tracking(session):
+            try:
+                result = await receive_files(session, inbox, show_progress=False)
+            finally:
+                await session.close()
+                self.listener.finished(session)
+        log.info("session from %s ended: %d files received%s", session.peer_name, len(result.files),
+                 f" ({result.error})" if result.error else "")
 
     # -- sending ---------------------------------------------------------------
 
