@@ -56,6 +56,8 @@ class DaemonConfig:
     listen: tuple[Address, ...]
     data_dir: Path
     api_socket: Path
+    api_tcp: Address | None = None  # the API also on TCP with mutual TLS (api.TlsListen)
+    api_clients: tuple[str, ...] = ()  # certificate names allowed on api_tcp
     peers: tuple[PeerConfig, ...] = ()
     metrics: Address | None = None
     limits: Limits = field(default_factory=Limits)
@@ -90,8 +92,8 @@ class DaemonConfig:
         return self.data_dir / "received"
 
 
-_TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "metrics", "peers",
-        "limits", "transfer", "keys", "congestion", "network"}
+_TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "api_tcp", "api_clients", "metrics",
+        "peers", "limits", "transfer", "keys", "congestion", "network"}
 _LIMITS = {"memory_budget", "concurrent_transfers", "rate_mbps"}
 _TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
@@ -125,6 +127,14 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
     data_dir = _path(_required(raw, "data_dir"), "data_dir", base)
     api_socket = (_path(raw["api_socket"], "api_socket", base) if "api_socket" in raw
                   else data_dir / "api.sock")
+    api_tcp = _address(raw["api_tcp"], "api_tcp", allow_zero=True) if "api_tcp" in raw else None
+    clients = raw.get("api_clients", [])
+    if not isinstance(clients, list):
+        raise ConfigError("api_clients: must be a list of certificate names")
+    api_clients = tuple(_name(c, f"api_clients[{i}]") for i, c in enumerate(clients))
+    if api_tcp is not None and not api_clients:
+        raise ConfigError("api_clients: missing; api_tcp needs the certificate names allowed to use it "
+                          "(the peers' certificates come from the same CA)")
     metrics = None
     if "metrics" in raw:
         metrics = _address(raw["metrics"], "metrics", allow_zero=True)
@@ -155,7 +165,8 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         site=site,
         identity=_path(_required(raw, "identity"), "identity", base),
         ca=_path(_required(raw, "ca"), "ca", base),
-        listen=listen, data_dir=data_dir, api_socket=api_socket, peers=peers, metrics=metrics,
+        listen=listen, data_dir=data_dir, api_socket=api_socket, api_tcp=api_tcp,
+        api_clients=api_clients, peers=peers, metrics=metrics,
         limits=limits,
         piece_bytes=_size(transfer.get("checkpoint_bytes", DEFAULT_CHECKPOINT_BYTES),
                           "transfer.checkpoint_bytes", minimum=1 << 16),

@@ -34,7 +34,7 @@ from wanxport.gateway.progress import acked_bytes
 from wanxport.gateway.session import GatewaySession, SessionFailed
 from wanxport.gateway.transfer import receive_files
 
-from .api import ApiServer
+from .api import ApiServer, TlsListen
 from .config import DaemonConfig, describe
 from .durable import remove_stale_temporaries
 from .inbox import Inbox
@@ -112,7 +112,11 @@ class GatewayDaemon:
                 self.metrics_server = MetricsServer(self.metrics, config.metrics)
                 self.metrics_server.registry.register(DaemonCollector(self))
                 log.info("metrics on %s", self.metrics_server.url)
-            self.api = ApiServer(config.api_socket, Routes(self).handle)
+            tls = None
+            if config.api_tcp is not None:
+                tls = TlsListen(*config.api_tcp, self.listener.cert, self.listener.key, self.listener.ca,
+                                frozenset(config.api_clients))
+            self.api = ApiServer(config.api_socket, Routes(self).handle, tls)
             await self.api.start()
         except OSError as exc:
             self.listener.close()
@@ -125,7 +129,8 @@ class GatewayDaemon:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
-        log.info("gateway ready: %s; API on %s", describe(config), config.api_socket)
+        log.info("gateway ready: %s; API on %s%s", describe(config), config.api_socket,
+                 f" and TLS {self.api.tcp_address}" if self.api.tcp_address else "")
         self.notifier.ready(describe(config))
 
     def request_stop(self) -> None:
