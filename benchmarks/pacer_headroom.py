@@ -21,37 +21,15 @@ import asyncio
 import random
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loopback_pair import SEGMENTS, endpoints, move_shards, positive_size
 
-import wanxport.aio.endpoint as endpoint_module  # noqa: E402
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes  # noqa: E402
-from wanxport.aio.endpoint import Endpoint  # noqa: E402
-from wanxport.core.config import PathConfig, SessionConfig  # noqa: E402
-from wanxport.units import parse_size  # noqa: E402
-
-SEGMENTS = 16  # datagrams per core packet
-
-
-def endpoints() -> tuple[Endpoint, Endpoint]:
-    rng = random.Random(1)
-    forward = DirectionKey("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))
-    backward = DirectionKey("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))
-    paths = (PathConfig("p0"), PathConfig("p1"))
-    session = SessionConfig(paths=paths, chunk_bytes=offload_chunk_bytes(paths, SEGMENTS),
-                            max_ack_delay_s=0.001)
-    sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in paths)
-    a = Endpoint(EndpointConfig(session, sockets, forward, backward, 1, 2, datapath="native"))
-    b = Endpoint(EndpointConfig(session, sockets, backward, forward, 2, 1, datapath="native"))
-    a.connect(b.local_addresses)
-    b.connect(a.local_addresses)
-    return a, b
+import wanxport.aio.endpoint as endpoint_module
 
 
 async def ring_depths(size: int, headroom: float) -> list[int]:
     endpoint_module.PACER_HEADROOM = headroom  # read when an endpoint is built
-    a, b = endpoints()
+    a, b = endpoints(max_ack_delay_s=0.001)
     pacer = a.datapath.pacer
     depths: list[int] = []
     set_rate = a.datapath.set_rate
@@ -61,16 +39,7 @@ async def ring_depths(size: int, headroom: float) -> list[int]:
         set_rate(path_id, rate_bytes_per_s)
 
     a.datapath.set_rate = recording
-    a.start()
-    b.start()
-    try:
-        ack = a.submit(0, random.Random(3).randbytes(size))
-        got = await b.receive_shard()
-        if not (got.ok and await ack):
-            raise SystemExit("the shard did not verify")
-    finally:
-        await a.close()
-        await b.close()
+    await move_shards(a, b, [random.Random(3).randbytes(size)])
     return depths
 
 
@@ -79,12 +48,7 @@ def main() -> int:
     parser.add_argument("--size", default="8MiB", help="bytes per run (default 8MiB)")
     parser.add_argument("--runs", type=int, default=3, help="runs per setting (default 3)")
     args = parser.parse_args()
-    try:
-        size = parse_size(args.size)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if size <= 0 or args.runs < 1:
-        parser.error("--size and --runs must be positive")
+    size = positive_size(parser, args.size, args.runs, "--runs")
     configured = endpoint_module.PACER_HEADROOM
     print(f"ring depth (datagrams; a core packet is {SEGMENTS}) when the core hands a path more, "
           f"{args.runs} runs of {size} bytes")

@@ -19,29 +19,10 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loopback_pair import endpoints, move_shards, positive_size
 
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes  # noqa: E402
-from wanxport.aio.endpoint import Endpoint  # noqa: E402
-from wanxport.core.config import PathConfig, SessionConfig  # noqa: E402
-from wanxport.core.events import ShardFilled  # noqa: E402
-from wanxport.units import parse_size  # noqa: E402
-
-
-def endpoints() -> tuple[Endpoint, Endpoint]:
-    rng = random.Random(1)
-    forward = DirectionKey("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))
-    backward = DirectionKey("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))
-    paths = (PathConfig("p0"), PathConfig("p1"))
-    session = SessionConfig(paths=paths, chunk_bytes=offload_chunk_bytes(paths, 16))
-    sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in paths)
-    a = Endpoint(EndpointConfig(session, sockets, forward, backward, 1, 2, datapath="native"))
-    b = Endpoint(EndpointConfig(session, sockets, backward, forward, 2, 1, datapath="native"))
-    a.connect(b.local_addresses)
-    b.connect(a.local_addresses)
-    return a, b
+from wanxport.core.events import ShardFilled
 
 
 async def measure(size: int, shards: int) -> list[float]:
@@ -61,18 +42,7 @@ async def measure(size: int, shards: int) -> list[float]:
 
     b._on_event = noting_fill  # type: ignore[method-assign]
     b._on_verified = noting_verdict  # type: ignore[method-assign]
-    a.start()
-    b.start()
-    try:
-        for i in range(shards):
-            data = random.Random(i).randbytes(size)
-            ack = a.submit(i, data)
-            got = await b.receive_shard()
-            if not (got.ok and await ack):
-                raise SystemExit(f"shard {i} did not verify")
-    finally:
-        await a.close()
-        await b.close()
+    await move_shards(a, b, (random.Random(i).randbytes(size) for i in range(shards)))
     return waits
 
 
@@ -81,12 +51,7 @@ def main() -> int:
     parser.add_argument("--size", default="64MiB", help="bytes per shard (default 64MiB)")
     parser.add_argument("--shards", type=int, default=4, help="shards to move (default 4)")
     args = parser.parse_args()
-    try:
-        size = parse_size(args.size)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if size <= 0 or args.shards < 1:
-        parser.error("--size and --shards must be positive")
+    size = positive_size(parser, args.size, args.shards, "--shards")
     waits = asyncio.run(measure(size, args.shards))
     blob = random.Random(0).randbytes(size)
     hashes = []

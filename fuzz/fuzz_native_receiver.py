@@ -66,7 +66,8 @@ def _sanitizer_with_fuzzer() -> str:
 
 def _build_asan_extension() -> str:
     """``wanxport._native`` compiled with ASan (rebuilt when a C source is newer)."""
-    sources = glob.glob(str(harness.REPO / "ext" / "datapath" / "*.[ch]"))
+    sources = glob.glob(str(harness.REPO / "ext" / "datapath" / "*.[ch]")) + \
+        glob.glob(str(harness.REPO / "ext" / "common" / "*.h"))
     built = glob.glob(str(ASAN_BUILD / "wanxport" / "_native*.so"))
     if not built or os.path.getmtime(built[0]) < max(map(os.path.getmtime, sources)):
         flags = "-fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer -g -O1"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from gateway_helpers import cli, env, free_path_ports
 
 from wanxport.control.certs import make_test_pki
+from wanxport.daemon.config import load_config
+from wanxport.daemon.service import GatewayDaemon
 
 
 def make_pki(directory: Path) -> Path:
@@ -74,3 +78,15 @@ def start_daemon(config: Path, notify: NotifyListener | None = None,
 
 def log_of(config: Path) -> str:
     return config.with_suffix(".log").read_text()
+
+
+@asynccontextmanager
+async def running(config: Path) -> AsyncIterator[GatewayDaemon]:
+    """A daemon on the test's own event loop (no signal handlers), drained on exit."""
+    daemon = GatewayDaemon(load_config(config), signals=False)
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        daemon.request_stop()
+        await daemon.serve()

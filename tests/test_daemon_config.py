@@ -82,7 +82,8 @@ def test_structural_errors(pki: Path, tmp_path: Path) -> None:
                         ("site = \"a\"\nlisten = []", "listen: must be a non-empty list"),
                         ("site = \"a b\"", "site: 'a b' is not valid"),
                         ("site = \"a\"\nlisten = [\"1.2.3.4:7\", \"1.2.3.4:7\"]", "listen: the same address"),
-                        ("site = [", "not valid TOML")]:
+                        ("site = [", "not valid TOML"),
+                        ("site = " + "[" * 1000 + "]" * 1000, "nested too deeply")]:
         path.write_text(text)
         with pytest.raises(ConfigError) as err:
             load_config(path)

@@ -5,16 +5,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from daemon_helpers import make_pki, two_sites
+from daemon_helpers import make_pki, running, two_sites
 
 from wanxport.client import ApiError, GatewayClient
-from wanxport.daemon.config import load_config
-from wanxport.daemon.service import GatewayDaemon
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,17 +18,6 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@asynccontextmanager
-async def running(config: Path) -> AsyncIterator[GatewayDaemon]:
-    daemon = GatewayDaemon(load_config(config), signals=False)
-    await daemon.start()
-    try:
-        yield daemon
-    finally:
-        daemon.request_stop()
-        await daemon.serve()
 
 
 async def call(client: GatewayClient, method: str, *args: object, **kwargs: object) -> object:

@@ -33,7 +33,8 @@ def _module(target: str) -> ModuleType:
 
 
 def test_every_target_has_a_corpus() -> None:
-    assert set(TARGETS) == {"header", "frames", "control", "scenario", "gateway_config", "native_receiver"}
+    assert set(TARGETS) == {"header", "frames", "control", "scenario", "gateway_config", "daemon_config",
+                            "native_receiver"}
     for target in TARGETS:
         assert any((FUZZ / "corpus" / target).iterdir()), f"fuzz/corpus/{target} is empty"
 

@@ -37,6 +37,7 @@ def test_config_file_resolves_relative_names_against_its_directory(tmp_path: Pat
     ('identity = "i"\nca = "c"\npaths = "h:1"\n', "must be a list"),
     ('identity = "i"\nca = "c"\npaths = ["h:1"]\nport = 3\n', "unknown key(s) port"),
     ('identity = \n', "not valid TOML"),
+    ("paths = " + "[" * 1000 + "]" * 1000 + "\n", "nested too deeply"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(wt.ConfigError) as info:

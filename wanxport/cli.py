@@ -33,34 +33,26 @@ def size_argument(text: str) -> int:
     return value
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if not 0 <= value < 1 << 63:
-        raise argparse.ArgumentTypeError("must be between 0 and 2^63-1")
-    return value
+def _number(convert: Callable[[str], Any], kind: str, accept: Callable[[Any], bool],
+            bounds: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert`` the text (else "must be KIND"), then check it is in ``bounds``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {bounds}")
+        return value
+
+    return parse
 
 
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _think_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError("must be a finite number >= 0 (milliseconds)")
-    return value
+_seed = _number(int, "a whole number", lambda v: 0 <= v < 1 << 63, "between 0 and 2^63-1")
+_steps = _number(int, "a whole number", lambda v: v >= 1, "at least 1")
+_think_ms = _number(float, "a number of milliseconds", lambda v: 0.0 <= v < float("inf"),
+                    "a finite number >= 0 (milliseconds)")
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,18 +16,13 @@
 
 #include "pacer_ring.h"
 
+#include "../common/wx_udp.h"
+
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <time.h>
-
-#ifndef SOL_UDP
-#define SOL_UDP 17
-#endif
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
 
 /* One path: its socket, pacing clock, bounded FIFO ring and counters. */
 typedef struct {

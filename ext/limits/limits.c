@@ -20,25 +20,15 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../common/wx_udp.h"
+
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/udp.h>
 #include <openssl/evp.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
-
-#ifndef SOL_UDP
-#define SOL_UDP 17
-#endif
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#ifndef UDP_GRO
-#define UDP_GRO 104
-#endif
 
 #define HEADER_LEN 16
 #define TAG_LEN 16
@@ -57,6 +47,31 @@ static double mono_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One timed span: the calling thread's CPU time and the wall time, read together. */
+typedef struct {
+    double cpu0, wall0, cpu1, wall1;
+} Span;
+
+static void span_start(Span *s) {
+    s->cpu0 = thread_cpu_s();
+    s->wall0 = mono_s();
+}
+
+static void span_stop(Span *s) {
+    s->cpu1 = thread_cpu_s();
+    s->wall1 = mono_s();
+}
+
+/* A send that failed with errno e: 0 when the loop goes on (a full socket buffer, counted
+ * in *eagain; an interrupt; an ICMP refusal from a sink not yet listening), else e. */
+static int send_failure(int e, long long *eagain) {
+    if (e == EAGAIN || e == ENOBUFS) {
+        (*eagain)++;
+        return 0;
+    }
+    return e == EINTR || e == ECONNREFUSED ? 0 : e;
 }
 
 /* aead_seal(cipher, datagram_bytes, count) -> (cpu_s, wall_s, payload_bytes) */
@@ -86,11 +101,10 @@ static PyObject *aead_seal(PyObject *self, PyObject *args) {
     int ok = ctx != NULL && EVP_EncryptInit_ex(ctx, cipher, NULL, NULL, NULL) == 1 &&
              EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_IVLEN, NONCE_LEN, NULL) == 1 &&
              EVP_EncryptInit_ex(ctx, NULL, NULL, key, NULL) == 1;
-    double cpu0 = 0, wall0 = 0, cpu1 = 0, wall1 = 0;
+    Span span = {0};
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        cpu0 = thread_cpu_s();
-        wall0 = mono_s();
+        span_start(&span);
         for (Py_ssize_t i = 0; i < count && ok; i++) {
             int outl = 0;
             memcpy(nonce, iv, NONCE_LEN);
@@ -105,8 +119,7 @@ static PyObject *aead_seal(PyObject *self, PyObject *args) {
                  EVP_EncryptFinal_ex(ctx, pt + outl, &outl) == 1 &&
                  EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, TAG_LEN, pt + body) == 1;
         }
-        cpu1 = thread_cpu_s();
-        wall1 = mono_s();
+        span_stop(&span);
         Py_END_ALLOW_THREADS
     }
     EVP_CIPHER_CTX_free(ctx);
@@ -115,7 +128,7 @@ static PyObject *aead_seal(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to seal");
         return NULL;
     }
-    return Py_BuildValue("(ddn)", cpu1 - cpu0, wall1 - wall0, body * count);
+    return Py_BuildValue("(ddn)", span.cpu1 - span.cpu0, span.wall1 - span.wall0, body * count);
 }
 
 /* udp_blast_send(fd, seconds, datagram_bytes, gso=True)
@@ -139,11 +152,10 @@ static PyObject *udp_blast_send(PyObject *self, PyObject *args) {
     memset(buf, 0x5A, len);
     long long datagrams = 0, eagain = 0;
     int err = 0;
-    double cpu0, wall0, cpu1, wall1;
+    Span span;
     Py_BEGIN_ALLOW_THREADS
-    cpu0 = thread_cpu_s();
-    wall0 = mono_s();
-    double end = wall0 + seconds;
+    span_start(&span);
+    double end = span.wall0 + seconds;
     char control[CMSG_SPACE(sizeof(uint16_t))];
     struct iovec iov = {buf, len};
     struct msghdr msg = {0};
@@ -162,26 +174,18 @@ static PyObject *udp_blast_send(PyObject *self, PyObject *args) {
     }
     for (int n = 0;; n++) {
         if ((n & 63) == 0 && mono_s() >= end) break;
-        ssize_t rc = sendmsg(fd, &msg, 0);
-        if (rc >= 0) {
-            datagrams += per_send;
-        } else if (errno == EAGAIN || errno == ENOBUFS) {
-            eagain++;
-        } else if (errno != EINTR && errno != ECONNREFUSED) {
-            err = errno;
-            break;
-        }
+        if (sendmsg(fd, &msg, 0) >= 0) datagrams += per_send;
+        else if ((err = send_failure(errno, &eagain)) != 0) break;
     }
-    cpu1 = thread_cpu_s();
-    wall1 = mono_s();
+    span_stop(&span);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(buf);
     if (err) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    return Py_BuildValue("(LLddL)", datagrams, datagrams * (long long)size, cpu1 - cpu0,
-                         wall1 - wall0, eagain);
+    return Py_BuildValue("(LLddL)", datagrams, datagrams * (long long)size, span.cpu1 - span.cpu0,
+                         span.wall1 - span.wall0, eagain);
 }
 
 /* udp_blast_sink(fd, idle_s, timeout_s) -> (datagrams, payload_bytes, cpu_s, span_s)
@@ -289,11 +293,10 @@ static PyObject *udp_flood_send(PyObject *self, PyObject *args) {
     }
     long long datagrams = 0, bytes = 0, eagain = 0;
     int err = 0;
-    double cpu0, wall0, cpu1, wall1;
+    Span span;
     Py_BEGIN_ALLOW_THREADS
-    cpu0 = thread_cpu_s();
-    wall0 = mono_s();
-    double end = wall0 + seconds;
+    span_start(&span);
+    double end = span.wall0 + seconds;
     Py_ssize_t next = 0;
     for (int k = 0;; k++) {
         if ((k & 15) == 0 && mono_s() >= end) break;
@@ -303,24 +306,20 @@ static PyObject *udp_flood_send(PyObject *self, PyObject *args) {
             for (int j = 0; j < rc; j++) bytes += (long long)iovs[next + j].iov_len;
             datagrams += rc;
             next = (next + rc) % n;
-        } else if (errno == EAGAIN || errno == ENOBUFS) {
-            eagain++;
         } else if (errno == EMSGSIZE) {
             next = (next + 1) % n; /* the stack refused this one: skipped, not counted as sent */
-        } else if (errno != EINTR && errno != ECONNREFUSED) {
-            err = errno;
+        } else if ((err = send_failure(errno, &eagain)) != 0) {
             break;
         }
     }
-    cpu1 = thread_cpu_s();
-    wall1 = mono_s();
+    span_stop(&span);
     Py_END_ALLOW_THREADS
     if (err) {
         errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
-    res = Py_BuildValue("(LLddL)", datagrams, bytes, cpu1 - cpu0, wall1 - wall0, eagain);
+    res = Py_BuildValue("(LLddL)", datagrams, bytes, span.cpu1 - span.cpu0, span.wall1 - span.wall0, eagain);
 done:
     PyMem_Free(msgs);
     PyMem_Free(iovs);

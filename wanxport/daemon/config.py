@@ -110,14 +110,24 @@ def load_config(path: Path | str) -> DaemonConfig:
     """Read and validate ``path``; ConfigError (one line) on any problem."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
-    return parse_config(raw, path.resolve().parent, source=path)
+    return loads_config(text, path.resolve().parent, source=path)
+
+
+def loads_config(text: str, base: Path, *, source: Path | None = None) -> DaemonConfig:
+    """The config in ``text`` (relative paths against ``base``); ConfigError on any problem."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source or 'config'}: not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses per nesting level: [[[[... a thousand deep
+        raise ConfigError(f"{source or 'config'}: not valid TOML (arrays or tables nested too "
+                          "deeply)") from None
+    return parse_config(raw, base, source=source)
 
 
 def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None) -> DaemonConfig:

@@ -19,6 +19,15 @@ long-lived gateway adds:
   when the state file is missing, truncated or zeroed (its checksum fails), when
   the partial data itself hashes to the digest: re-verified, never trusted blindly.
 
+A full disk pauses a file, it does not lose it. Each piece's blocks are reserved
+(``posix_fallocate``) when the piece opens, not the whole file at once: a sparse
+map would turn the native placement's write past the free space into SIGBUS, and a
+whole-file reservation would refuse the file before any of it is kept. A piece
+that does not fit (with ``STATE_RESERVE_BYTES`` left free, so the state file that
+records the pieces already verified can still be written) is received into scratch
+memory, ``error`` names ``ENOSPC`` and the session ends with that reason; the
+partial file and its state stay, and the sender's retry resumes from them.
+
 Keys and packet numbers are never written anywhere: a resumed transfer runs in a
 new session with new keys.
 """
@@ -26,6 +35,7 @@ new session with new keys.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import logging
@@ -38,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from wanxport.control import ResumeHave, ResumeQuery
-from wanxport.gateway.files import FileSink, _IncomingFile
+from wanxport.gateway.files import FileSink, _IncomingFile, describe_os_error
 from wanxport.gateway.session import GatewaySession
 
 from .durable import StateCorrupt, read_state, sync_directory, write_state
@@ -46,6 +56,7 @@ from .durable import StateCorrupt, read_state, sync_directory, write_state
 log = logging.getLogger(__name__)
 
 EXISTS = "exists"
+STATE_RESERVE_BYTES = 1 << 20  # left free by data pieces: room for the state files
 
 
 def safe_relative(name: object) -> str | None:
@@ -85,6 +96,20 @@ def _sync_then_record(partial: Path, state: Path, body: dict[str, Any]) -> None:
     write_state(state, body)
 
 
+def _reserve(partial: Path, offset: int, size: int) -> None:
+    """Allocate the blocks of ``partial[offset:offset+size]`` now, or raise ENOSPC now."""
+    if not size:
+        return
+    fd = os.open(partial, os.O_RDWR)
+    try:
+        st = os.fstatvfs(fd)
+        if st.f_bavail * st.f_frsize < size + STATE_RESERVE_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate(fd, offset, size)
+    finally:
+        os.close(fd)
+
+
 def _sha256(view: Any) -> str:
     return hashlib.sha256(memoryview(view).cast("B")).hexdigest()
 
@@ -95,6 +120,7 @@ class Inbox(FileSink):
     def __init__(self, directory: Path) -> None:
         super().__init__(directory)
         self._refused: set[int] = set()
+        self._no_space: set[int] = set()  # pieces a full disk refused (received into scratch)
         self._announcement: Any = None
         self.resumed_bytes = 0  # held at a resume query (not sent again)
         self.reverified_bytes = 0  # of which were hashed again because the state file was bad
@@ -117,11 +143,15 @@ class Inbox(FileSink):
             log.warning("shard %d: bad file metadata %r; refused", shard_id, meta[:200])
             return self._refuse(shard_id, size)
         incoming = self.files.get(name)
-        if incoming is None or incoming.size != file_size:
-            if not overwrite and (self.directory / name).exists():
-                log.warning("refused %s: it exists and the sender did not ask to overwrite", name)
-                return self._refuse(shard_id, size)
-            incoming = self._open(name, file_size)
+        try:
+            if incoming is None or incoming.size != file_size:
+                if not overwrite and (self.directory / name).exists():
+                    log.warning("refused %s: it exists and the sender did not ask to overwrite", name)
+                    return self._refuse(shard_id, size)
+                incoming = self._open(name, file_size)
+            _reserve(incoming.partial, offset, size)
+        except OSError as exc:
+            return self._no_room(shard_id, name, offset, size, exc)
         incoming.shards.append(shard_id)
         self._by_shard[shard_id] = name
         assert isinstance(incoming, _Partial) and incoming.mm is not None
@@ -132,10 +162,27 @@ class Inbox(FileSink):
         self._refused.add(shard_id)
         return np.empty(size, dtype=np.uint8)
 
+    def _no_room(self, shard_id: int, name: str, offset: int, size: int, exc: OSError) -> Any:
+        """A piece that cannot be stored: into scratch memory, reported aborted (the
+        session then ends with ``error``); the pieces already kept stay for a resume."""
+        if self.error is None:
+            self.error = (f"{name}: no room for {size} bytes at offset {offset} in {self.directory}: "
+                          f"{describe_os_error(exc)}; the pieces received are kept for a resume")
+            log.error("%s", self.error)
+        self._no_space.add(shard_id)
+        return np.empty(size, dtype=np.uint8)
+
+    def settled(self) -> bool:
+        """No piece is still landing in a file (those that fit are kept: a resume skips them)."""
+        return not self._by_shard
+
     def on_piece(self, shard_id: int, ok: bool, size: int) -> tuple[str, list[int]] | None:
         if shard_id in self._refused:
             self._refused.discard(shard_id)
             return EXISTS, [shard_id]
+        if shard_id in self._no_space:
+            self._no_space.discard(shard_id)
+            return "aborted", [shard_id]
         name = self._by_shard.get(shard_id)
         incoming = self.files.get(name) if name is not None else None
         if ok and isinstance(incoming, _Partial) and shard_id in incoming.offsets:

@@ -13,6 +13,15 @@ run on one event loop:
 * the API (``routes.py``), the systemd watchdog, and the signal handlers: SIGHUP
   reloads (``reload.py``), SIGTERM/SIGINT drain.
 
+A transfer the peer refused for a full disk (its reason names ``ENOSPC``) is
+paused, not failed and not retried at once: the peer keeps the pieces it verified
+(``inbox.py``), and the transfer is queued again after a backoff (1 s, doubling up
+to 60 s) until the space returns, resuming from those pieces. Automatic because the
+space comes back through someone else's action on the receiving host (files moved
+away, a volume grown), which the sending side's operator does not see; a transfer
+that waited for a human to say "retry" would sit there forever. Backoff because
+each attempt costs a session and the digests of the source's pieces.
+
 Drain: submissions are refused from the first moment, running transfers get
 ``drain_seconds`` to finish; what is still running then is interrupted and stays
 queued for the next start.
@@ -52,6 +61,8 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 30.0
+DISK_FULL_RETRY_START_S = 1.0
+DISK_FULL_RETRY_MAX_S = 60.0
 DRAIN_GRACE_S = 5.0  # after drain_seconds: for the workers to record and close
 
 
@@ -81,6 +92,7 @@ class GatewayDaemon:
         self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
         self._cancelled: set[str] = set()
         self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
+        self._disk_full: dict[str, int] = {}  # transfer id -> pauses in a row for a full disk
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
         self._incoming: set[asyncio.Task[None]] = set()  # one per session a peer has open to us
@@ -370,11 +382,32 @@ class GatewayDaemon:
             stats = tally.finish(transfer.bytes_total)
             stats["skipped_bytes"] = self._skipped.pop(transfer.id, 0)
             self.store.update(transfer, state="done", bytes_done=transfer.bytes_total, stats=stats)
+        elif "(ENOSPC)" in reason and not self.draining:
+            self._pause(transfer, reason)
+            return first_shard + len(pieces)
         elif session.failure is not None or self.draining:
             self.store.update(transfer, state="queued", reason=f"session lost, will retry: {reason}")
         else:
             self.store.update(transfer, state="failed", reason=reason)
+        self._disk_full.pop(transfer.id, None)  # the next pause starts its backoff afresh
         return first_shard + len(pieces)
+
+    def _pause(self, transfer: Transfer, reason: str) -> None:
+        """The peer's disk is full: wait (backing off), then queue the transfer again."""
+        pauses = self._disk_full[transfer.id] = self._disk_full.get(transfer.id, 0) + 1
+        delay = min(DISK_FULL_RETRY_START_S * 2 ** (pauses - 1), DISK_FULL_RETRY_MAX_S)
+        assert self.store is not None
+        self.store.update(transfer, state="paused", bytes_done=0,
+                          reason=f"paused, the peer's disk is full; retry in {delay:.0f} s: {reason}")
+        log.warning("transfer %s paused (%s); retry in %.0f s", transfer.id, reason, delay)
+        asyncio.get_running_loop().call_later(delay, self._unpause, transfer.id)
+
+    def _unpause(self, transfer_id: str) -> None:
+        assert self.store is not None
+        transfer = self.store.get(transfer_id)
+        if transfer is not None and transfer.state == "paused" and not self.draining:
+            self.store.update(transfer, state="queued")
+            self.submitted(transfer.submission.peer)
 
     async def _send(self, session: GatewaySession, transfer: Transfer, pieces: list[OutgoingPiece],
                     resuming: bool) -> str | None:
@@ -395,7 +428,8 @@ class GatewayDaemon:
     def cancel(self, transfer: Transfer) -> bool:
         """Cancel a queued or active transfer; False when it already ended."""
         assert self.store is not None
-        if transfer.state == "queued":
+        if transfer.state in ("queued", "paused"):
+            self._disk_full.pop(transfer.id, None)
             self.store.update(transfer, state="cancelled", reason="cancelled by request")
             return True
         active = self._active.get(transfer.id)

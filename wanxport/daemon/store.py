@@ -7,6 +7,8 @@ one is queued, running, done or failed, and whether the daemon restarted in betw
 ``durable.write_state`` after every change of state). The same key with different
 parameters is a conflict, never a silent second transfer. On start, a transfer that
 was active when the daemon stopped is queued again: the receiver keeps what it got.
+A paused transfer (the peer's disk was full; the daemon retries it with backoff) is
+queued again at start too: the wait it was in does not outlive the process.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .durable import StateCorrupt, read_state, write_state
 
 log = logging.getLogger(__name__)
 
-STATES = ("queued", "active", "done", "failed", "cancelled")
+STATES = ("queued", "active", "paused", "done", "failed", "cancelled")
 FINAL = ("done", "failed", "cancelled")
 KEEP_FINISHED = 1000  # a client polls a transfer it submitted well before a thousand more finish
 
@@ -91,8 +93,8 @@ class TransferStore:
             return
         for raw in body or []:
             transfer = Transfer.from_json(raw)
-            if transfer.state == "active":
-                transfer.state = "queued"  # the daemon stopped while it ran: run it again
+            if transfer.state in ("active", "paused"):
+                transfer.state = "queued"  # the daemon stopped while it ran or waited: run it again
             self.transfers[transfer.id] = transfer
             self._by_key[transfer.key] = transfer.id
         for transfer in sorted(self.transfers.values(), key=lambda t: t.updated):

@@ -157,6 +157,11 @@ class FileSink:
         assert incoming.mm is not None
         return incoming.mm[offset:offset + size]
 
+    def settled(self) -> bool:
+        """After ``error``: may the session end now? Here at once (its partial files are
+        removed anyway); a sink that keeps them for a resume waits for pieces in flight."""
+        return True
+
     def _open(self, name: str, size: int) -> _IncomingFile:
         partial = self.directory / f".{name}.partial-{os.urandom(4).hex()}"
         fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)

@@ -92,14 +92,19 @@ async def receive_files(session: GatewaySession, sink: FileSink, *,
             result = sink.on_piece(shard.shard_id, shard.ok, len(shard.data))
             if sink.error is not None and (result is None or result[0] != "verified"):
                 # A file does not fit: end the session with the reason (no "aborted" verdict
-                # first, which the sender could take as the whole answer).
-                raise FileError(sink.error)
+                # first, which the sender could take as the whole answer), once the pieces
+                # still landing in files are in (``settled``), so a resume keeps them.
+                if sink.settled():
+                    raise FileError(sink.error)
+                continue
             if result is not None:
                 status, shard_ids = result
                 if status != "verified":
                     failures.append(f"shard {shard.shard_id}: {status}")
                 for shard_id in shard_ids:
                     await session.complete(shard_id, status)
+            if sink.error is not None and sink.settled():
+                raise FileError(sink.error)
 
     async def empty() -> None:
         while True:

@@ -241,6 +241,9 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{source}: TOML syntax error: {exc}; fix the file to be valid TOML") from None
+    except RecursionError:  # tomllib recurses per nesting level: [[[[... a thousand deep
+        raise ScenarioError(f"{source}: TOML syntax error: arrays or tables nested too deeply; "
+                            "fix the file to be valid TOML") from None
     try:
         values = fields(document, "", _TOP_FIELDS, required=("name", "paths"), hints=_HINTS)
     except Invalid as exc:

@@ -70,6 +70,8 @@ class SiteConfig:
             raise ConfigError(f"{file}: cannot read the wanxport site config: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
+        except RecursionError:  # tomllib recurses per nesting level: [[[[... a thousand deep
+            raise ConfigError(f"{file}: not valid TOML: arrays or tables nested too deeply") from None
         unknown = sorted(set(data) - {"identity", "ca", "paths"})
         if unknown:
             raise ConfigError(f"{file}: unknown key(s) {', '.join(unknown)}; expected identity, ca, paths")
