@@ -35,6 +35,24 @@ def test_a_full_config_parses(pki: Path, tmp_path: Path) -> None:
     assert (config.rotation.bytes, config.rotation.seconds) == (1 << 30, 600.0)
     options = config.gateway_options()
     assert (options.congestion_control, options.credit_bytes) == ("cubic", 256 << 20)
+    assert options.rate_caps_bps == ()
+
+
+def test_rate_caps_global_and_per_peer(pki: Path, tmp_path: Path) -> None:
+    path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400, 7401], {"gw-b": [7500, 7501]},
+                        "[limits]\nrate_mbps = 2500")
+    config = load_config(path)
+    assert config.gateway_options(config.peer("gw-b")).rate_caps_bps == (2500e6, 2500e6)
+    assert config.gateway_options().rate_caps_bps == (2500e6, 2500e6), "the listener's paths too"
+    text = path.read_text() + "rate_mbps = [100, 250.5]\n"  # in the last [[peers]] table
+    path.write_text(text)
+    config = load_config(path)
+    assert config.gateway_options(config.peer("gw-b")).rate_caps_bps == (100e6, 250.5e6)
+    path.write_text(text.replace("[100, 250.5]", "40"))
+    assert load_config(path).gateway_options(load_config(path).peer("gw-b")).rate_caps_bps == (40e6, 40e6)
+    path.write_text(text.replace("[100, 250.5]", "[100]"))
+    with pytest.raises(ConfigError, match=r"peers\[0\].rate_mbps: 1 rates for 2 paths"):
+        load_config(path)
 
 
 @pytest.mark.parametrize(("text", "field"), [
@@ -47,6 +65,8 @@ def test_a_full_config_parses(pki: Path, tmp_path: Path) -> None:
     ("[transfer]\ndrain_seconds = -1", "transfer.drain_seconds: -1 is not valid"),
     ("[transfer]\ncheckpoint_bytes = 10", "transfer.checkpoint_bytes: 10 is not valid; use at least"),
     ("metrics = \"nowhere\"", "metrics: 'nowhere' is not valid; use HOST:PORT"),
+    ("[limits]\nrate_mbps = 0", "limits.rate_mbps: 0 is not valid; use a rate in Mb/s > 0"),
+    ("[limits]\nrate_mbps = \"fast\"", "limits.rate_mbps: 'fast' is not valid"),
 ])
 def test_bad_values_name_the_field(pki: Path, tmp_path: Path, text: str, field: str) -> None:
     path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400], {"gw-b": [7500]}, text)
@@ -82,8 +102,9 @@ def test_check_exit_codes(pki: Path, tmp_path: Path) -> None:
     bad.write_text(a_cfg.read_text() + "\n[limits]\nfoo = 1\n")
     result = run("gateway", "--check", str(bad))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["wanxport gateway: limits.foo: unknown key; valid keys are "
-                                                  "concurrent_transfers, memory_budget"], result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "wanxport gateway: limits.foo: unknown key; valid keys are concurrent_transfers, memory_budget, "
+        "rate_mbps"], result.stderr
     missing = write_config(tmp_path / "m.toml", "gw-a", tmp_path / "nopki", [7400], {})
     result = run("gateway", "--check", str(missing))
     assert result.returncode == 2 and "identity:" in result.stderr and "does not exist" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -12,7 +13,10 @@ from test_daemon_transfers import call, payload, running
 
 from wanxport.client import GatewayClient
 from wanxport.core.warm import PathMemory
+from wanxport.daemon.config import load_config
+from wanxport.daemon.durable import write_state
 from wanxport.daemon.pathcache import PathCache
+from wanxport.gateway.config import format_endpoint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,18 +67,27 @@ def test_only_validated_paths_are_cached_and_survive_a_restart(tmp_path: Path) -
     assert (entry.rate_bps, entry.min_rtt_s) == (9e9, 0.05) and abs(entry.saved_at - time.time()) < 60
 
 
-def test_careful_resume_plan_follows_the_policy(tmp_path: Path) -> None:
+def test_cached_paths_are_offered_to_a_new_session_on_its_clock(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from wanxport.core.config import PathConfig, SessionConfig
+    from wanxport.core.session import Session
+
     path = tmp_path / "path-cache.json"
     cache = PathCache(path)
     now = time.time()
     cache.entries["gw-b"] = {"10.0.0.2:7400": PathMemory(8e9, 0.050, 0.055, now - 60),
                              "10.0.1.2:7400": PathMemory(4e9, 0.030, 0.031, now - 7200)}
     paths = (("10.0.0.2", 7400), ("10.0.1.2", 7400), ("10.0.2.2", 7400))
-    assert cache.resume_plan("gw-b", paths, [0.052, 0.030, 0.010], now) == [4e9, 0.0, 0.0], \
-        "half the saved rate on the same route; an hour-old entry and an unknown path start over"
-    assert cache.resume_plan("gw-b", paths, [0.039, 0.03, None], now)[0] == 0.0, "22 % lower: another route"
-    assert cache.resume_plan("gw-b", paths, [0.067, 0.03, None], now)[0] == 0.0, "RTT above 1.2 x srtt"
-    assert cache.resume_plan("gw-c", paths, [0.05, 0.03, 0.01], now) == [0.0, 0.0, 0.0]
+    core = Session(SessionConfig(paths=tuple(PathConfig(f"p{i}") for i in range(3))))
+    session = SimpleNamespace(endpoint=SimpleNamespace(session=core, clock=lambda: 100.0))
+    assert cache.resume("gw-b", paths, session) == 1  # type: ignore[arg-type]
+    offered = core.paths[0].pending_resume
+    assert offered is not None and offered.rate_bps == 8e9
+    assert offered.saved_at == pytest.approx(40.0, abs=5), "its age carried over to the session clock"
+    assert core.paths[1].pending_resume is None, "older than an hour: the path starts over"
+    assert core.paths[2].pending_resume is None, "nothing saved for that path"
+    assert cache.resume("gw-c", paths, session) == 0  # type: ignore[arg-type]
     path.write_bytes(b"\0" * 64)  # a zeroed cache is reported and ignored, never trusted
     assert PathCache(path).entries == {}
 
@@ -94,8 +107,9 @@ async def test_a_session_ends_cleanly_after_its_files_were_deleted(pki: Path, tm
             t = await call(client, "submit", "gw-b", str(src), name)
             assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
             (received / name).unlink()
-        assert b.inbox is not None
-        assert (b.inbox.written_count, b.inbox.written_bytes, b.inbox.written) == (2, 2 << 20, [])
+        assert b.listener is not None
+        (inbox,) = b.listener.inboxes.values()  # the one warm session's
+        assert (inbox.written_count, inbox.written_bytes, inbox.written) == (2, 2 << 20, [])
         for _ in range(300):  # idle for warm_seconds: the session ends with its files gone
             if "gw-b" not in a.outgoing:
                 break
@@ -104,3 +118,49 @@ async def test_a_session_ends_cleanly_after_its_files_were_deleted(pki: Path, tm
         t = await call(client, "submit", "gw-b", str(src), "three.bin")
         assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
         assert (received / "three.bin").stat().st_size == 1 << 20
+
+
+async def test_a_restarted_daemon_resumes_cached_paths_or_drops_moved_ones(pki: Path, tmp_path: Path) -> None:
+    """The path cache as a restarted daemon finds it: path 0's entry matches any loopback round
+    trip, path 1's describes a 1 s route. The new session resumes path 0 and drops path 1."""
+    a_cfg, b_cfg = two_sites(tmp_path, pki)
+    src = tmp_path / "r.bin"
+    payload(src, 8 << 20, 5)
+    a_config = load_config(a_cfg)
+    peer = a_config.peer("gw-b")
+    assert peer is not None
+    cache = PathCache(a_config.data_dir / "path-cache.json")
+    now = time.time()
+    cache.entries["gw-b"] = {format_endpoint(peer.paths[0]): PathMemory(400e6, 1e-6, 1.0, now - 30),
+                             format_endpoint(peer.paths[1]): PathMemory(400e6, 1.0, 1.0, now - 30)}
+    a_config.data_dir.mkdir(parents=True)
+    write_state(cache.path, {p: {a: dataclasses.asdict(e) for a, e in paths.items()}
+                             for p, paths in cache.entries.items()})
+    async with running(a_cfg) as a, running(b_cfg):
+        client = GatewayClient(str(a.config.api_socket))
+        t = await call(client, "submit", "gw-b", str(src))
+        assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
+        session = a.outgoing["gw-b"]  # still warm
+        stats = session.endpoint.session.stats().paths
+        assert [(p.resumes, p.resumes_dropped) for p in stats] == [(1, 0), (0, 1)]
+
+
+async def test_a_rate_capped_gateway_sends_no_faster_than_the_cap(pki: Path, tmp_path: Path) -> None:
+    """[limits] rate_mbps caps every path's sending rate: two 60 Mb/s paths over loopback,
+    where an uncapped transfer runs at a Gb/s or more."""
+    a_cfg, b_cfg = two_sites(tmp_path, pki, extra="[limits]\nrate_mbps = 60")
+    src = tmp_path / "c.bin"
+    size = 12 << 20
+    payload(src, size, 6)
+    async with running(a_cfg) as a, running(b_cfg):
+        client = GatewayClient(str(a.config.api_socket))
+        t = await call(client, "submit", "gw-b", str(src))
+        done = await call(client, "wait", t["id"], 60)
+        assert done["state"] == "done", done  # type: ignore[index]
+        stats = done["stats"]  # type: ignore[index]
+        session = a.outgoing["gw-b"]
+        assert [p.pacing_rate_bps <= 60e6 for p in session.endpoint.session.stats().paths] == [True, True]
+    elapsed = stats["elapsed_s"]
+    assert elapsed >= size * 8 / 120e6, stats
+    for path in stats["paths"]:
+        assert path["payload_bytes"] * 8 / elapsed <= 60e6, stats

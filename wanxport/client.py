@@ -11,6 +11,8 @@
 Standard library only (``http.client`` over an ``AF_UNIX`` socket), so any tool on
 the host can drive the daemon without importing the transport. Errors the daemon
 reports (4xx/5xx) raise ``ApiError`` with its one-line reason and the status.
+From another host, ``GatewayClient.over_tls(host, port, "ops.pem", "ops.key",
+"ca.pem", "site-a")`` talks to the daemon's ``api_tcp`` listener with mutual TLS.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 FINAL_STATES = ("done", "failed", "cancelled")
@@ -50,10 +54,31 @@ class GatewayClient:
     def __init__(self, socket_path: str, timeout_s: float = 30.0) -> None:
         self.socket_path = str(socket_path)
         self.timeout_s = timeout_s
+        self._connection: Callable[[], http.client.HTTPConnection] = lambda: _UnixConnection(
+            self.socket_path, self.timeout_s)
+
+    @classmethod
+    def over_tls(cls, host: str, port: int, cert: str, key: str, ca: str, server_name: str,
+                 timeout_s: float = 30.0) -> GatewayClient:
+        """A client of the daemon's ``api_tcp`` listener: our certificate (one of its
+        ``api_clients``) against its CA, and its certificate checked for ``server_name``
+        (the gateway's site name)."""
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        context.load_cert_chain(cert, key)
+        client = cls(f"{host}:{port}", timeout_s)
+
+        def connect() -> http.client.HTTPConnection:
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+            conn.sock = context.wrap_socket(socket.create_connection((host, port), timeout_s),
+                                            server_hostname=server_name)
+            return conn
+
+        client._connection = connect
+        return client
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """(status, decoded JSON); OSError when the daemon is not there."""
-        conn = _UnixConnection(self.socket_path, self.timeout_s)
+        conn = self._connection()
         try:
             data = None if body is None else json.dumps(body).encode()
             headers = {"content-type": "application/json"} if data is not None else {}

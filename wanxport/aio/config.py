@@ -24,6 +24,7 @@ class PathSocket:
     local: Address
     remote: Address | None = None
     device: str | None = None
+    dscp: int | None = None  # DiffServ code point marked on every datagram (aio.sockets.set_dscp)
 
 
 @dataclass(frozen=True)

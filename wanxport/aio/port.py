@@ -91,9 +91,9 @@ class PathPort:
 
     @classmethod
     def open(cls, local: Address, *, device: str | None = None, recv_buffer_bytes: int = 32 << 20,
-             send_buffer_bytes: int = 8 << 20) -> PathPort:
+             send_buffer_bytes: int = 8 << 20, dscp: int | None = None) -> PathPort:
         """Bind ``local`` (unconnected: the control side hears any peer) and start reading."""
-        port = cls(open_path_socket(PathSocket(local, None, device), recv_buffer_bytes,
+        port = cls(open_path_socket(PathSocket(local, None, device, dscp), recv_buffer_bytes,
                                     send_buffer_bytes))
         try:
             port.start()

@@ -29,6 +29,8 @@ def open_path_socket(spec: PathSocket, recv_buffer: int, send_buffer: int) -> so
         if spec.device:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, spec.device.encode())
         set_buffers(sock, recv_buffer, send_buffer)
+        if spec.dscp is not None:
+            set_dscp(sock, spec.dscp)
         overflow.enable(sock)
         sock.bind(spec.local)
         if spec.remote is not None:
@@ -37,6 +39,21 @@ def open_path_socket(spec: PathSocket, recv_buffer: int, send_buffer: int) -> so
         sock.close()
         raise
     return sock
+
+
+def set_dscp(sock: socket.socket, dscp: int) -> None:
+    """Mark every datagram the socket sends with DiffServ code point ``dscp`` (0..63).
+
+    The DSCP is the upper six bits of the IPv4 TOS byte / the IPv6 traffic class;
+    the lower two (ECN) stay 0. Networks that give WAN paths classes of service
+    (a training run's exchange above bulk copies) queue by this mark.
+    """
+    if not 0 <= dscp <= 63:
+        raise ValueError(f"dscp: {dscp} is not valid; use 0..63")
+    if sock.family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, dscp << 2)
+    else:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
 
 
 def set_buffers(sock: socket.socket, recv_bytes: int | None = None,

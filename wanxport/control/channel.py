@@ -56,6 +56,7 @@ class DialOptions:
     timeout_s: float
     idle_timeout_s: float
     stagger_s: float
+    dscp: int | None = None  # DiffServ code point of the control datagrams (aio.sockets.set_dscp)
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -121,7 +122,8 @@ async def _dial_one(address: Address, attach: Attach, options: DialOptions) -> t
         server_name=options.server_name,
     )
     return await dial(
-        address[0], address[1], attach, config=config, keepalive_s=options.idle_timeout_s / 3
+        address[0], address[1], attach, config=config, keepalive_s=options.idle_timeout_s / 3,
+        dscp=options.dscp,
     )
 
 

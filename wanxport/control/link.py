@@ -28,6 +28,8 @@ from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
+from wanxport.aio.sockets import set_dscp
+
 from .certs import CertificateError, check_ca_file
 from .framing import Attach, Attached, Frame, FrameDecoder, Refused, encode_frame
 from .messages import ControlProtocolError
@@ -293,6 +295,7 @@ async def dial(
     *,
     config: QuicConfiguration,
     keepalive_s: float,
+    dscp: int | None = None,
 ) -> tuple[Link, Attached]:
     """Connect, authenticate, and attach to a session; no timeout of its own."""
     loop = asyncio.get_running_loop()
@@ -331,6 +334,8 @@ async def dial(
         raise ControlConnectError(f"{where}: {exc.strerror or exc}") from None
     link.owns_transport = True
     try:
+        if dscp is not None:
+            set_dscp(transport.get_extra_info("socket"), dscp)
         link.connect(addr)
         attached = await result
     except BaseException:

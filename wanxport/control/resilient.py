@@ -72,9 +72,12 @@ class ResilientControl(ControlChannel):
         stagger_s: float = DEFAULT_STAGGER_S,
         resume_window_s: float = 30.0,
         window: int = 1024,
+        dscp: int | None = None,
     ) -> ResilientControl:
-        """Open a session over the first address that answers (see connect_control_any)."""
-        options = DialOptions(cert, key, ca, server_name, timeout_s, idle_timeout_s, stagger_s)
+        """Open a session over the first address that answers (see connect_control_any).
+
+        ``dscp`` marks the control datagrams (redials included) with that code point."""
+        options = DialOptions(cert, key, ca, server_name, timeout_s, idle_timeout_s, stagger_s, dscp)
         session_id = new_session_id()
         link, _ = await dial_any(addresses, Attach(session_id, 0, resume=False), options)
         channel = cls(

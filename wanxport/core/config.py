@@ -31,6 +31,9 @@ def datagram_payload(path: PathConfig, tag_bytes: int) -> int:
 class PathConfig:
     name: str
     mtu: int = 1500
+    # An operator's ceiling on this path's sending rate (bits/s): the pacer never sends
+    # faster, whatever the controller estimates (a link shared under contract). None: no cap.
+    max_rate_bps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ class SessionConfig:
         for path in self.paths:
             if self.data_payload(path) <= 0:
                 raise ValueError(f"path {path.name!r}: mtu {path.mtu} leaves no room for data")
+            if path.max_rate_bps is not None and not path.max_rate_bps > 0:
+                raise ValueError(f"path {path.name!r}: max_rate_bps must be > 0 (or None), "
+                                 f"got {path.max_rate_bps!r}")
         if self.fec not in FEC_MODES:
             raise ValueError(f"fec must be one of {', '.join(FEC_MODES)}, got {self.fec!r}")
         if self.ack_threshold < 1:

@@ -12,7 +12,13 @@ session use it, so it holds the sending side's parts and the receiving side's:
 - ``health``: the health state machine with its probes and careful-resume
   memory (``core.health``);
 - ``warm``: what the path learned across an idle gap, checked against the route
-  when it sends again (``core.warm``).
+  when it sends again (``core.warm``);
+- ``pending_resume``: state a previous session saved (``Session.resume_path``),
+  applied or dropped at the path's first acknowledgement, once its RTT is known.
+
+The pacing rate is the controller's, held under the path's ``max_rate_bps``
+(``PathConfig``): an operator's cap is a pacer limit, so nothing the controller
+estimates sends faster.
 
 What is left here is what ties them to the scheduler: the pacing schedule,
 the bandwidth figure the scheduler plans with, the path's payload counters and
@@ -28,7 +34,7 @@ from wanxport.core.health import PathHealth, PathState
 from wanxport.core.recovery import LossDetector
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
-from wanxport.core.warm import IdleGuard
+from wanxport.core.warm import IdleGuard, PathMemory
 from wanxport.wire.frames import Frame
 
 
@@ -49,10 +55,11 @@ class Path:
 
     __slots__ = ("path_id", "name", "mss", "rtt", "rate", "cc", "loss", "acks", "health", "warm", "payload",
                  "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps", "_bw_round_at",
-                 "needs_open", "pending_control")
+                 "needs_open", "pending_control", "max_rate_bps", "pending_resume", "resumes",
+                 "resumes_dropped")
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
-                 initial_rtt_s: float) -> None:
+                 initial_rtt_s: float, *, max_rate_bps: float | None = None) -> None:
         self.path_id = path_id
         self.name = name
         self.mss = mss
@@ -71,6 +78,10 @@ class Path:
         self._bw_round_at = 0.0
         self.needs_open: set[int] = set()  # shards whose SHARD_OPEN this path has not carried
         self.pending_control: list[Frame] = []  # path-specific frames: probes, probe answers
+        self.max_rate_bps = float("inf") if max_rate_bps is None else max_rate_bps
+        self.pending_resume: PathMemory | None = None
+        self.resumes = 0
+        self.resumes_dropped = 0
 
     @property
     def state(self) -> PathState:
@@ -88,6 +99,12 @@ class Path:
     @property
     def cwnd_space(self) -> int:
         return self.cc.cwnd_bytes - self.loss.bytes_in_flight
+
+    @property
+    def pacing_rate_bps(self) -> float:
+        """The rate the path is paced at: the controller's, never above the operator's cap."""
+        rate = self.cc.pacing_rate_bps
+        return rate if rate <= self.max_rate_bps else self.max_rate_bps
 
     @property
     def one_way_s(self) -> float:
@@ -116,13 +133,15 @@ class Path:
     def send_rate_Bps(self) -> float:
         """Bytes per second the scheduler expects this path to move."""
         if self.bandwidth_bps > 0 and not self.cc.in_startup:
-            return self.bandwidth_bps / 8
-        return self.cc.pacing_rate_bps / 8
+            return min(self.bandwidth_bps, self.max_rate_bps) / 8
+        return self.pacing_rate_bps / 8
 
     def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float
                ) -> tuple[list[SentPacket], list[SentPacket]]:
         """Apply an ACK frame for this path's packets; return (newly acknowledged, newly lost)."""
         acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now)
+        if acked and self.pending_resume is not None:
+            self._resume_saved(self.pending_resume, now)
         if acked:
             if not self.warm.confirm(acked[-1].sent_at, self.rtt.latest_s):
                 self._rerouted(now)
@@ -140,6 +159,15 @@ class Path:
         if not self.warm.restarting(now):
             self.cc.on_path_reset(now)
             self.bandwidth_bps = 0.0
+
+    def _resume_saved(self, memory: PathMemory, now: float) -> None:
+        """The first RTT sample of a new session decides whether a previous one's state holds."""
+        self.pending_resume = None
+        if memory.same_route(self.rtt.latest_adjusted_s):
+            self.cc.on_path_resume(now, memory.rate_bps)
+            self.resumes += 1
+        else:
+            self.resumes_dropped += 1
 
     def _rerouted(self, now: float) -> None:
         """The first round trip after an idle gap shows another route: forget the old one."""

@@ -43,6 +43,7 @@ from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
 from wanxport.core.stats import SessionStats, path_stats
 from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
+from wanxport.core.warm import PathMemory
 from wanxport.wire.frames import (
     MAX_SHARD_RANGES,
     AckFrame,
@@ -74,7 +75,8 @@ class Session:
         self.defer_verification = defer_verification
         group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
-            Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s)
+            Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s,
+                 max_rate_bps=p.max_rate_bps)
             for i, p in enumerate(config.paths)
         ]
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
@@ -164,7 +166,22 @@ class Session:
         Cheaper than :meth:`stats` for a driver that re-reads the rates after
         every batch of transmits.
         """
-        return [path.cc.pacing_rate_bps for path in self.paths]
+        return [path.pacing_rate_bps for path in self.paths]
+
+    def resume_path(self, path_id: int, memory: PathMemory, now: float) -> bool:
+        """Careful resume of a new session's path from state a previous session saved.
+
+        For a driver that kept ``memory`` across a restart (the gateway daemon's path
+        cache): the path starts as usual, and its first acknowledgement checks the
+        route (``core.warm``: RTT within 20 %); on the same route the controller then
+        resumes at no more than half the saved rate (``on_path_resume``), else the
+        state is dropped and the path keeps searching. Returns False, changing
+        nothing, for an unknown path, state older than an hour or no saved rate.
+        """
+        if not 0 <= path_id < len(self.paths) or not memory.fresh(now) or not memory.rate_bps > 0.0:
+            return False
+        self.paths[path_id].pending_resume = memory
+        return True
 
     def close(self, now: float, code: int = 0, reason: str = "") -> None:
         """Tell the peer we are done (best effort) and stop."""

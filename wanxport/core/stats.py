@@ -41,7 +41,9 @@ class PathStats:
     reorder_threshold: int  # the loss detector's packet threshold, widened by spurious losses
     time_threshold: float  # ... and its time threshold, in smoothed RTTs
     cwnd_bytes: int
-    pacing_rate_bps: float
+    pacing_rate_bps: float  # what the path is paced at: the controller's rate under the path's cap
+    resumes: int  # careful resumes from a previous session's saved state (Session.resume_path) ...
+    resumes_dropped: int  # ... and saved states dropped because the route's RTT had moved
     cc_state: str  # the controller's state label ("startup", "probe_bw", ...)
     cc_metrics: Mapping[str, float]  # ``CongestionController.metrics()``, read-only (dict() it for JSON)
 
@@ -90,7 +92,9 @@ def path_stats(path: Path) -> PathStats:
         reorder_threshold=loss.reorder_threshold,
         time_threshold=loss.time_threshold,
         cwnd_bytes=cc.cwnd_bytes,
-        pacing_rate_bps=cc.pacing_rate_bps,
+        pacing_rate_bps=path.pacing_rate_bps,
+        resumes=path.resumes,
+        resumes_dropped=path.resumes_dropped,
         cc_state=cc.state,
         cc_metrics=MappingProxyType(cc.metrics()),  # read-only, like the rest of the snapshot
     )

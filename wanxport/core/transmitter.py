@@ -200,7 +200,7 @@ class Transmitter:
         round trip or the congestion controller would see a phantom queue.
         """
         burst_s = self.config.burst_packets * (path.mss + self.config.packet_overhead()) * 8
-        return max(self.config.pacing_horizon_s, min(burst_s / path.cc.pacing_rate_bps, path.rtt.min_s / 8))
+        return max(self.config.pacing_horizon_s, min(burst_s / path.pacing_rate_bps, path.rtt.min_s / 8))
 
     def _fill(self, path: Path, now: float, horizon: float, out: list[Transmit]) -> None:
         overhead = self.config.packet_overhead()
@@ -249,7 +249,7 @@ class Transmitter:
             # samples count the same bytes, so gain 1.0 is exactly the measured rate.
             # Leaving the frame header out paced ~1 % above it: a queue crept up
             # over seconds until it overflowed and a congestion cap cut the rate.
-            rate = path.cc.pacing_rate_bps / 8
+            rate = path.pacing_rate_bps / 8
             path.next_send_at = not_before + (overhead + frames[0].wire_size) / rate
 
     def _send_repair(self, path: Path, now: float, out: list[Transmit]) -> bool:
@@ -266,7 +266,7 @@ class Transmitter:
         path.payload.repair_bytes += frame.symbol
         self.fec.repair_bytes += frame.symbol
         size = self.config.packet_overhead() + frame.wire_size
-        path.next_send_at = not_before + size / (path.cc.pacing_rate_bps / 8)
+        path.next_send_at = not_before + size / (path.pacing_rate_bps / 8)
         return True
 
     def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,

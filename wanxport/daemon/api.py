@@ -7,6 +7,12 @@ Routing and meaning live in the daemon (``routes.py``); this module turns a
 request into ``(method, path, headers, body)`` and a ``(status, json)`` back into a
 response, with keep-alive, a body size cap and one-line JSON errors. The socket
 is created mode 0660 so that the service's group may submit.
+
+Optionally the same API also listens on TCP with mutual TLS (``api_tcp``): the
+daemon's own certificate serves, a client must present one signed by the gateways'
+CA, and only the certificate names in ``api_clients`` may use it (the peers'
+gateway certificates come from the same CA and must not submit here); any other
+name gets 403. ``curl --cert C.pem --key C.key --cacert ca.pem https://...`` works.
 """
 
 from __future__ import annotations
@@ -16,11 +22,16 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h11
+from cryptography import x509
+
+from wanxport.control.certs import certificate_name
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +39,41 @@ MAX_BODY = 1 << 20
 Handler = Callable[[str, str, dict[str, str], Any], Awaitable[tuple[int, Any]]]
 
 
+@dataclass(frozen=True)
+class TlsListen:
+    """The API over TCP with mutual TLS: where, with which identity and CA, for whom."""
+
+    host: str
+    port: int
+    cert: Path
+    key: Path
+    ca: Path
+    clients: frozenset[str]  # certificate names allowed to use the API
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.ca))
+        context.load_cert_chain(str(self.cert), str(self.key))
+        context.verify_mode = ssl.CERT_REQUIRED  # no certificate from our CA: no handshake
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        return context
+
+
 class ApiServer:
-    def __init__(self, path: Path, handler: Handler) -> None:
+    def __init__(self, path: Path, handler: Handler, tls: TlsListen | None = None) -> None:
         self.path = path
         self.handler = handler
+        self.tls = tls
         self._server: asyncio.AbstractServer | None = None
+        self._tcp: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+
+    @property
+    def tcp_address(self) -> tuple[str, int] | None:
+        """The TCP listener's bound address (port 0 in the config picks one)."""
+        if self._tcp is None:
+            return None
+        host, port = self._tcp.sockets[0].getsockname()[:2]
+        return str(host), int(port)
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,11 +85,15 @@ class ApiServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o660)
+        if self.tls is not None:
+            self._tcp = await asyncio.start_server(self._serve, self.tls.host, self.tls.port,
+                                                   ssl=self.tls.context())
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        for server in (self._server, self._tcp):
+            if server is not None:
+                server.close()
+        self._server = self._tcp = None
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -61,18 +105,24 @@ class ApiServer:
         assert task is not None
         self._connections.add(task)
         conn = h11.Connection(h11.SERVER)
+        denied = self._denied(writer)
         try:
             while True:
                 request = await self._next_request(conn, reader)
                 if request is None:
                     return
-                status, payload = await self._dispatch(*request)
+                if denied is not None:
+                    status, payload = 403, {"error": denied}
+                else:
+                    status, payload = await self._dispatch(*request)
                 body = (json.dumps(payload) + "\n").encode()
                 headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
                 writer.write(conn.send(h11.Response(status_code=status, headers=headers)) or b"")
                 writer.write(conn.send(h11.Data(data=body)) or b"")
                 writer.write(conn.send(h11.EndOfMessage()) or b"")
                 await writer.drain()
+                if denied is not None:
+                    return
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
@@ -81,6 +131,18 @@ class ApiServer:
         finally:
             self._connections.discard(task)
             writer.close()
+
+    def _denied(self, writer: asyncio.StreamWriter) -> str | None:
+        """Why a TLS client may not use the API (None: it may; Unix-socket clients may)."""
+        tls = writer.get_extra_info("ssl_object")
+        if tls is None or self.tls is None:
+            return None
+        der = tls.getpeercert(binary_form=True)
+        name = certificate_name(x509.load_der_x509_certificate(der)) if der else "(none)"
+        if name in self.tls.clients:
+            return None
+        log.warning("API over TLS: refused certificate %r (not in api_clients)", name)
+        return f"certificate {name!r} is not allowed to use this API (api_clients)"
 
     async def _next_request(self, conn: h11.Connection, reader: asyncio.StreamReader
                             ) -> tuple[str, str, dict[str, str], bytes] | None:

@@ -36,12 +36,16 @@ class PeerConfig:
 
     name: str
     paths: tuple[Address, ...]
+    # Our sending rate cap per path to this peer (bits/s), overriding [limits] rate_mbps.
+    rate_caps_bps: tuple[float, ...] | None = None
+    dscp: int | None = None  # the DSCP of our datagrams to this peer, overriding [network] dscp
 
 
 @dataclass(frozen=True)
 class Limits:
     memory_bytes: int = 1 << 30  # the receive budget granted to each peer's session
     concurrent_transfers: int = 4
+    rate_cap_bps: float | None = None  # every path's sending rate cap, unless a peer sets its own
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class DaemonConfig:
     listen: tuple[Address, ...]
     data_dir: Path
     api_socket: Path
+    api_tcp: Address | None = None  # the API also on TCP with mutual TLS (api.TlsListen)
+    api_clients: tuple[str, ...] = ()  # certificate names allowed on api_tcp
     peers: tuple[PeerConfig, ...] = ()
     metrics: Address | None = None
     limits: Limits = field(default_factory=Limits)
@@ -61,28 +67,42 @@ class DaemonConfig:
     congestion_control: str = "bbr"
     rotation: RotationLimits = field(default_factory=RotationLimits)
     cipher: str = "aes-256-gcm"
+    dscp: int | None = None  # [network] dscp: our datagrams' DiffServ code point
     source: Path | None = None  # the file this came from
 
     def peer(self, name: str) -> PeerConfig | None:
         return next((p for p in self.peers if p.name == name), None)
 
-    def gateway_options(self) -> GatewayOptions:
+    def gateway_options(self, peer: PeerConfig | None = None) -> GatewayOptions:
+        """The session settings; with ``peer``, those of our sessions to it (its rate caps)."""
+        caps: tuple[float | None, ...] = ()
+        dscp = self.dscp
+        if peer is not None:
+            caps = peer.rate_caps_bps or (self.limits.rate_cap_bps,) * len(peer.paths)
+            dscp = peer.dscp if peer.dscp is not None else dscp
+        elif self.limits.rate_cap_bps is not None:
+            caps = (self.limits.rate_cap_bps,) * len(self.listen)
         return GatewayOptions(cipher=self.cipher, credit_bytes=self.limits.memory_bytes,
                               piece_bytes=self.piece_bytes, rotation=self.rotation,
-                              congestion_control=self.congestion_control)
+                              congestion_control=self.congestion_control, rate_caps_bps=caps,
+                              dscp=dscp)
 
     @property
     def received_dir(self) -> Path:
         return self.data_dir / "received"
 
 
-_TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "metrics", "peers",
-        "limits", "transfer", "keys", "congestion"}
-_LIMITS = {"memory_budget", "concurrent_transfers"}
+_TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "api_tcp", "api_clients", "metrics",
+        "peers", "limits", "transfer", "keys", "congestion", "network"}
+_LIMITS = {"memory_budget", "concurrent_transfers", "rate_mbps"}
 _TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
 _CONGESTION = {"controller"}
-_PEER = {"name", "paths"}
+_NETWORK = {"dscp"}
+_PEER = {"name", "paths", "rate_mbps", "dscp"}
+# DiffServ class names (RFC 2474, 2597, 3246, 8622) -> code points; AFxy is added below.
+DSCP_NAMES = {"DF": 0, "BE": 0, "LE": 1, "EF": 46, "VA": 44, **{f"CS{i}": 8 * i for i in range(8)},
+              **{f"AF{x}{y}": 8 * x + 2 * y for x in range(1, 5) for y in range(1, 4)}}
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 
 
@@ -117,6 +137,14 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
     data_dir = _path(_required(raw, "data_dir"), "data_dir", base)
     api_socket = (_path(raw["api_socket"], "api_socket", base) if "api_socket" in raw
                   else data_dir / "api.sock")
+    api_tcp = _address(raw["api_tcp"], "api_tcp", allow_zero=True) if "api_tcp" in raw else None
+    clients = raw.get("api_clients", [])
+    if not isinstance(clients, list):
+        raise ConfigError("api_clients: must be a list of certificate names")
+    api_clients = tuple(_name(c, f"api_clients[{i}]") for i, c in enumerate(clients))
+    if api_tcp is not None and not api_clients:
+        raise ConfigError("api_clients: missing; api_tcp needs the certificate names allowed to use it "
+                          "(the peers' certificates come from the same CA)")
     metrics = None
     if "metrics" in raw:
         metrics = _address(raw["metrics"], "metrics", allow_zero=True)
@@ -128,6 +156,9 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
     _known(keys, _KEYS, "keys.")
     congestion = _table(raw.get("congestion", {}), "congestion")
     _known(congestion, _CONGESTION, "congestion.")
+    network = _table(raw.get("network", {}), "network")
+    _known(network, _NETWORK, "network.")
+    dscp = _dscp(network["dscp"], "network.dscp") if "dscp" in network else None
     controller = congestion.get("controller", "bbr")
     if controller not in available_congestion_controls():
         raise ConfigError(f"congestion.controller: {controller!r} is not valid; use one of "
@@ -144,14 +175,15 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         site=site,
         identity=_path(_required(raw, "identity"), "identity", base),
         ca=_path(_required(raw, "ca"), "ca", base),
-        listen=listen, data_dir=data_dir, api_socket=api_socket, peers=peers, metrics=metrics,
+        listen=listen, data_dir=data_dir, api_socket=api_socket, api_tcp=api_tcp,
+        api_clients=api_clients, peers=peers, metrics=metrics,
         limits=limits,
         piece_bytes=_size(transfer.get("checkpoint_bytes", DEFAULT_CHECKPOINT_BYTES),
                           "transfer.checkpoint_bytes", minimum=1 << 16),
         drain_s=_positive(transfer.get("drain_seconds", DEFAULT_DRAIN_S), "transfer.drain_seconds"),
         warm_s=_positive(transfer.get("warm_seconds", DEFAULT_WARM_S), "transfer.warm_seconds"),
         congestion_control=controller, rotation=RotationLimits(**rotation), cipher=cipher,
-        source=source)
+        dscp=dscp, source=source)
 
 
 def check_files(config: DaemonConfig) -> None:
@@ -230,7 +262,11 @@ def _peers(value: Any) -> tuple[PeerConfig, ...]:
         if any(p.name == name for p in peers):
             raise ConfigError(f"peers[{i}].name: {name!r} appears twice; each peer once")
         paths = _addresses(_required_in(table, "paths", f"peers[{i}]"), f"peers[{i}].paths")
-        peers.append(PeerConfig(name, paths))
+        caps = None
+        if "rate_mbps" in table:
+            caps = _rate_caps(table["rate_mbps"], len(paths), f"peers[{i}].rate_mbps")
+        dscp = _dscp(table["dscp"], f"peers[{i}].dscp") if "dscp" in table else None
+        peers.append(PeerConfig(name, paths, caps, dscp))
     return tuple(peers)
 
 
@@ -249,7 +285,35 @@ def _limits(table: dict[str, Any]) -> Limits:
     if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
         raise ConfigError(f"limits.concurrent_transfers: {concurrent!r} is not valid; use a whole "
                           "number >= 1")
-    return Limits(memory, concurrent)
+    rate = _rate(table["rate_mbps"], "limits.rate_mbps") if "rate_mbps" in table else None
+    return Limits(memory, concurrent, rate)
+
+
+def _dscp(value: Any, what: str) -> int:
+    """A DiffServ code point: 0..63, or a class name ("EF", "AF41", "CS1", "LE")."""
+    if isinstance(value, str) and value.upper() in DSCP_NAMES:
+        return DSCP_NAMES[value.upper()]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 63:
+        raise ConfigError(f"{what}: {value!r} is not valid; use 0..63 or a class name "
+                          "(EF, AF11..AF43, CS0..CS7, LE)")
+    return value
+
+
+def _rate(value: Any, what: str) -> float:
+    """A rate cap in Mb/s (10^6 bits/s) -> bits/s."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigError(f"{what}: {value!r} is not valid; use a rate in Mb/s > 0 (e.g. 2500)")
+    return float(value) * 1e6
+
+
+def _rate_caps(value: Any, n_paths: int, what: str) -> tuple[float, ...]:
+    """One cap for every path of a peer, or a list with one per path (in its ``paths`` order)."""
+    if not isinstance(value, list):
+        return (_rate(value, what),) * n_paths
+    if len(value) != n_paths:
+        raise ConfigError(f"{what}: {len(value)} rates for {n_paths} paths; give one number, "
+                          f"or one per path")
+    return tuple(_rate(v, f"{what}[{i}]") for i, v in enumerate(value))
 
 
 def _size(value: Any, what: str, *, minimum: int) -> int:

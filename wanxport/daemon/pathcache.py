@@ -11,11 +11,10 @@ The reuse policy is the training steps' careful resume, ``core.warm`` (one polic
 steps, failover and restarts): an entry is a ``PathMemory``, used only when younger
 than an hour and when the new session's first RTT sample on that path is within
 20 % of the saved round trip (another route otherwise), and then at no more than
-half the saved rate. ``resume_plan`` decides that per path. Applying it needs an
-entry point on the core session (code outside the core may not touch a path's
-controller, ``tests/test_core_stats.py``), which the core does not offer yet: until
-it does, the daemon writes the cache and a new session's paths start with Startup
-(docs/operations.md).
+half the saved rate. ``resume`` hands each path's entry to the new session
+(``core.session.Session.resume_path``), which applies or drops it at the path's
+first acknowledgement: code outside the core never touches a controller
+(``tests/test_core_stats.py``).
 """
 
 from __future__ import annotations
@@ -69,15 +68,22 @@ class PathCache:
             write_state(self.path, body)
         return saved
 
-    def resume_plan(self, peer: str, paths: tuple[Address, ...], rtt_samples: list[float | None],
-                    now: float | None = None) -> list[float]:
-        """Per path, the rate its first round may use (0: search from scratch), given each
-        path's first RTT sample in the new session."""
-        now = time.time() if now is None else now
+    def resume(self, peer: str, paths: tuple[Address, ...], session: GatewaySession) -> int:
+        """Offer each path of a new session to ``peer`` its saved state; returns how many
+        were offered (the core then resumes or drops each at its first acknowledgement)."""
         known = self.entries.get(peer, {})
-        plan = []
-        for address, sample in zip(paths, rtt_samples, strict=True):
+        core = session.endpoint.session
+        # Saved times are wall-clock (the file outlives the process); the session runs on its
+        # driver's clock: carry each entry's age over.
+        now_wall, now_session = time.time(), session.endpoint.clock()
+        offered = 0
+        for path_id, address in enumerate(paths):  # the session may have agreed to fewer
             entry = known.get(format_endpoint(address))
-            plan.append(entry.resume_rate_bps()
-                        if entry is not None and sample is not None and entry.usable(sample, now) else 0.0)
-        return plan
+            if entry is None:
+                continue
+            on_session_clock = dataclasses.replace(entry, saved_at=entry.saved_at - now_wall + now_session)
+            if core.resume_path(path_id, on_session_clock, now_session):
+                offered += 1
+        if offered:
+            log.info("session to %s: %d paths resume carefully from the path cache", peer, offered)
+        return offered

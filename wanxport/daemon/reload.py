@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AT_RESTART = ("data_dir", "api_socket", "metrics", "ca")
+AT_RESTART = ("data_dir", "api_socket", "api_tcp", "api_clients", "metrics", "ca")
 
 
 def reload(daemon: GatewayDaemon) -> bool:

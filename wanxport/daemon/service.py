@@ -43,7 +43,7 @@ from wanxport.gateway.progress import acked_bytes
 from wanxport.gateway.session import GatewaySession, SessionFailed
 from wanxport.gateway.transfer import receive_files
 
-from .api import ApiServer
+from .api import ApiServer, TlsListen
 from .config import DaemonConfig, describe
 from .durable import remove_stale_temporaries
 from .inbox import Inbox
@@ -77,7 +77,6 @@ class GatewayDaemon:
         self.signals = signals  # in-process tests run two daemons on one loop: no handlers
         self.notifier = notifier or Notifier()
         self.metrics = GatewayMetrics("gateway")
-        self.inbox: Inbox | None = None
         self.store: TransferStore | None = None
         self.listener: DaemonListener | None = None
         self.metrics_server: MetricsServer | None = None
@@ -96,6 +95,7 @@ class GatewayDaemon:
         self._disk_full: dict[str, int] = {}  # transfer id -> pauses in a row for a full disk
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
+        self._incoming: set[asyncio.Task[None]] = set()  # one per session a peer has open to us
 
     # -- start and stop --------------------------------------------------------
 
@@ -111,7 +111,7 @@ class GatewayDaemon:
         self.store = TransferStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
-                                       self.allocate, self._peer_dir, self._set_inbox)
+                                       None, self._peer_dir, Inbox)
         try:
             await self.listener.start()
         except OSError as exc:
@@ -124,7 +124,11 @@ class GatewayDaemon:
                 self.metrics_server = MetricsServer(self.metrics, config.metrics)
                 self.metrics_server.registry.register(DaemonCollector(self))
                 log.info("metrics on %s", self.metrics_server.url)
-            self.api = ApiServer(config.api_socket, Routes(self).handle)
+            tls = None
+            if config.api_tcp is not None:
+                tls = TlsListen(*config.api_tcp, self.listener.cert, self.listener.key, self.listener.ca,
+                                frozenset(config.api_clients))
+            self.api = ApiServer(config.api_socket, Routes(self).handle, tls)
             await self.api.start()
         except OSError as exc:
             self.listener.close()
@@ -137,7 +141,8 @@ class GatewayDaemon:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
-        log.info("gateway ready: %s; API on %s", describe(config), config.api_socket)
+        log.info("gateway ready: %s; API on %s%s", describe(config), config.api_socket,
+                 f" and TLS {self.api.tcp_address}" if self.api.tcp_address else "")
         self.notifier.ready(describe(config))
 
     def request_stop(self) -> None:
@@ -173,9 +178,10 @@ class GatewayDaemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-        for task in [*self._tasks, *self._workers.values()]:
+        tasks = [*self._tasks, *self._incoming, *self._workers.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._workers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.api is not None:
             await self.api.close()
         if self.listener is not None:
@@ -186,11 +192,11 @@ class GatewayDaemon:
     def reload(self) -> None:
         """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
         self.notifier.reloading()
-        before = {p.name: p.paths for p in self.config.peers}
+        before = {p.name: p for p in self.config.peers}
         if reload(self):
-            after = {p.name: p.paths for p in self.config.peers}
-            for name, paths in before.items():
-                if after.get(name) != paths:  # paths changed, or the peer was removed
+            after = {p.name: p for p in self.config.peers}
+            for name, peer in before.items():
+                if after.get(name) != peer:  # paths or rate caps changed, or the peer was removed
                     self._refresh.add(name)  # its warm session ends after the current transfer
                     self._work_for(name).set()
             self._wake.set()  # a peer may have come back into the config
@@ -202,15 +208,8 @@ class GatewayDaemon:
         peer = self.config.peer(peer_name)
         return None if peer is None else self.config.received_dir / peer.name
 
-    def _set_inbox(self, directory: Path) -> Inbox:
-        self.inbox = Inbox(directory)
-        return self.inbox
-
-    def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
-        assert self.inbox is not None, "a session's inbox is set before its setup"
-        return self.inbox.allocate(shard_id, size, meta)
-
     async def _receive_loop(self) -> None:
+        """Serve each incoming session in its own task: several peers send at once."""
         assert self.listener is not None
         while True:
             try:
@@ -218,16 +217,21 @@ class GatewayDaemon:
             except (SetupError, OSError) as exc:
                 log.warning("incoming session failed: %s", exc)
                 continue
-            inbox = self.inbox
-            assert inbox is not None
-            with self.metrics.tracking(session):
-                try:
-                    result = await receive_files(session, inbox, show_progress=False)
-                finally:
-                    await session.close()
-                    self.listener.release()
-            log.info("session from %s ended: %d files received%s", session.peer_name, result.file_count,
-                     f" ({result.error})" if result.error else "")
+            task = asyncio.create_task(self._receive_session(session))
+            self._incoming.add(task)
+            task.add_done_callback(self._incoming.discard)
+
+    async def _receive_session(self, session: GatewaySession) -> None:
+        assert self.listener is not None
+        inbox = self.listener.inboxes[session]
+        with self.metrics.tracking(session):
+            try:
+                result = await receive_files(session, inbox, show_progress=False)
+            finally:
+                await session.close()
+                self.listener.finished(session)
+        log.info("session from %s ended: %d files received%s", session.peer_name, result.file_count,
+                 f" ({result.error})" if result.error else "")
 
     # -- sending ---------------------------------------------------------------
 
@@ -276,7 +280,7 @@ class GatewayDaemon:
                     continue
                 try:
                     session = await initiate(list(peer.paths), self.config.identity, self.config.ca,
-                                             self.config.gateway_options())
+                                             self.config.gateway_options(peer))
                 except (ControlConnectError, SetupError, CertificateError, OSError) as exc:
                     reason = f"waiting for peer {peer_name}: {exc}"
                     for transfer in queue:
@@ -309,6 +313,7 @@ class GatewayDaemon:
         next_shard = 0
         work = self._work_for(peer_name)
         self.dialled += 1
+        self.path_cache.resume(peer_name, paths, session)
         self.outgoing[peer_name] = session
         with self.metrics.tracking(session):
             try:

@@ -48,6 +48,10 @@ class GatewayOptions:
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     congestion_control: str = "bbr"  # a wanxport.core.cc registered name
     ack_delay_s: float = DEFAULT_ACK_DELAY_S  # SessionConfig.max_ack_delay_s (see session_config)
+    # Our sending rate cap (bits/s) per path, in path order; None or a missing entry: no cap.
+    rate_caps_bps: tuple[float | None, ...] = ()
+    # DiffServ code point (0..63) marked on our data and control datagrams; None: unmarked.
+    dscp: int | None = None
 
     def __post_init__(self) -> None:
         if not 576 <= self.mtu <= 65535:
@@ -58,6 +62,8 @@ class GatewayOptions:
             raise ValueError(f"credit_bytes: {self.credit_bytes} is not valid; use >= 1 MiB")
         if self.piece_bytes < 1:
             raise ValueError(f"piece_bytes: {self.piece_bytes} is not valid; use >= 1")
+        if self.dscp is not None and not 0 <= self.dscp <= 63:
+            raise ValueError(f"dscp: {self.dscp} is not valid; use 0..63")
         if self.control_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise ValueError("control_timeout_s, connect_timeout_s and stall_timeout_s must be > 0")
         if not 0 < self.ack_delay_s <= 0.1:
@@ -66,15 +72,18 @@ class GatewayOptions:
 
 def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
                    fec: str = "auto", congestion_control: str = "bbr",
-                   ack_delay_s: float = DEFAULT_ACK_DELAY_S) -> SessionConfig:
+                   ack_delay_s: float = DEFAULT_ACK_DELAY_S,
+                   rate_caps_bps: tuple[float | None, ...] = ()) -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit.
 
     Acknowledgements come about once per core packet and within ``ack_delay_s`` (1 ms
     by default): with the core's 5 ms delayed-ACK timer a short path's window would
     follow the timer. Over WAN paths only (tens of ms) a longer delay costs no window
     and saves acknowledgements (wanxport.collective uses 5 ms).
+    ``rate_caps_bps`` is ours alone (the pacer's ceiling per path), not agreed.
     """
-    paths = tuple(PathConfig(f"p{i}", mtu) for i in range(n_paths))
+    caps = tuple(rate_caps_bps[:n_paths]) + (None,) * max(0, n_paths - len(rate_caps_bps))
+    paths = tuple(PathConfig(f"p{i}", mtu, max_rate_bps=caps[i]) for i in range(n_paths))
     chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
     return SessionConfig(paths=paths, congestion_control=cc_config(congestion_control),
                          chunk_bytes=chunk, receive_budget_bytes=credit_bytes,

@@ -110,7 +110,7 @@ async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: o
     channel = await ResilientControl.connect(
         list(paths), cert=cert, key=key, ca=ca,
         timeout_s=options.connect_timeout_s, idle_timeout_s=options.control_timeout_s,
-        resume_window_s=options.resume_window_s)
+        resume_window_s=options.resume_window_s, dscp=options.dscp)
     try:
         return await _initiate_on(channel, paths, identity_name(cert), options, allocator)
     except BaseException:
@@ -135,16 +135,39 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
     if not 1 <= n <= len(paths):
         raise SetupError(f"session setup: the peer agreed to {n} paths, we offered {len(paths)}")
     credit = welcome.credit_bytes or options.credit_bytes
+    remotes = _data_remotes(paths[:n], welcome)
     cfg = EndpointConfig(
         session_config(n, options.mtu, options.segments, credit, fec=options.fec,
-                       congestion_control=options.congestion_control, ack_delay_s=options.ack_delay_s),
-        tuple(PathSocket(locals_[i], paths[i]) for i in range(n)),
+                       congestion_control=options.congestion_control, ack_delay_s=options.ack_delay_s,
+                       rate_caps_bps=options.rate_caps_bps),
+        tuple(PathSocket(locals_[i], remotes[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
     endpoint = Endpoint(cfg, allocator=allocator)
     endpoint.start()
     mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
     return GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode)
+
+
+def _data_remotes(paths: list[Address], welcome: Welcome) -> list[Address]:
+    """Where path ``i``'s data goes: the host we dialled, at the port the Welcome names.
+
+    A responder serving one session carries its data on the path ports themselves (the
+    port we dialled); one serving several peers at once gives a later session ports of
+    its own on the same hosts. The host stays ours: the responder may listen on a
+    wildcard address it cannot name. Port 0 (a listener configured with an ephemeral
+    port names its configuration, not the bound port) means the port we dialled.
+    """
+    remotes = []
+    for i, (address, pair) in enumerate(zip(paths, welcome.paths, strict=True)):
+        try:
+            port = parse_endpoint(pair[1])[1]
+        except ValueError:
+            raise SetupError(f"session setup: welcome.paths[{i}]: {pair[1]!r} is not HOST:PORT") from None
+        if not 0 <= port < 65536:
+            raise SetupError(f"session setup: welcome.paths[{i}]: port {port} is not valid")
+        remotes.append((address[0], port or address[1]))
+    return remotes
 
 
 async def respond(channel: ControlChannel, listens: list[Address], name: str, options: GatewayOptions,
@@ -171,8 +194,9 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
     peers = [parse_endpoint(pair[0]) for pair in welcome.paths]
     cfg = EndpointConfig(
         session_config(n, mtu, segments, options.credit_bytes, fec=options.fec,
-                       congestion_control=options.congestion_control, ack_delay_s=options.ack_delay_s),
-        tuple(PathSocket(listens[i], peers[i]) for i in range(n)),
+                       congestion_control=options.congestion_control, ack_delay_s=options.ack_delay_s,
+                       rate_caps_bps=options.rate_caps_bps),
+        tuple(PathSocket(listens[i], peers[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)
     try:

@@ -26,10 +26,11 @@ from .session import GatewaySession
 log = logging.getLogger(__name__)
 
 
-def open_port(address: Address) -> PathPort:
-    """Bind one path's port; OSError naming the address when it cannot be bound."""
+def open_port(address: Address, dscp: int | None = None) -> PathPort:
+    """Bind one path's port (its datagrams marked ``dscp``, data and control alike);
+    OSError naming the address when it cannot be bound."""
     try:
-        return PathPort.open(address)
+        return PathPort.open(address, dscp=dscp)
     except OSError as exc:
         raise OSError(exc.errno, f"{address[0]}:{address[1]}: {exc.strerror or exc}") from None
 
@@ -60,7 +61,7 @@ class GatewayListener:
             raise ValueError("listens: give at least one HOST:PORT")
         try:
             for address in self.listens:
-                self.ports.append(open_port(address))
+                self.ports.append(open_port(address, self.options.dscp))
             self.server = await serve_control(
                 ports=self.ports, cert=self.cert, key=self.key, ca=self.ca,
                 on_session=self._on_session, idle_timeout_s=self.options.control_timeout_s,
