@@ -45,7 +45,8 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     run = sub.add_parser("run", help="one transfer over the scenario; prints a run report")
     run.add_argument("scenario")
     run.add_argument("--transport", choices=transports, required=True)
-    run.add_argument("--cc", choices=("cubic", "bbr", "reno"), help="default: bbr for wanxport, cubic for TCP")
+    run.add_argument("--cc", choices=("cubic", "bbr", "reno"),
+                     help="default: bbr for wanxport, cubic for TCP")
     run.add_argument("--fec", choices=("off", "auto"), default="auto",
                      help="wanxport's erasure-coded tail (default auto; off for the ablation)")
     run.add_argument("--size", type=size_argument, help="payload bytes (default: the scenario's)")
