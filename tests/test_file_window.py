@@ -191,5 +191,6 @@ async def test_a_file_passes_through_a_bounded_window_at_both_ends(
     # The receiver's faults read ahead too (the holes of the pieces after the one being
     # written: MADV_RANDOM would avoid that, but faulting page by page cost 2x the CPU).
     # One more piece: verified and evicted, its record still being synced.
-    assert peaks["sink cached"] <= credit + slack + piece + 2 * readahead_bytes(final), peaks
+    # (and the same four pieces a starved loop has not yet dropped)
+    assert peaks["sink cached"] <= credit + slack + 5 * piece + 2 * readahead_bytes(final), peaks
     assert min(peaks.values()) > 0, f"the probes saw the transfer: {peaks}"
