@@ -12,6 +12,8 @@
 #define WANXPORT_WX_UDP_H
 
 #include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <netinet/udp.h>
 
 #ifndef SOL_UDP
@@ -23,5 +25,19 @@
 #ifndef UDP_GRO
 #define UDP_GRO 104
 #endif
+
+/* Attach a UDP_SEGMENT control message to msg: the kernel splits the buffer into
+ * datagrams of seg bytes. control must hold CMSG_SPACE(sizeof(uint16_t)) bytes. */
+static inline void wx_udp_segment_cmsg(struct msghdr *msg, char *control, size_t control_len,
+                                       uint16_t seg) {
+    memset(control, 0, control_len);
+    msg->msg_control = control;
+    msg->msg_controllen = control_len;
+    struct cmsghdr *c = CMSG_FIRSTHDR(msg);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    memcpy(CMSG_DATA(c), &seg, sizeof seg);
+}
 
 #endif

@@ -165,15 +165,7 @@ static PyObject *udp_blast_send(PyObject *self, PyObject *args) {
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     if (gso && per_send > 1) {
-        memset(control, 0, sizeof control);
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t seg = (uint16_t)size;
-        memcpy(CMSG_DATA(c), &seg, sizeof seg);
+        wx_udp_segment_cmsg(&msg, control, sizeof control, (uint16_t)size);
     }
     for (int n = 0;; n++) {
         if ((n & 63) == 0 && mono_s() >= end) break;
@@ -360,14 +352,7 @@ static PyObject *udp_replay_send(PyObject *self, PyObject *args) {
     struct msghdr msg = {0};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    uint16_t seg = (uint16_t)stride;
-    memcpy(CMSG_DATA(c), &seg, sizeof seg);
+    wx_udp_segment_cmsg(&msg, control, sizeof control, (uint16_t)stride);
     Py_ssize_t pos = 0;
     while (pos < pool.len) {
         Py_ssize_t len = (Py_ssize_t)per_send * stride;
