@@ -357,6 +357,9 @@ class Session:
                 for p in self.paths:  # a path that never carried its SHARD_OPEN (it was down)
                     p.needs_open.discard(shard.shard_id)
                 self._events.append(ShardAcknowledged(shard.shard_id, frame.status == 0, now))
+                if not self.outgoing.unfinished:
+                    for p in self.paths:
+                        p.on_app_idle(now)
         elif isinstance(frame, CreditFrame):
             self.outgoing.credit.update(frame.max_bytes)
             self._tx.dirty.update(range(len(self.paths)))
