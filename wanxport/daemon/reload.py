@@ -43,10 +43,17 @@ def reload(daemon: GatewayDaemon) -> bool:
     listener = daemon.listener
     if listener is not None:
         try:
+            plan = listener.peer_ports.prepare(new.peers, new.listen)
+        except OSError as exc:
+            log.error("reload refused, the running config stays: peers' data ports: %s", exc)
+            return False
+        try:
             listener.change_paths(new.listen)
         except OSError as exc:
+            listener.peer_ports.abort(plan)
             log.error("reload refused, the running config stays: listen: %s", exc)
             return False
+        listener.peer_ports.commit(plan)
         try:
             listener.reload_identity(new.identity)
         except (ValueError, OSError) as exc:
