@@ -293,7 +293,7 @@ def _data_ports(value: Any, listen: tuple[Address, ...], others: list[PeerConfig
         if (host, port) in taken:
             raise ConfigError(f"{what}[{i}]: {format_endpoint((host, port))} is already used by "
                               f"{taken[(host, port)]}; each peer needs ports of its own")
-        taken[(host, port)] = "this peer"
+        taken[(host, port)] = f"its path {i}"
         ports.append(port)
     return tuple(ports)
 

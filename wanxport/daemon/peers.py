@@ -39,9 +39,10 @@ DUPLICATE = "one session per peer pair: keeping the one dialled by"
 IDLE = "idle"
 RECONNECT = "reconnecting with the new config"
 CANCELLED = "cancelled"
+SHUTDOWN = "the gateway is shutting down"
 # A session that ended for one of these says nothing about the transfers on it: they are
 # queued again (and resume) instead of failing.
-RETRY_REASONS = (SUPERSEDED, DUPLICATE, IDLE, RECONNECT, CANCELLED)
+RETRY_REASONS = (SUPERSEDED, DUPLICATE, IDLE, RECONNECT, CANCELLED, SHUTDOWN)
 
 
 def dialled_by(session: GatewaySession, site: str) -> str:

@@ -41,7 +41,7 @@ from wanxport.gateway.config import Address
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
-from wanxport.gateway.session import GatewaySession, SessionFailed
+from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
 
 from .api import ApiServer, TlsListen
@@ -53,7 +53,7 @@ from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send
 from .pathcache import PathCache
-from .peers import IDLE, RECONNECT, RETRY_REASONS, PeerSessions
+from .peers import CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
 from .ports import PeerPorts
 from .reload import reload
 from .routes import Routes
@@ -233,7 +233,7 @@ class GatewayDaemon:
             try:
                 result = await receive_files(session, inbox, show_progress=False)
             finally:
-                await session.close()
+                await session.close(SHUTDOWN)  # still open here only when we are closing
                 self.peers.ended(session)
                 self.inboxes.pop(session, None)
                 if self.listener is not None:
@@ -324,7 +324,8 @@ class GatewayDaemon:
             async with self.peers.admission(peer.name, dialler=self.config.site) as admission:
                 session = await initiate(list(peer.paths[:len(ports)]), self.config.identity, self.config.ca,
                                          self.config.gateway_options(peer), inbox.allocate, ports=ports,
-                                         instance=self.peers.instance, decide=admission.decide)
+                                         instance=self.peers.instance, decide=admission.decide,
+                                         watch_receiving=True)
                 admission.adopt(session)
                 self._adopt(session, inbox)
         except (ControlConnectError, SetupError, CertificateError, OSError) as exc:
@@ -349,7 +350,7 @@ class GatewayDaemon:
         next_shard = 0
         work = self._work_for(peer_name)
         self.path_cache.resume(peer_name, paths, session)
-        reason = "done"
+        reason = SHUTDOWN  # the loop below ends by itself only for a drain (or a session that ended)
         try:
             while not self.draining and session.end_reason is None:
                 if peer_name in self._refresh:  # its paths changed: the next session takes them
@@ -375,7 +376,7 @@ class GatewayDaemon:
                 finally:
                     ended.cancel()
             return session.end_reason == IDLE
-        except SessionFailed:
+        except ConnectionError:  # SessionFailed, or the endpoint closed under a send
             return False
         finally:
             self.peers.ended(session)
@@ -404,12 +405,14 @@ class GatewayDaemon:
                     self.store.update(transfer, state="cancelled", reason="cancelled by request")
                 else:
                     self.store.update(transfer, state="queued", reason="interrupted by shutdown")
-                await session.close("cancelled")  # the peer drops the partial files
+                # The peer stops receiving it; the peer's own transfers on this session are
+                # queued again there and resume on the next session (peers.RETRY_REASONS).
+                await session.close(CANCELLED)
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # the daemon is closing, not just this transfer
                 return first_shard + len(pieces)
-            except SessionFailed as exc:
+            except ConnectionError as exc:  # SessionFailed, or the endpoint closed under the send
                 reason = str(exc)
             finally:
                 self._active.pop(transfer.id, None)

@@ -108,10 +108,11 @@ Decide = Callable[[str | None], Awaitable[None]]
 async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: os.PathLike[str] | str,
                    options: GatewayOptions | None = None, allocator: Allocator | None = None, *,
                    ports: list[PathPort] | None = None, instance: str | None = None,
-                   decide: Decide | None = None) -> GatewaySession:
-    """Dial the peer on any path's port and set up a session (we send; with ``allocator``
-    we also receive, and watch for a stalled sender as a responder does).
+                   decide: Decide | None = None, watch_receiving: bool = False) -> GatewaySession:
+    """Dial the peer on any path's port and set up a session (we send).
 
+    ``watch_receiving``: we also receive files over it (the daemon), so watch for a stalled
+    sender and the peer's data-plane close as a responder does.
     ``ports``: our data sockets, one per path, bound beforehand (the daemon binds them at
     start); without them each path gets a fresh ephemeral socket. ``instance``: our process's
     id for the peer (Hello.instance)."""
@@ -126,7 +127,7 @@ async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: o
         resume_window_s=options.resume_window_s, dscp=options.dscp)
     try:
         return await _initiate_on(channel, paths, identity_name(cert), options, allocator, ports, instance,
-                                  decide)
+                                  decide, watch_receiving)
     except BaseException:
         channel.close()
         raise
@@ -134,7 +135,7 @@ async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: o
 
 async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str, options: GatewayOptions,
                        allocator: Allocator | None, ports: list[PathPort] | None, instance: str | None,
-                       decide: Decide | None) -> GatewaySession:
+                       decide: Decide | None, watch_receiving: bool) -> GatewaySession:
     keys = DataKeys("initiator->responder", options.cipher, options.rotation, time.monotonic)
     if ports is not None and len(ports) < len(paths):
         raise ValueError(f"ports: {len(ports)} given for {len(paths)} paths")
@@ -172,7 +173,7 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
     endpoint.start()
     mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
     session = GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode,
-                             stall_timeout_s=None if allocator is None else options.stall_timeout_s)
+                             stall_timeout_s=options.stall_timeout_s if watch_receiving else None)
     session.peer_instance = welcome.instance
     return session
 

@@ -111,6 +111,7 @@ class GatewaySession:
                 self._tasks.append(asyncio.create_task(self._watch_stall(stall_timeout_s)))
         self._closed = False
         self._close_done = asyncio.Event()
+        self._close_reason: str | None = None
 
     # -- sending (initiator) ---------------------------------------------------
 
@@ -225,8 +226,9 @@ class GatewaySession:
 
     @property
     def end_reason(self) -> str | None:
-        """Why the session ended (the goodbye's reason, or the failure); None while it runs."""
-        return self._ended.result() if self._ended.done() else None
+        """Why the session ended (the goodbye's reason, or the failure), or why our close
+        (under way) ends it; None while it runs."""
+        return self._ended.result() if self._ended.done() else self._close_reason
 
     @property
     def datagrams_rejected(self) -> int:
@@ -238,6 +240,7 @@ class GatewaySession:
             await self._close_done.wait()  # another caller's close: until it is through
             return
         self._closed = True
+        self._close_reason = reason
         try:
             if self._failure is None and not self.channel.closed:
                 with contextlib.suppress(Exception):
