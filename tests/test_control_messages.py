@@ -43,6 +43,7 @@ from wanxport.control.messages import (
 )
 
 u32 = st.integers(0, 2**32 - 1)
+instance = st.text("0123456789abcdef", min_size=16, max_size=16)
 u62 = st.integers(0, 2**62 - 1)
 text = st.text(max_size=20)
 name = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=20)
@@ -55,10 +56,11 @@ endpoint = st.builds(
 messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, version=st.integers(1, 255), role=st.sampled_from(ROLES), gateway=name,
               endpoints=st.lists(endpoint, min_size=1, max_size=8),
-              ciphers=st.lists(st.sampled_from(CIPHERS), min_size=1, max_size=2), conn_id=u32),
+              ciphers=st.lists(st.sampled_from(CIPHERS), min_size=1, max_size=2), conn_id=u32,
+              instance=st.none() | instance),
     st.builds(Welcome, version=st.integers(1, 255), gateway=name, cipher=st.sampled_from(CIPHERS),
               paths=st.lists(st.lists(endpoint, min_size=2, max_size=2), min_size=1, max_size=8),
-              conn_id=u32, peer_conn_id=u32),
+              conn_id=u32, peer_conn_id=u32, instance=st.none() | instance),
     st.builds(Keys, direction=st.sampled_from(DIRECTIONS), key_phase=u62,
               cipher=st.sampled_from(CIPHERS), key=st.binary(min_size=32, max_size=32),
               iv=st.binary(min_size=12, max_size=12)),
@@ -123,6 +125,9 @@ GOOD_HELLO = {"type": "hello", "version": 1, "role": "initiator", "gateway": "gw
     ({"endpoints": ["127.0.0.1"]}, r"hello\.endpoints\[0\]: '127\.0\.0\.1' is not a valid"),
     ({"role": "boss"}, r"hello\.role: 'boss' is not valid"),
     ({"extra": 1}, r"hello: unknown field\(s\) \['extra'\]"),
+    ({"instance": "00112233445566"}, r"hello\.instance: '00112233445566' is not valid; use 16 lowercase hex"),
+    ({"instance": "0011223344556677\n"}, r"hello\.instance: .* is not valid"),
+    ({"instance": 7}, r"hello\.instance: expected str, got int"),
 ])
 def test_malformed_hello_is_rejected_with_the_field_named(change: dict, expected: str) -> None:
     obj = dict(GOOD_HELLO)

@@ -218,3 +218,29 @@ async def _until_session(daemon: GatewayDaemon, accept=lambda s: True) -> Gatewa
             return session
         await asyncio.sleep(0.01)
     raise AssertionError(f"no session with gw-b: {daemon.sessions}")
+
+
+async def test_a_reload_binds_an_added_peers_ports_or_is_refused(pki: Path, tmp_path: Path) -> None:
+    ports = free_path_ports(8)
+    listen, a_paths, c_paths, c_data = ports[:2], ports[2:4], ports[4:6], ports[6:]
+    b_cfg = write_config(tmp_path / "b.toml", "gw-b", pki, listen, {"gw-a": a_paths})
+    b = GatewayDaemon(load_config(b_cfg), signals=False)
+    await b.start()
+    try:
+        added = write_config(tmp_path / "b.toml", "gw-b", pki, listen, {"gw-a": a_paths, "gw-c": c_paths})
+        text = added.read_text() + f"data_ports = {c_data}\n"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+            squatter.bind(("127.0.0.1", c_data[1]))
+            b_cfg.write_text(text)
+            b.reload()
+            assert b.config.peer("gw-c") is None, "a data port in use: the old config stays"
+            assert not _bind_fails(("127.0.0.1", c_data[0])), "and nothing of the new one is held"
+        b.reload()
+        assert b.config.peer("gw-c") is not None
+        assert all(_bind_fails(("127.0.0.1", port)) for port in c_data), "bound by the reload"
+        assert b.listener is not None and [p.address[1] for p in b.listener.data_ports("gw-c")] == c_data
+        write_config(tmp_path / "b.toml", "gw-b", pki, listen, {"gw-a": a_paths})
+        b.reload()
+        assert not any(_bind_fails(("127.0.0.1", port)) for port in c_data), "a removed peer's ports go"
+    finally:
+        await _stop(b)

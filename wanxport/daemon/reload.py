@@ -4,9 +4,10 @@ As ``wg syncconf`` does for WireGuard peers: the new file is validated whole
 first (a bad one changes nothing and is reported in one log line), then only the
 differences are applied. Peers and their paths, limits, key rotation, cipher and
 controller are read by each new session, so replacing the config object applies
-them; paths of our own are bound or retired live by the listener (a running
-session keeps the paths it has); a renewed certificate is loaded for new
-sessions. What is bound once per process (data directory, API socket, metrics
+them; paths of our own, and the peers' data ports (``ports.py``), are bound or
+retired live (a running session keeps the sockets it has; what a reload adds is
+bound before the new config is taken, or the reload is refused); a renewed
+certificate is loaded for new sessions. What is bound once per process (data directory, API socket, metrics
 address, the CA) waits for a restart, and the log says so.
 """
 

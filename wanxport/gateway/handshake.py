@@ -1,16 +1,20 @@
 """Session setup over the control channel: Hello/Keys -> Welcome/Keys.
 
 Initiator (sender)                      Responder (receiver)
-  Hello(endpoints, cipher, mtu)  ---->
+  Hello(endpoints, cipher, mtu,  ---->
+        instance)
   Keys(initiator->responder, 0)  ---->  binds its data sockets, starts its endpoint
-                                 <----  Welcome(paths, conn ids, credit)
+                                 <----  Welcome(paths, conn ids, credit, instance)
                                  <----  Keys(responder->initiator, 0)
   starts its endpoint, data flows
 
 The responder's endpoint is running before its Welcome leaves, so the first
 data datagram always finds an open socket. The initiator learns its own data
 endpoints (to put in Hello) before it has any key, by asking the kernel which
-local address and port a socket connected to each path would use.
+local address and port a socket connected to each path would use, or, with data ports
+bound beforehand (the daemon's), from those. ``instance`` is the process's random id: the
+daemon keeps one session per peer pair by it (``daemon/peers.py``), deciding in the
+``decide`` hook, after the peer's Hello or Welcome and before any data socket is used.
 """
 
 from __future__ import annotations
