@@ -368,7 +368,7 @@ class GatewayDaemon:
                 try:
                     await asyncio.wait_for(self._until(_first(work.wait(), ended)), self.config.warm_s)
                 except TimeoutError:
-                    if _activity(session) != seen or session.endpoint.session.incoming.shards:
+                    if _activity(session) != seen:
                         continue  # the peer is sending to us
                     log.info("session with %s idle for %.0f s: closed", peer_name, self.config.warm_s)
                     reason = IDLE
@@ -484,9 +484,12 @@ def _retry(session: GatewaySession) -> bool:
     return (session.end_reason or "").startswith(RETRY_REASONS)
 
 
-def _activity(session: GatewaySession) -> tuple[int, int]:
-    """What moved over ``session`` so far, both ways: it is idle while this stays put."""
-    return acked_bytes(session.endpoint), session.stats.bytes_received
+def _activity(session: GatewaySession) -> tuple[int, ...]:
+    """What moved over ``session`` so far, both ways (a shard still arriving counts by its
+    bytes): the session is idle while this stays put."""
+    stats = session.endpoint.session.stats()
+    return (stats.shards_submitted, stats.acked_bytes, stats.shards_received, stats.bytes_received,
+            stats.receiving_bytes)
 
 
 async def _first(*awaitables: Any) -> None:
