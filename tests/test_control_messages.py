@@ -22,6 +22,7 @@ from wanxport.control.framing import (
 from wanxport.control.messages import (
     CIPHERS,
     DIRECTIONS,
+    PROTOCOL_VERSION,
     ROLES,
     SHARD_STATUSES,
     Bye,
@@ -39,6 +40,7 @@ from wanxport.control.messages import (
     answer_hello,
     decode_message,
     encode_message,
+    message_from_dict,
     message_to_dict,
 )
 
@@ -111,7 +113,7 @@ def test_arbitrary_bytes_never_crash(data: bytes) -> None:
             pass
 
 
-GOOD_HELLO = {"type": "hello", "version": 1, "role": "initiator", "gateway": "gw-a",
+GOOD_HELLO = {"type": "hello", "version": PROTOCOL_VERSION, "role": "initiator", "gateway": "gw-a",
               "endpoints": ["127.0.0.1:9000"], "ciphers": ["aes-256-gcm"], "conn_id": 5}
 
 
@@ -179,7 +181,7 @@ def test_malformed_frames(body: bytes, expected: str) -> None:
 
 
 def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
-    hello = Hello(1, "initiator", "gw-a", ["10.0.0.1:9000", "10.0.1.1:9000", "10.0.2.1:9000"],
+    hello = Hello(PROTOCOL_VERSION, "initiator", "gw-a", ["10.0.0.1:9000", "10.0.1.1:9000", "10.0.2.1:9000"],
                   ["chacha20-poly1305", "aes-256-gcm"], 7)
     welcome = answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000", "10.0.1.2:9000"],
                            ciphers=["aes-256-gcm"], conn_id=9)
@@ -188,8 +190,9 @@ def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
     assert (welcome.conn_id, welcome.peer_conn_id) == (9, 7)
     with pytest.raises(ControlProtocolError, match="hello.ciphers"):
         answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=[], conn_id=9)
-    with pytest.raises(ControlProtocolError, match="hello.version: 2 is not supported"):
-        answer_hello(Hello(2, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
+    with pytest.raises(ControlProtocolError,
+                       match="hello.version: 1 is not supported; this gateway speaks 2"):
+        answer_hello(Hello(1, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
                      gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
                      conn_id=9)
 
@@ -202,3 +205,14 @@ def test_resume_query_is_bounded_by_its_file() -> None:
         ResumeQuery(1, "f", 10**9, 1, 0, [digest] * 513).validate()
     with pytest.raises(ControlProtocolError, match="64 lowercase hex"):
         ResumeQuery(1, "f", 100, 50, 0, ["XYZ"]).validate()
+
+
+def test_a_peer_of_another_version_with_new_fields_is_refused_by_version() -> None:
+    """A newer peer's Hello may carry fields this build does not know: the refusal names the versions."""
+    newer = dict(GOOD_HELLO, version=PROTOCOL_VERSION + 1, congestion_hint="bbr3")
+    with pytest.raises(ControlProtocolError,
+                       match=f"hello.version: {PROTOCOL_VERSION + 1} is not supported; this gateway "
+                             f"speaks {PROTOCOL_VERSION}"):
+        message_from_dict(newer)
+    with pytest.raises(ControlProtocolError, match="unknown field"):  # same version: a defect
+        message_from_dict(dict(GOOD_HELLO, congestion_hint="bbr3"))

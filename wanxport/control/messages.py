@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Hello and Welcome carry the process's instance id (one session per pair)
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 ROLES = ("initiator", "responder")
 DIRECTIONS = ("initiator->responder", "responder->initiator")
@@ -363,6 +363,11 @@ def message_from_dict(obj: Any) -> Message:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(obj) - set(fields) - {"type"}
+    version = obj.get("version")
+    if unknown and "version" in fields and type(version) is int and version != PROTOCOL_VERSION:
+        # A peer of another version may add fields: name the versions, not the fields.
+        raise ControlProtocolError(f"{kind}.version: {version} is not supported; this gateway "
+                                   f"speaks {PROTOCOL_VERSION}")
     if unknown:
         raise ControlProtocolError(f"{kind}: unknown field(s) {sorted(unknown)}")
     values: dict[str, Any] = {}
