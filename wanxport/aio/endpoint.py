@@ -120,6 +120,7 @@ class Endpoint:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._retry: asyncio.TimerHandle | None = None
+        self._pending_service: asyncio.Handle | None = None  # _service_soon() scheduled
         self._closed: asyncio.Future[SessionClosed] | None = None
         self._heard: list[bool] | None = None  # probe_paths() in progress
         self._all_heard: asyncio.Future[None] | None = None
@@ -233,10 +234,10 @@ class Endpoint:
 
     def abort(self) -> None:
         """Release sockets, timers and the pacer now, without telling the peer."""
-        for handle in (self._timer, self._retry):
+        for handle in (self._timer, self._retry, self._pending_service):
             if handle is not None:
                 handle.cancel()
-        self._timer = self._retry = None
+        self._timer = self._retry = self._pending_service = None
         try:
             self.datapath.close()
         finally:
@@ -385,6 +386,21 @@ class Endpoint:
             hasher = hashers.get(shard_id)
             if hasher is not None:
                 hasher.advance(session.received_prefix(shard_id))
+        self._service_soon()
+
+    def _service_soon(self) -> None:
+        """Service the session once the loop has run every I/O callback that is ready.
+
+        Several paths readable in one loop iteration (and a timer due in it) then
+        cost one poll of the session, one set of transmits handed to the data
+        path and one timer re-armed, instead of one each: the ACKs of all of them
+        are applied before the windows they opened are filled.
+        """
+        if self._pending_service is None and self._loop is not None:
+            self._pending_service = self._loop.call_soon(self._deferred_service)
+
+    def _deferred_service(self) -> None:
+        self._pending_service = None
         self._service()
 
     def _hand_quic(self, path_id: int, quic: list[tuple[bytes, Address]]) -> None:
@@ -404,7 +420,7 @@ class Endpoint:
             self._arm(due, now)
             return
         self.session.on_deadline(now)
-        self._service()
+        self._service_soon()
 
     def _on_retry(self) -> None:
         self._retry = None
