@@ -181,20 +181,18 @@ def test_outstanding_chunks_and_partial_confirmation() -> None:
 
 
 def test_a_tail_lost_at_a_steps_end_waits_for_the_next_steps_acks_not_a_probe_timeout() -> None:
-    """The last packet of a step is lost and nothing behind it reveals that. While the session
-    has nothing to send, what is in flight is data the peer already has (every shard was
-    acknowledged): no probe timeout. Once the path resumes, the timeout counts from then, so
-    the next step's first acknowledgement declares the old tail lost by the time threshold
-    instead of a timeout suspecting the path and re-sending all the new step's data."""
+    """The last packet of a step is lost and nothing behind it reveals that. Once the path
+    resumes after the session ran out of data, the timeout counts from then, so the next step's
+    first acknowledgement declares the old tail lost by the time threshold instead of a timeout
+    suspecting the path and re-sending all the new step's data."""
     loss = new_detector()
     send(loss, 0.0)
     tail = send(loss, 0.01)
     loss.on_ack(((0, 0),), 0.0, 0.1)
     assert loss.pto_deadline(0.025) == pytest.approx(0.1 + loss.pto_s(0.025))
     loss.on_app_idle()
-    assert loss.pto_deadline(0.025) is None, "nothing to recover while the session is quiet"
-    send(loss, 0.5)
-    assert loss.pto_deadline(0.025) == pytest.approx(0.5 + loss.pto_s(0.025))
-    _, lost, _ = loss.on_ack(((2, 2),), 0.0, 0.6)
+    send(loss, 0.15)
+    assert loss.pto_deadline(0.025) == pytest.approx(0.15 + loss.pto_s(0.025))
+    _, lost, _ = loss.on_ack(((2, 2),), 0.0, 0.25)
     assert lost == [tail]
     assert loss.pto_deadline(0.025) is None

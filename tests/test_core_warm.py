@@ -129,23 +129,20 @@ def test_a_step_that_ends_mid_startup_does_not_carry_startups_gain_into_the_thin
     """4 MiB steps end long before the 130 ms path's Startup finds its plateau. The session's
     last acknowledged shard (nothing left to send) settles the search (``core.warm``): during
     the think time the far path is paced at no more than 1.25 x what it measured (Startup's
-    2/ln 2 x threw about two BDP at the queue when the next step began), and no probe timeout
-    is armed for what is still in flight (data the peer already has)."""
+    2/ln 2 x threw about two BDP at the queue when the next step began)."""
     scenario = parse_scenario(SHORT_STEPS)
     options = SimOptions(payload_mode="virtual")
     first_step_s = SimRun(scenario, options).run()["step_s"][0]
     run = SimRun(scenario, options)
-    seen: dict[str, tuple[str, float, float, float | None]] = {}
+    seen: dict[str, tuple[str, float, float]] = {}
 
     def look() -> None:
         for path in run.a.session.paths:
-            seen[path.name] = (path.cc.state, path.cc.bandwidth_bps, path.cc.pacing_rate_bps,
-                               path.loss.pto_deadline(0.025))
+            seen[path.name] = (path.cc.state, path.cc.bandwidth_bps, path.cc.pacing_rate_bps)
 
     run.loop.call_at(first_step_s + 0.150, look)  # inside the think time (see the reroute test)
     report = run.run()
     assert report["intact"] is True and len(report["step_s"]) == 2
-    state, bandwidth, pacing, pto = seen["far"]
+    state, bandwidth, pacing = seen["far"]
     assert state == "startup", "the step is too short to reach the plateau: the search goes on"
     assert pacing <= RESTART_STARTUP_GAIN * bandwidth * (1 + 1e-9)
-    assert all(pto is None for *_, pto in seen.values())

@@ -306,17 +306,17 @@ class LossDetector:
     def pto_deadline(self, max_ack_delay_s: float) -> float | None:
         """A probe timeout after the last acknowledgement and the oldest packet in flight.
 
-        None while the session is quiet (a step ended, :meth:`on_app_idle`):
-        what is in flight then is data the peer already has, nothing to
-        recover. Once the path resumes, counted from then too: a packet lost
-        at the tail of one step (nothing sent behind it to reveal the loss)
-        was otherwise timed from before the gap, and the timeout fired before
-        the next step's first packets could be acknowledged -- suspecting a
-        healthy path and re-sending all it carried. Counted from the
-        resumption, those first acknowledgements declare it lost by the time
-        threshold instead.
+        And, once the path resumes after the session ran out of data (a step
+        ended, :meth:`on_app_idle`), after that: a packet lost at the tail of
+        one step (nothing sent behind it to reveal the loss) was otherwise
+        timed from before the gap, and the timeout fired before the next
+        step's first packets could be acknowledged -- suspecting a healthy
+        path and re-sending all it carried. Counted from the resumption, those
+        first acknowledgements declare it lost by the time threshold instead.
+        During a long think time the timeout still runs: a path that died at
+        a step's end is found before the next step needs it.
         """
-        if self.bytes_in_flight <= 0 or self._quiet:
+        if self.bytes_in_flight <= 0:
             return None
         start = max(self.last_ack_at, self._oldest_sent_at(), self._resumed_at)
         return start + self.pto_s(max_ack_delay_s)
