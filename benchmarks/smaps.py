@@ -1,0 +1,51 @@
+"""A process's anonymous memory by mapping, from ``/proc/PID/smaps`` (issue 15 item 8).
+
+RssAnon says *that* a daemon grew; the mapping says *where*, which tracemalloc cannot
+for native memory: ``[heap]`` is glibc's main arena (malloc on the main thread, which
+includes every Python object over 512 bytes); unnamed mappings hold pymalloc's arenas
+(the small Python objects), glibc's thread arenas (malloc on worker threads: the pacer,
+receive and sync threads, ``asyncio.to_thread``), large ``malloc``s (rings, numpy
+buffers) and thread stacks (the kernel merges neighbours, so one mapping may hold
+several); a file's private dirty pages (``.so`` data, relocations) count as anonymous too.
+The per-mapping diff names the one that grew.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def anon_by_mapping(pid: int | str = "self") -> dict[str, int]:
+    """Anonymous KiB of each mapping, keyed by "start name (size)"."""
+    out: dict[str, int] = {}
+    key = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if not fields[0].endswith(":"):  # a mapping's header: range perms offset dev inode [name]
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            name = fields[5] if len(fields) > 5 else "anon"
+            key = f"{fields[0].split('-')[0]} {name} ({(end - start) >> 10} KiB)"
+        elif fields[0] == "Anonymous:":
+            out[key] = out.get(key, 0) + int(fields[1])
+    return out
+
+
+def kind(key: str) -> str:
+    """The mapping kind of an ``anon_by_mapping`` key."""
+    name = key.split(" ", 2)[1]
+    return name if name == "anon" or name.startswith("[") else "file " + Path(name).name
+
+
+def by_kind(mappings: dict[str, int]) -> dict[str, int]:
+    """``anon_by_mapping``'s KiB summed per mapping kind (see ``kind``)."""
+    out: dict[str, int] = {}
+    for key, kib in mappings.items():
+        out[kind(key)] = out.get(kind(key), 0) + kib
+    return out
+
+
+def diff(before: dict[str, int], after: dict[str, int], top: int = 10) -> list[tuple[int, str]]:
+    """The ``top`` largest changes (KiB, key), largest growth first; unchanged left out."""
+    changes = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in before.keys() | after.keys()),
+                     reverse=True)
+    return [(delta, key) for delta, key in changes if delta][:top]
