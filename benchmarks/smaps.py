@@ -16,15 +16,15 @@ from pathlib import Path
 
 
 def anon_by_mapping(pid: int | str = "self") -> dict[str, int]:
-    """Anonymous KiB of each mapping, keyed by "start name (size)"."""
+    """Anonymous KiB of each mapping, keyed by "start name" (a mapping keeps its start as
+    it grows, e.g. ``[heap]``)."""
     out: dict[str, int] = {}
     key = ""
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         fields = line.split()
         if not fields[0].endswith(":"):  # a mapping's header: range perms offset dev inode [name]
-            start, end = (int(x, 16) for x in fields[0].split("-"))
             name = fields[5] if len(fields) > 5 else "anon"
-            key = f"{fields[0].split('-')[0]} {name} ({(end - start) >> 10} KiB)"
+            key = f"{fields[0].split('-')[0]} {name}"
         elif fields[0] == "Anonymous:":
             out[key] = out.get(key, 0) + int(fields[1])
     return out
@@ -32,7 +32,7 @@ def anon_by_mapping(pid: int | str = "self") -> dict[str, int]:
 
 def kind(key: str) -> str:
     """The mapping kind of an ``anon_by_mapping`` key."""
-    name = key.split(" ", 2)[1]
+    name = key.split(" ", 1)[1]
     return name if name == "anon" or name.startswith("[") else "file " + Path(name).name
 
 
