@@ -5,6 +5,9 @@ A ring is ``capacity * slot_size`` bytes (32 MiB with the endpoint's defaults) o
 queues one datagram at a time (a receiver's acknowledgements and probes) used to
 walk the whole ring, one new page per datagram, so a warm session's RssAnon grew
 for hours (the one-hour soak's receiver: ~0.3 MiB a minute, docs/results/soak.md).
+A path carrying bulk data made its ring resident streak by streak, each longer run
+without the ring emptying touching pages further on: the soak's sender crept towards
+the bound for hours. Such a ring is made resident whole, once, early.
 """
 
 from __future__ import annotations
@@ -59,3 +62,31 @@ def test_one_datagram_at_a_time_reuses_the_same_slots() -> None:
         sink.close()
     assert received > 0 and pacer.closed
     assert grown < 2048, f"RssAnon grew {grown} KiB over {DATAGRAMS} single datagrams"
+
+
+def test_a_bulk_path_makes_its_ring_resident_once_then_stays_flat() -> None:
+    """A streak of queued datagrams takes the ring to its bound in one step; longer
+    streaks later touch nothing new (before, each record streak added pages)."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    out.connect(sink.getsockname())
+    pacer = Pacer(1, capacity=CAPACITY, slot_size=SLOT)
+    ring_kib = CAPACITY * SLOT // 1024
+    try:
+        pacer.set_path(0, out)
+        pacer.set_rate(0, 10e6)  # 200-byte datagrams queue up: each burst is one streak
+        datagram = bytes(200)
+        before = rss_anon_kib()
+        assert pacer.enqueue(0, datagram * 100, stride=len(datagram)) == 100 and pacer.wait_idle(5.0)
+        stepped = rss_anon_kib() - before
+        for streak in (500, 1000, 2000):
+            assert pacer.enqueue(0, datagram * streak, stride=len(datagram)) == streak
+            assert pacer.wait_idle(10.0)
+        later = rss_anon_kib() - before - stepped
+    finally:
+        pacer.close()
+        out.close()
+        sink.close()
+    assert stepped >= 0.9 * ring_kib, f"a 100-datagram streak made {stepped} of {ring_kib} KiB resident"
+    assert later < 1024, f"RssAnon grew another {later} KiB over longer streaks"
