@@ -140,6 +140,7 @@ def test_defaults_and_with_transfer() -> None:
             "s.toml: paths[1].name: duplicate path name 'a' (also paths[0])",
         ),
         ('name = "x"\n' + MINIMAL_PATH + "rtt_ms = 3\n", "TOML syntax error: Cannot overwrite"),
+        ("name = " + "[" * 1000 + "]" * 1000 + "\n", "TOML syntax error: arrays or tables nested too deeply"),
         ("name = 3\n" + MINIMAL_PATH, "s.toml: name: expected a string, got 3 (integer)"),
         ('name = " "\n' + MINIMAL_PATH, "s.toml: name: empty name"),
         ('name = "x"\nseed = -1\n' + MINIMAL_PATH, "s.toml: seed: out of range: -1"),

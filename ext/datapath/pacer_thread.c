@@ -322,16 +322,8 @@ static SendResult send_plan(WxPacer *pc, const Plan *pl) {
         }
         h->msg_iovlen = n;
         if (n > 1) {
-            uint8_t *cbuf = pc->cmsgs + (size_t)nmsg * CMSG_SLOT;
-            memset(cbuf, 0, CMSG_SLOT);
-            h->msg_control = cbuf;
-            h->msg_controllen = CMSG_SLOT;
-            struct cmsghdr *c = CMSG_FIRSTHDR(h);
-            c->cmsg_level = SOL_UDP;
-            c->cmsg_type = UDP_SEGMENT;
-            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            uint16_t gso_size = (uint16_t)seg;
-            memcpy(CMSG_DATA(c), &gso_size, sizeof gso_size);
+            wx_udp_segment_cmsg(h, (char *)pc->cmsgs + (size_t)nmsg * CMSG_SLOT, CMSG_SLOT,
+                                (uint16_t)seg);
         }
         pc->msg_dgs[nmsg] = (int)n;
         nmsg++;

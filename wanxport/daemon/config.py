@@ -11,7 +11,6 @@ so a config and its PKI can move together.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from wanxport.control import RotationLimits
 from wanxport.core.cc import available_congestion_controls
 from wanxport.gateway.config import Address, GatewayOptions, format_endpoint, parse_hostport
+from wanxport.tomltext import TOMLDecodeError, loads_toml
 from wanxport.units import parse_size
 
 DEFAULT_CHECKPOINT_BYTES = 64 << 20
@@ -121,12 +121,9 @@ def load_config(path: Path | str) -> DaemonConfig:
 def loads_config(text: str, base: Path, *, source: Path | None = None) -> DaemonConfig:
     """The config in ``text`` (relative paths against ``base``); ConfigError on any problem."""
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        raw = loads_toml(text)
+    except TOMLDecodeError as exc:
         raise ConfigError(f"{source or 'config'}: not valid TOML ({exc})") from None
-    except RecursionError:  # tomllib recurses per nesting level: [[[[... a thousand deep
-        raise ConfigError(f"{source or 'config'}: not valid TOML (arrays or tables nested too "
-                          "deeply)") from None
     return parse_config(raw, base, source=source)
 
 

@@ -7,7 +7,6 @@ so a user can fix the file without reading code.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from wanxport.scenario.validators import (
     table,
     text,
 )
+from wanxport.tomltext import TOMLDecodeError, loads_toml
 from wanxport.units import parse_size
 
 MIN_MTU = 68  # IPv4 minimum MTU (RFC 791)
@@ -238,12 +238,9 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
     Field paths index arrays from 0, e.g. ``paths[2].burst_loss.q``.
     """
     try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        document = loads_toml(text)
+    except TOMLDecodeError as exc:
         raise ScenarioError(f"{source}: TOML syntax error: {exc}; fix the file to be valid TOML") from None
-    except RecursionError:  # tomllib recurses per nesting level: [[[[... a thousand deep
-        raise ScenarioError(f"{source}: TOML syntax error: arrays or tables nested too deeply; "
-                            "fix the file to be valid TOML") from None
     try:
         values = fields(document, "", _TOP_FIELDS, required=("name", "paths"), hints=_HINTS)
     except Invalid as exc:

@@ -18,10 +18,11 @@ path addresses) they exchange through the c10d store, so no file lists the peers
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from wanxport.tomltext import TOMLDecodeError, loads_toml
 
 __all__ = ["CONFIG_ENV", "ConfigError", "SiteConfig"]
 
@@ -65,13 +66,11 @@ class SiteConfig:
         """Read a site config file (see the module docstring); ``ConfigError`` names what is wrong."""
         file = Path(path)
         try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
+            data = loads_toml(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read the wanxport site config: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
+        except TOMLDecodeError as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
-        except RecursionError:  # tomllib recurses per nesting level: [[[[... a thousand deep
-            raise ConfigError(f"{file}: not valid TOML: arrays or tables nested too deeply") from None
         unknown = sorted(set(data) - {"identity", "ca", "paths"})
         if unknown:
             raise ConfigError(f"{file}: unknown key(s) {', '.join(unknown)}; expected identity, ca, paths")
