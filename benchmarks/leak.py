@@ -92,10 +92,12 @@ async def run(args: argparse.Namespace) -> None:
         end = rss_anon_kib()
         print(f"RssAnon {start} -> {end} KiB: {(end - start) / args.transfers:.1f} KiB per transfer "
               f"over {args.transfers} transfers of {args.size_mib} MiB")
-        maps_end = anon_by_mapping()
+        sizes: dict[str, int] = {}
+        maps_end = anon_by_mapping(sizes=sizes)
         for before, after in ((by_kind(maps_start), by_kind(maps_end)), (maps_start, maps_end)):
             for delta, key in diff(before, after):
-                print(f"  smaps {delta:+6d} KiB ({delta / args.transfers:+.2f}/transfer) {key}")
+                size = f" (a {sizes[key]} KiB mapping)" if key in sizes else ""
+                print(f"  smaps {delta:+6d} KiB ({delta / args.transfers:+.2f}/transfer) {key}{size}")
         if args.tracemalloc:
             # tracemalloc's own tables are native allocations too: count them as traced
             traced = (tracemalloc.get_traced_memory()[0] + tracemalloc.get_tracemalloc_memory()

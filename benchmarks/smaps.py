@@ -15,16 +15,19 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def anon_by_mapping(pid: int | str = "self") -> dict[str, int]:
+def anon_by_mapping(pid: int | str = "self", sizes: dict[str, int] | None = None) -> dict[str, int]:
     """Anonymous KiB of each mapping, keyed by "start name" (a mapping keeps its start as
-    it grows, e.g. ``[heap]``)."""
+    it grows, e.g. ``[heap]``); each mapping's size (KiB) goes into ``sizes`` if given."""
     out: dict[str, int] = {}
     key = ""
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         fields = line.split()
         if not fields[0].endswith(":"):  # a mapping's header: range perms offset dev inode [name]
             name = fields[5] if len(fields) > 5 else "anon"
-            key = f"{fields[0].split('-')[0]} {name}"
+            start, end = fields[0].split("-")
+            key = f"{start} {name}"
+            if sizes is not None:
+                sizes[key] = (int(end, 16) - int(start, 16)) >> 10
         elif fields[0] == "Anonymous:":
             out[key] = out.get(key, 0) + int(fields[1])
     return out
