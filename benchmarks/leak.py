@@ -94,8 +94,8 @@ async def run(args: argparse.Namespace) -> None:
               f"over {args.transfers} transfers of {args.size_mib} MiB")
         sizes: dict[str, int] = {}
         maps_end = anon_by_mapping(sizes=sizes)
-        for before, after in ((by_kind(maps_start), by_kind(maps_end)), (maps_start, maps_end)):
-            for delta, key in diff(before, after):
+        for old, new in ((by_kind(maps_start), by_kind(maps_end)), (maps_start, maps_end)):
+            for delta, key in diff(old, new):
                 size = f" (a {sizes[key]} KiB mapping)" if key in sizes else ""
                 print(f"  smaps {delta:+6d} KiB ({delta / args.transfers:+.2f}/transfer) {key}{size}")
         if args.tracemalloc:
