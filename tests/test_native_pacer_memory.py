@@ -12,6 +12,8 @@ the bound for hours. Such a ring is made resident whole, once, early.
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 from pathlib import Path
 
@@ -64,6 +66,12 @@ def test_one_datagram_at_a_time_reuses_the_same_slots() -> None:
     assert grown < 2048, f"RssAnon grew {grown} KiB over {DATAGRAMS} single datagrams"
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return found is not None and (int(found[1]), int(found[2])) >= (major, minor)
+
+
+@pytest.mark.skipif(not _kernel_at_least(5, 14), reason="MADV_POPULATE_WRITE needs Linux 5.14")
 def test_a_bulk_path_makes_its_ring_resident_once_then_stays_flat() -> None:
     """A streak of queued datagrams takes the ring to its bound in one step; longer
     streaks later touch nothing new (before, each record streak added pages)."""
