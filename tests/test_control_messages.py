@@ -22,6 +22,7 @@ from wanxport.control.framing import (
 from wanxport.control.messages import (
     CIPHERS,
     DIRECTIONS,
+    PROTOCOL_VERSION,
     ROLES,
     SHARD_STATUSES,
     Bye,
@@ -39,10 +40,12 @@ from wanxport.control.messages import (
     answer_hello,
     decode_message,
     encode_message,
+    message_from_dict,
     message_to_dict,
 )
 
 u32 = st.integers(0, 2**32 - 1)
+instance = st.text("0123456789abcdef", min_size=16, max_size=16)
 u62 = st.integers(0, 2**62 - 1)
 text = st.text(max_size=20)
 name = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=20)
@@ -55,10 +58,11 @@ endpoint = st.builds(
 messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, version=st.integers(1, 255), role=st.sampled_from(ROLES), gateway=name,
               endpoints=st.lists(endpoint, min_size=1, max_size=8),
-              ciphers=st.lists(st.sampled_from(CIPHERS), min_size=1, max_size=2), conn_id=u32),
+              ciphers=st.lists(st.sampled_from(CIPHERS), min_size=1, max_size=2), conn_id=u32,
+              instance=st.none() | instance),
     st.builds(Welcome, version=st.integers(1, 255), gateway=name, cipher=st.sampled_from(CIPHERS),
               paths=st.lists(st.lists(endpoint, min_size=2, max_size=2), min_size=1, max_size=8),
-              conn_id=u32, peer_conn_id=u32),
+              conn_id=u32, peer_conn_id=u32, instance=st.none() | instance),
     st.builds(Keys, direction=st.sampled_from(DIRECTIONS), key_phase=u62,
               cipher=st.sampled_from(CIPHERS), key=st.binary(min_size=32, max_size=32),
               iv=st.binary(min_size=12, max_size=12)),
@@ -109,7 +113,7 @@ def test_arbitrary_bytes_never_crash(data: bytes) -> None:
             pass
 
 
-GOOD_HELLO = {"type": "hello", "version": 1, "role": "initiator", "gateway": "gw-a",
+GOOD_HELLO = {"type": "hello", "version": PROTOCOL_VERSION, "role": "initiator", "gateway": "gw-a",
               "endpoints": ["127.0.0.1:9000"], "ciphers": ["aes-256-gcm"], "conn_id": 5}
 
 
@@ -123,6 +127,9 @@ GOOD_HELLO = {"type": "hello", "version": 1, "role": "initiator", "gateway": "gw
     ({"endpoints": ["127.0.0.1"]}, r"hello\.endpoints\[0\]: '127\.0\.0\.1' is not a valid"),
     ({"role": "boss"}, r"hello\.role: 'boss' is not valid"),
     ({"extra": 1}, r"hello: unknown field\(s\) \['extra'\]"),
+    ({"instance": "00112233445566"}, r"hello\.instance: '00112233445566' is not valid; use 16 lowercase hex"),
+    ({"instance": "0011223344556677\n"}, r"hello\.instance: .* is not valid"),
+    ({"instance": 7}, r"hello\.instance: expected str, got int"),
 ])
 def test_malformed_hello_is_rejected_with_the_field_named(change: dict, expected: str) -> None:
     obj = dict(GOOD_HELLO)
@@ -174,7 +181,7 @@ def test_malformed_frames(body: bytes, expected: str) -> None:
 
 
 def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
-    hello = Hello(1, "initiator", "gw-a", ["10.0.0.1:9000", "10.0.1.1:9000", "10.0.2.1:9000"],
+    hello = Hello(PROTOCOL_VERSION, "initiator", "gw-a", ["10.0.0.1:9000", "10.0.1.1:9000", "10.0.2.1:9000"],
                   ["chacha20-poly1305", "aes-256-gcm"], 7)
     welcome = answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000", "10.0.1.2:9000"],
                            ciphers=["aes-256-gcm"], conn_id=9)
@@ -183,8 +190,9 @@ def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
     assert (welcome.conn_id, welcome.peer_conn_id) == (9, 7)
     with pytest.raises(ControlProtocolError, match="hello.ciphers"):
         answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=[], conn_id=9)
-    with pytest.raises(ControlProtocolError, match="hello.version: 2 is not supported"):
-        answer_hello(Hello(2, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
+    with pytest.raises(ControlProtocolError,
+                       match="hello.version: 1 is not supported; this gateway speaks 2"):
+        answer_hello(Hello(1, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
                      gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
                      conn_id=9)
 
@@ -197,3 +205,14 @@ def test_resume_query_is_bounded_by_its_file() -> None:
         ResumeQuery(1, "f", 10**9, 1, 0, [digest] * 513).validate()
     with pytest.raises(ControlProtocolError, match="64 lowercase hex"):
         ResumeQuery(1, "f", 100, 50, 0, ["XYZ"]).validate()
+
+
+def test_a_peer_of_another_version_with_new_fields_is_refused_by_version() -> None:
+    """A newer peer's Hello may carry fields this build does not know: the refusal names the versions."""
+    newer = dict(GOOD_HELLO, version=PROTOCOL_VERSION + 1, congestion_hint="bbr3")
+    with pytest.raises(ControlProtocolError,
+                       match=f"hello.version: {PROTOCOL_VERSION + 1} is not supported; this gateway "
+                             f"speaks {PROTOCOL_VERSION}"):
+        message_from_dict(newer)
+    with pytest.raises(ControlProtocolError, match="unknown field"):  # same version: a defect
+        message_from_dict(dict(GOOD_HELLO, congestion_hint="bbr3"))

@@ -70,9 +70,7 @@ def test_a_data_run_equals_its_packets_one_by_one(start: int, count: int, before
         receive(run, pn)
     for pn in range(start, start + count):
         receive(one, pn, now=1.0)
-    last = start + count - 1
-    run.on_run_received(start, last, 1.0)
-    receive(run, last, now=1.0)
+    run.on_data_run(start, start + count, 1.0, THRESHOLD, DELAY_S)
     assert one.received.ranges() == run.received.ranges()
     assert (one.largest, one.largest_at, one.unacked_eliciting) == (run.largest, run.largest_at,
                                                                     run.unacked_eliciting)
@@ -100,8 +98,7 @@ def test_an_ack_only_packet_that_overtook_data_is_no_gap() -> None:
     receive(tracker, 0)
     tracker.ack_sent()
     receive(tracker, 4, eliciting=False)  # the peer's ACK, ahead of its data 1..3
-    tracker.on_run_received(1, 3, 0.0)  # data 1, 2 ...
-    receive(tracker, 3)  # ... and 3: the run's last
+    tracker.on_data_run(1, 4, 0.0, THRESHOLD, DELAY_S)  # data 1, 2, 3 in one run
     assert not tracker.ack_now
     tracker.ack_sent()
     receive(tracker, 5)  # right after the ACK-only 4: in order
@@ -114,5 +111,53 @@ def test_an_ack_only_packet_that_overtook_data_is_no_gap() -> None:
     assert tracker.ack_now
     tracker.ack_sent()
     receive(tracker, 9, eliciting=False)
-    tracker.on_run_received(10, 12, 0.0)  # 8 missing below an ACK-only 9: still a hole
+    tracker.on_data_run(10, 13, 0.0, THRESHOLD, DELAY_S)  # 8 missing below an ACK-only 9: still a hole
     assert tracker.ack_now
+
+
+# A receiver's history: single packets (eliciting or not), data runs, ACKs sent.
+_EVENTS = st.lists(st.one_of(
+    st.tuples(st.just("packet"), st.integers(0, 600), st.booleans()),
+    st.tuples(st.just("run"), st.integers(0, 600), st.integers(1, 70)),
+    st.tuples(st.just("ack"), st.just(0), st.just(0)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_EVENTS)
+def test_runs_leave_the_tracker_as_their_packets_one_by_one(events: list[tuple[str, int, int]]) -> None:
+    """Whatever came before (gaps, late packets, ACK-only packets, ACKs sent, ranges
+    forgotten), a run leaves what it records and what ACK it owes as its packets would."""
+    one, run = AckTracker(), AckTracker()
+    for step, (kind, pn, arg) in enumerate(events):
+        now = step * 0.001
+        if kind == "packet":
+            receive(one, pn, now, eliciting=bool(arg))
+            receive(run, pn, now, eliciting=bool(arg))
+        elif kind == "run":
+            for p in range(pn, pn + arg):
+                receive(one, p, now)
+            run.on_data_run(pn, pn + arg, now, THRESHOLD, DELAY_S)
+        else:
+            one.ack_sent()
+            run.ack_sent()
+        assert one.received.ranges() == run.received.ranges()
+        assert (one.largest, one.largest_at, one.largest_eliciting, one.unacked_eliciting) == (
+            run.largest, run.largest_at, run.largest_eliciting, run.unacked_eliciting)
+        assert one.ack_now == run.ack_now and one.has_unacked == run.has_unacked
+        if not one.ack_now:  # an ACK owed at once makes the delayed-ACK deadline moot
+            assert one.ack_at == run.ack_at
+        assert one.ack_ranges() == run.ack_ranges()
+
+
+def test_a_run_that_overflows_the_record_forgets_like_its_packets() -> None:
+    one, run = AckTracker(), AckTracker()
+    for pn in range(0, 2 * RECEIVED_RANGES_KEPT, 2):  # one range each: the record is full
+        receive(one, pn)
+        receive(run, pn)
+    top = 2 * RECEIVED_RANGES_KEPT + 1  # after a gap: one range more than the record keeps
+    for pn in range(top, top + 5):
+        receive(one, pn)
+    run.on_data_run(top, top + 5, 0.0, THRESHOLD, DELAY_S)
+    assert len(run.received) <= RECEIVED_RANGES_KEPT
+    assert one.received.ranges() == run.received.ranges()

@@ -178,3 +178,21 @@ def test_outstanding_chunks_and_partial_confirmation() -> None:
     assert loss.confirm_part(first.pn, 700, 10 * MSS, 0.05) == (0, 700, MSS - 700)  # clipped to the chunk
     assert first.credited == SIZE * (MSS - 100) // MSS
     assert loss.confirm_part(99, 0, 10, 0.05) is None  # not outstanding
+
+
+def test_a_tail_lost_at_a_steps_end_waits_for_the_next_steps_acks_not_a_probe_timeout() -> None:
+    """The last packet of a step is lost and nothing behind it reveals that. Once the path
+    resumes after the session ran out of data, the timeout counts from then, so the next step's
+    first acknowledgement declares the old tail lost by the time threshold instead of a timeout
+    suspecting the path and re-sending all the new step's data."""
+    loss = new_detector()
+    send(loss, 0.0)
+    tail = send(loss, 0.01)
+    loss.on_ack(((0, 0),), 0.0, 0.1)
+    assert loss.pto_deadline(0.025) == pytest.approx(0.1 + loss.pto_s(0.025))
+    loss.on_app_idle()
+    send(loss, 0.15)
+    assert loss.pto_deadline(0.025) == pytest.approx(0.15 + loss.pto_s(0.025))
+    _, lost, _ = loss.on_ack(((2, 2),), 0.0, 0.25)
+    assert lost == [tail]
+    assert loss.pto_deadline(0.025) is None

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from wanxport.core.cc import CcContext, FixedConfig
-from wanxport.core.cc.bbr import RESUME_JUMP_GAIN
+from wanxport.core.cc.bbr import RESTART_STARTUP_GAIN, RESUME_JUMP_GAIN
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.warm import MAX_AGE_S, RESUME_SHARE, IdleGuard, PathMemory, remember
 from wanxport.scenario import parse_scenario
@@ -104,3 +104,45 @@ def test_warm_state_is_dropped_when_a_path_is_rerouted(rerouted: bool) -> None:
         assert moves.cc.metrics()["min_rtt_s"] == pytest.approx(0.120, rel=0.1)
     else:
         assert moves.rtt.min_s == pytest.approx(0.060, rel=0.1)
+
+
+SHORT_STEPS = """
+name = "short-steps"
+seed = 4
+[transfer]
+size = "4MiB"
+shards = 4
+steps = 2
+think_ms = 300
+[[paths]]
+name = "near"
+rtt_ms = 20.0
+bandwidth_mbps = 100.0
+[[paths]]
+name = "far"
+rtt_ms = 130.0
+bandwidth_mbps = 60.0
+"""
+
+
+def test_a_step_that_ends_mid_startup_does_not_carry_startups_gain_into_the_think_time() -> None:
+    """4 MiB steps end long before the 130 ms path's Startup finds its plateau. The session's
+    last acknowledged shard (nothing left to send) settles the search (``core.warm``): during
+    the think time the far path is paced at no more than 1.25 x what it measured (Startup's
+    2/ln 2 x threw about two BDP at the queue when the next step began)."""
+    scenario = parse_scenario(SHORT_STEPS)
+    options = SimOptions(payload_mode="virtual")
+    first_step_s = SimRun(scenario, options).run()["step_s"][0]
+    run = SimRun(scenario, options)
+    seen: dict[str, tuple[str, float, float]] = {}
+
+    def look() -> None:
+        for path in run.a.session.paths:
+            seen[path.name] = (path.cc.state, path.cc.bandwidth_bps, path.cc.pacing_rate_bps)
+
+    run.loop.call_at(first_step_s + 0.150, look)  # inside the think time (see the reroute test)
+    report = run.run()
+    assert report["intact"] is True and len(report["step_s"]) == 2
+    state, bandwidth, pacing = seen["far"]
+    assert state == "startup", "the step is too short to reach the plateau: the search goes on"
+    assert pacing <= RESTART_STARTUP_GAIN * bandwidth * (1 + 1e-9)

@@ -55,6 +55,27 @@ def test_rate_caps_global_and_per_peer(pki: Path, tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_data_ports_one_per_path_never_shared(pki: Path, tmp_path: Path) -> None:
+    path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400, 7401],
+                        {"gw-b": [7500, 7501], "gw-c": [7600, 7601]})
+    text = path.read_text()
+    path.write_text(text + "data_ports = [7410, 7411]\n")  # in the last [[peers]] table: gw-c's
+    config = load_config(path)
+    assert [(p.name, p.data_ports) for p in config.peers] == [("gw-b", None), ("gw-c", (7410, 7411))]
+    for bad, message in (("[7410]", r"peers\[1\].data_ports: give a list of 2 ports, one per listen path"),
+                         ("[7410, 70000]", r"peers\[1\].data_ports\[1\]: 70000 is not valid; use a UDP port"),
+                         ("[7410, 7401]", r"data_ports\[1\]: 127.0.0.1:7401 is already used by listen"),
+                         ("[7410, 7410]", r"data_ports\[1\]: 127.0.0.1:7410 is already used by its path 0")):
+        path.write_text(text + f"data_ports = {bad}\n")
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
+    gw_b = 'paths = ["127.0.0.1:7500", "127.0.0.1:7501"]\n'
+    path.write_text(text.replace(gw_b, gw_b + "data_ports = [7420, 7421]\n") + "data_ports = [7430, 7421]\n")
+    with pytest.raises(ConfigError, match=r"peers\[1\].data_ports\[1\]: 127.0.0.1:7421 is already used by "
+                                          "peer gw-b"):
+        load_config(path)
+
+
 @pytest.mark.parametrize(("text", "field"), [
     ("colour = 1", "colour: unknown key"),
     ("[limits]\nmemory = 1", "limits.memory: unknown key"),

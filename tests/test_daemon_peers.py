@@ -11,6 +11,7 @@ from gateway_helpers import free_path_ports
 from test_daemon_transfers import call, payload, running
 
 from wanxport.client import GatewayClient
+from wanxport.gateway.session import GatewaySession
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,10 +39,20 @@ async def test_two_peers_send_to_one_gateway_at_once(pki: Path, tmp_path: Path) 
         assert [d["state"] for d in done] == ["done", "done"], done  # type: ignore[index]
         assert b.listener is not None
         assert b.listener.busy_refusals == 0, "neither peer was turned away as busy"
-        assert b.listener.peak_sessions == 2
-        assert sorted(s.peer_name for s in b.listener.live()) == ["gw-a", "gw-c"]
-        assert (a.dialled, c.dialled) == (1, 1)
+        assert b.peers.peak == 2
+        assert sorted(b.sessions) == ["gw-a", "gw-c"]
+        # One session per pair, on each pair's own data ports at gw-b.
+        for peer in (a, c):
+            assert _same(peer.sessions["gw-b"], b.sessions[peer.config.site])
+        assert {s.endpoint.sockets[0].getsockname() for s in b.sessions.values()} == {
+            p.address for p in (*b.listener.data_ports("gw-a")[:1], *b.listener.data_ports("gw-c")[:1])}
     import hashlib
     for name, src in sources.items():
         received = b.config.received_dir / name / src.name
         assert hashlib.sha256(received.read_bytes()).hexdigest() == digests[name]
+
+
+def _same(one: GatewaySession, other: GatewaySession) -> bool:
+    """``one`` and ``other`` are the two ends of one session (their connection ids pair up)."""
+    a, b = one.endpoint.config, other.endpoint.config
+    return (a.local_conn_id, a.remote_conn_id) == (b.remote_conn_id, b.local_conn_id)

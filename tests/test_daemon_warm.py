@@ -39,10 +39,10 @@ async def test_transfers_share_a_warm_session_and_paths_are_cached(pki: Path, tm
         assert [r["state"] for r in results] == ["done", "done"]  # type: ignore[index]
         assert a.dialled == 1, "the second transfer went over the warm session"
         for _ in range(300):  # idle for warm_seconds: the session closes; the next one is new
-            if "gw-b" not in a.outgoing:
+            if "gw-b" not in a.sessions:
                 break
             await asyncio.sleep(0.01)
-        assert "gw-b" not in a.outgoing
+        assert "gw-b" not in a.sessions
         t = await call(client, "submit", "gw-b", str(src), "three.bin")
         assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
         assert a.dialled == 2
@@ -108,13 +108,13 @@ async def test_a_session_ends_cleanly_after_its_files_were_deleted(pki: Path, tm
             assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
             (received / name).unlink()
         assert b.listener is not None
-        (inbox,) = b.listener.inboxes.values()  # the one warm session's
+        (inbox,) = b.inboxes.values()  # the one warm session's
         assert (inbox.written_count, inbox.written_bytes, inbox.written) == (2, 2 << 20, [])
         for _ in range(300):  # idle for warm_seconds: the session ends with its files gone
-            if "gw-b" not in a.outgoing:
+            if "gw-b" not in a.sessions:
                 break
             await asyncio.sleep(0.01)
-        assert "gw-b" not in a.outgoing
+        assert "gw-b" not in a.sessions
         t = await call(client, "submit", "gw-b", str(src), "three.bin")
         assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
         assert (received / "three.bin").stat().st_size == 1 << 20
@@ -140,7 +140,7 @@ async def test_a_restarted_daemon_resumes_cached_paths_or_drops_moved_ones(pki: 
         client = GatewayClient(str(a.config.api_socket))
         t = await call(client, "submit", "gw-b", str(src))
         assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
-        session = a.outgoing["gw-b"]  # still warm
+        session = a.sessions["gw-b"]  # still warm
         stats = session.endpoint.session.stats().paths
         assert [(p.resumes, p.resumes_dropped) for p in stats] == [(1, 0), (0, 1)]
 
@@ -158,7 +158,7 @@ async def test_a_rate_capped_gateway_sends_no_faster_than_the_cap(pki: Path, tmp
         done = await call(client, "wait", t["id"], 60)
         assert done["state"] == "done", done  # type: ignore[index]
         stats = done["stats"]  # type: ignore[index]
-        session = a.outgoing["gw-b"]
+        session = a.sessions["gw-b"]
         assert [p.pacing_rate_bps <= 60e6 for p in session.endpoint.session.stats().paths] == [True, True]
     elapsed = stats["elapsed_s"]
     assert elapsed >= size * 8 / 120e6, stats

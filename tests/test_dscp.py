@@ -80,7 +80,7 @@ async def test_a_daemon_marks_its_data_and_control_sockets(pki: Path, tmp_path: 
         client = GatewayClient(str(a.config.api_socket))
         t = await call(client, "submit", "gw-b", str(src))
         assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
-        session = a.outgoing["gw-b"]
+        session = a.sessions["gw-b"]
         assert [_tos(s) for s in session.endpoint.sockets] == [AF41 << 2] * 2, "our data sockets"
         link = session.channel._link  # type: ignore[attr-defined]
         assert _tos(link._transport.get_extra_info("socket")) == AF41 << 2, "our control client socket"

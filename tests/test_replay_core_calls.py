@@ -75,13 +75,18 @@ def replay(config: SessionConfig, calls: list[Call]) -> int:
     while i < len(calls):
         call = calls[i]
         if call.method in ("receive_data_run", "receive_packet"):
+            # One receive batch: its runs, then its controls, all at one ``now`` (the
+            # endpoint services once for several batches of one loop iteration).
             runs: list[Run] = []
             controls: list[Control] = []
-            while i < len(calls) and calls[i].method == "receive_data_run":
+            now = call.args[-1]
+            while (i < len(calls) and calls[i].method == "receive_data_run"
+                   and calls[i].args[-1] == now):
                 path_id, first_pn, count, shard_id, offset, length, now = calls[i].args
                 runs.append((path_id, first_pn, count, shard_id, offset, length))
                 i += 1
-            while i < len(calls) and calls[i].method == "receive_packet":
+            while (i < len(calls) and calls[i].method == "receive_packet"
+                   and calls[i].args[-1] == now):
                 path_id, pn, frames, now = calls[i].args
                 controls.append((path_id, pn, frames))
                 i += 1

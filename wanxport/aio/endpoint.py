@@ -120,6 +120,7 @@ class Endpoint:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._retry: asyncio.TimerHandle | None = None
+        self._pending_service: asyncio.Handle | None = None  # _service_soon() scheduled
         self._closed: asyncio.Future[SessionClosed] | None = None
         self._heard: list[bool] | None = None  # probe_paths() in progress
         self._all_heard: asyncio.Future[None] | None = None
@@ -233,10 +234,10 @@ class Endpoint:
 
     def abort(self) -> None:
         """Release sockets, timers and the pacer now, without telling the peer."""
-        for handle in (self._timer, self._retry):
+        for handle in (self._timer, self._retry, self._pending_service):
             if handle is not None:
                 handle.cancel()
-        self._timer = self._retry = None
+        self._timer = self._retry = self._pending_service = None
         try:
             self.datapath.close()
         finally:
@@ -331,8 +332,9 @@ class Endpoint:
 
     def _on_readable(self, path_id: int) -> None:
         received = self.datapath.receive(path_id)
-        self._absorb(path_id, received, self.clock())
-        self._after_receive()
+        grown: set[int] = set()
+        self._absorb(path_id, received, self.clock(), grown)
+        self._after_receive(grown)
         if received.quic:
             self._hand_quic(path_id, received.quic)
 
@@ -341,14 +343,16 @@ class Endpoint:
         if self._loop is None:
             return  # closed meanwhile
         now = self.clock()
+        grown: set[int] = set()
         for path_id, received in items:
-            self._absorb(path_id, received, now)
-        self._after_receive()
+            self._absorb(path_id, received, now, grown)
+        self._after_receive(grown)
         for path_id, received in items:
             if received.quic:
                 self._hand_quic(path_id, received.quic)
 
-    def _absorb(self, path_id: int, received: Received, now: float) -> None:
+    def _absorb(self, path_id: int, received: Received, now: float, grown: set[int]) -> None:
+        """Hand what a path received to the session; add to ``grown`` the shards it may have grown."""
         session = self.session
         if self._heard is not None and (received.runs or received.controls):
             self._note_heard(path_id)
@@ -357,6 +361,11 @@ class Endpoint:
             self.data_runs += len(received.runs)
             for pid, first_pn, count, shard_id, offset, length in received.runs:
                 session.receive_data_run(pid, first_pn, count, shard_id, offset, length, now)
+                grown.add(shard_id)
+        if received.controls:
+            # DATA on the Python path, a repair symbol, a SHARD_OPEN releasing early data:
+            # any open shard may have grown.
+            grown.update(self._hashers)
         for pid, pn, plaintext in received.controls:
             try:
                 frames = decode_frames(plaintext)
@@ -365,9 +374,33 @@ class Endpoint:
                 continue
             session.receive_packet(pid, pn, frames, now)
 
-    def _after_receive(self) -> None:
-        for shard_id, hasher in self._hashers.items():
-            hasher.advance(self.session.received_prefix(shard_id))
+    def _after_receive(self, grown: set[int]) -> None:
+        """Advance the digests of the shards that received data, then service the session.
+
+        Only those: asking every open shard for its prefix after every drain was
+        ~8 calls per wake-up for nothing. A shard whose hashing job was still running
+        catches up at its next data or, at the latest, in ``ShardHasher.finish``.
+        """
+        hashers, session = self._hashers, self.session
+        for shard_id in grown:
+            hasher = hashers.get(shard_id)
+            if hasher is not None:
+                hasher.advance(session.received_prefix(shard_id))
+        self._service_soon()
+
+    def _service_soon(self) -> None:
+        """Service the session once the loop has run every I/O callback that is ready.
+
+        Several paths readable in one loop iteration (and a timer due in it) then
+        cost one poll of the session, one set of transmits handed to the data
+        path and one timer re-armed, instead of one each: the ACKs of all of them
+        are applied before the windows they opened are filled.
+        """
+        if self._pending_service is None and self._loop is not None:
+            self._pending_service = self._loop.call_soon(self._deferred_service)
+
+    def _deferred_service(self) -> None:
+        self._pending_service = None
         self._service()
 
     def _hand_quic(self, path_id: int, quic: list[tuple[bytes, Address]]) -> None:
@@ -387,7 +420,7 @@ class Endpoint:
             self._arm(due, now)
             return
         self.session.on_deadline(now)
-        self._service()
+        self._service_soon()
 
     def _on_retry(self) -> None:
         self._retry = None

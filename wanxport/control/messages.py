@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Hello and Welcome carry the process's instance id (one session per pair)
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 ROLES = ("initiator", "responder")
 DIRECTIONS = ("initiator->responder", "responder->initiator")
@@ -30,6 +30,7 @@ MAX_U32 = 2**32 - 1
 MAX_U62 = 2**62 - 1
 RESUME_BATCH = 512  # pieces per ResumeQuery: 512 digests fit the 64 KiB control frame
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_INSTANCE = re.compile(r"[0-9a-f]{16}")
 _ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
 
 
@@ -48,6 +49,14 @@ def _check_endpoint(what: str, value: str) -> None:
 def _check_range(what: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ControlProtocolError(f"{what}: {value} is out of range [{low}, {high}]")
+
+
+def _check_instance(what: str, value: str | None) -> None:
+    """A process's instance id: 16 lowercase hex digits (64 random bits). A gateway daemon
+    tells a peer's restart (a new id: its old sessions are gone) from a second session of
+    the same process (a simultaneous dial) by it."""
+    if value is not None and _INSTANCE.fullmatch(value) is None:
+        raise ControlProtocolError(f"{what}: {value!r} is not valid; use 16 lowercase hex digits")
 
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
@@ -82,9 +91,11 @@ class Hello(Message):
     conn_id: int
     mtu: int | None = None  # data-plane MTU of every path (the session config both derive)
     segments: int | None = None  # datagrams per core packet
+    instance: str | None = None  # the dialling process's random id (a restart changes it)
 
     def validate(self) -> None:
         _check_range("hello.version", self.version, 1, 255)
+        _check_instance("hello.instance", self.instance)
         if self.mtu is not None:
             _check_range("hello.mtu", self.mtu, 576, 65535)
         if self.segments is not None:
@@ -116,9 +127,11 @@ class Welcome(Message):
     conn_id: int
     peer_conn_id: int
     credit_bytes: int | None = None  # the responder's receive budget (its peer's credit)
+    instance: str | None = None  # the answering process's random id (a restart changes it)
 
     def validate(self) -> None:
         _check_range("welcome.version", self.version, 1, 255)
+        _check_instance("welcome.instance", self.instance)
         if self.credit_bytes is not None:
             _check_range("welcome.credit_bytes", self.credit_bytes, 1, MAX_U62)
         _check_choice("welcome.cipher", self.cipher, CIPHERS)
@@ -350,6 +363,11 @@ def message_from_dict(obj: Any) -> Message:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(obj) - set(fields) - {"type"}
+    version = obj.get("version")
+    if unknown and "version" in fields and type(version) is int and version != PROTOCOL_VERSION:
+        # A peer of another version may add fields: name the versions, not the fields.
+        raise ControlProtocolError(f"{kind}.version: {version} is not supported; this gateway "
+                                   f"speaks {PROTOCOL_VERSION}")
     if unknown:
         raise ControlProtocolError(f"{kind}: unknown field(s) {sorted(unknown)}")
     values: dict[str, Any] = {}

@@ -63,20 +63,32 @@ class AckTracker:
             elif self.ack_at is None:
                 self.ack_at = now + max_ack_delay_s
 
-    def on_run_received(self, first_pn: int, last_pn: int, now: float) -> None:
-        """Ack-eliciting packets ``first_pn .. last_pn - 1`` arrived together (one data run).
+    def on_data_run(self, first_pn: int, end_pn: int, now: float, ack_threshold: int,
+                    max_ack_delay_s: float) -> None:
+        """Ack-eliciting packets ``first_pn .. end_pn - 1`` arrived together (one data run).
 
-        The run's last packet is then recorded with :meth:`on_packet_received`,
-        which applies the ACK-timing rules once for the whole run.
+        Leaves the tracker as :meth:`on_packet_received` of each packet in turn
+        would (same record, same ACK owed), in one call per run instead of one
+        per packet: the native data path hands the core whole runs, and this is
+        the receiver's per-run work on the event loop's thread.
         """
         if self._gap_before(first_pn):
             self.ack_now = True  # a gap before the run: tell the sender promptly
-        self.largest_eliciting = max(self.largest_eliciting, last_pn - 1)
-        self.received.add(first_pn, last_pn)
-        if last_pn - 1 > self.largest:
-            self.largest = last_pn - 1
+        last = end_pn - 1
+        if last > self.largest_eliciting:
+            self.largest_eliciting = last
+        received = self.received
+        received.add(first_pn, end_pn)
+        if len(received) > RECEIVED_RANGES_KEPT:
+            received.discard_below(received.last(RECEIVED_RANGES_KEPT // 2)[-1][0])
+        if last > self.largest:
+            self.largest = last
             self.largest_at = now
-        self.unacked_eliciting += last_pn - first_pn
+        self.unacked_eliciting += end_pn - first_pn
+        if self.unacked_eliciting >= ack_threshold:
+            self.ack_now = True
+        elif self.ack_at is None:
+            self.ack_at = now + max_ack_delay_s
 
     def _gap_before(self, pn: int) -> bool:
         """Whether ack-eliciting ``pn`` arrives out of order: late (below the largest

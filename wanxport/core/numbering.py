@@ -128,13 +128,6 @@ class WireNumbering:
         starts = self._starts
         return starts[index] if index < len(starts) else self.next_wire
 
-    def translate(self, frame: AckFrame) -> AckFrame | None:
-        """The ACK in core numbers, or None when it covers no whole core packet."""
-        ranges = self.core_ranges(frame.ranges)
-        if not ranges:
-            return None
-        return AckFrame(frame.path_id, frame.ack_delay_us, ranges)
-
     def _forget_below(self, core_pn: int) -> None:
         """Drop the spans of core packets below ``core_pn`` (no ACK can tell about them
         any more), once they are most of the array: a session that lives for months
@@ -146,14 +139,15 @@ class WireNumbering:
             self._base += drop
 
     def translate_fresh(self, frame: AckFrame, oldest_core_pn: int
-                        ) -> tuple[AckFrame | None, list[tuple[int, int, int]]]:
+                        ) -> tuple[tuple[tuple[int, int], ...], list[tuple[int, int, int]]]:
         """What an ACK (wire numbers) says that earlier ACKs did not, in core terms.
 
-        Returns the ACK of the whole core packets it covers (None: none) and the
-        partly covered ones (``partly_covered``). Ranges come highest first; those
-        wholly below ``oldest_core_pn`` (the oldest packet an ACK can still tell the
-        sender about) and those the previous ACK carried unchanged repeat what
-        earlier ACKs said — most of every ACK — and are skipped.
+        Returns the inclusive core-pn ranges of the whole core packets it covers
+        (``core_ranges``; empty: none) and the partly covered ones (``partly_covered``).
+        Ranges come highest first; those wholly below ``oldest_core_pn`` (the oldest
+        packet an ACK can still tell the sender about) and those the previous ACK
+        carried unchanged repeat what earlier ACKs said — most of every ACK — and
+        are skipped.
         """
         self._forget_below(oldest_core_pn)
         floor = self.first_wire(oldest_core_pn)
@@ -163,5 +157,5 @@ class WireNumbering:
             kept += 1
         fresh = self.unseen(ranges[:kept])
         if not fresh:
-            return None, []
-        return self.translate(AckFrame(frame.path_id, frame.ack_delay_us, fresh)), self.partly_covered(fresh)
+            return (), []
+        return self.core_ranges(fresh), self.partly_covered(fresh)

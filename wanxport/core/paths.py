@@ -160,6 +160,11 @@ class Path:
             self.cc.on_path_reset(now)
             self.bandwidth_bps = 0.0
 
+    def on_app_idle(self, now: float) -> None:
+        """The session has nothing left to send (a step ended): the warm-step policy of ``core.warm``."""
+        self.cc.on_app_idle(now)
+        self.loss.on_app_idle()
+
     def _resume_saved(self, memory: PathMemory, now: float) -> None:
         """The first RTT sample of a new session decides whether a previous one's state holds."""
         self.pending_resume = None

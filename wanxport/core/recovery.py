@@ -42,7 +42,8 @@ class LossDetector:
     __slots__ = ("rtt", "rate", "cc", "next_pn", "_sent", "bytes_in_flight", "largest_acked",
                  "last_ack_at", "pto_count", "reorder_threshold", "time_threshold",
                  "_recently_lost", "_recently_lost_pns", "packets_sent", "bytes_sent",
-                 "packets_lost", "spurious_losses", "detected_lost", "detected_lost_bytes")
+                 "packets_lost", "spurious_losses", "detected_lost", "detected_lost_bytes",
+                 "_quiet", "_resumed_at")
 
     def __init__(self, rtt: RttEstimator, rate: DeliveryRateEstimator, cc: CongestionController) -> None:
         self.rtt = rtt
@@ -70,6 +71,8 @@ class LossDetector:
         # which the erasure-coded tail prices its repair by (core.fec).
         self.detected_lost = 0
         self.detected_lost_bytes = 0
+        self._quiet = False  # the session ran out of data; the next packet sent resumes the path
+        self._resumed_at = 0.0  # when it did: the probe timeout counts from no earlier
 
     # -- sending -----------------------------------------------------------------
 
@@ -81,6 +84,8 @@ class LossDetector:
     def on_packet_sent(self, packet: SentPacket) -> None:
         self._sent[packet.pn] = packet
         if packet.in_flight:
+            if self._quiet:
+                self._quiet, self._resumed_at = False, packet.sent_at
             self.cc.on_packet_sent(packet.sent_at, packet.size, self.bytes_in_flight)
             self.bytes_in_flight += packet.size
         self.packets_sent += 1
@@ -294,10 +299,27 @@ class LossDetector:
     def pto_s(self, max_ack_delay_s: float) -> float:
         return self.rtt.pto_s(max_ack_delay_s) * float(1 << min(self.pto_count, MAX_PTO_BACKOFF_EXPONENT))
 
+    def on_app_idle(self) -> None:
+        """The session has nothing left to send: every shard acknowledged (a step ended)."""
+        self._quiet = True
+
     def pto_deadline(self, max_ack_delay_s: float) -> float | None:
+        """A probe timeout after the last acknowledgement and the oldest packet in flight.
+
+        And, once the path resumes after the session ran out of data (a step
+        ended, :meth:`on_app_idle`), after that: a packet lost at the tail of
+        one step (nothing sent behind it to reveal the loss) was otherwise
+        timed from before the gap, and the timeout fired before the next
+        step's first packets could be acknowledged -- suspecting a healthy
+        path and re-sending all it carried. Counted from the resumption, those
+        first acknowledgements declare it lost by the time threshold instead.
+        During a long think time the timeout still runs: a path that died at
+        a step's end is found before the next step needs it.
+        """
         if self.bytes_in_flight <= 0:
             return None
-        return max(self.last_ack_at, self._oldest_sent_at()) + self.pto_s(max_ack_delay_s)
+        start = max(self.last_ack_at, self._oldest_sent_at(), self._resumed_at)
+        return start + self.pto_s(max_ack_delay_s)
 
     def _oldest_sent_at(self) -> float:
         for packet in self._sent.values():

@@ -232,32 +232,36 @@ class Session:
                 eliciting = True
                 self._on_control(path, frame, now)
         if not accept:
-            self._flush_timers()
             return  # not acknowledged: the sender will re-send it once the shard is open
         path.acks.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
                                      self.config.max_ack_delay_s)
         if path.acks.ack_now:
             self._tx.needs_ack.add(path_id)  # otherwise the ack timer (ack_at) will add it
         self._tx.touch(path)
-        self._flush_timers()
 
     def receive_data_run(self, path_id: int, first_pn: int, count: int, shard_id: int, offset: int,
                          length: int, now: float) -> None:
         """``count`` data datagrams, packet numbers ``first_pn...``, carried ``[offset, offset+length)``.
 
         The native data path has already authenticated them and placed their bytes;
-        this records them for acknowledgement and reassembly in one call per run.
+        this records them for acknowledgement and reassembly in one call per run,
+        with the same outcome as ``receive_packet`` of each datagram's DATA frame.
         """
         if not 0 <= path_id < len(self.paths) or count < 1:
             self.data_dropped += 1
             return
-        if self.incoming.accepts(shard_id, offset, length) is False:
+        verdict = self.incoming.accepts(shard_id, offset, length)
+        if verdict is False:
             self.data_dropped += 1  # not acknowledged: the sender re-sends once the shard is open
             return
-        last = first_pn + count - 1
-        if count > 1:
-            self.paths[path_id].acks.on_run_received(first_pn, last, now)
-        self.receive_packet(path_id, last, [DataFrame(shard_id, offset, length, None)], now)
+        if verdict:
+            self._place(self.incoming.shards[shard_id], offset, None, length, now)
+        path = self.paths[path_id]
+        path.acks.on_data_run(first_pn, first_pn + count, now, self.config.ack_threshold,
+                              self.config.max_ack_delay_s)
+        if path.acks.ack_now:
+            self._tx.needs_ack.add(path_id)
+        self._tx.touch(path)
 
     def _on_data(self, frame: DataFrame, now: float) -> bool:
         verdict = self.incoming.accepts(frame.shard_id, frame.offset, frame.length)
@@ -268,13 +272,17 @@ class Session:
                 return True  # acknowledged: placed when its SHARD_OPEN arrives (core.early)
             self.data_dropped += 1
             return False
-        shard = self.incoming.shards[frame.shard_id]
-        new_bytes = shard.place(frame.offset, frame.data, frame.length, now)
-        if frame.shard_id in self._fec_rx.blocks or frame.shard_id in self._fec_rx.repaired:
-            self._confirm_rebuilt(shard, self._fec_rx.on_data(shard, frame.offset, frame.length,
-                                                              new_bytes, now))
-        self._check_complete(shard, now)
+        self._place(self.incoming.shards[frame.shard_id], frame.offset, frame.data, frame.length, now)
         return True
+
+    def _place(self, shard: IncomingShard, offset: int, data: bytes | memoryview | None, length: int,
+               now: float) -> None:
+        """Accepted DATA ``[offset, offset + length)`` of an open shard (``data=None``: placed by
+        the native data path, or virtual): record it, let the erasure code see it, finish."""
+        new_bytes = shard.place(offset, data, length, now)
+        if shard.shard_id in self._fec_rx.blocks or shard.shard_id in self._fec_rx.repaired:
+            self._confirm_rebuilt(shard, self._fec_rx.on_data(shard, offset, length, new_bytes, now))
+        self._check_complete(shard, now)
 
     def _on_repair(self, frame: RepairFrame, now: float) -> None:
         """A repair symbol: rebuild its block's lost data once it holds k symbols (core.fec_receive)."""
@@ -357,6 +365,9 @@ class Session:
                 for p in self.paths:  # a path that never carried its SHARD_OPEN (it was down)
                     p.needs_open.discard(shard.shard_id)
                 self._events.append(ShardAcknowledged(shard.shard_id, frame.status == 0, now))
+                if not self.outgoing.unfinished:
+                    for p in self.paths:
+                        p.on_app_idle(now)
         elif isinstance(frame, CreditFrame):
             self.outgoing.credit.update(frame.max_bytes)
             self._tx.dirty.update(range(len(self.paths)))
@@ -392,10 +403,10 @@ class Session:
         segment = self._tx.segments[frame.path_id]
         for core_pn, first, last in parts:
             self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, now)
-        if translated is None:
+        if not translated:
             return
         delay = min(frame.ack_delay_us / 1e6, self.config.max_ack_delay_s)
-        acked, lost = path.on_ack(translated.ranges, delay, now)
+        acked, lost = path.on_ack(translated, delay, now)
         if acked:
             for packet in acked:
                 if packet.chunks:
@@ -423,28 +434,36 @@ class Session:
 
     def poll_transmit(self, now: float) -> list[Transmit]:
         """Everything that should leave now or within the pacing horizon."""
-        out = self._tx.poll(now)
-        self._flush_timers()
-        return out
+        return self._tx.poll(now)
 
     # -- timers --------------------------------------------------------------
 
     def _flush_timers(self) -> None:
-        """Recompute the deadline of every path whose state changed."""
-        deadlines, touched = self._deadlines, self._tx.touched
-        max_ack_delay_s = self.config.max_ack_delay_s
-        for path_id in touched:
-            deadlines.set(path_id, self.paths[path_id].deadline(max_ack_delay_s))
-        touched.clear()
+        """Recompute the deadline of every path whose state changed (``Transmitter.touched``).
+
+        Lazily, when a deadline is read (``next_deadline``, ``on_deadline``), not
+        after every packet: a driver hands in a batch of packets and polls once,
+        and a path touched by many of them is recomputed once. The deadlines do
+        not depend on the order of updates (``DeadlineHeap``), so this is the
+        same timer as recomputing after each call.
+        """
+        touched = self._tx.touched
+        if touched:
+            deadlines = self._deadlines
+            max_ack_delay_s = self.config.max_ack_delay_s
+            for path_id in touched:
+                deadlines.set(path_id, self.paths[path_id].deadline(max_ack_delay_s))
+            touched.clear()
 
     def next_deadline(self) -> float | None:
+        self._flush_timers()
         at = self._deadlines.earliest()
         return None if at == float("inf") else at
 
     def on_deadline(self, now: float) -> None:
+        self._flush_timers()
         for path_id in self._deadlines.pop_due(now):
             self._fire(self.paths[path_id], now)
-        self._flush_timers()
 
     def _fire(self, path: Path, now: float) -> None:
         if path.acks.on_timer(now):

@@ -39,6 +39,9 @@ class PeerConfig:
     # Our sending rate cap per path to this peer (bits/s), overriding [limits] rate_mbps.
     rate_caps_bps: tuple[float, ...] | None = None
     dscp: int | None = None  # the DSCP of our datagrams to this peer, overriding [network] dscp
+    # Our data ports for this peer's session, one per path of ours (on that path's listen host);
+    # None: the path ports for the first such peer, ephemeral ports (bound at start) for others.
+    data_ports: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ _TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
 _CONGESTION = {"controller"}
 _NETWORK = {"dscp"}
-_PEER = {"name", "paths", "rate_mbps", "dscp"}
+_PEER = {"name", "paths", "rate_mbps", "dscp", "data_ports"}
 # DiffServ class names (RFC 2474, 2597, 3246, 8622) -> code points; AFxy is added below.
 DSCP_NAMES = {"DF": 0, "BE": 0, "LE": 1, "EF": 46, "VA": 44, **{f"CS{i}": 8 * i for i in range(8)},
               **{f"AF{x}{y}": 8 * x + 2 * y for x in range(1, 5) for y in range(1, 4)}}
@@ -145,7 +148,7 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
     metrics = None
     if "metrics" in raw:
         metrics = _address(raw["metrics"], "metrics", allow_zero=True)
-    peers = _peers(raw.get("peers", []))
+    peers = _peers(raw.get("peers", []), listen)
     limits = _limits(_table(raw.get("limits", {}), "limits"))
     transfer = _table(raw.get("transfer", {}), "transfer")
     _known(transfer, _TRANSFER, "transfer.")
@@ -248,7 +251,7 @@ def _addresses(value: Any, what: str) -> tuple[Address, ...]:
     return addresses
 
 
-def _peers(value: Any) -> tuple[PeerConfig, ...]:
+def _peers(value: Any, listen: tuple[Address, ...]) -> tuple[PeerConfig, ...]:
     if not isinstance(value, list):
         raise ConfigError("peers: must be a list of tables ([[peers]] with name and paths)")
     peers: list[PeerConfig] = []
@@ -263,8 +266,33 @@ def _peers(value: Any) -> tuple[PeerConfig, ...]:
         if "rate_mbps" in table:
             caps = _rate_caps(table["rate_mbps"], len(paths), f"peers[{i}].rate_mbps")
         dscp = _dscp(table["dscp"], f"peers[{i}].dscp") if "dscp" in table else None
-        peers.append(PeerConfig(name, paths, caps, dscp))
+        data_ports = None
+        if "data_ports" in table:
+            data_ports = _data_ports(table["data_ports"], listen, peers, f"peers[{i}].data_ports")
+        peers.append(PeerConfig(name, paths, caps, dscp, data_ports))
     return tuple(peers)
+
+
+def _data_ports(value: Any, listen: tuple[Address, ...], others: list[PeerConfig],
+                what: str) -> tuple[int, ...]:
+    """One UDP port per path of ours, each on that path's listen host, used by no other path
+    or peer (so a firewall can name each peer's data ports)."""
+    if not isinstance(value, list) or len(value) != len(listen):
+        raise ConfigError(f"{what}: give a list of {len(listen)} ports, one per listen path, in its order")
+    taken = {address: "listen" for address in listen}
+    for peer in others:
+        for host_port in zip((a[0] for a in listen), peer.data_ports or (), strict=False):
+            taken[host_port] = f"peer {peer.name}"
+    ports = []
+    for i, (port, (host, _)) in enumerate(zip(value, listen, strict=True)):
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ConfigError(f"{what}[{i}]: {port!r} is not valid; use a UDP port 1..65535")
+        if (host, port) in taken:
+            raise ConfigError(f"{what}[{i}]: {format_endpoint((host, port))} is already used by "
+                              f"{taken[(host, port)]}; each peer needs ports of its own")
+        taken[(host, port)] = f"its path {i}"
+        ports.append(port)
+    return tuple(ports)
 
 
 def _required_in(table: dict[str, Any], key: str, where: str) -> Any:

@@ -1,22 +1,20 @@
 """The daemon's receiving side: the gateway listener, with the daemon's rules and live paths.
 
-On top of ``gateway.listener.GatewayListener`` (one port per path, bound at start):
-a session is accepted only from a peer the config names, each session's files are
-rooted in that peer's directory before any data can arrive, sessions from several
-peers run at once (the path ports carry one data session; each further one gets
-ports of its own), and the set of paths can change while the daemon runs. A path added on
-reload is bound and answers control at once; a removed path stops being offered
-to new sessions at once, and its port is closed when no session uses it (the live
-session keeps every path it was set up with, so nothing in flight is lost).
+On top of ``gateway.listener.GatewayListener`` (one port per path, bound at start): a
+session is accepted only from a peer the config names; it runs on that peer's own data
+ports (``ports.py``, bound at start) and only if the one-session-per-pair rule keeps it
+(``peers.py``); its files are rooted in that peer's directory before any data can arrive.
+Sessions with several peers run at once, each on its own sockets. The set of paths can
+change while the daemon runs: a path added on reload is bound and answers control at once;
+a removed path stops being offered to new sessions at once, and its port is closed when no
+session uses it (a live session keeps every path it was set up with).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from wanxport.aio.port import PathPort
 from wanxport.control import ControlChannel, load_identity
@@ -26,6 +24,8 @@ from wanxport.gateway.listener import GatewayListener, open_port
 from wanxport.gateway.session import GatewaySession
 
 from .inbox import Inbox
+from .peers import PeerSessions
+from .ports import PeerPorts
 
 log = logging.getLogger(__name__)
 
@@ -34,94 +34,56 @@ PeerCheck = Callable[[str], Path | None]
 
 
 class DaemonListener(GatewayListener):
-    """Sessions from several peers at once: the first on the path ports, later ones on ports
-    of their own (bound on the same hosts for that session and named in its Welcome, so the
-    sender's data goes there; control stays on the path ports). One session per peer: a
-    peer's new session supersedes its old one."""
+    """Sessions dialled by configured peers, each on the peer's own data ports; ``adopt`` gets
+    each one that was set up (with its inbox), before its control reader first runs."""
 
     def __init__(self, listens: Sequence[Address], identity: Path, ca: Path, options: GatewayOptions,
-                 allocator: Any, peer_dir: PeerCheck, on_inbox: Callable[[Path], Inbox]) -> None:
-        super().__init__(list(listens), identity, ca, options, allocator=allocator)
+                 peer_dir: PeerCheck, on_inbox: Callable[[Path], Inbox], peer_ports: PeerPorts,
+                 sessions: PeerSessions, adopt: Callable[[GatewaySession, Inbox], None]) -> None:
+        super().__init__(list(listens), identity, ca, options)
         self._peer_dir = peer_dir
         self._on_inbox = on_inbox
+        self.peer_ports = peer_ports
+        self.sessions = sessions
+        self._adopt = adopt
         self._retiring: list[PathPort] = []
-        self._released = asyncio.Event()  # set while no session runs on the path ports
-        self._released.set()
-        self.inboxes: dict[GatewaySession, Inbox] = {}  # each live session's files
-        self._own_ports: dict[GatewaySession, tuple[list[PathPort], asyncio.Event]] = {}
-        self.peak_sessions = 0  # most sessions served at once (tests, logs)
 
-    def live(self) -> list[GatewaySession]:
-        """The sessions being served: on the path ports, then those with ports of their own."""
-        main = [self._session] if self._busy and self._session is not None else []
-        return main + list(self._own_ports)
+    @property
+    def port_counters(self) -> dict[str, int]:
+        """The path ports' drops (``GatewayListener``) plus the peers' data ports'."""
+        total = super().port_counters
+        for port in self.peer_ports.ports:
+            for reason, value in dict(port.counters).items():
+                total[reason] = total.get(reason, 0) + value
+        return total
+
+    def data_ports(self, peer: str) -> list[PathPort]:
+        """``peer``'s data sockets on our current paths (KeyError: not a configured peer)."""
+        return self.peer_ports.for_peer(peer, self.listens, dict(zip(self.listens, self.ports, strict=True)))
 
     async def _on_session(self, channel: ControlChannel) -> None:
-        directory = self._peer_dir(channel.peer_name)
+        peer = channel.peer_name
+        directory = self._peer_dir(peer)
         if directory is None:
             self.setup_failures += 1
-            log.warning("refused a session from %r: not a configured peer", channel.peer_name)
-            await _refuse(channel, f"{channel.peer_name!r} is not a configured peer")
+            log.warning("refused a session from %r: not a configured peer", peer)
+            await _refuse(channel, f"{peer!r} is not a configured peer")
             return
-        current = next((s for s in self.live() if s.peer_name == channel.peer_name), None)
-        if current is not None:
-            # A new session (not a resumed one) from a peer we are serving: it restarted
-            # (kill -9, reboot) and cannot come back to the old one. Waiting out the old one's
-            # resume window would only delay the resume; end it, keep its partial files.
-            log.info("%s opened a new session: ending its old one", channel.peer_name)
-            await current.close("superseded by a new session from the same peer")
-            own = self._own_ports.get(current)
-            await (own[1].wait() if own is not None else self._released.wait())
         inbox = self._on_inbox(directory)
-        if self._busy:
-            await self._on_own_ports(channel, inbox)
-            return
-        before = self._session
-        self._released.clear()
-        self.allocator = inbox.allocate  # read by the setup below before its first await
-        await super()._on_session(channel)
-        if self._session is not None and self._session is not before:
-            self._bind(self._session, inbox)
-        elif not self._busy:
-            self._released.set()  # setup failed
-
-    async def _on_own_ports(self, channel: ControlChannel, inbox: Inbox) -> None:
-        """Another peer's session while the path ports carry one: give it ports of its own."""
-        ports: list[PathPort] = []
         try:
-            for host, _ in self.listens:
-                ports.append(open_port((host, 0), self.options.dscp))
-            session = await respond(channel, [p.address for p in ports], self.name, self.options,
-                                    inbox.allocate, ports=ports)
+            async with self.sessions.admission(peer, dialler=peer) as admission:
+                ports = self.data_ports(peer)
+                session = await respond(channel, [p.address for p in ports], self.name, self.options,
+                                        inbox.allocate, ports=ports, instance=self.sessions.instance,
+                                        decide=admission.decide)
+                admission.adopt(session)
+                self._adopt(session, inbox)
         except Exception as exc:  # noqa: BLE001 - SetupError, OSError, or the channel died in setup
-            for port in ports:
-                port.close()
-            self.setup_failures += 1
             channel.close()
-            reason = exc if isinstance(exc, SetupError) else SetupError(
-                f"session setup with {channel.peer_name!r} failed: {exc}")
-            self._sessions.put_nowait(reason)
-            return
-        self._own_ports[session] = (ports, asyncio.Event())
-        self._bind(session, inbox)
-        self._sessions.put_nowait(session)
-
-    def _bind(self, session: GatewaySession, inbox: Inbox) -> None:
-        # Before its control reader first runs: no resume query can come unanswered.
-        inbox.bind(session)
-        self.inboxes[session] = inbox
-        self.peak_sessions = max(self.peak_sessions, len(self.live()))
-
-    def finished(self, session: GatewaySession) -> None:
-        """``session`` (closed) is over: free its ports, or the path ports for the next one."""
-        self.inboxes.pop(session, None)
-        own = self._own_ports.pop(session, None)
-        if own is None:
-            self.release()
-            return
-        for port in own[0]:
-            port.close()
-        own[1].set()
+            if isinstance(exc, SetupError) and str(exc).startswith("one session per peer pair"):
+                return  # the rule refused it (counted there); the peer keeps the other one
+            self.setup_failures += 1
+            log.warning("incoming session from %s failed: %s", peer, exc)
 
     # -- reload ---------------------------------------------------------------
 
@@ -149,8 +111,7 @@ class DaemonListener(GatewayListener):
         if added or removed:
             log.info("paths: added %s, removed %s", ", ".join(map(format_endpoint, added)) or "none",
                      ", ".join(map(format_endpoint, removed)) or "none")
-        if not self._busy:
-            self._retire()
+        self._retire()
 
     def reload_identity(self, identity: Path) -> None:
         """Take up a renewed certificate for new sessions (ValueError: kept the old one)."""
@@ -161,27 +122,26 @@ class DaemonListener(GatewayListener):
         self.server.config.load_cert_chain(cert, key)
         self.cert, self.key = cert, key
 
-    def release(self) -> None:
-        super().release()
-        self._released.set()
+    def session_ended(self) -> None:
+        """A session closed: ports it held that a reload removed can go now."""
         self._retire()
+        self.peer_ports.retire_idle()
 
     def _retire(self) -> None:
-        """Close the removed paths' ports (no session uses them now)."""
-        for port in self._retiring:
+        """Close the removed paths' ports that no session's data uses now."""
+        for port in [p for p in self._retiring if not p.data_attached]:
             if self.server is not None:
                 for index, address in enumerate(self.server.addresses):
                     if address == port.address:
                         self.server.kill_listener(index)
             port.close()
-        self._retiring = []
+            self._retiring.remove(port)
 
     def close(self) -> None:
-        for session, (ports, ended) in list(self._own_ports.items()):
+        for session in list(self.sessions.current.values()):
             session.endpoint.abort()  # its pacer must not outlive the sockets
-            for port in ports:
-                port.close()
-            ended.set()
-        self._own_ports.clear()
-        self._retire()
+        for port in self._retiring:
+            port.close()
+        self._retiring = []
+        self.peer_ports.close()
         super().close()

@@ -4,9 +4,10 @@ As ``wg syncconf`` does for WireGuard peers: the new file is validated whole
 first (a bad one changes nothing and is reported in one log line), then only the
 differences are applied. Peers and their paths, limits, key rotation, cipher and
 controller are read by each new session, so replacing the config object applies
-them; paths of our own are bound or retired live by the listener (a running
-session keeps the paths it has); a renewed certificate is loaded for new
-sessions. What is bound once per process (data directory, API socket, metrics
+them; paths of our own, and the peers' data ports (``ports.py``), are bound or
+retired live (a running session keeps the sockets it has; what a reload adds is
+bound before the new config is taken, or the reload is refused); a renewed
+certificate is loaded for new sessions. What is bound once per process (data directory, API socket, metrics
 address, the CA) waits for a restart, and the log says so.
 """
 
@@ -43,10 +44,17 @@ def reload(daemon: GatewayDaemon) -> bool:
     listener = daemon.listener
     if listener is not None:
         try:
+            plan = listener.peer_ports.prepare(new.peers, new.listen)
+        except OSError as exc:
+            log.error("reload refused, the running config stays: peers' data ports: %s", exc)
+            return False
+        try:
             listener.change_paths(new.listen)
         except OSError as exc:
+            listener.peer_ports.abort(plan)
             log.error("reload refused, the running config stays: listen: %s", exc)
             return False
+        listener.peer_ports.commit(plan)
         try:
             listener.reload_identity(new.identity)
         except (ValueError, OSError) as exc:

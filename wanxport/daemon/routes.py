@@ -9,7 +9,8 @@ POST     /v1/transfers               submit {peer, source, dest?, overwrite?,
 GET      /v1/transfers               list, newest last
 GET      /v1/transfers/ID            one transfer: state, reason, progress
 POST     /v1/transfers/ID/cancel     cancel a queued or active transfer
-GET      /v1/status                  site, paths, peers, draining, asyncio_tasks
+GET      /v1/status                  site, instance, paths, peers (their data ports and
+                                     session), draining, asyncio_tasks
 =======  ==========================  =============================================
 
 While the daemon drains, submissions get 503.
@@ -25,6 +26,7 @@ from wanxport.control import PROTOCOL_VERSION
 from wanxport.gateway.config import format_endpoint
 
 from .outbox import SourceError, default_dest, plan
+from .peers import dialled_by
 from .store import FINAL, Submission, SubmitConflict, Transfer
 
 if TYPE_CHECKING:
@@ -72,10 +74,22 @@ class Routes:
         config = self.daemon.config
         return {"site": config.site, "version": __version__, "protocol_version": PROTOCOL_VERSION,
                 "paths": [format_endpoint(a) for a in config.listen],
-                "peers": [{"name": p.name, "paths": [format_endpoint(a) for a in p.paths]}
-                          for p in config.peers],
+                "instance": self.daemon.peers.instance,
+                "peers": [{"name": p.name, "paths": [format_endpoint(a) for a in p.paths],
+                           **self._peer_state(p.name)} for p in config.peers],
                 "draining": self.daemon.draining,
                 "asyncio_tasks": len(asyncio.all_tasks())}  # a leak shows here (benchmarks/soak.py)
+
+    def _peer_state(self, name: str) -> dict[str, Any]:
+        """Our data ports for the peer (bound at start) and the one session with it, if any."""
+        listener = self.daemon.listener
+        ports = [] if listener is None else [format_endpoint(p.address) for p in listener.data_ports(name)]
+        session = self.daemon.peers.current.get(name)
+        live = None
+        if session is not None and session.end_reason is None:
+            live = {"dialled_by": dialled_by(session, self.daemon.config.site),
+                    "peer_instance": session.peer_instance}
+        return {"data_ports": ports, "session": live}
 
     def _submit(self, headers: dict[str, str], body: Any) -> tuple[int, Any]:
         if self.daemon.draining:

@@ -1,15 +1,16 @@
 """``wanxport gateway CONFIG.toml``: one long-lived gateway process, composed.
 
-Start binds everything the daemon will ever listen on (every path's UDP port, the
-metrics address, the API socket) before it announces READY, so nothing can take a
-port in between and a port in use is a one-line error at start. Then three things
-run on one event loop:
+Start binds everything the daemon will ever listen on (every path's UDP port, every
+configured peer's data ports, the metrics address, the API socket) before it announces
+READY, so nothing can take a port in between and a port in use is a one-line error at
+start. Then three things run on one event loop:
 
-* the receiving side: sessions from configured peers, one at a time (the listener's
-  rule), files into ``DATA_DIR/received/<peer>/``;
-* one sending worker per peer with queued transfers: it dials the peer (backing off
-  while it is away), sends the transfers one after another over one session, and
-  re-queues a transfer whose session failed;
+* one session per peer, whoever dialled it (``peers.py`` keeps one when two meet), on
+  that peer's data ports (``ports.py``); files arrive over it into
+  ``DATA_DIR/received/<peer>/`` and ours leave over it;
+* one worker per configured peer: it dials the peer when there is no session (at start,
+  and when there is work; backing off while the peer is away), sends the transfers one
+  after another over the session, and re-queues a transfer whose session failed;
 * the API (``routes.py``), the systemd watchdog, and the signal handlers: SIGHUP
   reloads (``reload.py``), SIGTERM/SIGINT drain.
 
@@ -40,11 +41,11 @@ from wanxport.gateway.config import Address
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
-from wanxport.gateway.session import GatewaySession, SessionFailed
+from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
 
 from .api import ApiServer, TlsListen
-from .config import DaemonConfig, describe
+from .config import DaemonConfig, PeerConfig, describe
 from .durable import remove_stale_temporaries
 from .heap import trim_periodically
 from .inbox import Inbox
@@ -53,6 +54,8 @@ from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send
 from .pathcache import PathCache
+from .peers import CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
+from .ports import PeerPorts
 from .reload import reload
 from .routes import Routes
 from .store import Transfer, TransferStore
@@ -88,15 +91,16 @@ class GatewayDaemon:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._work: dict[str, asyncio.Event] = {}  # per peer: a transfer was submitted
         self._refresh: set[str] = set()  # peers whose paths a reload changed
-        self.outgoing: dict[str, GatewaySession] = {}  # the warm session to each peer
-        self.dialled = 0  # sessions this gateway set up to its peers
+        self.peers = PeerSessions(config.site)  # the one session with each peer
+        self.inboxes: dict[GatewaySession, Inbox] = {}  # each live session's received files
+        self.dialled = 0  # sessions this gateway dialled that were kept
         self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
         self._cancelled: set[str] = set()
         self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
         self._disk_full: dict[str, int] = {}  # transfer id -> pauses in a row for a full disk
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
-        self._incoming: set[asyncio.Task[None]] = set()  # one per session a peer has open to us
+        self._receiving: set[asyncio.Task[None]] = set()  # one per live session
 
     # -- start and stop --------------------------------------------------------
 
@@ -112,10 +116,12 @@ class GatewayDaemon:
         self.store = TransferStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
-                                       None, self._peer_dir, Inbox)
+                                       self._peer_dir, Inbox, PeerPorts(config.dscp), self.peers, self._adopt)
         try:
             await self.listener.start()
+            self.listener.peer_ports.bind(config.peers, config.listen)
         except OSError as exc:
+            self.listener.close()
             raise DaemonError(f"listen: port in use or not available: {exc.strerror or exc}") from None
         except CertificateError as exc:
             raise DaemonError(f"identity: {exc}") from None
@@ -134,8 +140,7 @@ class GatewayDaemon:
         except OSError as exc:
             self.listener.close()
             raise DaemonError(f"cannot listen: {exc.strerror or exc} ({exc.filename or ''})") from None
-        self._tasks = [asyncio.create_task(self._receive_loop()),
-                       asyncio.create_task(self._schedule_loop()),
+        self._tasks = [asyncio.create_task(self._schedule_loop()),
                        asyncio.create_task(self.notifier.feed_watchdog()),
                        asyncio.create_task(trim_periodically())]
         if self.signals:
@@ -180,7 +185,7 @@ class GatewayDaemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-        tasks = [*self._tasks, *self._incoming, *self._workers.values()]
+        tasks = [*self._tasks, *self._receiving, *self._workers.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -210,30 +215,33 @@ class GatewayDaemon:
         peer = self.config.peer(peer_name)
         return None if peer is None else self.config.received_dir / peer.name
 
-    async def _receive_loop(self) -> None:
-        """Serve each incoming session in its own task: several peers send at once."""
-        assert self.listener is not None
-        while True:
-            try:
-                session = await self.listener.accept()
-            except (SetupError, OSError) as exc:
-                log.warning("incoming session failed: %s", exc)
-                continue
-            task = asyncio.create_task(self._receive_session(session))
-            self._incoming.add(task)
-            task.add_done_callback(self._incoming.discard)
+    @property
+    def sessions(self) -> dict[str, GatewaySession]:
+        """The live session with each peer (ours or theirs: one per pair)."""
+        return self.peers.current
 
-    async def _receive_session(self, session: GatewaySession) -> None:
-        assert self.listener is not None
-        inbox = self.listener.inboxes[session]
+    def _adopt(self, session: GatewaySession, inbox: Inbox) -> None:
+        """A session with a peer was set up (dialled or accepted): receive over it from now
+        on, and wake the peer's worker, which sends over it."""
+        inbox.bind(session)  # before its control reader first runs: no resume query unanswered
+        self.inboxes[session] = inbox
+        task = asyncio.create_task(self._receive_session(session, inbox))
+        self._receiving.add(task)
+        task.add_done_callback(self._receiving.discard)
+        self._work_for(session.peer_name).set()
+
+    async def _receive_session(self, session: GatewaySession, inbox: Inbox) -> None:
         with self.metrics.tracking(session):
             try:
                 result = await receive_files(session, inbox, show_progress=False)
             finally:
-                await session.close()
-                self.listener.finished(session)
-        log.info("session from %s ended: %d files received%s", session.peer_name, result.file_count,
-                 f" ({result.error})" if result.error else "")
+                await session.close(SHUTDOWN)  # still open here only when we are closing
+                self.peers.ended(session)
+                self.inboxes.pop(session, None)
+                if self.listener is not None:
+                    self.listener.session_ended()
+        log.info("session with %s ended (%s): %d files received%s", session.peer_name, session.end_reason,
+                 result.file_count, f" ({result.error})" if result.error else "")
 
     # -- sending ---------------------------------------------------------------
 
@@ -261,8 +269,9 @@ class GatewayDaemon:
         return [t for t in self.store.queued() if t.submission.peer == peer]
 
     async def _peer_worker(self, peer_name: str) -> None:
-        """Keep a warm session to ``peer_name``: dialled at start and whenever there is work,
-        redialled with backoff while the peer is away, closed after ``warm_seconds`` idle."""
+        """Serve the session with ``peer_name`` (sending its queue over it): dial one at start
+        and whenever there is work and none, redial with backoff while the peer is away; a
+        session idle both ways for ``warm_seconds`` is closed."""
         assert self.store is not None
         backoff = BACKOFF_START_S
         warm_up = True  # the first session is set up before any transfer asks for it
@@ -276,27 +285,55 @@ class GatewayDaemon:
                         self.store.update(transfer, state="failed",
                                           reason=f"peer {peer_name!r} was removed from the config")
                     return
-                if not queue and not warm_up:
-                    work.clear()
-                    await self._until(work.wait())
-                    continue
-                try:
-                    session = await initiate(list(peer.paths), self.config.identity, self.config.ca,
-                                             self.config.gateway_options(peer))
-                except (ControlConnectError, SetupError, CertificateError, OSError) as exc:
-                    reason = f"waiting for peer {peer_name}: {exc}"
-                    for transfer in queue:
-                        if transfer.reason != reason:
-                            self.store.update(transfer, reason=reason)
-                    log.info("%s (retry in %.1f s)", reason, backoff)
-                    await self._until(asyncio.sleep(backoff))
-                    backoff = min(backoff * 2, BACKOFF_MAX_S)
-                    continue
+                session = self._live(peer_name)
+                if session is None:
+                    if not queue and not warm_up:
+                        work.clear()
+                        await self._until(work.wait())  # a submission, or the peer dialled us
+                        continue
+                    dialled = await self._dial(peer)
+                    if isinstance(dialled, Exception):
+                        if self._live(peer_name) is not None:
+                            continue  # the peer's dial is the one kept (peers.py)
+                        reason = f"waiting for peer {peer_name}: {dialled}"
+                        for transfer in queue:
+                            if transfer.reason != reason:
+                                self.store.update(transfer, reason=reason)
+                        log.info("%s (retry in %.1f s)", reason, backoff)
+                        await self._until(asyncio.sleep(backoff))
+                        backoff = min(backoff * 2, BACKOFF_MAX_S)
+                        continue
+                    session = dialled
                 backoff = BACKOFF_START_S
                 warm_up = not await self._serve_session(session, peer_name, peer.paths)
         finally:
             self._workers.pop(peer_name, None)
             self._wake.set()  # a submission that came while we finished gets a new worker
+
+    def _live(self, peer_name: str) -> GatewaySession | None:
+        session = self.peers.current.get(peer_name)
+        return session if session is not None and session.end_reason is None else None
+
+    async def _dial(self, peer: PeerConfig) -> GatewaySession | Exception:
+        """Set up a session to ``peer`` on its data ports, unless the one-per-pair rule keeps
+        the peer's own dial (then the exception says so)."""
+        assert self.listener is not None
+        directory = self._peer_dir(peer.name)
+        assert directory is not None
+        inbox = Inbox(directory)
+        ports = self.listener.data_ports(peer.name)
+        try:
+            async with self.peers.admission(peer.name, dialler=self.config.site) as admission:
+                session = await initiate(list(peer.paths[:len(ports)]), self.config.identity, self.config.ca,
+                                         self.config.gateway_options(peer), inbox.allocate, ports=ports,
+                                         instance=self.peers.instance, decide=admission.decide,
+                                         watch_receiving=True)
+                admission.adopt(session)
+                self._adopt(session, inbox)
+        except (ControlConnectError, SetupError, CertificateError, OSError) as exc:
+            return exc
+        self.dialled += 1
+        return session
 
     async def _until(self, awaitable: Any) -> None:
         """Wait for ``awaitable`` or the start of a drain, whichever comes first."""
@@ -310,43 +347,43 @@ class GatewayDaemon:
 
     async def _serve_session(self, session: GatewaySession, peer_name: str,
                              paths: tuple[Address, ...]) -> bool:
-        """Send the peer's queue over ``session``, keep it idle up to ``warm_seconds``.
-        Returns True when it ended idle (no need to redial), False when it failed."""
+        """Send the peer's queue over ``session``; close it once idle both ways for
+        ``warm_seconds``. Returns True when it ended idle (no need to redial), False else."""
         next_shard = 0
         work = self._work_for(peer_name)
-        self.dialled += 1
         self.path_cache.resume(peer_name, paths, session)
-        self.outgoing[peer_name] = session
-        with self.metrics.tracking(session):
-            try:
-                while not self.draining and session.failure is None:
-                    if peer_name in self._refresh:  # its paths changed: the next session takes them
-                        self._refresh.discard(peer_name)
-                        return False
-                    queue = self._queued_for(peer_name)
-                    if queue:
-                        next_shard = await self._run_one(session, queue[0], next_shard)
-                        self.path_cache.save(peer_name, paths, session)
-                        continue
-                    work.clear()
-                    ended = asyncio.ensure_future(session.wait_ended())
-                    try:
-                        await asyncio.wait_for(self._until(_first(work.wait(), ended)),
-                                               self.config.warm_s)
-                    except TimeoutError:
-                        log.info("session to %s idle for %.0f s: closed", peer_name, self.config.warm_s)
-                        return True
-                    finally:
-                        ended.cancel()
-                    if ended.done() and not ended.cancelled():
-                        return False
-                return session.failure is None
-            except SessionFailed:
-                return False
-            finally:
-                del self.outgoing[peer_name]
-                self.path_cache.save(peer_name, paths, session)
-                await session.close()
+        reason = SHUTDOWN  # the loop below ends by itself only for a drain (or a session that ended)
+        try:
+            while not self.draining and session.end_reason is None:
+                if peer_name in self._refresh:  # its paths changed: the next session takes them
+                    self._refresh.discard(peer_name)
+                    reason = RECONNECT
+                    return False
+                queue = self._queued_for(peer_name)
+                if queue:
+                    next_shard = await self._run_one(session, queue[0], next_shard)
+                    self.path_cache.save(peer_name, paths, session)
+                    continue
+                work.clear()
+                seen = _activity(session)
+                ended = asyncio.ensure_future(session.wait_ended())
+                try:
+                    await asyncio.wait_for(self._until(_first(work.wait(), ended)), self.config.warm_s)
+                except TimeoutError:
+                    if _activity(session) != seen:
+                        continue  # the peer is sending to us
+                    log.info("session with %s idle for %.0f s: closed", peer_name, self.config.warm_s)
+                    reason = IDLE
+                    return True
+                finally:
+                    ended.cancel()
+            return session.end_reason == IDLE
+        except ConnectionError:  # SessionFailed, or the endpoint closed under a send
+            return False
+        finally:
+            self.peers.ended(session)
+            self.path_cache.save(peer_name, paths, session)
+            await session.close(reason)
 
     async def _run_one(self, session: GatewaySession, transfer: Transfer, first_shard: int) -> int:
         """Send one transfer; returns the next free shard id of the session."""
@@ -370,12 +407,14 @@ class GatewayDaemon:
                     self.store.update(transfer, state="cancelled", reason="cancelled by request")
                 else:
                     self.store.update(transfer, state="queued", reason="interrupted by shutdown")
-                await session.close("cancelled")  # the peer drops the partial files
+                # The peer stops receiving it; the peer's own transfers on this session are
+                # queued again there and resume on the next session (peers.RETRY_REASONS).
+                await session.close(CANCELLED)
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # the daemon is closing, not just this transfer
                 return first_shard + len(pieces)
-            except SessionFailed as exc:
+            except ConnectionError as exc:  # SessionFailed, or the endpoint closed under the send
                 reason = str(exc)
             finally:
                 self._active.pop(transfer.id, None)
@@ -387,7 +426,7 @@ class GatewayDaemon:
         elif "(ENOSPC)" in reason and not self.draining:
             self._pause(transfer, reason)
             return first_shard + len(pieces)
-        elif session.failure is not None or self.draining:
+        elif session.failure is not None or self.draining or _retry(session):
             self.store.update(transfer, state="queued", reason=f"session lost, will retry: {reason}")
         else:
             self.store.update(transfer, state="failed", reason=reason)
@@ -440,6 +479,19 @@ class GatewayDaemon:
         self._cancelled.add(transfer.id)
         active[0].cancel()
         return True
+
+
+def _retry(session: GatewaySession) -> bool:
+    """The session ended for a reason that says nothing about its transfers (``peers.py``)."""
+    return (session.end_reason or "").startswith(RETRY_REASONS)
+
+
+def _activity(session: GatewaySession) -> tuple[int, ...]:
+    """What moved over ``session`` so far, both ways (a shard still arriving counts by its
+    bytes): the session is idle while this stays put."""
+    stats = session.endpoint.session.stats()
+    return (stats.shards_submitted, stats.acked_bytes, stats.shards_received, stats.bytes_received,
+            stats.receiving_bytes)
 
 
 async def _first(*awaitables: Any) -> None:

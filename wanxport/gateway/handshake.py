@@ -1,16 +1,20 @@
 """Session setup over the control channel: Hello/Keys -> Welcome/Keys.
 
 Initiator (sender)                      Responder (receiver)
-  Hello(endpoints, cipher, mtu)  ---->
+  Hello(endpoints, cipher, mtu,  ---->
+        instance)
   Keys(initiator->responder, 0)  ---->  binds its data sockets, starts its endpoint
-                                 <----  Welcome(paths, conn ids, credit)
+                                 <----  Welcome(paths, conn ids, credit, instance)
                                  <----  Keys(responder->initiator, 0)
   starts its endpoint, data flows
 
 The responder's endpoint is running before its Welcome leaves, so the first
 data datagram always finds an open socket. The initiator learns its own data
 endpoints (to put in Hello) before it has any key, by asking the kernel which
-local address and port a socket connected to each path would use.
+local address and port a socket connected to each path would use, or, with data ports
+bound beforehand (the daemon's), from those. ``instance`` is the process's random id: the
+daemon keeps one session per peer pair by it (``daemon/peers.py``), deciding in the
+``decide`` hook, after the peer's Hello or Welcome and before any data socket is used.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from cryptography import x509
@@ -98,10 +103,23 @@ def _check_keys(keys: Keys, direction: str, cipher: str) -> None:
                          f"{cipher}, got {keys.direction} phase {keys.key_phase} {keys.cipher}")
 
 
+# Called once the peer's Hello (responder) or Welcome (initiator) is in, with the peer
+# process's instance id, before any data socket is used: raising SetupError refuses the
+# session with that reason (the gateway daemon's one session per peer pair).
+Decide = Callable[[str | None], Awaitable[None]]
+
+
 async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: os.PathLike[str] | str,
-                   options: GatewayOptions | None = None, allocator: Allocator | None = None
-                   ) -> GatewaySession:
-    """Dial the peer on any path's port and set up a session (we send)."""
+                   options: GatewayOptions | None = None, allocator: Allocator | None = None, *,
+                   ports: list[PathPort] | None = None, instance: str | None = None,
+                   decide: Decide | None = None, watch_receiving: bool = False) -> GatewaySession:
+    """Dial the peer on any path's port and set up a session (we send).
+
+    ``watch_receiving``: we also receive files over it (the daemon), so watch for a stalled
+    sender and the peer's data-plane close as a responder does.
+    ``ports``: our data sockets, one per path, bound beforehand (the daemon binds them at
+    start); without them each path gets a fresh ephemeral socket. ``instance``: our process's
+    id for the peer (Hello.instance)."""
     options = options or GatewayOptions()
     if not paths:
         raise ValueError("paths: give at least one HOST:PORT")
@@ -112,19 +130,25 @@ async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: o
         timeout_s=options.connect_timeout_s, idle_timeout_s=options.control_timeout_s,
         resume_window_s=options.resume_window_s, dscp=options.dscp)
     try:
-        return await _initiate_on(channel, paths, identity_name(cert), options, allocator)
+        return await _initiate_on(channel, paths, identity_name(cert), options, allocator, ports, instance,
+                                  decide, watch_receiving)
     except BaseException:
         channel.close()
         raise
 
 
 async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str, options: GatewayOptions,
-                       allocator: Allocator | None) -> GatewaySession:
+                       allocator: Allocator | None, ports: list[PathPort] | None, instance: str | None,
+                       decide: Decide | None, watch_receiving: bool) -> GatewaySession:
     keys = DataKeys("initiator->responder", options.cipher, options.rotation, time.monotonic)
-    locals_ = [local_endpoint_for(p) for p in paths]
+    if ports is not None and len(ports) < len(paths):
+        raise ValueError(f"ports: {len(ports)} given for {len(paths)} paths")
+    locals_ = [local_endpoint_for(p) if ports is None else _announced(ports[i].address, p)
+               for i, p in enumerate(paths)]
     conn_id = int.from_bytes(os.urandom(4), "big")
     await channel.send(Hello(PROTOCOL_VERSION, "initiator", name, [format_endpoint(a) for a in locals_],
-                             [options.cipher], conn_id, mtu=options.mtu, segments=options.segments))
+                             [options.cipher], conn_id, mtu=options.mtu, segments=options.segments,
+                             instance=instance))
     await channel.send(keys.current)
     welcome = await expect(channel, Welcome, options.connect_timeout_s)
     peer_keys = await expect(channel, Keys, options.connect_timeout_s)
@@ -134,6 +158,12 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
     n = len(welcome.paths)
     if not 1 <= n <= len(paths):
         raise SetupError(f"session setup: the peer agreed to {n} paths, we offered {len(paths)}")
+    if decide is not None:
+        try:
+            await decide(welcome.instance)
+        except SetupError as exc:
+            await _refuse(channel, str(exc))
+            raise
     credit = welcome.credit_bytes or options.credit_bytes
     remotes = _data_remotes(paths[:n], welcome)
     cfg = EndpointConfig(
@@ -143,10 +173,22 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
         tuple(PathSocket(locals_[i], remotes[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
-    endpoint = Endpoint(cfg, allocator=allocator)
+    endpoint = Endpoint(cfg, allocator=allocator, ports=None if ports is None else ports[:n])
     endpoint.start()
     mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
-    return GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode)
+    session = GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode,
+                             stall_timeout_s=options.stall_timeout_s if watch_receiving else None)
+    session.peer_instance = welcome.instance
+    return session
+
+
+def _announced(bound: Address, remote: Address) -> Address:
+    """Our data endpoint as the peer should address it: the socket's port, and its host
+    unless it is a wildcard (then the address the route towards ``remote`` leaves from)."""
+    host, port = bound
+    if host in ("0.0.0.0", "::"):
+        host = local_endpoint_for(remote)[0]
+    return host, port
 
 
 def _data_remotes(paths: list[Address], welcome: Welcome) -> list[Address]:
@@ -171,12 +213,13 @@ def _data_remotes(paths: list[Address], welcome: Welcome) -> list[Address]:
 
 
 async def respond(channel: ControlChannel, listens: list[Address], name: str, options: GatewayOptions,
-                  allocator: Allocator | None = None, ports: list[PathPort] | None = None
-                  ) -> GatewaySession:
+                  allocator: Allocator | None = None, ports: list[PathPort] | None = None, *,
+                  instance: str | None = None, decide: Decide | None = None) -> GatewaySession:
     """Answer an initiator's Hello on an authenticated channel (we receive).
 
     ``ports``: the listener's path ports; the endpoint shares them (one UDP port
     per path for control and data) instead of binding ``listens`` itself.
+    ``instance``: our process's id for the peer (Welcome.instance).
     """
     hello = await expect(channel, Hello, options.connect_timeout_s)
     peer_keys = await expect(channel, Keys, options.connect_timeout_s)
@@ -187,6 +230,12 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         await _refuse(channel, str(exc))
         raise SetupError(f"session setup: {exc}") from None
     _check_keys(peer_keys, "initiator->responder", welcome.cipher)
+    if decide is not None:
+        try:
+            await decide(hello.instance)
+        except SetupError as exc:
+            await _refuse(channel, str(exc))
+            raise
     mtu = hello.mtu or options.mtu
     segments = hello.segments or options.segments
     n = len(welcome.paths)
@@ -206,18 +255,16 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         raise SetupError(f"session setup: cannot open the data ports: {exc.strerror or exc}") from None
     endpoint.start()
     try:
-        await channel.send(_with_credit(welcome, options.credit_bytes))
+        await channel.send(dataclasses.replace(welcome, credit_bytes=options.credit_bytes, instance=instance))
         await channel.send(keys.current)
     except BaseException:
         endpoint.abort()
         raise
     mode = "loopback" if all(is_loopback(p[0]) for p in peers) else "network"
-    return GatewaySession("responder", channel, endpoint, keys, channel.peer_name, mode=mode,
-                          stall_timeout_s=options.stall_timeout_s)
-
-
-def _with_credit(welcome: Welcome, credit: int) -> Welcome:
-    return dataclasses.replace(welcome, credit_bytes=credit)
+    session = GatewaySession("responder", channel, endpoint, keys, channel.peer_name, mode=mode,
+                             stall_timeout_s=options.stall_timeout_s)
+    session.peer_instance = hello.instance
+    return session
 
 
 async def _refuse(channel: ControlChannel, reason: str) -> None:

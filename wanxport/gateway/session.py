@@ -92,6 +92,7 @@ class GatewaySession:
         self.keys = keys
         self.peer_name = peer_name
         self.mode = mode
+        self.peer_instance: str | None = None  # the peer process's id (Hello/Welcome.instance)
         self.stats = SessionStats()
         self._loop = asyncio.get_running_loop()
         self._announced: dict[int, ShardAnnounce] = {}
@@ -104,11 +105,13 @@ class GatewaySession:
         self._ended: asyncio.Future[str] = self._loop.create_future()
         self._failure: Exception | None = None
         self._tasks = [asyncio.create_task(self._read_control()), asyncio.create_task(self._rotate())]
-        if role == "responder":
+        if role == "responder" or stall_timeout_s is not None:  # we receive
             self._tasks.append(asyncio.create_task(self._watch_data_close()))
             if stall_timeout_s is not None:
                 self._tasks.append(asyncio.create_task(self._watch_stall(stall_timeout_s)))
         self._closed = False
+        self._close_done = asyncio.Event()
+        self._close_reason: str | None = None
 
     # -- sending (initiator) ---------------------------------------------------
 
@@ -222,14 +225,22 @@ class GatewaySession:
         return self._failure
 
     @property
+    def end_reason(self) -> str | None:
+        """Why the session ended (the goodbye's reason, or the failure), or why our close
+        (under way) ends it; None while it runs."""
+        return self._ended.result() if self._ended.done() else self._close_reason
+
+    @property
     def datagrams_rejected(self) -> int:
         return self.endpoint.datagrams_rejected
 
     async def close(self, reason: str = "done") -> None:
         """Say goodbye (when still possible), stop the data plane, end the channel."""
         if self._closed:
+            await self._close_done.wait()  # another caller's close: until it is through
             return
         self._closed = True
+        self._close_reason = reason
         try:
             if self._failure is None and not self.channel.closed:
                 with contextlib.suppress(Exception):
@@ -243,6 +254,7 @@ class GatewaySession:
             self.channel.close()
             if not self._ended.done():
                 self._ended.set_result(reason)
+            self._close_done.set()
 
     async def __aenter__(self) -> GatewaySession:
         return self

@@ -152,6 +152,16 @@ class CongestionController(abc.ABC):
         """
         self.on_path_reset(now)
 
+    def on_app_idle(self, now: float) -> None:
+        """The session has nothing left to send: every shard it had was acknowledged (a step ended).
+
+        What is still in flight carries data the peer already has. A controller
+        whose search for capacity would otherwise resume at full strength in the
+        next step may settle on what it measured (``core.warm``); this default
+        keeps its state.
+        """
+        return None
+
     @property
     @abc.abstractmethod
     def cwnd_bytes(self) -> int:

@@ -32,7 +32,8 @@ wanxport's departures from BBRv1:
 * The bandwidth filter ages only when a usable sample arrives, so an
   app-limited stretch (a path idling between shards or training steps) keeps
   its estimate; nothing else expires over idle either. A Startup interrupted by
-  idle resumes paced at most 1.25 x the measured rate (docs/notes/steps.md).
+  idle (``on_app_idle``) leaves at the measured rate if its last round queued,
+  else resumes at most 1.25 x it and its BDP (docs/notes/steps.md).
 * ProbeBW starts at a phase drawn from an RNG seeded with ``seed`` plus the
   path's index, so runs are reproducible and paths start out of phase.
 * ``shared = true`` (links shared with other traffic): the session's paths
@@ -76,8 +77,8 @@ LOSS_CAP_BETA = 0.85
 #: Careful resume: the first, unvalidated round runs at this share of the saved rate (core.warm).
 RESUME_JUMP_GAIN = 0.5
 CAP_GROWTH_PER_ROUND = 1.05
-#: Startup resumed from idle paces at most this over the measured rate (ProbeBW's probe gain,
-#: not 2/ln 2, which threw ~2 BDP at a path already measured near full).
+#: Startup resumed from idle paces at, and keeps in flight, at most this times the measured rate
+#: (BDP): ProbeBW's probe gain, not 2/ln 2, which threw ~2 BDP at a path measured near full.
 RESTART_STARTUP_GAIN = 1.25
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
@@ -173,13 +174,9 @@ class BbrCongestionController(CongestionController):
         self._enter_startup()
 
     def _initial_pacing_rate(self) -> float:
-        """The initial window over one RTT at the Startup gain (BBR's BBRInitPacingRate).
-
-        Before the first sample the RTT is the configured guess; once a path
-        has been measured, its min RTT (Linux re-initialises from the first
-        sample the same way), so a short path does not dribble out its first
-        window at the pace of a long guess.
-        """
+        """The initial window over one RTT at the Startup gain (BBR's BBRInitPacingRate): the
+        configured guess before the first sample, then the min RTT (as Linux re-initialises), so a
+        short path does not dribble out its first window at the pace of a long guess."""
         rtt = self._min_rtt_s if self._min_rtt_s < math.inf else self._srtt_s
         return STARTUP_GAIN * self._initial_cwnd * 8.0 / rtt
 
@@ -193,21 +190,12 @@ class BbrCongestionController(CongestionController):
         """
         if bytes_in_flight <= 0:
             self._idle_restart = True
-            if self._mode == STARTUP and self._has_bw and not self._restart_capped:
-                self._restart_capped = True  # a step ended mid-search: see RESTART_STARTUP_GAIN
-                self._pacing_rate = 0.0  # so that the capped rate replaces it
-                self._set_pacing_rate()
+            self.on_app_idle(now)  # a search interrupted by idle settles as at a step's end
         if now > self._newest_sent:
             self._newest_sent = now
 
-    def on_ack(
-        self,
-        now: float,
-        acked_bytes: int,
-        rtt: RttEstimator,
-        sample: RateSample | None,
-        bytes_in_flight: int,
-    ) -> None:
+    def on_ack(self, now: float, acked_bytes: int, rtt: RttEstimator, sample: RateSample | None,
+               bytes_in_flight: int) -> None:
         """Update the path model from one ack batch, then the state, rate and window."""
         self._srtt_s = rtt.smoothed_s
         rtt_s = sample.rtt_s if sample is not None else rtt.latest_s if rtt.has_sample else 0.0
@@ -230,14 +218,8 @@ class BbrCongestionController(CongestionController):
         self._set_pacing_rate()
         self._set_cwnd(acked_bytes)
 
-    def on_loss(
-        self,
-        now: float,
-        lost_bytes: int,
-        bytes_in_flight: int,
-        lost_sent_time: float,
-        rtt: RttEstimator,
-    ) -> None:
+    def on_loss(self, now: float, lost_bytes: int, bytes_in_flight: int, lost_sent_time: float,
+                rtt: RttEstimator) -> None:
         """Count the loss as congestion only when a queue has been standing."""
         self._loss_in_phase = True
         if lost_sent_time <= self._last_reduction or not self._queue_standing():
@@ -282,6 +264,29 @@ class BbrCongestionController(CongestionController):
         full_bdp = int(rate_bps / 8.0 * self._min_rtt_s) + EXTRA_CWND_PACKETS * self._mss
         self._cwnd = max(self._cwnd, full_bdp)
 
+    def on_app_idle(self, now: float) -> None:
+        """A step ended during Startup (``core.warm``), or the path restarts from idle in it.
+
+        The app-limited tail never ran the plateau test, and resuming at 2/ln 2 x
+        the measured rate threw about two BDP into the queue. If the last round
+        queued (by the standing-queue margin) the bottleneck was full and the
+        estimate is the path's rate: ProbeBW at it and the min RTT. Otherwise (a
+        short step ends long before the plateau) the search goes on at most 1.25 x
+        the measured rate and BDP, until three flat rounds or a queued round.
+        """
+        if self._mode != STARTUP or not self._has_bw or self._min_rtt_s == math.inf:
+            return
+        if self._queued(self._round_min_rtt):
+            self._full_bw_reached = True
+            self._enter_drain(now)  # its bookkeeping: losses sent before now are not congestion
+            self._enter_probe_bw(now)
+        else:
+            self._restart_capped = True  # see RESTART_STARTUP_GAIN
+            self._pacing_rate = 0.0  # so that the capped rate replaces it
+            self._cwnd_gain = RESTART_STARTUP_GAIN  # and at most a quarter BDP queued
+        self._set_pacing_rate()
+        self._set_cwnd(0)
+
     # -- model updates ----------------------------------------------------------
 
     def _update_round(self, sample: RateSample) -> None:
@@ -322,7 +327,9 @@ class BbrCongestionController(CongestionController):
             self._full_bw_count = 0
             return
         self._full_bw_count += 1
-        if self._full_bw_count >= FULL_BW_ROUNDS:
+        # A search resumed from idle also ends on a round that queued: the estimate is the rate.
+        if self._full_bw_count >= FULL_BW_ROUNDS or (
+                self._restart_capped and self._queued(self._prev_round_min_rtt)):
             self._full_bw_reached = True
 
     def _update_cycle_phase(self, now: float, acked_bytes: int, bytes_in_flight: int) -> None:
@@ -369,14 +376,14 @@ class BbrCongestionController(CongestionController):
             else:
                 self._enter_startup()
 
+    def _queued(self, rtt_s: float) -> bool:
+        """Whether an RTT is more than max(5 ms, 25 % of the min RTT) above it: a queue."""
+        if self._min_rtt_s == math.inf or rtt_s == math.inf:
+            return False
+        return rtt_s - self._min_rtt_s > max(QUEUE_DELAY_MIN_S, QUEUE_DELAY_FRACTION * self._min_rtt_s)
+
     def _queue_standing(self) -> bool:
-        if self._min_rtt_s == math.inf:
-            return False
-        recent = min(self._round_min_rtt, self._prev_round_min_rtt)
-        if recent == math.inf:
-            return False
-        threshold = max(QUEUE_DELAY_MIN_S, QUEUE_DELAY_FRACTION * self._min_rtt_s)
-        return recent - self._min_rtt_s > threshold
+        return self._queued(min(self._round_min_rtt, self._prev_round_min_rtt))
 
     # -- states ---------------------------------------------------------------
 
@@ -387,11 +394,8 @@ class BbrCongestionController(CongestionController):
 
     def _note_reduction(self, now: float) -> None:
         """Start a new congestion episode: later losses count only for packets sent after it.
-
-        Packets already handed out with a departure time after ``now`` (the
-        pacing horizon) left at the old rate into the same queue, so they
-        belong to the episode being answered, not a new one.
-        """
+        Packets already handed out to depart after ``now`` (the pacing horizon) left at the old
+        rate into the same queue: they belong to the episode being answered, not a new one."""
         self._last_reduction = max(now, self._newest_sent)
 
     def _enter_drain(self, now: float) -> None:
@@ -453,7 +457,7 @@ class BbrCongestionController(CongestionController):
         if self._has_bw:
             extra = (self._coupled_gain(1.0 + EXTRA_CWND_PACKETS) - 1.0) * mss
             target = int(self._inflight(self._coupled_gain(self._cwnd_gain)) + extra)
-            if self._full_bw_reached:
+            if self._full_bw_reached or self._restart_capped:
                 self._cwnd = min(self._cwnd + acked_bytes, target)
             elif self._cwnd < target or self._delivered < self._initial_cwnd:
                 self._cwnd += acked_bytes
