@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from daemon_helpers import make_pki, two_sites  # noqa: E402
+from smaps import anon_by_mapping, by_kind, diff  # noqa: E402
 
 from wanxport.client import GatewayClient  # noqa: E402
 from wanxport.daemon.config import load_config  # noqa: E402
@@ -83,6 +84,7 @@ async def run(args: argparse.Namespace) -> None:
         if args.malloc_trim:
             malloc_trim()
         start = rss_anon_kib()
+        maps_start = anon_by_mapping()
         await send(args.warmup, args.transfers)
         gc.collect()
         if args.malloc_trim:
@@ -90,13 +92,19 @@ async def run(args: argparse.Namespace) -> None:
         end = rss_anon_kib()
         print(f"RssAnon {start} -> {end} KiB: {(end - start) / args.transfers:.1f} KiB per transfer "
               f"over {args.transfers} transfers of {args.size_mib} MiB")
+        sizes: dict[str, int] = {}
+        maps_end = anon_by_mapping(sizes=sizes)
+        for old, new in ((by_kind(maps_start), by_kind(maps_end)), (maps_start, maps_end)):
+            for delta, key in diff(old, new):
+                size = f" (a {sizes[key]} KiB mapping)" if key in sizes else ""
+                print(f"  smaps {delta:+6d} KiB ({delta / args.transfers:+.2f}/transfer) {key}{size}")
         if args.tracemalloc:
             # tracemalloc's own tables are native allocations too: count them as traced
             traced = (tracemalloc.get_traced_memory()[0] + tracemalloc.get_tracemalloc_memory()
                       - traced_start) / 1024
             print(f"traced (Python allocators) {traced / args.transfers:+.2f} KiB per transfer; "
                   f"the rest (native) {(end - start - traced) / args.transfers:+.2f} KiB per transfer")
-            for stat in tracemalloc.take_snapshot().compare_to(before, "lineno")[:15]:
+            for stat in tracemalloc.take_snapshot().compare_to(before, "lineno")[:30]:
                 print(stat)
         for daemon in (a, b):
             daemon.request_stop()

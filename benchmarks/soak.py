@@ -57,6 +57,9 @@ from wanxport.control.certs import make_test_pki
 from wanxport.scenario import Scenario
 from wanxport.scenario.model import PathEvent
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from smaps import anon_by_mapping, by_kind, diff  # noqa: E402
+
 PORT = 47100  # path k listens on PORT + k in its namespace (namespaces of our own: no clash)
 SITES = ("gw-a", "gw-b")
 TOLERANCE = 0.02
@@ -147,6 +150,8 @@ class Soak:
         self.start = 0.0
         self.next_write_s = 60.0
         self.cleanup: dict[str, Any] = {}
+        # per daemon: its anonymous memory by mapping at the second quarter's start and now
+        self.maps: dict[str, dict[str, dict[str, int]]] = {}
 
     # -- set-up -----------------------------------------------------------
 
@@ -270,6 +275,10 @@ class Soak:
             status = await asyncio.to_thread(self.client(site).status)
             row[site] = {**proc_sample(proc.pid), "tasks": status["asyncio_tasks"],
                          "reloads": self.reloads_applied(site)}
+            maps = self.maps.setdefault(site, {})
+            maps["now"] = anon_by_mapping(proc.pid)
+            if "q2" not in maps and row["t_s"] >= self.args.duration / 4:
+                maps["q2"] = maps["now"]
         self.samples.append(row)
         if row["t_s"] >= self.next_write_s:
             self.next_write_s += 60
@@ -310,9 +319,20 @@ class Soak:
             "failures": self.failures, "reloads_sent": self.reloads_sent,
             "flaps": int(samples[-1]["t_s"] // args.flap_every) if samples else 0,
             "cleanup": self.cleanup,
+            "smaps_growth": self.smaps_growth(),
             "verdict": verdict(samples, args.duration) if samples else None,
             "samples": columns(samples) if samples else None,
         }
+
+    def smaps_growth(self) -> dict[str, Any]:
+        """Per daemon, where its anonymous memory grew since the second quarter began:
+        the largest changes (KiB) by mapping kind and by mapping (``smaps.py``)."""
+        out: dict[str, Any] = {}
+        for site, maps in self.maps.items():
+            if "q2" in maps:
+                out[site] = {"by_kind": diff(by_kind(maps["q2"]), by_kind(maps["now"])),
+                             "by_mapping": diff(maps["q2"], maps["now"])}
+        return out
 
     def write_report(self, error: str | None, complete: bool) -> dict[str, Any]:
         """``soak.json``, replaced atomically: a run cut short still leaves its samples."""
@@ -487,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     if v is not None:
         for site in SITES:
             print(f"  {site}: {v[site]}")
+            growth = report["smaps_growth"].get(site)
+            if growth:
+                print(f"    anonymous KiB since the second quarter, by mapping kind: {growth['by_kind'][:4]}")
         print(f"verdict: {'PASS' if v['pass'] else 'FAIL'} (median RssAnon of the last "
               f"{v['last_window_s']:g} s within {TOLERANCE:.0%} of the second quarter's)")
     return 1 if error or soak.failures or v is None or not v["pass"] else 0

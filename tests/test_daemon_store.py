@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import tracemalloc
 from pathlib import Path
 
 from wanxport.daemon.durable import read_state
@@ -75,3 +76,18 @@ def test_the_archive_removes_records_past_retention_or_beyond_its_bound(tmp_path
     assert archive.sweep() == 3
     assert store.get(ids[7]) is None and store.get(ids[8]) is not None
     assert len(list(archive.keys.iterdir())) == 7
+
+
+def test_a_sweep_holds_no_list_of_the_archive(tmp_path: Path) -> None:
+    """The archive holds up to a week of records: a sweep that listed them all had a
+    memory peak growing with it (the daemon's resident memory rose sweep by sweep)."""
+    archive = FinishedArchive(tmp_path / "finished", retention_s=3600, max_records=10_000)
+    for k in range(3000):  # plain files: the sweep only looks at names and times here
+        (archive.directory / f"{k:016x}.json").write_text("{}")
+    tracemalloc.start()
+    try:
+        assert archive.sweep() == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, f"a sweep of 3000 records peaked at {peak} bytes"

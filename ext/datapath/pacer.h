@@ -32,6 +32,7 @@ typedef struct {
     int gso;
     WxPaceClock clock;
     WxRing ring;
+    int resident; /* the whole ring was made resident (wx_pacer_commit); under produce_mu */
     uint64_t sent_datagrams, sent_bytes, send_errors, gso_sends, eagain;
 } PPath;
 

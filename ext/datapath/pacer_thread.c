@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -138,6 +139,24 @@ void wx_pacer_destroy(WxPacer *pc) {
     pacer_free(pc);
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* A streak of this many datagrams queued without the ring emptying makes the whole
+ * ring resident (wx_pacer_commit). */
+#define WX_RING_RESIDENT_AFTER 64
+
+/* Fault in every page of [p, p + len) for writing, keeping its contents (so the
+ * release thread may be reading queued slots meanwhile). Best effort: an older
+ * kernel (EINVAL) leaves the pages to be faulted in as slots are written. */
+static void make_resident(void *p, size_t len) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)p & ~(page - 1);
+    uintptr_t end = ((uintptr_t)p + len + page - 1) & ~(page - 1);
+    (void)madvise((void *)start, end - start, MADV_POPULATE_WRITE);
+}
+
 /* ---- calls from the owner (under mu) ------------------------------------ */
 
 void wx_pacer_set_path(WxPacer *pc, int path, int fd, const struct sockaddr_storage *dest,
@@ -190,7 +209,22 @@ void wx_pacer_commit(WxPacer *pc, int path, size_t accepted) {
     if (accepted > 0 && was_empty && p->fd >= 0 &&
         wx_pace_head_release(&p->clock, &p->ring) < pc->wake_at)
         pthread_cond_signal(&pc->wake);
+    /* An empty ring restarts at slot 0 (wx_pacer_reserve), yet a path carrying bulk
+     * data walks further with each streak in which its ring never empties, and each
+     * longer streak makes more of the ring resident: on the soak's sender that crept
+     * towards the bound (32 MiB for two paths) for hours, which an operator cannot
+     * tell from a leak. So once a streak reaches WX_RING_RESIDENT_AFTER slots the
+     * whole ring becomes resident at once (outside mu: the release thread goes on):
+     * its memory steps to its bound early and then stays constant. A path that only
+     * queues a few datagrams at a time (acknowledgements) keeps its ring small. */
+    int populate = !p->resident && p->ring.head + p->ring.count >= WX_RING_RESIDENT_AFTER;
+    if (populate) p->resident = 1;
     pthread_mutex_unlock(&pc->mu);
+    if (populate) {
+        make_resident(p->ring.slots, p->ring.capacity * p->ring.slot_size);
+        make_resident(p->ring.lens, p->ring.capacity * sizeof *p->ring.lens);
+        make_resident(p->ring.not_before, p->ring.capacity * sizeof *p->ring.not_before);
+    }
     pthread_mutex_unlock(&pc->produce_mu);
 }
 

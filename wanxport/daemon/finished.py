@@ -14,9 +14,12 @@ the most recent few in memory. Records older than ``retention_s`` (or beyond
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
+import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,27 +78,41 @@ class FinishedArchive:
         return record if record is not None and record.get("key") == key else None
 
     def sweep(self, now: float | None = None) -> int:
-        """Remove records past the retention time or beyond the bound; returns how many."""
+        """Remove records past the retention time or beyond the bound; returns how many.
+
+        Streams the directory: a list of every record (up to ``max_records``, a week of
+        transfers) made each sweep's memory peak grow with the archive, so a warm
+        daemon's resident memory rose sweep by sweep for a week. Only the records
+        beyond the bound are held, the oldest ``excess`` (few: those finished since
+        the last sweep)."""
         self._last_sweep = time.monotonic()
         now = time.time() if now is None else now
-        records = []
-        for path in self.directory.glob("*.json"):
-            try:
-                records.append((path.stat().st_mtime, path))
-            except FileNotFoundError:
-                continue
-        records.sort()
-        excess = len(records) - self.max_records
-        removed = 0
-        for k, (mtime, path) in enumerate(records):
-            if k >= excess and now - mtime < self.retention_s:
-                break
-            self._remove(path)
-            removed += 1
+        removed = kept = 0
+        for mtime, path in self._records():
+            if now - mtime >= self.retention_s:
+                self._remove(path)
+                removed += 1
+            else:
+                kept += 1
+        excess = kept - self.max_records
+        if excess > 0:
+            for _, path in heapq.nsmallest(excess, self._records()):
+                self._remove(path)
+                removed += 1
         if removed:
             log.info("removed %d finished transfer records (retention %.0f s, at most %d)",
                      removed, self.retention_s, self.max_records)
         return removed
+
+    def _records(self) -> Iterator[tuple[float, Path]]:
+        """(mtime, path) of each record, one directory entry at a time."""
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.name.endswith(".json") and entry.is_file():
+                    try:
+                        yield entry.stat().st_mtime, Path(entry.path)
+                    except FileNotFoundError:
+                        continue
 
     def _remove(self, path: Path) -> None:
         try:

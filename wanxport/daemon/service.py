@@ -47,6 +47,7 @@ from wanxport.gateway.transfer import receive_files
 from .api import ApiServer, TlsListen
 from .config import DaemonConfig, PeerConfig, describe
 from .durable import remove_stale_temporaries
+from .heap import trim_periodically
 from .inbox import Inbox
 from .listener import DaemonListener
 from .metrics import DaemonCollector
@@ -140,7 +141,8 @@ class GatewayDaemon:
             self.listener.close()
             raise DaemonError(f"cannot listen: {exc.strerror or exc} ({exc.filename or ''})") from None
         self._tasks = [asyncio.create_task(self._schedule_loop()),
-                       asyncio.create_task(self.notifier.feed_watchdog())]
+                       asyncio.create_task(self.notifier.feed_watchdog()),
+                       asyncio.create_task(trim_periodically())]
         if self.signals:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, self.reload)

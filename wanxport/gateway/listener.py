@@ -24,6 +24,7 @@ from .handshake import SetupError, _refuse, identity_name, respond
 from .session import GatewaySession
 
 log = logging.getLogger(__name__)
+KEEP_REJECTIONS = 64
 
 
 def open_port(address: Address, dscp: int | None = None) -> PathPort:
@@ -50,7 +51,9 @@ class GatewayListener:
         self.server: ControlServer | None = None
         self.ports: list[PathPort] = []
         self._session: GatewaySession | None = None
-        self.rejections: asyncio.Queue[Exception] = asyncio.Queue()
+        # Refused control connections, for whoever reports them (``recv``); the daemon reads
+        # none, and a misconfigured or hostile peer retries for months: keep the latest only.
+        self.rejections: asyncio.Queue[Exception] = asyncio.Queue(maxsize=KEEP_REJECTIONS)
         self._sessions: asyncio.Queue[GatewaySession | Exception] = asyncio.Queue()
         self._busy = False
         self.busy_refusals = 0  # senders turned away while a session ran (for metrics)
@@ -65,10 +68,15 @@ class GatewayListener:
             self.server = await serve_control(
                 ports=self.ports, cert=self.cert, key=self.key, ca=self.ca,
                 on_session=self._on_session, idle_timeout_s=self.options.control_timeout_s,
-                resume_window_s=self.options.resume_window_s, on_reject=self.rejections.put_nowait)
+                resume_window_s=self.options.resume_window_s, on_reject=self._rejected)
         except BaseException:
             self._close_ports()
             raise
+
+    def _rejected(self, exc: Exception) -> None:
+        if self.rejections.full():
+            self.rejections.get_nowait()  # the oldest unread one goes
+        self.rejections.put_nowait(exc)
 
     @property
     def port_counters(self) -> dict[str, int]:

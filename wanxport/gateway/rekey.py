@@ -12,6 +12,7 @@ sealed before the switch still open.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from wanxport.aio.config import DirectionKey
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 # under phase n-1 (still in flight or in the pacer ring) have left before the
 # opening side overwrites that slot with phase n+1.
 MIN_PHASE_LIFETIME_S = 0.5
+# The run report lists when the most recent rotations happened; a warm session rotates
+# hourly for months, so only this many are kept (``rotations`` counts them all).
+KEEP_ROTATION_TIMES = 256
 
 
 def direction_key(keys: Keys) -> DirectionKey:
@@ -42,7 +46,7 @@ class DataKeys:
         self.phase_started = clock()
         self.rotations = 0
         self.peer_phase = 0
-        self.rotation_times: list[float] = []
+        self.rotation_times: deque[float] = deque(maxlen=KEEP_ROTATION_TIMES)
 
     @property
     def current(self) -> Keys:
