@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,6 +59,28 @@ class TlsListen:
         return context
 
 
+def bind_unix_socket(path: Path) -> socket.socket:
+    """A listening-ready Unix socket at ``path`` with mode 0660, never more open even for an instant.
+
+    The umask is the process's, so it is set and restored around the ``bind`` alone,
+    with no ``await`` between: two daemons starting on one event loop once interleaved
+    their set/restore around ``start_unix_server``'s await and left the process at
+    umask 0117 (every file created after lost its execute bits).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o117)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o660)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class ApiServer:
     def __init__(self, path: Path, handler: Handler, tls: TlsListen | None = None) -> None:
         self.path = path
@@ -79,12 +102,7 @@ class ApiServer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # a stale socket of a killed daemon (the listen ports prove we are alone)
-        old = os.umask(0o117)
-        try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
-        finally:
-            os.umask(old)
-        os.chmod(self.path, 0o660)
+        self._server = await asyncio.start_unix_server(self._serve, sock=bind_unix_socket(self.path))
         if self.tls is not None:
             self._tcp = await asyncio.start_server(self._serve, self.tls.host, self.tls.port,
                                                    ssl=self.tls.context())
