@@ -161,3 +161,13 @@ def test_random_streams_are_judged_identically(cipher: str, seed: int) -> None:
     assert sum(Counter(opener.drops).values()) == sum(
         v for k, v in counters.items() if k.startswith("rejected")
     )
+
+
+def test_a_run_whose_last_packet_number_passes_the_limit_is_refused() -> None:
+    """Packet numbers are 62-bit: a run of 5 datagrams may start at 2^62 - 5, not one later."""
+    nkey, _ = keys(CIPHERS[0])
+    data = bytes(3000)
+    last_start = (1 << 62) - 5
+    assert native.build_data_datagrams(nkey, CONN, 0, last_start, 0, SHARD, data, 0, 3000, 700).count == 5
+    with pytest.raises(ValueError, match=r"first_pn: .* \+ 5 datagrams exceeds 2\^62-1"):
+        native.build_data_datagrams(nkey, CONN, 0, last_start + 1, 0, SHARD, data, 0, 3000, 700)

@@ -135,4 +135,8 @@ PyObject *wx_fold_runs(PyObject *self, PyObject *arg);
 /* Parse an int argument into [lo, hi] or raise ValueError naming it. */
 int wx_int_in_range(PyObject *obj, const char *name, long long lo, long long hi, long long *out);
 
+/* Datagrams of at most max_payload bytes that carry length bytes from packet number first_pn
+ * into *count, or raise ValueError when the last one's number would pass 2^62-1. */
+int wx_data_run_count(long long first_pn, long long length, long long max_payload, long long *count);
+
 #endif

@@ -283,12 +283,8 @@ static PyObject *Pacer_enqueue_data(Pacer *self, PyObject *args, PyObject *kwarg
         wx_int_in_range(o_max, "max_payload", 1, max_limit, &max_payload) ||
         wx_int_in_range(o_nb, "not_before_ns", 0, INT64_MAX, &nb))
         goto done;
-    long long count = (length + max_payload - 1) / max_payload;
-    if (count > 0 && (unsigned long long)first_pn + (unsigned long long)count - 1 > WX_MAX_PN) {
-        PyErr_Format(PyExc_ValueError, "first_pn: %lld + %lld datagrams exceeds 2^62-1",
-                     first_pn, count);
-        goto done;
-    }
+    long long count;
+    if (wx_data_run_count(first_pn, length, max_payload, &count)) goto done;
     WxPacer *pc = self->pc;
     const uint8_t *src = (const uint8_t *)shard.buf + offset;
     size_t accepted = 0;

@@ -26,6 +26,16 @@ int wx_int_in_range(PyObject *obj, const char *name, long long lo, long long hi,
     return 0;
 }
 
+int wx_data_run_count(long long first_pn, long long length, long long max_payload, long long *count) {
+    long long n = (length + max_payload - 1) / max_payload;
+    if (n > 0 && (unsigned long long)first_pn + (unsigned long long)n - 1 > WX_MAX_PN) {
+        PyErr_Format(PyExc_ValueError, "first_pn: %lld + %lld datagrams exceeds 2^62-1", first_pn, n);
+        return -1;
+    }
+    *count = n;
+    return 0;
+}
+
 static int check_header(const Py_buffer *h) {
     if (h->len != WX_HEADER_LEN) {
         PyErr_Format(PyExc_ValueError, "header: must be %d bytes, got %zd", WX_HEADER_LEN, h->len);
@@ -287,12 +297,8 @@ PyObject *wx_build_data_datagrams(PyObject *self, PyObject *args, PyObject *kwar
         wx_int_in_range(o_max, "max_payload", 1,
                         max_payload_limit < 0xFFFF ? max_payload_limit : 0xFFFF, &max_payload))
         goto done;
-    long long count = (length + max_payload - 1) / max_payload;
-    if (count > 0 && (unsigned long long)first_pn + (unsigned long long)count - 1 > WX_MAX_PN) {
-        PyErr_Format(PyExc_ValueError, "first_pn: %lld + %lld datagrams exceeds 2^62-1",
-                     first_pn, count);
-        goto done;
-    }
+    long long count;
+    if (wx_data_run_count(first_pn, length, max_payload, &count)) goto done;
     const Py_ssize_t overhead = WX_HEADER_LEN + WX_DATA_FRAME_HEADER_LEN + (Py_ssize_t)p->tag_len;
     const Py_ssize_t stride = overhead + (Py_ssize_t)max_payload;
     /* Every datagram but the last is `stride` long; the last carries the rest. */
