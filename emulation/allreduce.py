@@ -219,7 +219,8 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         worst_step_s=round(worst, 4), correct=correct, identical_across_ranks=identical,
         worst_error_ratio=max(d["worst_error_ratio"] for d in done),
         cross_site_wire_bytes=sum(wire["a"]) + sum(wire["b"]),
-        rank_cpu_s=[d.get("cpu_s") for d in done], rank_diag=[d.get("diag") for d in done],
+        rank_cpu_s=[d.get("cpu_s") for d in done], rank_step_cpu_s=[d.get("step_cpu_s") for d in done],
+        rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
         cc=cc if options.comm == "gloo" else "bbr", backend=emu.backend, settings=settings, errors=errors)
     report["efficiency"] = round(ideal / steady, 4) if steady and steady == steady else None
