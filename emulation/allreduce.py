@@ -128,6 +128,20 @@ def _tx_bytes(emu: Emulation) -> dict[str, list[int]]:
     return out
 
 
+def _engine_cpu_s(emu: Emulation) -> float | None:
+    """CPU-s the impairment engine (every thread) has used so far; None without one (netem).
+    On a 2-core host the engine forwards every datagram next to the ranks: its CPU is part
+    of what a step costs here and nothing a real WAN would charge."""
+    try:
+        with open(f"{emu.plan.state_dir}/engine.pid") as fh:
+            pid = int(fh.read().strip())
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except (OSError, ValueError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_start: float) -> dict[str, Any]:
     best = netconfig.best_path(scenario)
     netconfig.source_routing(emu, best)
@@ -152,6 +166,7 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                 if program.expect("ready", SETUP_TIMEOUT_S) is None:
                     raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
             before = _tx_bytes(emu)
+            engine_before, go_at = _engine_cpu_s(emu), time.monotonic()
             emu.start_events()
             for program in programs:
                 program.tell("go")
@@ -163,6 +178,10 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                     raise EmulationError(f"{program.label}: no result within the {deadline_s:.0f} s deadline")
                 done.append(report)
             after = _tx_bytes(emu)
+            engine_after = _engine_cpu_s(emu)
+            settings["run_wall_s"] = round(time.monotonic() - go_at, 2)  # "go" to the last "done"
+            if engine_before is not None and engine_after is not None:
+                settings["engine_cpu_s"] = round(engine_after - engine_before, 2)  # over run_wall_s
         finally:
             for program in programs:
                 program.close()
@@ -219,7 +238,8 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         worst_step_s=round(worst, 4), correct=correct, identical_across_ranks=identical,
         worst_error_ratio=max(d["worst_error_ratio"] for d in done),
         cross_site_wire_bytes=sum(wire["a"]) + sum(wire["b"]),
-        rank_cpu_s=[d.get("cpu_s") for d in done], rank_diag=[d.get("diag") for d in done],
+        rank_cpu_s=[d.get("cpu_s") for d in done], rank_step_cpu_s=[d.get("step_cpu_s") for d in done],
+        rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
         cc=cc if options.comm == "gloo" else "bbr", backend=emu.backend, settings=settings, errors=errors)
     report["efficiency"] = round(ideal / steady, 4) if steady and steady == steady else None

@@ -34,3 +34,32 @@ def test_bundled_scenario_ideal_is_a_few_seconds() -> None:
         scenario = resolve_scenario(name)
         assert len(scenario.paths) == 4
         assert 1.0 < ideal_time_s(scenario, 64 << 20, "both") < 5.0
+
+
+@pytest.mark.parametrize("compress", [None, "int8"])
+def test_rank_checker_agrees_with_the_float64_bound(compress: str | None) -> None:
+    """The rank's float32 check accepts the fixed-order float32 sum and rejects exactly what
+    the float64 bound rejects (never tighter, and not looser by a float32 ulp's worth)."""
+    import numpy as np
+
+    from emulation.baselines.allreduce_app import Checker, inputs
+
+    spec = {"ranks_per_site": 1, "count": 4096, "seed": 7, "site": 1, "rank": 0, "compress": compress}
+    checker = Checker(spec)
+    xs = inputs(7, 2, 1, 4096)
+    result = xs[0][0] + xs[1][0]
+    ok, ratio, digest = checker.verdict(result)
+    assert ok and ratio < 1.0 and len(digest) == 16
+    exact = xs[0][0].astype(np.float64) + xs[1][0]
+    tol = checker.tol.astype(np.float64)
+    for i, sign in ((17, 1.0), (300, -1.0)):
+        over = result.copy()
+        over[i] = np.float32(exact[i] + sign * 3.0 * tol[i])  # beyond the bound (a few ulps)
+        assert checker.check(over)[0] is False
+        assert checker.check(over)[1] > 1.0
+    for bad in (np.nan, np.inf):
+        broken = result.copy()
+        broken[5] = bad
+        assert checker.check(broken)[0] is False
+    assert np.all(checker.lo.astype(np.float64) <= exact - tol * (1 - 1e-6))
+    assert np.all(checker.hi.astype(np.float64) >= exact + tol * (1 - 1e-6))
