@@ -1,6 +1,9 @@
 #!/bin/bash
 # Same-run A/B, variants alternated each round; one JSON report per line (with variant, round, load).
-# usage: ab.sh OUT.jsonl ROUNDS "EXTRA BENCH ARGS" -- then variants in VARIANTS below
+# usage: cpu2-ab.sh OUT.jsonl ROUNDS "EXTRA BENCH ARGS"   (VARIANTS="main branch ..." picks some)
+# main: a throwaway tree of main's commit with its extensions built in place, e.g.
+#   git worktree add /tmp/cpu2-main 1bea777 && (cd /tmp/cpu2-main && /work/wt/workers/.venv/bin/python setup.py build_ext --inplace)
+# run from PYTHONPATH (it shadows the editable install; the receiver child inherits it).
 out=$1; rounds=$2; extra=$3
 PY=/work/wt/workers/.venv/bin/python
 for r in $(seq 1 $rounds); do
