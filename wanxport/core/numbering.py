@@ -128,11 +128,19 @@ class WireNumbering:
         starts = self._starts
         return starts[index] if index < len(starts) else self.next_wire
 
-    def _forget_below(self, core_pn: int) -> None:
+    def __len__(self) -> int:
+        """Core packets whose spans are kept (tests: the mapping stays bounded)."""
+        return len(self._starts) - 1
+
+    def forget_below(self, core_pn: int) -> None:
         """Drop the spans of core packets below ``core_pn`` (no ACK can tell about them
         any more), once they are most of the array: a session that lives for months
         keeps what is outstanding, not every packet up to ``MAX_TRACKED``. Amortised:
-        each span is deleted once, in runs at least as long as what remains."""
+        each span is deleted once, in runs at least as long as what remains.
+
+        Called for each ACK (``translate_fresh``) and for each packet nothing tracks
+        (``Transmitter``): a receiver sends mostly acknowledgements, which are never
+        acknowledged, so a path of its may see no ACK for hours."""
         drop = min(core_pn - self._base, len(self._starts) - 1)
         if drop >= FORGET_AT_LEAST and 2 * drop >= len(self._starts):
             del self._starts[:drop]
@@ -149,7 +157,7 @@ class WireNumbering:
         carried unchanged repeat what earlier ACKs said — most of every ACK — and
         are skipped.
         """
-        self._forget_below(oldest_core_pn)
+        self.forget_below(oldest_core_pn)
         floor = self.first_wire(oldest_core_pn)
         ranges = frame.ranges
         kept = 0

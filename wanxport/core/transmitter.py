@@ -295,7 +295,15 @@ class Transmitter:
             rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
             path.loss.on_packet_sent(SentPacket(pn, not_before, size, chunks, control,
                                                 eliciting, in_flight, rate_state))
-        out.append(number_datagrams(self.wire[path.path_id], path.path_id, pn, frames,
+        numbering = self.wire[path.path_id]
+        out.append(number_datagrams(numbering, path.path_id, pn, frames,
                                     chunks[0][2] if chunks is not None else None,
                                     self.segments[path.path_id], overhead, not_before))
+        if not (in_flight or eliciting):
+            # Nothing tracks this packet (an acknowledgement), so no ACK answers it: a
+            # receiver's path that carries none of its few tracked packets saw no ACK
+            # to trim its numbering by, which kept every acknowledgement's span up to
+            # MAX_TRACKED (8 MiB a path: the gateway daemon receiver's live heap growth).
+            oldest = path.loss.oldest_of_interest()
+            numbering.forget_below(pn if oldest is None else oldest)
         self.touch(path)
