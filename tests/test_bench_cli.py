@@ -36,6 +36,23 @@ def test_loopback_transfer_report(capsys: pytest.CaptureFixture[str]) -> None:
     paths = report["paths"]
     assert isinstance(paths, list) and [p["name"] for p in paths] == ["lo0", "lo1"]
     assert sum(p["payload_bytes"] for p in paths) >= 4 << 20
+    # The sender's CPU, split by thread, adds up to the process's figure.
+    parts = report["sender_cpu_s_per_gb_by_thread"]
+    cpu = report["cpu_s_per_gb"]
+    assert isinstance(parts, dict) and isinstance(cpu, dict)
+    assert set(parts) == {"loop", "digest", "pacer", "other"}
+    assert parts["loop"] > 0 and parts["digest"] > 0 and parts["pacer"] > 0
+    assert sum(parts.values()) == pytest.approx(cpu["sender"], abs=1e-3)
+    assert report["pacer_send_rounds_per_gb"] > 0  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("argv", [["--ack-every", "0"], ["--ack-delay-ms", "0"], ["--pacer-spin-us", "-1"]])
+def test_pacer_and_ack_knobs_are_checked(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="wanxport bench")
+    add_bench_arguments(parser)
+    assert bench_main(parser.parse_args(argv)) == 2
+    err = capsys.readouterr().err
+    assert argv[0] in err and "Traceback" not in err
 
 
 def test_python_datapath_report(capsys: pytest.CaptureFixture[str]) -> None:

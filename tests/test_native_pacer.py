@@ -256,3 +256,24 @@ def test_bad_arguments_raise(pair: tuple[socket.socket, socket.socket]) -> None:
         with pytest.raises(TypeError, match="dest"):
             pacer.set_path(1, tx, dest="127.0.0.1:1")  # type: ignore[arg-type]
         assert pacer.enqueue(0, b"", stride=5) == 0
+
+
+def test_thread_stats_count_the_release_threads_own_work(pair: tuple[socket.socket, socket.socket]) -> None:
+    """A paced queue is released over several rounds, each after a timed wait; the thread's
+    CPU clock is read while it runs and frozen at its exit value once closed."""
+    rx, tx = pair
+    pacer = native_io.Pacer(1, burst_ns=0, spin_ns=0)
+    try:
+        idle = pacer.thread_stats()
+        assert idle.send_rounds == 0
+        pacer.set_path(0, tx)
+        pacer.set_pps(0, 2000.0)  # 20 datagrams 0.5 ms apart: one per round
+        assert pacer.enqueue(0, numbered(0, 20), stride=SIZE) == 20
+        assert pacer.wait_idle(10.0)
+        busy = pacer.thread_stats()
+    finally:
+        pacer.close()
+    closed = pacer.thread_stats()
+    assert drain(rx)[0] == list(range(20))
+    assert busy.send_rounds >= 10 and busy.sleeps >= 10
+    assert 0.0 < busy.cpu_s <= closed.cpu_s == pacer.thread_stats().cpu_s

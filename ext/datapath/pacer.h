@@ -64,6 +64,11 @@ typedef struct {
      * every queue before sleeping). An enqueue wakes it only for a head due before
      * this: a signal per enqueue cost a context switch per core packet. */
     int64_t wake_at;
+    /* The release thread's own accounting (under mu): timed or untimed waits it
+     * entered, rounds that sent, and its CPU time once it exited. */
+    uint64_t sleeps, send_rounds;
+    int64_t exit_cpu_ns;
+    int exited;
     PPath *paths;
     Plan *plans;
     struct mmsghdr *msgs;
@@ -104,9 +109,21 @@ size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t 
  * lens/not_before, then commit queues the first `accepted` and releases it. */
 size_t wx_pacer_reserve(WxPacer *pc, int path, size_t *tail);
 void wx_pacer_commit(WxPacer *pc, int path, size_t accepted);
+/* Make every path's whole ring resident now, as wx_pacer_commit() does once a path
+ * carries bulk data: for a caller that wants that first-touch cost (the kernel
+ * zeroing each fresh page) paid before it starts measuring. Contents are kept. */
+void wx_pacer_make_resident(WxPacer *pc);
 /* Block until every queue is empty or timeout_ns passed; 1 if empty. */
 int wx_pacer_wait_idle(WxPacer *pc, int64_t timeout_ns);
 /* Each path's counters into out[0 .. n_paths - 1]. */
 void wx_pacer_stats(WxPacer *pc, WxPathStats *out);
+
+typedef struct {
+    double cpu_s; /* the release thread's CPU time (user + system), so far or at exit */
+    uint64_t sleeps, send_rounds;
+} WxPacerThreadStats;
+
+/* What the release thread itself cost: a bench reports it per GB moved. */
+WxPacerThreadStats wx_pacer_thread_stats(WxPacer *pc);
 
 #endif

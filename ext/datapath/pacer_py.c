@@ -367,6 +367,22 @@ static PyObject *Pacer_stats(Pacer *self, PyObject *unused) {
     return list;
 }
 
+static PyObject *Pacer_make_resident(Pacer *self, PyObject *unused) {
+    if (self->pc != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        wx_pacer_make_resident(self->pc);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pacer_thread_stats(Pacer *self, PyObject *unused) {
+    WxPacerThreadStats st = {0};
+    if (self->pc != NULL) st = wx_pacer_thread_stats(self->pc);
+    return Py_BuildValue("{sdsKsK}", "cpu_s", st.cpu_s, "sleeps", (unsigned long long)st.sleeps,
+                         "send_rounds", (unsigned long long)st.send_rounds);
+}
+
 static PyObject *Pacer_close(Pacer *self, PyObject *unused) {
     if (self->pc != NULL) {
         Py_BEGIN_ALLOW_THREADS
@@ -400,6 +416,10 @@ static PyMethodDef Pacer_methods[] = {
     {"wait_idle", (PyCFunction)Pacer_wait_idle, METH_VARARGS,
      "wait_idle(timeout_s) -> bool: block until every queue is empty."},
     {"stats", (PyCFunction)Pacer_stats, METH_NOARGS, "stats() -> list of per-path counters."},
+    {"make_resident", (PyCFunction)Pacer_make_resident, METH_NOARGS,
+     "make_resident(): fault in every path's whole ring now (contents kept)."},
+    {"thread_stats", (PyCFunction)Pacer_thread_stats, METH_NOARGS,
+     "thread_stats() -> {cpu_s, sleeps, send_rounds} of the release thread (CPU at exit once closed)."},
     {"close", (PyCFunction)Pacer_close, METH_NOARGS, "close(): stop and join the thread."},
     {NULL},
 };

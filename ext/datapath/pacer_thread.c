@@ -157,6 +157,14 @@ static void make_resident(void *p, size_t len) {
     (void)madvise((void *)start, end - start, MADV_POPULATE_WRITE);
 }
 
+/* Every page of a ring's slots and metadata; the caller holds produce_mu and has
+ * set the path's resident flag. */
+static void ring_make_resident(WxRing *r) {
+    make_resident(r->slots, r->capacity * r->slot_size);
+    make_resident(r->lens, r->capacity * sizeof *r->lens);
+    make_resident(r->not_before, r->capacity * sizeof *r->not_before);
+}
+
 /* ---- calls from the owner (under mu) ------------------------------------ */
 
 void wx_pacer_set_path(WxPacer *pc, int path, int fd, const struct sockaddr_storage *dest,
@@ -220,10 +228,17 @@ void wx_pacer_commit(WxPacer *pc, int path, size_t accepted) {
     int populate = !p->resident && p->ring.head + p->ring.count >= WX_RING_RESIDENT_AFTER;
     if (populate) p->resident = 1;
     pthread_mutex_unlock(&pc->mu);
-    if (populate) {
-        make_resident(p->ring.slots, p->ring.capacity * p->ring.slot_size);
-        make_resident(p->ring.lens, p->ring.capacity * sizeof *p->ring.lens);
-        make_resident(p->ring.not_before, p->ring.capacity * sizeof *p->ring.not_before);
+    if (populate) ring_make_resident(&p->ring);
+    pthread_mutex_unlock(&pc->produce_mu);
+}
+
+void wx_pacer_make_resident(WxPacer *pc) {
+    pthread_mutex_lock(&pc->produce_mu);
+    for (int i = 0; i < pc->n_paths; i++) {
+        PPath *p = &pc->paths[i];
+        if (p->resident) continue;
+        p->resident = 1;
+        ring_make_resident(&p->ring);
     }
     pthread_mutex_unlock(&pc->produce_mu);
 }
@@ -255,6 +270,23 @@ void wx_pacer_stats(WxPacer *pc, WxPathStats *out) {
                                p->eagain,         p->ring.count, p->gso};
     }
     pthread_mutex_unlock(&pc->mu);
+}
+
+WxPacerThreadStats wx_pacer_thread_stats(WxPacer *pc) {
+    WxPacerThreadStats st = {0};
+    pthread_mutex_lock(&pc->mu);
+    st.sleeps = pc->sleeps;
+    st.send_rounds = pc->send_rounds;
+    int64_t cpu_ns = pc->exit_cpu_ns;
+    clockid_t cid;
+    struct timespec t;
+    /* Until the thread records its exit (under mu, which we hold) it has not
+     * returned, so it is not joined and its CPU clock is valid. */
+    if (!pc->exited && pthread_getcpuclockid(pc->thread, &cid) == 0 && clock_gettime(cid, &t) == 0)
+        cpu_ns = (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+    pthread_mutex_unlock(&pc->mu);
+    st.cpu_s = (double)cpu_ns / 1e9;
+    return st;
 }
 
 /* ---- the release thread -------------------------------------------------- */
@@ -375,6 +407,7 @@ static void *pacer_main(void *arg) {
         if (best == INT64_MAX) {
             if (all_empty(pc)) pthread_cond_broadcast(&pc->idle);
             pc->wake_at = INT64_MAX;
+            pc->sleeps++;
             pthread_cond_wait(&pc->wake, &pc->mu);
             pc->wake_at = INT64_MIN;
             continue;
@@ -385,6 +418,7 @@ static void *pacer_main(void *arg) {
         if (best > now + pc->spin_ns) {
             pc->wake_at = best - pc->spin_ns;
             struct timespec ts = ns_to_ts(pc->wake_at);
+            pc->sleeps++;
             pthread_cond_timedwait(&pc->wake, &pc->mu, &ts);
             pc->wake_at = INT64_MIN;
             continue;
@@ -397,6 +431,7 @@ static void *pacer_main(void *arg) {
             continue;
         }
         int n_plans = plan_round(pc, now);
+        if (n_plans > 0) pc->send_rounds++;
         pthread_mutex_unlock(&pc->mu);
         SendResult res[n_plans > 0 ? n_plans : 1];
         int backoff_fd = -1;
@@ -420,6 +455,10 @@ static void *pacer_main(void *arg) {
             if (res[i].gso_failed) p->gso = 0;
         }
     }
+    struct timespec cpu;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+        pc->exit_cpu_ns = (int64_t)cpu.tv_sec * 1000000000LL + cpu.tv_nsec;
+    pc->exited = 1;
     pthread_cond_broadcast(&pc->idle);
     pthread_mutex_unlock(&pc->mu);
     return NULL;

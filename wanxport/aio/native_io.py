@@ -61,6 +61,16 @@ class PathStats:
     gso: bool
 
 
+@dataclass(frozen=True, slots=True)
+class PacerThreadStats:
+    """What a pacer's release thread cost (Pacer.thread_stats()): its CPU time (user +
+    system, at exit once closed), the waits it entered and the rounds that sent."""
+
+    cpu_s: float
+    sleeps: int
+    send_rounds: int
+
+
 class Pacer:
     """Timed sender thread: per-path bounded FIFO rings released at pacing times.
 
@@ -137,6 +147,14 @@ class Pacer:
 
     def stats(self) -> list[PathStats]:
         return [PathStats(**s) for s in self._c.stats()]
+
+    def make_resident(self) -> None:
+        """Fault in every path's whole ring now, which the pacer otherwise does once a
+        path carries bulk data: a caller measuring steady-state cost pays it first."""
+        self._c.make_resident()
+
+    def thread_stats(self) -> PacerThreadStats:
+        return PacerThreadStats(**self._c.thread_stats())
 
     def close(self) -> None:
         self._c.close()

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 RECV_SLOTS = 64
 GRO_SLOT_BYTES = 65536
 MAX_BATCHES_PER_WAKE = 16
+RELEASE_BATCH_PER_PATH = 64  # datagrams a path may release per pacer round
+MAX_RELEASE_BATCH = 1024  # the pacer's own bound on one round (its sendmmsg vectors)
 
 
 class _Pending:
@@ -78,8 +80,13 @@ class SendLane:
         self._sockets = list(sockets)
         self._dest = list(destinations)
         self._conn = remote_conn_id
-        self.pacer = native_io.Pacer(n, capacity=capacity, slot_size=slot_size, spin_ns=spin_ns,
-                                     burst_ns=burst_ns)
+        # A release round's datagram budget is shared by all paths: at 64 in all, four
+        # paths due together split it and each leaves in GSO sends a third the size of
+        # a full 64 KB one (the kernel's cost is per send). A budget per path lets each
+        # due path send a full core packet's datagrams in the same round.
+        self.pacer = native_io.Pacer(n, capacity=capacity, slot_size=slot_size,
+                                     max_batch=min(MAX_RELEASE_BATCH, RELEASE_BATCH_PER_PATH * n),
+                                     spin_ns=spin_ns, burst_ns=burst_ns)
         self._pending: list[deque[_Pending]] = [deque() for _ in range(n)]
         self.local_send_errors = 0
         self.plans = 0  # plans this lane sealed: a worker's share of the traffic

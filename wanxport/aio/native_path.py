@@ -190,6 +190,17 @@ class NativeDatapath:
                 total[key] = total.get(key, 0) + value
         return total
 
+    def make_rings_resident(self) -> None:
+        """Every pacer ring faulted in now (Pacer.make_resident)."""
+        for lane in self._send_lanes:
+            lane.pacer.make_resident()
+
+    def pacer_thread_stats(self) -> native_io.PacerThreadStats:
+        """Every release thread's cost together (one per worker)."""
+        parts = [lane.pacer.thread_stats() for lane in self._send_lanes]
+        return native_io.PacerThreadStats(sum(p.cpu_s for p in parts), sum(p.sleeps for p in parts),
+                                          sum(p.send_rounds for p in parts))
+
     def close(self, drain_s: float = 0.2) -> None:
         """Let queued datagrams leave (bounded wait), then stop the pacer (and worker) threads."""
         if self._closed:

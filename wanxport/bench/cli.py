@@ -13,7 +13,7 @@ from wanxport.units import format_rate, format_size, parse_size
 from wanxport.wire import native
 from wanxport.wire.protection import CIPHERS
 
-DEFAULT_SEGMENTS = 64  # A/B in docs/results/cpu.md: 64 cut CPU per GB at both ends vs 32
+DEFAULT_SEGMENTS = 128  # A/Bs in docs/results/cpu.md: 64 cut CPU per GB at both ends vs 32, 128 vs 64
 SHARD_TARGET_BYTES = 64 << 20
 
 
@@ -30,11 +30,20 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS,
                         help="datagrams per core packet (segmentation below the core)")
     parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
-    parser.add_argument("--pacer-burst-us", type=float, default=100.0,
-                        help="the native pacer sends what falls due within this window at once")
+    parser.add_argument("--pacer-burst-us", type=float, default=500.0,
+                        help="the native pacer sends what falls due within this window at once "
+                             "(default: the endpoint's, 500)")
+    parser.add_argument("--pacer-spin-us", type=float, default=0.0,
+                        help="the native pacer spins this long before a release (default: the "
+                             "endpoint's, 0)")
+    parser.add_argument("--ack-every", type=int, default=None,
+                        help="the receiver acknowledges every N datagrams (default: --segments)")
+    parser.add_argument("--ack-delay-ms", type=float, default=1.0,
+                        help="... or within this delay (default 1)")
     parser.add_argument("--fresh-buffers", action="store_true",
-                        help="receive into untouched memory (a first step: the kernel zeroes each "
-                             "page on first write) instead of buffers touched before the clock starts")
+                        help="receive into untouched memory and send from untouched pacer rings (a "
+                             "first step: the kernel zeroes each page on first write) instead of "
+                             "memory touched before the clock starts")
     parser.add_argument("--workers", type=int, default=1,
                         help="data-path worker threads at each end (native; at most one per path)")
     parser.add_argument("--seed", type=int, default=1)
@@ -74,7 +83,10 @@ def bench_main(args: argparse.Namespace) -> int:
               (args.shards is None or args.shards >= 1, "--shards must be >= 1"),
               (args.pps is None or args.pps > 0, "--pps must be > 0"),
               (args.duration > 0, "--duration must be > 0"),
-              (0 <= args.pacer_burst_us <= 10_000, "--pacer-burst-us must be between 0 and 10000")]
+              (0 <= args.pacer_burst_us <= 10_000, "--pacer-burst-us must be between 0 and 10000"),
+              (0 <= args.pacer_spin_us <= 10_000, "--pacer-spin-us must be between 0 and 10000"),
+              (args.ack_every is None or args.ack_every >= 1, "--ack-every must be >= 1"),
+              (0 < args.ack_delay_ms <= 1000, "--ack-delay-ms must be in (0, 1000]")]
     checks.append((args.transport == "wanxport" or (args.paths == 1 and args.pps is None),
                    "--transport aioquic runs one QUIC stream: use --paths 1 and no --pps"))
     for ok, message in checks:
@@ -120,7 +132,9 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         timeout = args.timeout or max(60.0, size / 10e6)
         spec = TransferSpec(args.paths, size, args.mtu, args.cipher,
                             "python" if args.python_datapath else "native", args.segments, shards,
-                            args.seed, timeout, pacer_burst_ns=round(args.pacer_burst_us * 1000),
+                            args.seed, timeout, pacer_spin_ns=round(args.pacer_spin_us * 1000),
+                            pacer_burst_ns=round(args.pacer_burst_us * 1000),
+                            ack_every=args.ack_every, ack_delay_s=args.ack_delay_ms / 1000,
                             fresh_buffers=args.fresh_buffers, fec=args.fec, workers=args.workers)
         report = run_transfer(spec)
     if baseline is not None:

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
 from wanxport.aio.endpoint import Allocator, Endpoint, ReceivedShard
 from wanxport.aio.loop import run
+from wanxport.aio.native_path import NativeDatapath
 from wanxport.bench.child import module_command
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.report import PathReport, build_report
@@ -47,11 +48,15 @@ class TransferSpec:
     shards: int
     seed: int
     timeout_s: float
-    pacer_spin_ns: int = 2_000
-    pacer_burst_ns: int = 100_000
-    fresh_buffers: bool = False  # receive into never-touched memory (see warm_allocator)
+    # The endpoint's own pacer defaults (aio.config), which the gateway runs: a burst
+    # window of 0.5 ms lets a path at ~1 Gb/s and above leave in full 64 KB GSO sends.
+    pacer_spin_ns: int = 0
+    pacer_burst_ns: int = 500_000
+    fresh_buffers: bool = False  # never-touched receive buffers and pacer rings (warm_allocator)
     fec: str = "auto"  # the erasure-coded tail (SessionConfig.fec)
     workers: int = 1  # data-path worker threads at each end (EndpointConfig.workers)
+    ack_every: int | None = None  # the receiver's ack_threshold (None: one core packet's datagrams)
+    ack_delay_s: float = 0.001  # its max_ack_delay_s
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -74,9 +79,10 @@ def session_config(spec: TransferSpec) -> SessionConfig:
     # Acknowledge about once per core packet's worth of datagrams, and within 1 ms
     # otherwise: on loopback the default 5 ms delayed-ACK timer would *be* the
     # round trip, and BBR's window (2 x bandwidth x min RTT) would follow it.
+    ack_every = spec.ack_every if spec.ack_every is not None else max(2, spec.segments)
     return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=budget,
-                         peer_credit_bytes=budget, ack_threshold=max(2, spec.segments),
-                         max_ack_delay_s=0.001, fec=spec.fec)
+                         peer_credit_bytes=budget, ack_threshold=ack_every,
+                         max_ack_delay_s=spec.ack_delay_s, fec=spec.fec)
 
 
 def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, local: int,
@@ -199,11 +205,18 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
         child.stdin.close()
         value = _expect(child.stdout, "ports", CHILD_START_TIMEOUT_S)
         endpoint.connect([(str(h), int(p)) for h, p in value])
+        if not spec.fresh_buffers and isinstance(endpoint.datapath, NativeDatapath):
+            # The pacer rings' pages, zeroed by the kernel on first touch, are the
+            # endpoint's own memory, reused for every later step: like the receiver's
+            # buffers (warm_allocator), touched before the clock starts.
+            endpoint.datapath.make_rings_resident()
         cpu_start = process_cpu_s()  # the shard digests are the sender's work too
+        digest_start = time.thread_time()
         digests = [hashlib.sha256(s).digest() for s in shards]
         loop_start = time.thread_time()  # the event loop's thread: the serial part (the core)
         sent = run(_send(endpoint, shards, digests, spec.timeout_s))
         sent["loop_cpu_s"] = time.thread_time() - loop_start
+        sent["digest_cpu_s"] = loop_start - digest_start
         sent["cpu_s"] = process_cpu_s() - cpu_start
         result = _expect(child.stdout, "ok", spec.timeout_s)
     finally:
@@ -293,7 +306,24 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
                       "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
         loop_cpu_s_per_gb={"sender": round(sent["loop_cpu_s"] / spec.size * 1e9, 4),
                            "receiver": round(received["loop_cpu_s"] / spec.size * 1e9, 4)},
+        **_sender_breakdown(spec, endpoint, sent),
     )
+
+
+def _sender_breakdown(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any]) -> dict[str, Any]:
+    """Where the sender's CPU per GB went: its loop thread, the shard digests (hashed on
+    the main thread before the loop starts), the pacer's release thread(s) (each GSO
+    send carries the loopback receiver's kernel work too), and the rest. Its wake-ups
+    per GB tell a pacer that sleeps per datagram run from one that sleeps per burst."""
+    if not isinstance(endpoint.datapath, NativeDatapath):
+        return {}
+    pacer = endpoint.datapath.pacer_thread_stats()
+    per_gb = 1e9 / spec.size
+    parts = {"loop": sent["loop_cpu_s"], "digest": sent["digest_cpu_s"], "pacer": pacer.cpu_s}
+    parts["other"] = sent["cpu_s"] - sum(parts.values())
+    return {"sender_cpu_s_per_gb_by_thread": {k: round(v * per_gb, 4) for k, v in parts.items()},
+            "pacer_sleeps_per_gb": round(pacer.sleeps * per_gb),
+            "pacer_send_rounds_per_gb": round(pacer.send_rounds * per_gb)}
 
 
 if __name__ == "__main__":
