@@ -76,7 +76,7 @@ def _kernel_at_least(major: int, minor: int) -> bool:
 
 # In a fresh process: in a long-lived one (the test suite) glibc may hand the ring a
 # chunk an earlier test freed, already resident, and the step would not show.
-BULK_RING = """
+SCRIPT_PREAMBLE = """
 import socket
 from pathlib import Path
 from wanxport.aio.native_io import Pacer
@@ -87,8 +87,22 @@ def rss_anon_kib():
 
 sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 sink.bind(("127.0.0.1", 0))
+sink.settimeout(5.0)
 out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 out.connect(sink.getsockname())
+"""
+
+
+def run_fresh(script: str) -> list[int]:
+    """Run a measurement after SCRIPT_PREAMBLE in a fresh interpreter; the integers it prints."""
+    source = (SCRIPT_PREAMBLE + script).replace("CAPACITY", str(CAPACITY)).replace("SLOT", str(SLOT))
+    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    return [int(x) for x in proc.stdout.split()]
+
+
+BULK_RING = """
 pacer = Pacer(1, capacity=CAPACITY, slot_size=SLOT)
 pacer.set_path(0, out)
 pacer.set_rate(0, 10e6)  # 200-byte datagrams queue up: each burst is one streak
@@ -108,30 +122,13 @@ pacer.close()
 def test_a_bulk_path_makes_its_ring_resident_once_then_stays_flat() -> None:
     """A streak of queued datagrams takes the ring to its bound in one step; longer
     streaks later touch nothing new (before, each record streak added pages)."""
-    script = BULK_RING.replace("CAPACITY", str(CAPACITY)).replace("SLOT", str(SLOT))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr
-    stepped, later = (int(x) for x in proc.stdout.split())
+    stepped, later = run_fresh(BULK_RING)
     ring_kib = CAPACITY * SLOT // 1024
     assert stepped >= 0.9 * ring_kib, f"a 100-datagram streak made {stepped} of {ring_kib} KiB resident"
     assert later < 1024, f"RssAnon grew another {later} KiB over longer streaks"
 
 
 WARM_RING = """
-import socket
-from pathlib import Path
-from wanxport.aio.native_io import Pacer
-
-def rss_anon_kib():
-    return next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines()
-                if l.startswith("RssAnon:"))
-
-sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-sink.bind(("127.0.0.1", 0))
-sink.settimeout(5.0)
-out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-out.connect(sink.getsockname())
 pacer = Pacer(2, capacity=CAPACITY, slot_size=SLOT)
 pacer.set_path(0, out)
 pacer.set_rate(0, 1e5)  # 200-byte datagrams: 2 ms apart, so most are still queued below
@@ -155,11 +152,7 @@ def test_make_resident_faults_in_every_ring_at_once_and_keeps_queued_data() -> N
     """What a benchmark calls before its clock starts: both paths' rings (one idle)
     become resident in one call, the datagrams queued meanwhile leave intact and in
     order, and later bulk streaks add no pages."""
-    script = WARM_RING.replace("CAPACITY", str(CAPACITY)).replace("SLOT", str(SLOT))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr
-    warmed, later, intact = (int(x) for x in proc.stdout.split())
+    warmed, later, intact = run_fresh(WARM_RING)
     ring_kib = CAPACITY * SLOT // 1024
     assert warmed >= 0.9 * 2 * ring_kib, f"make_resident made {warmed} of {2 * ring_kib} KiB resident"
     assert later < 1024, f"RssAnon grew another {later} KiB after make_resident"
