@@ -128,6 +128,19 @@ def _tx_bytes(emu: Emulation) -> dict[str, list[int]]:
     return out
 
 
+def _sent_datagrams(emu: Emulation) -> int:
+    """Frames both sites' path interfaces have transmitted so far: what the engine must
+    forward, the denominator of its CPU per datagram."""
+    total = 0
+    for side in ("a", "b"):
+        names = {p.ifname for p in emu.paths}
+        for line in emu.run(side, ["cat", "/proc/net/dev"]).stdout.splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            if name.strip() in names:
+                total += int(rest.split()[9])
+    return total
+
+
 def _engine_cpu_s(emu: Emulation) -> float | None:
     """CPU-s the impairment engine (every thread) has used so far; None without one (netem).
     On a 2-core host the engine forwards every datagram next to the ranks: its CPU is part
@@ -166,6 +179,7 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                 if program.expect("ready", SETUP_TIMEOUT_S) is None:
                     raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
             before = _tx_bytes(emu)
+            datagrams_before = _sent_datagrams(emu)
             engine_before, go_at = _engine_cpu_s(emu), time.monotonic()
             emu.start_events()
             for program in programs:
@@ -182,6 +196,11 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
             settings["run_wall_s"] = round(time.monotonic() - go_at, 2)  # "go" to the last "done"
             if engine_before is not None and engine_after is not None:
                 settings["engine_cpu_s"] = round(engine_after - engine_before, 2)  # over run_wall_s
+                datagrams = _sent_datagrams(emu) - datagrams_before
+                settings["engine_datagrams"] = datagrams
+                if datagrams:
+                    settings["engine_us_per_datagram"] = round(
+                        1e6 * (engine_after - engine_before) / datagrams, 2)
         finally:
             for program in programs:
                 program.close()

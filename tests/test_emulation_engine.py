@@ -3,13 +3,14 @@
 Virtual-time tests drive ``Engine.admit`` (the same function the forwarding loop
 uses) with chosen arrival times, so they are exact and seeded. The forwarding
 tests use AF_UNIX datagram UDP sockets on loopback (no root needed) and assert ordering,
-counts and that no packet leaves before its delay, never a speed.
+counts and that no packet leaves before its delay (less the release window), never a speed.
 """
 
 from __future__ import annotations
 
 import math
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,8 @@ import pytest
 from emulation._engine import Engine
 
 BASE = {"rate_bps": 100e6, "delay_s": 0.010, "queue_bytes": 125_000.0}
+WINDOW_S = 100e-6  # the engine's default release window
+SO_TIMESTAMPNS = 35  # Linux; the socket module does not export it
 
 
 def make(seed: int = 1, **params: object) -> Engine:
@@ -134,7 +137,8 @@ def forwarding(
     # is tested in virtual time above), and this test asserts the base as a floor.
     eng.add_direction(eng_in.fileno(), eng_out.fileno(), rate_bps=1e9, delay_s=0.005,
                       queue_bytes=1e7, loss=0.1)
-    thread = threading.Thread(target=eng.run, kwargs={"timerfd": request.param})
+    thread = threading.Thread(target=eng.run, kwargs={"timerfd": request.param,
+                                                      "release_window_s": WINDOW_S})
     thread.start()
 
     def stop() -> None:
@@ -165,7 +169,8 @@ def test_forwarding_in_order_after_the_delay_with_counted_loss(
         if len(got) == stats["rx_packets"] - stats["drop_loss"] and stats["rx_packets"] == n:
             break
         seq = int.from_bytes(dst.recv(4096)[:4], "big")
-        assert time.monotonic() - sent_at[seq] >= 0.005  # never before its one-way delay
+        # never before its one-way delay, less the release window
+        assert time.monotonic() - sent_at[seq] >= 0.005 - WINDOW_S
         got.append(seq)
     assert got == sorted(got)  # reorder = false
     # The engine counts a batch once sendmmsg returns, so a reader can see the datagrams before
@@ -174,3 +179,52 @@ def test_forwarding_in_order_after_the_delay_with_counted_loss(
     stats = eng.stats(0)
     assert stats["tx_packets"] == len(got) == n - stats["drop_loss"]
     assert 0 < stats["drop_loss"] < n // 4
+
+
+def test_release_window_is_validated() -> None:
+    eng = Engine(header_bytes=0)
+    for bad in (-1e-6, 1.0, math.nan):
+        with pytest.raises(ValueError, match="release_window_s"):
+            eng.run(release_window_s=bad)
+
+
+def _burst_spread_s(window_s: float) -> float:
+    """Ten datagrams through a 1 Mb/s, 20 ms direction (1 ms apart in the heap): the spread of
+    their kernel receive timestamps at the destination."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(4)]
+    src, eng_in, eng_out, dst = socks
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    src.connect(eng_in.getsockname())
+    eng_out.connect(dst.getsockname())
+    dst.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    eng = Engine(header_bytes=0)
+    eng.add_direction(eng_in.fileno(), eng_out.fileno(), rate_bps=1e6, delay_s=0.020, queue_bytes=1e5)
+    thread = threading.Thread(target=eng.run, kwargs={"release_window_s": window_s})
+    thread.start()
+    try:
+        sent = time.time()
+        for i in range(10):
+            src.send(bytes([i]) * 125)  # 1000 bits: 1 ms at 1 Mb/s
+        dst.settimeout(2.0)
+        stamps, order = [], []
+        for _ in range(10):
+            data, anc, _, _ = dst.recvmsg(256, 64)
+            sec, nsec = struct.unpack("qq", anc[0][2][:16])
+            stamps.append(sec + nsec * 1e-9)
+            order.append(data[0])
+    finally:
+        eng.stop()
+        thread.join()
+        for sock in socks:
+            sock.close()
+    assert order == list(range(10))  # a window never reorders
+    assert stamps[0] - sent >= 0.020  # the first leaves at its release time, not before
+    return stamps[-1] - stamps[0]
+
+
+def test_release_window_sends_due_packets_together_and_zero_keeps_exact_spacing() -> None:
+    # Window 0: each packet leaves at its own release time, 1 ms after the previous one.
+    assert _burst_spread_s(0.0) >= 0.009 - 1e-4
+    # A 10 ms window: the wake-up for the first sends all ten (due within 9 ms of it) at once.
+    assert _burst_spread_s(10e-3) < 0.0045

@@ -635,6 +635,15 @@ static int epoll_wait_ns(int epfd, struct epoll_event *evs, int n, const struct 
 }
 #endif
 
+/* Every wake-up releases the packets due within this window at once, so a dense
+ * heap (a rate-limited path spaces its packets by one serialisation time, ~100 us
+ * at 100 Mb/s) costs one sleep and one sendmmsg per window instead of one per
+ * packet: in perf, the sleep/wake path was a third of the engine's CPU.  The
+ * price is bounded: a packet leaves at most this much before its release time,
+ * never later, and in the same order (the heap order is unchanged). */
+#define DEFAULT_RELEASE_WINDOW_S 100e-6
+#define MAX_RELEASE_WINDOW_S 10e-3
+
 /* The forwarding loop. Readiness comes from epoll: the interest set is built
  * once, where ppoll() re-examined every socket on every wake-up (a third of
  * the engine's CPU with 16 directions, in perf). The next release is the
@@ -642,10 +651,15 @@ static int epoll_wait_ns(int epfd, struct epoll_event *evs, int n, const struct 
  * instead, re-armed whenever the earliest release changes (epoll_wait's own
  * timeout is in milliseconds). */
 static PyObject *Engine_run(Engine *e, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"timerfd", NULL};
+    static char *kwlist[] = {"timerfd", "release_window_s", NULL};
     int force_timerfd = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$p:run", kwlist, &force_timerfd))
+    double window = DEFAULT_RELEASE_WINDOW_S;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pd:run", kwlist, &force_timerfd, &window))
         return NULL;
+    if (!(window >= 0.0 && window <= MAX_RELEASE_WINDOW_S)) {
+        PyErr_Format(PyExc_ValueError, "release_window_s must be in [0, %g]", MAX_RELEASE_WINDOW_S);
+        return NULL;
+    }
     if (atomic_exchange(&e->running, 1)) {
         PyErr_SetString(PyExc_RuntimeError, "engine already running");
         return NULL;
@@ -677,7 +691,7 @@ static PyObject *Engine_run(Engine *e, PyObject *args, PyObject *kw) {
     while (!fatal_errno && !atomic_load(&e->stop_flag)) {
         if (atomic_load(&e->any_pending))
             apply_pending(e);
-        release_due(e, tx, mono_now());
+        release_due(e, tx, mono_now() + window);
         double next = e->heap_len ? e->heap[0]->dep : -1.0;
         int ready;
         if (precise_wait) {
@@ -770,8 +784,9 @@ static PyMethodDef Engine_methods[] = {
      "admit(index, now_s, length) -> (release_s | None, reason): one decision in virtual time."},
     {"stats", (PyCFunction)Engine_stats, METH_VARARGS, "stats(index) -> dict of counters."},
     {"run", (PyCFunction)(void (*)(void))Engine_run, METH_VARARGS | METH_KEYWORDS,
-     "run(*, timerfd=False): forward until stop(); releases the GIL. timerfd=True waits the "
-     "way kernels before 5.11 must (tests)."},
+     "run(*, timerfd=False, release_window_s=100e-6): forward until stop(); releases the GIL. "
+     "timerfd=True waits the way kernels before 5.11 must (tests). Each wake-up sends every "
+     "packet due within release_window_s: none leaves later than due, none earlier than that."},
     {"stop", (PyCFunction)Engine_stop, METH_NOARGS, "Ask run() to return (thread-safe)."},
     {"queued", (PyCFunction)Engine_queued, METH_NOARGS, "Packets waiting for release."},
     {"now", (PyCFunction)Engine_now, METH_NOARGS | METH_STATIC, "The engine's clock (CLOCK_MONOTONIC, s)."},
