@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import statistics
@@ -58,12 +59,32 @@ from wanxport.scenario import Scenario
 from wanxport.scenario.model import PathEvent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from smaps import anon_by_mapping, by_kind, diff  # noqa: E402
 
 PORT = 47100  # path k listens on PORT + k in its namespace (namespaces of our own: no clash)
 SITES = ("gw-a", "gw-b")
 TOLERANCE = 0.02
 LAST_WINDOW_S = 300.0
+UNIT = Path(__file__).resolve().parent.parent / "deploy" / "wanxport-gateway.service"
+
+
+def unit_environment(unit: Path) -> dict[str, str]:
+    """The ``Environment=`` settings of a systemd unit, so the soak runs the daemons as shipped.
+
+    Without them a soak would measure a process the unit never starts (the allocator, in
+    particular, decides whether transient peaks stay resident).
+    """
+    env: dict[str, str] = {}
+    for line in unit.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key == "Environment":
+            for assignment in shlex.split(value):
+                name, eq, setting = assignment.partition("=")
+                if not eq:
+                    raise ValueError(f"{unit}: Environment= without NAME=VALUE: {assignment!r}")
+                env[name] = setting
+    return env
 
 
 def parse_duration(text: str) -> float:
@@ -174,7 +195,8 @@ class Soak:
         make_test_pki(self.work / "pki", list(SITES), days=30)
         self.configs = {site: self.work / f"{site}.toml" for site in SITES}
         self.write_configs(warm_s=300)
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        env = {**os.environ, **unit_environment(UNIT),
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
         for site, side in (("gw-b", "b"), ("gw-a", "a")):
             with open(self.work / f"{site}.log", "ab") as log:
                 self.procs[site] = self.emu.popen(
@@ -318,7 +340,7 @@ class Soak:
             "transfers_done": self.done, "bytes_verified": self.bytes_verified,
             "failures": self.failures, "reloads_sent": self.reloads_sent,
             "flaps": int(samples[-1]["t_s"] // args.flap_every) if samples else 0,
-            "cleanup": self.cleanup,
+            "cleanup": self.cleanup, "daemon_environment": unit_environment(UNIT),
             "smaps_growth": self.smaps_growth(),
             "verdict": verdict(samples, args.duration) if samples else None,
             "samples": columns(samples) if samples else None,

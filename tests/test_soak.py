@@ -33,6 +33,17 @@ def test_durations_parse_and_bad_ones_are_usage_errors() -> None:
     assert exc.value.code == 2
 
 
+def test_daemons_get_the_units_environment(tmp_path: Path) -> None:
+    shipped = soak.unit_environment(soak.UNIT)
+    assert shipped.get("PYTHONMALLOC") == "malloc", "the soak runs the daemon as the unit starts it"
+    unit = tmp_path / "x.service"
+    unit.write_text('[Service]\nEnvironment=A=1 "B=two words"\nEnvironment=C=3\nExecStart=/bin/true\n')
+    assert soak.unit_environment(unit) == {"A": "1", "B": "two words", "C": "3"}
+    unit.write_text("[Service]\nEnvironment=JUSTANAME\n")
+    with pytest.raises(ValueError, match="JUSTANAME"):
+        soak.unit_environment(unit)
+
+
 def test_scenario_is_capped_renamed_and_flaps_one_path() -> None:
     from emulation.bundled import resolve_scenario
 
