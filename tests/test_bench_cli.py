@@ -44,6 +44,13 @@ def test_loopback_transfer_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert parts["loop"] > 0 and parts["digest"] > 0 and parts["pacer"] > 0
     assert sum(parts.values()) == pytest.approx(cpu["sender"], abs=1e-3)
     assert report["pacer_send_rounds_per_gb"] > 0  # type: ignore[operator]
+    # The loop's events: the sender decoded the receiver's ACKs and handed out at least
+    # one plan, and never more plans than datagrams.
+    events = report["sender_loop_events_per_gb"]
+    assert isinstance(events, dict) and set(events) == {"control_packets", "services", "plans"}
+    assert events["control_packets"] > 0 and events["services"] > 0 and events["plans"] > 0
+    datagrams = sum(p["datagrams_sent"] for p in paths) / (4 << 20) * 1e9
+    assert events["plans"] <= datagrams
 
 
 @pytest.mark.parametrize("argv", [["--ack-every", "0"], ["--ack-delay-ms", "0"], ["--pacer-spin-us", "-1"]])

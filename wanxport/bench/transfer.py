@@ -314,14 +314,18 @@ def _sender_breakdown(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, An
     """Where the sender's CPU per GB went: its loop thread, the shard digests (hashed on
     the main thread before the loop starts), the pacer's release thread(s) (each GSO
     send carries the loopback receiver's kernel work too), and the rest. Its wake-ups
-    per GB tell a pacer that sleeps per datagram run from one that sleeps per burst."""
+    per GB tell a pacer that sleeps per datagram run from one that sleeps per burst; the
+    loop's events per GB (ACKs decoded, services, plans) turn its CPU into CPU per event."""
     if not isinstance(endpoint.datapath, NativeDatapath):
         return {}
     pacer = endpoint.datapath.pacer_thread_stats()
     per_gb = 1e9 / spec.size
     parts = {"loop": sent["loop_cpu_s"], "digest": sent["digest_cpu_s"], "pacer": pacer.cpu_s}
     parts["other"] = sent["cpu_s"] - sum(parts.values())
+    events = {"control_packets": endpoint.control_records, "services": endpoint.services,
+              "plans": endpoint.plans_sent}
     return {"sender_cpu_s_per_gb_by_thread": {k: round(v * per_gb, 4) for k, v in parts.items()},
+            "sender_loop_events_per_gb": {k: round(v * per_gb) for k, v in events.items()},
             "pacer_sleeps_per_gb": round(pacer.sleeps * per_gb),
             "pacer_send_rounds_per_gb": round(pacer.send_rounds * per_gb)}
 
