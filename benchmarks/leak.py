@@ -73,6 +73,9 @@ async def run(args: argparse.Namespace) -> None:
                 if transfer["state"] != "done":
                     raise RuntimeError(f"transfer {k}: {transfer}")
                 (received / f"f{k}.bin").unlink()
+                if args.reload:  # as SIGHUP would (the soak sends one a minute)
+                    a.reload()
+                    b.reload()
 
         if args.tracemalloc:
             tracemalloc.start()
@@ -118,6 +121,7 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1)
     parser.add_argument("--keep-finished", type=int, help="the transfer store's bound (default 1000)")
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--reload", action="store_true", help="reload both daemons after each transfer")
     parser.add_argument("--malloc-trim", action="store_true",
                         help="malloc_trim(0) before each RssAnon reading: is the growth free but kept?")
     asyncio.run(run(parser.parse_args()))
