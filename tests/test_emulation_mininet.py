@@ -75,6 +75,9 @@ def test_rtt_between_the_gateway_hosts(scenario_file: Path) -> None:
     for path in report["paths"]:
         assert path["received"] == 10
         configured = path["configured_rtt_ms"]
-        assert path["min_ms"] >= configured  # never faster than configured
-        assert abs(path["avg_ms"] - configured) <= max(1.0, 0.03 * configured), path
+        # The fastest ping is the emulated delay itself: never below the configured RTT, and
+        # within 1 ms (or 3 %) above it. The average also carries the host's scheduling delays
+        # (CI at load saw one late ping lift the mean of ten to 11.1 ms on a 10 ms path, with
+        # the fastest at 10.35), so it is not a measure of the emulation.
+        assert configured <= path["min_ms"] <= configured + max(1.0, 0.03 * configured), path
     assert no_engine_left()
