@@ -116,14 +116,17 @@ def _specs(emu: Emulation, options: AllreduceOptions, best: int, pki: str,
     return out
 
 
-def _tx_bytes(emu: Emulation) -> dict[str, list[int]]:
-    """Per side, the bytes each path's gateway interface has transmitted so far."""
+TX_BYTES, TX_PACKETS = 8, 9  # columns of /proc/net/dev after the interface name
+
+
+def _tx_counter(emu: Emulation, column: int) -> dict[str, list[int]]:
+    """Per side, a transmit counter (bytes or packets) of each path's gateway interface."""
     out = {}
     for side in ("a", "b"):
         table = {}
         for line in emu.run(side, ["cat", "/proc/net/dev"]).stdout.splitlines()[2:]:
             name, _, rest = line.partition(":")
-            table[name.strip()] = int(rest.split()[8])
+            table[name.strip()] = int(rest.split()[column])
         out[side] = [table.get(p.ifname, 0) for p in emu.paths]
     return out
 
@@ -131,14 +134,7 @@ def _tx_bytes(emu: Emulation) -> dict[str, list[int]]:
 def _sent_datagrams(emu: Emulation) -> int:
     """Frames both sites' path interfaces have transmitted so far: what the engine must
     forward, the denominator of its CPU per datagram."""
-    total = 0
-    for side in ("a", "b"):
-        names = {p.ifname for p in emu.paths}
-        for line in emu.run(side, ["cat", "/proc/net/dev"]).stdout.splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            if name.strip() in names:
-                total += int(rest.split()[9])
-    return total
+    return sum(sum(counts) for counts in _tx_counter(emu, TX_PACKETS).values())
 
 
 def _engine_cpu_s(emu: Emulation) -> float | None:
@@ -178,7 +174,7 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
             for program in programs:
                 if program.expect("ready", SETUP_TIMEOUT_S) is None:
                     raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
-            before = _tx_bytes(emu)
+            before = _tx_counter(emu, TX_BYTES)
             datagrams_before = _sent_datagrams(emu)
             engine_before, go_at = _engine_cpu_s(emu), time.monotonic()
             emu.start_events()
@@ -191,7 +187,7 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                 if report is None:
                     raise EmulationError(f"{program.label}: no result within the {deadline_s:.0f} s deadline")
                 done.append(report)
-            after = _tx_bytes(emu)
+            after = _tx_counter(emu, TX_BYTES)
             engine_after = _engine_cpu_s(emu)
             settings["run_wall_s"] = round(time.monotonic() - go_at, 2)  # "go" to the last "done"
             if engine_before is not None and engine_after is not None:

@@ -75,9 +75,11 @@ def test_rtt_between_the_gateway_hosts(scenario_file: Path) -> None:
     for path in report["paths"]:
         assert path["received"] == 10
         configured = path["configured_rtt_ms"]
-        # The fastest ping is the emulated delay itself: never below the configured RTT, and
+        # The fastest ping is the emulated delay itself: not below the configured RTT, and
         # within 1 ms (or 3 %) above it. The average also carries the host's scheduling delays
         # (CI at load saw one late ping lift the mean of ten to 11.1 ms on a 10 ms path, with
         # the fastest at 10.35), so it is not a measure of the emulation.
-        assert configured <= path["min_ms"] <= configured + max(1.0, 0.03 * configured), path
+        # Without netem our engine may release a packet up to its 100 us window early, once
+        # per direction (emulation/engine.py), hence the floor's 0.2 ms.
+        assert configured - 0.2 <= path["min_ms"] <= configured + max(1.0, 0.03 * configured), path
     assert no_engine_left()
