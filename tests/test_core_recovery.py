@@ -16,6 +16,7 @@ from wanxport.core.delivery_rate import DeliveryRateEstimator
 from wanxport.core.recovery import (
     INITIAL_REORDER_THRESHOLD,
     INITIAL_TIME_THRESHOLD,
+    PROBE_MEMORY_S,
     LossDetector,
 )
 from wanxport.core.rtt import RttEstimator
@@ -152,6 +153,34 @@ def test_declare_all_lost_keeps_probes_and_forget_probes_drops_old_ones() -> Non
     loss.forget_probes_before(1.0)
     assert loss.outstanding() == [new_probe]
     assert loss.is_outstanding(new_probe.pn) and not loss.is_outstanding(old_probe.pn)
+
+
+def test_forget_stale_needs_no_ack_to_forget_old_losses_and_probes() -> None:
+    """What holds ``oldest_of_interest`` down goes with time alone: a path that carries
+    only acknowledgements after an outage gets no ACK back to prune it (the daemon's
+    receiver kept every acknowledgement's wire span for hours)."""
+    loss = new_detector()
+    send(loss, 0.0)
+    probe = send_probe(loss, 0.5)
+    loss.declare_all_lost(1.0)  # the outage: the data is lost, the probe is kept
+    assert loss.oldest_of_interest() == 0
+    loss.forget_stale(1.1)  # still of interest: a late ACK would prove the loss spurious
+    assert loss.oldest_of_interest() == 0
+    later = 1.5  # past the loss memory (0.25 s and 3 smoothed RTTs), within the probe's
+    loss.forget_stale(later)  # the loss is forgotten, the probe not yet
+    assert loss.oldest_of_interest() == probe.pn and loss.is_outstanding(probe.pn)
+    fresh = send_probe(loss, later)
+    loss.forget_stale(probe.sent_at + PROBE_MEMORY_S + 0.01)
+    assert not loss.is_outstanding(probe.pn)
+    assert loss.oldest_of_interest() == fresh.pn  # the recent probe stays
+
+
+def test_forget_stale_keeps_what_is_in_flight_however_old() -> None:
+    loss = new_detector()
+    old = send(loss, 0.0)
+    send_probe(loss, 0.1)
+    loss.forget_stale(100.0)
+    assert loss.oldest_of_interest() == old.pn and loss.bytes_in_flight == SIZE
 
 
 def test_pto_backs_off_and_an_ack_resets_it() -> None:

@@ -14,12 +14,9 @@ from wanxport.core.config import SessionConfig
 from wanxport.core.events import Event, PathChanged
 from wanxport.core.health import HealthEvent, PathState
 from wanxport.core.paths import Path
+from wanxport.core.recovery import PROBE_MEMORY_S
 from wanxport.core.transmitter import Transmitter
 from wanxport.wire.frames import ProbeFrame
-
-# How long an unanswered probe is remembered: its answer readmits the path only while
-# it is. Longer than any round trip a usable path has, even after a reroute.
-PROBE_MEMORY_S = 2.0
 
 
 class Failover:

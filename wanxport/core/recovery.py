@@ -31,6 +31,9 @@ from wanxport.core.sent_packets import Chunk, SentPacket
 GRANULARITY_S = 0.001
 MAX_REORDER_THRESHOLD = 1024
 SPURIOUS_MEMORY_S = 0.25  # remember losses at least this long (and 3 smoothed RTTs)
+# How long an unanswered probe is remembered: its answer readmits the path only while
+# it is. Longer than any round trip a usable path has, even after a reroute.
+PROBE_MEMORY_S = 2.0
 MAX_PTO_BACKOFF_EXPONENT = 6
 INITIAL_REORDER_THRESHOLD = 3
 INITIAL_TIME_THRESHOLD = 9 / 8
@@ -111,6 +114,27 @@ class LossDetector:
         if pns and (oldest is None or pns[0] < oldest):
             oldest = pns[0]
         return oldest
+
+    def forget_stale(self, now: float) -> None:
+        """Forget what only an arriving ACK used to prune: old remembered losses, and
+        probes at the front older than ``PROBE_MEMORY_S``.
+
+        Both hold ``oldest_of_interest`` down, and with it the path's wire numbering
+        (8 bytes a core packet). A receiver's path that lost a tracked packet (a
+        verdict, a probe of an outage) and then carries only acknowledgements gets no
+        ACK back, so neither was ever forgotten: the daemon's receiver grew ~1 MiB an
+        hour of the soak (heaptrack: ``array.append`` of ``WireNumbering``). Cheap
+        enough per packet: each loop stops at the first entry still of interest.
+        """
+        if self._recently_lost:
+            self._forget_old_losses(now)
+        horizon = now - PROBE_MEMORY_S
+        sent = self._sent
+        while sent:
+            packet = next(iter(sent.values()))
+            if packet.in_flight or packet.sent_at >= horizon:
+                break
+            del sent[packet.pn]
 
     def forget_probes_before(self, horizon: float) -> None:
         """Drop the probes (not in flight, nothing to re-send) sent before ``horizon``.

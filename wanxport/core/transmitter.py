@@ -304,6 +304,8 @@ class Transmitter:
             # receiver's path that carries none of its few tracked packets saw no ACK
             # to trim its numbering by, which kept every acknowledgement's span up to
             # MAX_TRACKED (8 MiB a path: the gateway daemon receiver's live heap growth).
+            # Nor does an ACK come to prune what holds the oldest packet of interest down.
+            path.loss.forget_stale(not_before)
             oldest = path.loss.oldest_of_interest()
             numbering.forget_below(pn if oldest is None else oldest)
         self.touch(path)
