@@ -159,7 +159,7 @@ def test_overlapping_confirmations_count_each_byte_once(spans: list[tuple[int, i
     union: set[int] = set()
     for a, b in spans:
         start, end = min(a, b), max(a, b)
-        session._confirm_part(path, pn, start, end, 0.01)  # the unit under an ACK's partial cover
+        session._acks._confirm_part(path, pn, start, end, 0.01)  # the unit under an ACK's partial cover
         union |= set(range(start, min(end, length)))
     assert packet.credited == packet.size * len(union) // length
     assert path.rate.delivered_bytes - before == packet.credited

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wanxport.core.numbering import WireNumbering
+from wanxport.core.numbering import WireNumbering, merge_ranges
 from wanxport.wire.frames import AckFrame
 
 
@@ -90,15 +90,52 @@ def test_first_wire_of_core_packets() -> None:
 def test_translate_fresh_skips_ranges_below_interest_and_repeats() -> None:
     numbering = numbering_with([3, 1, 4])  # packets 0 (wire 0-2), 1 (3), 2 (4-7)
     # Below the oldest of interest (packet 1 starts at wire 3): the (0, 2) range is skipped.
-    ack, parts = numbering.translate_fresh(AckFrame(0, 9, ((5, 7), (3, 3), (0, 2))), 1)
+    ack, parts, delay = numbering.translate_fresh([AckFrame(0, 9, ((5, 7), (3, 3), (0, 2)))], 1)
     assert ack == ((1, 1),)
     assert parts == [(2, 1, 3)]
+    assert delay == 9
     # The same ranges again: nothing new to say.
-    assert numbering.translate_fresh(AckFrame(0, 9, ((5, 7), (3, 3), (0, 2))), 1) == ((), [])
+    assert numbering.translate_fresh([AckFrame(0, 9, ((5, 7), (3, 3), (0, 2)))], 1) == ((), [], 9)
     # A gap closing changes the range: translated again.
-    ack, parts = numbering.translate_fresh(AckFrame(0, 9, ((3, 7),)), 1)
+    ack, parts, _ = numbering.translate_fresh([AckFrame(0, 9, ((3, 7),))], 1)
     assert ack == ((1, 2),)
     assert parts == []
+
+
+def test_translate_fresh_merges_a_batch_of_acks() -> None:
+    """Two ACKs whose ranges only together cover packet 2 (wire 4-7) acknowledge it whole,
+    and the delay is the newest ACK's: the one naming the highest wire number."""
+    numbering = numbering_with([3, 1, 4, 2])  # packets 0 (0-2), 1 (3), 2 (4-7), 3 (8-9)
+    batch = [AckFrame(0, 5, ((4, 5), (0, 2))), AckFrame(0, 7, ((8, 8), (6, 7), (0, 2)))]
+    ack, parts, delay = numbering.translate_fresh(batch, 0)
+    assert ack == ((2, 2), (0, 0))
+    assert parts == [(3, 0, 0)]
+    assert delay == 7
+    # Reordered ACKs: the delay still goes with the highest wire number.
+    numbering = numbering_with([3, 1, 4, 2])
+    assert numbering.translate_fresh(batch[::-1], 0)[2] == 7
+
+
+def test_translate_fresh_of_an_empty_batch_says_nothing() -> None:
+    assert numbering_with([3, 1]).translate_fresh([], 0) == ((), [], 0)
+
+
+def test_translate_fresh_ignores_wire_numbers_beyond_those_sent() -> None:
+    """Ranges past ``next_wire`` (a misbehaving peer) name no core packet."""
+    numbering = numbering_with([3, 1])  # wire 0-3 sent
+    ack, parts, _ = numbering.translate_fresh([AckFrame(0, 0, ((10, 1 << 40), (3, 6)))], 0)
+    assert ack == ((1, 1),)
+    assert parts == []
+
+
+@pytest.mark.parametrize(("ranges", "union"), [
+    ([(5, 7), (0, 2), (3, 4)], ((0, 7),)),  # adjacent ranges join (inclusive numbers)
+    ([(0, 10), (2, 3), (12, 12)], ((12, 12), (0, 10))),  # contained, and a gap of one
+    ([(4, 4), (4, 4)], ((4, 4),)),
+    ([(0, 1), (5, 9), (3, 3), (2, 2)], ((5, 9), (0, 3))),
+])
+def test_merge_ranges(ranges: list[tuple[int, int]], union: tuple[tuple[int, int], ...]) -> None:
+    assert merge_ranges(ranges) == union
 
 
 def test_spans_below_the_oldest_of_interest_are_forgotten() -> None:
@@ -108,9 +145,9 @@ def test_spans_below_the_oldest_of_interest_are_forgotten() -> None:
         numbering.allocate(pn, 4)  # core packet pn is wire [4 pn, 4 pn + 3]
         if pn % 64 == 63:  # the peer acknowledges all but the last 10 packets
             top = 4 * (pn - 10) + 3
-            numbering.translate_fresh(AckFrame(0, 0, ((0, top),)), pn - 10)
+            numbering.translate_fresh([AckFrame(0, 0, ((0, top),))], pn - 10)
     assert len(numbering._starts) < 4 * 1024
     assert numbering.first_wire(99_995) == 4 * 99_995
-    ack, parts = numbering.translate_fresh(AckFrame(0, 0, ((4 * 99_990, 4 * 99_998 + 1),)), 99_990)
+    ack, parts, _ = numbering.translate_fresh([AckFrame(0, 0, ((4 * 99_990, 4 * 99_998 + 1),))], 99_990)
     assert ack == ((99_990, 99_997),)
     assert parts == [(99_998, 0, 1)]

@@ -225,3 +225,17 @@ def test_a_tail_lost_at_a_steps_end_waits_for_the_next_steps_acks_not_a_probe_ti
     _, lost, _ = loss.on_ack(((2, 2),), 0.0, 0.25)
     assert lost == [tail]
     assert loss.pto_deadline(0.025) is None
+
+
+def test_a_range_of_several_packets_acknowledges_up_to_its_highest() -> None:
+    """Acknowledged packets come back ascending across and within ranges, so the largest
+    acknowledged is the range's top and the RTT sample is taken from it (it was the
+    range's lowest: the oldest packet's RTT, and the packet threshold lagging behind)."""
+    loss = new_detector()
+    for i in range(8):
+        send(loss, 0.001 * i)
+    acked, lost, _ = loss.on_ack(((5, 7), (0, 3)), 0.0, 0.1)
+    assert [p.pn for p in acked] == [0, 1, 2, 3, 5, 6, 7]
+    assert loss.largest_acked == 7
+    assert loss.rtt.latest_s == pytest.approx(0.1 - 0.007)
+    assert [p.pn for p in lost] == [4]  # three acknowledged after it: the packet threshold

@@ -27,7 +27,7 @@ from wanxport.core.session import Session
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.wire import native
 
-RECORDED = ("submit", "receive_data_run", "receive_packet", "received_prefix", "shard_verified",
+RECORDED = ("submit", "receive_data_run", "receive_packets", "received_prefix", "shard_verified",
             "on_deadline", "events", "poll_transmit", "next_deadline")
 
 
@@ -74,9 +74,10 @@ def replay(config: SessionConfig, calls: list[Call]) -> int:
     i = 0
     while i < len(calls):
         call = calls[i]
-        if call.method in ("receive_data_run", "receive_packet"):
-            # One receive batch: its runs, then its controls, all at one ``now`` (the
-            # endpoint services once for several batches of one loop iteration).
+        if call.method in ("receive_data_run", "receive_packets"):
+            # One receive batch: its runs, then its controls (one call, which applies a
+            # path's ACKs together), all at one ``now`` (the endpoint services once for
+            # several batches of one loop iteration).
             runs: list[Run] = []
             controls: list[Control] = []
             now = call.args[-1]
@@ -85,10 +86,10 @@ def replay(config: SessionConfig, calls: list[Call]) -> int:
                 path_id, first_pn, count, shard_id, offset, length, now = calls[i].args
                 runs.append((path_id, first_pn, count, shard_id, offset, length))
                 i += 1
-            while (i < len(calls) and calls[i].method == "receive_packet"
-                   and calls[i].args[-1] == now):
-                path_id, pn, frames, now = calls[i].args
-                controls.append((path_id, pn, frames))
+            if (i < len(calls) and calls[i].method == "receive_packets"
+                    and calls[i].args[-1] == now):
+                packets, now = calls[i].args
+                controls.extend(packets)
                 i += 1
             driver.receive(runs, controls, now)
             continue

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from wanxport.core import session as session_module
+from wanxport.core.sender_acks import SenderAcks
 from wanxport.core.session import Session
 from wanxport.scenario import parse_scenario
 from wanxport.sim.network import Link
@@ -48,20 +49,20 @@ def counted_run(monkeypatch: pytest.MonkeyPatch, options: SimOptions) -> tuple[d
                                                                                list[int]]:
     calls: Counter[str] = Counter()
     sizes: list[int] = []
-    for name in ("receive_data_run", "receive_packet", "received_prefix", "shard_verified"):
+    for name in ("receive_data_run", "receive_packets", "received_prefix", "shard_verified"):
         original = getattr(Session, name)
 
         def counting(self: Session, *args: Any, _name: str = name, _original: Any = original) -> Any:
             calls[_name] += 1
             return _original(self, *args)
         monkeypatch.setattr(Session, name, counting)
-    confirm = Session._confirm_part
+    confirm = SenderAcks._confirm_part
 
-    def confirming(self: Session, path: Any, pn: int, start: int, end: int, now: float) -> None:
+    def confirming(self: SenderAcks, path: Any, pn: int, start: int, end: int, now: float) -> None:
         if path.loss.is_outstanding(pn):  # one-datagram (control) packets are never partly covered
             calls["partly_confirmed"] += 1
         confirm(self, path, pn, start, end, now)
-    monkeypatch.setattr(Session, "_confirm_part", confirming)
+    monkeypatch.setattr(SenderAcks, "_confirm_part", confirming)
     send = Link.send
 
     def sending(link: Link, packet: object, size: int) -> None:

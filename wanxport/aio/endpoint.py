@@ -38,7 +38,7 @@ from wanxport.core.events import PathChanged, SessionClosed, ShardAcknowledged, 
 from wanxport.core.session import Session
 from wanxport.wire import native
 from wanxport.wire.errors import WireError
-from wanxport.wire.frames import DATA_OVERHEAD, decode_frames
+from wanxport.wire.frames import DATA_OVERHEAD, Frame, decode_frames
 
 log = logging.getLogger(__name__)
 
@@ -373,13 +373,14 @@ class Endpoint:
             # any open shard may have grown.
             grown.update(self._hashers)
         self.control_records += len(received.controls)
+        opened: list[tuple[int, int, list[Frame]]] = []
         for pid, pn, plaintext in received.controls:
             try:
-                frames = decode_frames(plaintext)
+                opened.append((pid, pn, decode_frames(plaintext)))
             except WireError:
                 self.malformed_controls += 1
-                continue
-            session.receive_packet(pid, pn, frames, now)
+        if opened:
+            session.receive_packets(opened, now)  # a path's ACKs of one drain applied as one
 
     def _after_receive(self, grown: set[int]) -> None:
         """Advance the digests of the shards that received data, then service the session.

@@ -183,7 +183,7 @@ class LossDetector:
             hi = min(hi, top)
             if hi < lowest:
                 break  # ranges are highest first: nothing below can be outstanding
-            for pn in range(max(lo, lowest), hi + 1):
+            for pn in range(hi, max(lo, lowest) - 1, -1):  # descending, as the ranges are
                 packet = sent.pop(pn, None)
                 if packet is not None:
                     acked.append(packet)

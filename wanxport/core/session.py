@@ -20,6 +20,8 @@ and are translated here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
@@ -34,11 +36,11 @@ from wanxport.core.events import (
 from wanxport.core.failover import Failover
 from wanxport.core.fec_receive import FecReceiver
 from wanxport.core.flow import ReceiveBudget, SendCredit
-from wanxport.core.health import PathState
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.scheduler import create_scheduler
+from wanxport.core.sender_acks import SenderAcks
 from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
 from wanxport.core.stats import SessionStats, path_stats
 from wanxport.core.transmit import Transmit
@@ -87,6 +89,7 @@ class Session:
         self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
+        self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)
         self._fec_rx = FecReceiver()
         self._early = EarlyData()  # DATA that overtook its shard's SHARD_OPEN
         self.closed: SessionClosed | None = None
@@ -212,6 +215,26 @@ class Session:
 
     def receive_packet(self, path_id: int, packet_number: int, frames: list[Frame], now: float) -> None:
         """An authenticated, de-duplicated datagram (wire ``packet_number``) arrived on ``path_id``."""
+        self.receive_packets(((path_id, packet_number, frames),), now)
+
+    def receive_packets(self, packets: Iterable[tuple[int, int, list[Frame]]], now: float) -> None:
+        """Datagrams ``(path_id, packet_number, frames)`` that arrived together (one drain).
+
+        The same as ``receive_packet`` of each in turn, except that the ACK frames of
+        one path that follow each other (nothing but other ACKs and padding between
+        them) are applied as one (``core.sender_acks``): a sender's drain holds a path's
+        ACKs back to back, and applying each cost a translation, a loss-detector
+        pass, a rate sample and a controller update. Any other frame first applies
+        the ACKs before it, so every frame still sees what came before it.
+        """
+        pending: dict[int, list[AckFrame]] = {}
+        for path_id, packet_number, frames in packets:
+            self._receive(path_id, packet_number, frames, now, pending)
+        if pending:
+            self._apply_acks(pending, now)
+
+    def _receive(self, path_id: int, packet_number: int, frames: list[Frame], now: float,
+                 pending: dict[int, list[AckFrame]]) -> None:
         if not 0 <= path_id < len(self.paths):
             self.data_dropped += 1
             return
@@ -219,13 +242,20 @@ class Session:
         eliciting = False
         accept = True
         for frame in frames:
+            if isinstance(frame, AckFrame):
+                acks = pending.get(frame.path_id)
+                if acks is None:
+                    pending[frame.path_id] = [frame]
+                else:
+                    acks.append(frame)
+                continue
+            if isinstance(frame, PaddingFrame):
+                continue
+            if pending:
+                self._apply_acks(pending, now)
             if isinstance(frame, DataFrame):
                 eliciting = True
                 accept = self._on_data(frame, now) and accept
-            elif isinstance(frame, AckFrame):
-                self._on_ack(frame, now)
-            elif isinstance(frame, PaddingFrame):
-                continue
             elif isinstance(frame, ProbeAckFrame):
                 self._on_control(path, frame, now)  # an answer: nothing to acknowledge
             else:
@@ -238,6 +268,12 @@ class Session:
         if path.acks.ack_now:
             self._tx.needs_ack.add(path_id)  # otherwise the ack timer (ack_at) will add it
         self._tx.touch(path)
+
+    def _apply_acks(self, pending: dict[int, list[AckFrame]], now: float) -> None:
+        """The ACKs held back, one call per acknowledged path, in the order paths first appeared."""
+        for acked_path, acks in pending.items():
+            self._acks.apply(acked_path, acks, now)
+        pending.clear()
 
     def receive_data_run(self, path_id: int, first_pn: int, count: int, shard_id: int, offset: int,
                          length: int, now: float) -> None:
@@ -384,51 +420,6 @@ class Session:
             if self.closed is None:
                 self.closed = SessionClosed(frame.code, frame.reason, now)
                 self._events.append(self.closed)
-
-    def _on_ack(self, frame: AckFrame, now: float) -> None:
-        """An ACK in wire numbers: whole core packets acknowledged, partly covered ones confirmed.
-
-        A core packet counts as acknowledged only when all its datagrams are, but
-        the datagrams of a partly acknowledged one did arrive: their bytes count, so
-        a loss re-sends one datagram's worth, not the whole core packet (with 32
-        datagrams a core packet and 1 % loss, that was a quarter of the data).
-        """
-        if not 0 <= frame.path_id < len(self.paths):
-            return
-        path = self.paths[frame.path_id]
-        oldest = path.loss.oldest_of_interest()
-        if oldest is None:
-            return  # nothing outstanding or remembered: nothing to learn
-        translated, parts = self._tx.wire[frame.path_id].translate_fresh(frame, oldest)
-        segment = self._tx.segments[frame.path_id]
-        for core_pn, first, last in parts:
-            self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, now)
-        if not translated:
-            return
-        delay = min(frame.ack_delay_us / 1e6, self.config.max_ack_delay_s)
-        acked, lost = path.on_ack(translated, delay, now)
-        if acked:
-            for packet in acked:
-                if packet.chunks:
-                    self.outgoing.on_acked(packet.chunks)
-            if path.state is not PathState.ACTIVE:
-                self._failover.readmit(path, now)
-        if lost:
-            self._tx.requeue(lost)
-        self._tx.dirty.add(path.path_id)
-        self._tx.touch(path)
-
-    def _confirm_part(self, path: Path, packet_number: int, start: int, end: int, now: float) -> None:
-        """``[start, end)`` of the data an outstanding packet carries reached the peer.
-
-        An acknowledgement finer than a packet (some datagrams of a segmented
-        one) says so. The bytes count as delivered for the path's rate estimate,
-        and if the packet is declared lost only the rest is sent again.
-        Ignored for a packet no longer outstanding or not carrying one chunk.
-        """
-        part = path.loss.confirm_part(packet_number, start, end, now)
-        if part is not None and part[0] in self.outgoing.shards:
-            self.outgoing.on_acked([part])
 
     # -- send ----------------------------------------------------------------
 

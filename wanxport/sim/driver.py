@@ -52,8 +52,8 @@ class Driver:
         session = self.session
         for path_id, first_pn, count, shard_id, offset, length in runs:
             session.receive_data_run(path_id, first_pn, count, shard_id, offset, length, now)
-        for path_id, pn, frames in controls:
-            session.receive_packet(path_id, pn, frames, now)
+        if controls:
+            session.receive_packets(controls, now)
 
     def received_prefix(self, shard_id: int) -> int:
         return self.session.received_prefix(shard_id)
