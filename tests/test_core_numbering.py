@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wanxport.core.numbering import WireNumbering, merge_ranges
 from wanxport.wire.frames import AckFrame
@@ -40,22 +42,22 @@ def test_allocate_refuses_out_of_order_core_numbers() -> None:
 def test_ack_ranges_cover_whole_core_packets_only(wire_ranges: tuple[tuple[int, int], ...],
                                                   core_ranges: tuple[tuple[int, int], ...]) -> None:
     numbering = numbering_with([3, 1, 4])
-    assert numbering.core_ranges(wire_ranges) == core_ranges
+    assert numbering.cover(wire_ranges)[0] == core_ranges
 
 
 def test_ranges_covering_no_whole_packet_translate_to_none() -> None:
     numbering = numbering_with([2, 2])
-    assert numbering.core_ranges(((0, 3),)) == ((0, 1),)
-    assert numbering.core_ranges(((1, 2),)) == ()
+    assert numbering.cover(((0, 3),))[0] == ((0, 1),)
+    assert numbering.cover(((1, 2),))[0] == ()
 
 
 def test_reserved_numbers_belong_to_no_core_packet() -> None:
     numbering = WireNumbering()
     assert numbering.reserve(1) == 0  # the path probe sent before any data
     assert numbering.allocate(0, 3) == 1
-    assert numbering.core_ranges(((0, 0),)) == ()
-    assert numbering.core_ranges(((0, 3),)) == ((0, 0),)
-    assert numbering.core_ranges(((1, 3),)) == ((0, 0),)
+    assert numbering.cover(((0, 0),))[0] == ()
+    assert numbering.cover(((0, 3),))[0] == ((0, 0),)
+    assert numbering.cover(((1, 3),))[0] == ((0, 0),)
 
 
 def test_reserve_is_refused_once_core_packets_exist() -> None:
@@ -77,7 +79,47 @@ def test_reserve_is_refused_once_core_packets_exist() -> None:
 )
 def test_partly_covered_names_the_datagrams_that_arrived(
         wire_ranges: tuple[tuple[int, int], ...], partial: list[tuple[int, int, int]]) -> None:
-    assert numbering_with([3, 1, 4]).partly_covered(wire_ranges) == partial
+    assert numbering_with([3, 1, 4]).cover(wire_ranges)[1] == partial
+
+
+def reference_cover(counts: list[int], reserved: int, wire_ranges: tuple[tuple[int, int], ...]
+                    ) -> tuple[tuple[tuple[int, int], ...], list[tuple[int, int, int]]]:
+    """``cover`` datagram by datagram: per range, the packets it holds whole (as runs) and
+    the ones it holds in part."""
+    spans = []
+    begin = reserved
+    for count in counts:
+        spans.append((begin, begin + count - 1))
+        begin += count
+    whole: list[tuple[int, int]] = []
+    parts: list[tuple[int, int, int]] = []
+    for lo, hi in wire_ranges:
+        inside = [pn for pn, (b, e) in enumerate(spans) if lo <= b and e <= hi]
+        if inside:
+            whole.append((inside[0], inside[-1]))
+        for pn, (b, e) in enumerate(spans):
+            a, z = max(lo, b), min(hi, e)
+            if a <= z and (a, z) != (b, e):
+                parts.append((pn, a - b, z - b))
+    return tuple(whole), parts
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.integers(1, 5), max_size=8), st.integers(0, 3),
+       st.lists(st.integers(0, 40), max_size=10))
+def test_cover_matches_counting_datagram_by_datagram(counts: list[int], reserved: int,
+                                                     cuts: list[int]) -> None:
+    """Any packet sizes, reserved numbers before the first packet, any valid ACK ranges
+    (descending, disjoint, not adjacent; some beyond what was sent)."""
+    numbering = WireNumbering()
+    if reserved:
+        numbering.reserve(reserved)
+    for core_pn, count in enumerate(counts):
+        numbering.allocate(core_pn, count)
+    edges = sorted(set(cuts))
+    ranges = tuple((lo, hi) for lo, hi in zip(edges[0::2], edges[1::2], strict=False))
+    ranges = tuple(r for i, r in enumerate(ranges) if i == 0 or r[0] > ranges[i - 1][1] + 1)[::-1]
+    assert numbering.cover(ranges) == reference_cover(counts, reserved, ranges)
 
 
 def test_first_wire_of_core_packets() -> None:

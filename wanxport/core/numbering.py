@@ -19,7 +19,7 @@ would see without this layer.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from wanxport.wire.frames import AckFrame
@@ -75,37 +75,39 @@ class WireNumbering:
         self._starts[0] = self.next_wire
         return first
 
-    def core_ranges(self, wire_ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-        """Inclusive core-pn ranges fully covered by inclusive wire ranges (order kept)."""
-        starts, base = self._starts, self._base
-        out: list[tuple[int, int]] = []
-        for lo, hi in wire_ranges:
-            first = bisect_left(starts, lo)
-            last = bisect_right(starts, hi + 1) - 2
-            if first <= last:
-                out.append((base + first, base + last))
-        return tuple(out)
+    def cover(self, wire_ranges: tuple[tuple[int, int], ...]
+              ) -> tuple[tuple[tuple[int, int], ...], list[tuple[int, int, int]]]:
+        """What inclusive wire ranges cover: the inclusive core-pn ranges of the packets all
+        of whose datagrams they cover, and the packets they cover only partly, each as
+        ``(core_pn, first, last)`` (datagram indices within the packet); range order kept.
 
-    def partly_covered(self, wire_ranges: tuple[tuple[int, int], ...]
-                       ) -> list[tuple[int, int, int]]:
-        """Core packets some but not all of whose datagrams the inclusive wire ranges cover.
-
-        Each as ``(core_pn, first, last)``: datagram indices within the packet.
-        Only a range's two ends can cut a packet, so this is two bisections a range.
+        Only a range's two ends can cut a packet, so this is two bisections a range
+        (one pass for both answers: this runs for every ACK a sender gets).
         """
         starts, base = self._starts, self._base
-        out: list[tuple[int, int, int]] = []
+        top = len(starts) - 2  # the newest packet's index; -1 before the first
+        whole: list[tuple[int, int]] = []
+        parts: list[tuple[int, int, int]] = []
         for lo, hi in wire_ranges:
-            if hi < starts[0] or lo >= starts[-1]:
+            if top < 0 or hi < starts[0] or lo >= starts[-1]:
                 continue
-            first = max(bisect_right(starts, lo) - 1, 0)
-            last = min(bisect_right(starts, hi) - 1, len(starts) - 2)
-            for i in (first,) if first == last else (first, last):
-                begin, end = starts[i], starts[i + 1] - 1
-                a, b = max(lo, begin), min(hi, end)
-                if a <= b and (a, b) != (begin, end):
-                    out.append((base + i, a - begin, b - begin))
-        return out
+            i = max(bisect_right(starts, lo) - 1, 0)  # the packet lo falls in (or the first)
+            j = min(bisect_right(starts, hi) - 1, top)  # the packet hi falls in (or the newest)
+            begin = starts[i]
+            end = starts[j + 1] - 1
+            first = i if begin >= lo else i + 1
+            last = j if end <= hi else j - 1
+            if first <= last:
+                whole.append((base + first, base + last))
+            if i == j:
+                if first > last:  # the one packet, cut at either end
+                    parts.append((base + i, max(lo, begin) - begin, min(hi, end) - begin))
+                continue
+            if first > i:
+                parts.append((base + i, lo - begin, starts[i + 1] - 1 - begin))
+            if last < j:
+                parts.append((base + j, 0, hi - starts[j]))
+        return tuple(whole), parts
 
     def unseen(self, wire_ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
         """The ranges that the previous ACK of this path did not carry exactly so (order kept).
@@ -153,9 +155,9 @@ class WireNumbering:
         ACKs did not, in core terms.
 
         Returns the inclusive core-pn ranges of the whole core packets they cover
-        (``core_ranges``; empty: none), the partly covered ones (``partly_covered``)
-        and the ACK delay (us) that goes with them: the newest ACK's, the one
-        acknowledging the highest wire number (the last of equals). Ranges come
+        (empty: none), the partly covered ones (both as ``cover``) and the ACK delay
+        (us) that goes with them: the newest ACK's, the one acknowledging the highest
+        wire number (the last of equals). Ranges come
         highest first; those wholly below ``oldest_core_pn`` (the oldest packet an ACK
         can still tell the sender about) and those the previous ACK carried unchanged
         repeat what earlier ACKs said -- most of every ACK -- and are skipped.
@@ -183,7 +185,8 @@ class WireNumbering:
         if not fresh:
             return (), [], delay_us
         merged = tuple(fresh) if len(frames) == 1 else merge_ranges(fresh)
-        return self.core_ranges(merged), self.partly_covered(merged), delay_us
+        whole, parts = self.cover(merged)
+        return whole, parts, delay_us
 
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
