@@ -1,16 +1,18 @@
 """CPU of the sender's ACK handling, core only: two sessions in one process, no sockets.
 
 Why: on this 2-core host, shared with a soak and other work, the bench's CPU per
-GB moves by more than the ACK path costs (issue 17: ~0.5 of ~3.5 CPU-s/GB), so
-an A/B of the ACK path alone needs a measurement the load cannot reach: the
-thread CPU time of exactly the calls a sender's loop makes for its ACKs
-(decoding the control datagrams and handing them to the session), over a
-transfer whose shape is the bench's (4 paths, MTU 1500, 128 datagrams a core
-packet, an ACK every 128 datagrams or 1 ms).
+GB moves by more than the ACK path costs (issue 17: ~0.5 of ~3.5 CPU-s/GB). This
+runs a transfer of the bench's shape (4 paths, MTU 1500, 128 datagrams a core
+packet, an ACK every 128 datagrams or 1 ms) and measures exactly the calls a
+sender's loop makes for its ACKs (decoding the control datagrams and handing
+them to the session): their thread CPU time (still load-sensitive, +-20 % here)
+and, with ``--opcodes``, the bytecode instructions they run, which the load
+cannot move.
 
-Each path's link moves ``--rate-mbps``. The sender wakes every ``--wake-us`` (its loop's drain: all ACKs that arrived
-meanwhile, one call per path as ``aio.Endpoint._absorb`` makes), the receiver
-handles every datagram as it arrives; one-way delay ``--owd-us``. ``--mode``
+Each path's link moves ``--rate-mbps``. The sender wakes every ``--wake-us``
+(its loop's drain: all ACKs that arrived meanwhile, one call per path as
+``aio.Endpoint._absorb`` makes), the receiver handles every datagram as it
+arrives; one-way delay ``--owd-us``. ``--mode``
 ``batch`` hands a drain's ACKs in one ``Session.receive_packets`` call, ``single``
 one ``receive_packet`` each; run it with ``PYTHONPATH=OTHER_TREE`` to measure
 another checkout (``single`` is what a tree without ``receive_packets`` does).
@@ -151,11 +153,11 @@ def main() -> None:
     parser.add_argument("--rate-mbps", type=float, default=400.0, help="each path's link rate")
     parser.add_argument("--owd-us", type=float, default=50.0)
     parser.add_argument("--opcodes", action="store_true",
-                        help="count the bytecode instructions of the ACK calls (slow; its CPU time is then void)")
+                        help="count the bytecode instructions of the ACK calls (slow: CPU times void)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(parse_size(args.size), args.paths, args.mtu, args.mode, args.wake_us / 1e6, args.owd_us / 1e6,
-                 args.rate_mbps * 1e6, OpcodeCounter() if args.opcodes else None)
+    result = run(parse_size(args.size), args.paths, args.mtu, args.mode, args.wake_us / 1e6,
+                 args.owd_us / 1e6, args.rate_mbps * 1e6, OpcodeCounter() if args.opcodes else None)
     print(json.dumps(result) if args.json else result)
 
 
