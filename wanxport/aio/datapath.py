@@ -2,7 +2,7 @@
 
 Why: the endpoint drives the core with the same calls whichever data path
 moves the bytes — ``Session.receive_data_run`` per run of placed DATA
-datagrams, ``Session.receive_packet`` per opened control datagram — so it
+datagrams, ``Session.receive_packets`` for the opened control datagrams of a drain — so it
 must not care which one it has. The native path (``native_path``) does the
 per-datagram work in C; the Python path (``python_path``) runs the pure-Python
 reference of the same receiver (``wanxport.wire.receiver``).

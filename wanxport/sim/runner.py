@@ -2,7 +2,7 @@
 
 The runner is the simulator's equivalent of the asyncio adapter: through a
 ``Driver`` it makes the same ``Session`` calls (receive_data_run for placed
-DATA, receive_packet for control, shard_verified, poll_transmit,
+DATA, receive_packets for control, shard_verified, poll_transmit,
 next_deadline, on_deadline, events) from a virtual clock instead of sockets.
 The links carry the core's ``Transmit`` batches as the individual datagrams
 the sockets would send, each lost (or not) on its own.
