@@ -72,8 +72,8 @@ UNIT = Path(__file__).resolve().parent.parent / "deploy" / "wanxport-gateway.ser
 def unit_environment(unit: Path) -> dict[str, str]:
     """The ``Environment=`` settings of a systemd unit, so the soak runs the daemons as shipped.
 
-    Without them a soak would measure a process the unit never starts (the allocator, in
-    particular, decides whether transient peaks stay resident).
+    Without them a soak would measure a process the unit never starts (an allocator
+    setting such as ``PYTHONMALLOC`` changes what stays resident).
     """
     env: dict[str, str] = {}
     for line in unit.read_text().splitlines():

@@ -11,14 +11,6 @@ releases whole free pages inside the heap, so calling it now and then keeps the
 daemon's anonymous memory at what it uses. A minute is rare enough to cost nothing
 measurable (a walk of a heap of ~12 MiB) and often enough that the ratchet never
 shows. Not glibc (musl, another platform): nothing to do.
-
-That covers only what glibc holds. Python's own allocator (pymalloc) takes the
-small objects (up to 512 bytes) from 1 MiB arenas and returns an arena only once
-every object in it is gone, so one transient peak of small objects can leave an
-arena resident for good: one such step is the whole of the soak's 2 % bound on a receiver of
-~45 MiB (docs/results/soak.md, hour eight). The systemd unit therefore runs the daemon
-with ``PYTHONMALLOC=malloc``, which puts the small objects on glibc too, where this
-trim returns them page by page.
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-import os
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -51,9 +42,6 @@ def malloc_trim() -> Callable[[], int] | None:
 async def trim_periodically(every_s: float = TRIM_EVERY_S,
                             trim: Callable[[], int] | None = None) -> None:
     """Until cancelled: ``trim`` (default ``malloc_trim``) every ``every_s`` seconds."""
-    if os.environ.get("PYTHONMALLOC", "pymalloc") != "malloc":
-        log.info("small objects on Python's allocator (PYTHONMALLOC unset): peaks stay resident;"
-                 " the systemd unit sets PYTHONMALLOC=malloc")
     trim = trim or malloc_trim()
     if trim is None:
         log.debug("no malloc_trim (not glibc): the heap is left to the allocator")
