@@ -6,6 +6,7 @@ import gc
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -30,10 +31,34 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
         native_io.enable_timestamps(rx)
         tx.connect(rx.getsockname())
         tx.setblocking(False)
+        wait_for_kernel_stamps(rx, tx)
         yield rx, tx
     finally:
         rx.close()
         tx.close()
+
+
+def wait_for_kernel_stamps(rx: socket.socket, tx: socket.socket) -> None:
+    """Return once a datagram is stamped when it arrives, not when it is read.
+
+    The first socket on a host to ask for receive timestamps switches them on
+    kernel-wide through deferred work; a datagram that arrives before then is
+    stamped at the ``recvmmsg`` call instead. That is our reading of a fresh-clone
+    CI run in which a paced run's first datagram looked later than its last
+    ("released in -0.0008 s": the first stamped ~0.8 ms after the last arrived,
+    i.e. when it was read).
+    """
+    buf = bytearray(2048)
+    for _ in range(200):
+        tx.send(b"stamp probe")
+        time.sleep(0.005)
+        read_at = time.time_ns()
+        batch = native_io.recv_batch(rx, buf, 1)
+        if batch.count and read_at - batch.table["rx_time_ns"][0] >= 2_000_000:
+            while native_io.recv_batch(rx, buf, 1).count:  # leave no probe for the test
+                pass
+            return
+    raise AssertionError("the kernel never stamped a datagram on arrival (SO_TIMESTAMPNS)")
 
 
 def numbered(start: int, n: int, size: int = SIZE) -> bytes:
