@@ -62,6 +62,7 @@ class AllreduceOptions:
     compress: str = "none"
     backend: str | None = None
     timeout_s: float = 120.0
+    chunk_bytes: int | None = None  # R > 1: the hook's pipeline chunk (None: its default)
 
 
 def check_options(options: AllreduceOptions) -> None:
@@ -76,6 +77,9 @@ def check_options(options: AllreduceOptions) -> None:
         raise ValueError(f"--ranks-per-site: {options.ranks_per_site} is not valid; use 1..8")
     if options.steps < 1:
         raise ValueError(f"--steps: {options.steps} is not valid; use >= 1")
+    if options.chunk_bytes is not None and (options.chunk_bytes <= 0 or options.comm != "wanxport"):
+        raise ValueError(f"--chunk: {options.chunk_bytes} B is not valid; use a positive size "
+                         "with --comm wanxport")
     if options.size_bytes <= 0 or options.size_bytes % (4 * options.ranks_per_site):
         raise ValueError(f"--size: {options.size_bytes} B must be a positive multiple of "
                          f"4 x ranks-per-site (float32 elements, split evenly over the ranks)")
@@ -101,7 +105,7 @@ def _specs(emu: Emulation, options: AllreduceOptions, best: int, pki: str,
     ranks = options.ranks_per_site
     common = {"ranks_per_site": ranks, "count": options.size_bytes // 4, "steps": options.steps,
               "compress": None if options.compress == "none" else options.compress, "seed": SEED,
-              "timeout": options.timeout_s, "intra_port": INTRA_PORT}
+              "timeout": options.timeout_s, "intra_port": INTRA_PORT, "chunk_bytes": options.chunk_bytes}
     out = []
     for site, side in enumerate(("a", "b")):
         for r in range(ranks):
@@ -254,6 +258,7 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         worst_error_ratio=max(d["worst_error_ratio"] for d in done),
         cross_site_wire_bytes=sum(wire["a"]) + sum(wire["b"]),
         rank_cpu_s=[d.get("cpu_s") for d in done], rank_step_cpu_s=[d.get("step_cpu_s") for d in done],
+        chunk_bytes=done[0].get("chunk_bytes") if done else None,
         rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
         cc=cc if options.comm == "gloo" else "bbr", backend=emu.backend, settings=settings, errors=errors)
@@ -287,7 +292,7 @@ def main_allreduce(args: Any) -> int:
     options = AllreduceOptions(comm=args.comm, ranks_per_site=args.ranks_per_site,
                                size_bytes=args.size if args.size is not None else 64 << 20,
                                steps=args.steps, compress=args.compress, backend=args.backend,
-                               timeout_s=args.timeout)
+                               timeout_s=args.timeout, chunk_bytes=args.chunk)
     scenario = resolve_scenario(args.scenario)
     check_options(options)
     report = run_allreduce(scenario, options)

@@ -79,6 +79,8 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
                     help="wanxport only (gloo: none)")
     ar.add_argument("--timeout", type=float, default=120.0, metavar="S",
                     help="per collective (default 120)")
+    ar.add_argument("--chunk", type=size_argument, metavar="SIZE",
+                    help="R > 1: the DDP hook's pipeline chunk (default the hook's, 4MiB)")
     ar.add_argument("--backend", choices=("netem", "engine"))
     ar.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
     ren = sub.add_parser("render", help="figures and table again from a compare directory's reports")

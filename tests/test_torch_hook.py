@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch", reason="wanxport.torch needs the torch extra (pip install 'wanxport[torch]')")
 
 from gateway_helpers import free_path_ports  # noqa: E402
-from torch_helpers import hook_failure_worker, read, run_ranks  # noqa: E402
+from torch_helpers import chunked_worker, hook_failure_worker, read, run_ranks  # noqa: E402
 
 from wanxport.control.certs import make_test_pki  # noqa: E402
 
@@ -54,3 +54,15 @@ def test_a_killed_rank_makes_every_other_rank_raise_within_the_timeout(tmp_path:
         assert got["second_step"] != "ok", f"rank {rank}: {got}"
         assert got["second_step_s"] < 3 * timeout + 10, f"rank {rank} took {got['second_step_s']:.1f} s"
         assert got["refused_after"], f"rank {rank}: the hook accepted a bucket after a failure"
+
+
+def test_a_tensor_larger_than_a_chunk_is_reduced_in_chunks_in_place(tmp_path: Path) -> None:
+    make_test_pki(tmp_path / "pki", ["site-0", "site-1"])
+    first_port = free_path_ports(4)[0]
+    codes = run_ranks(chunked_worker, 4, (tmp_path, first_port, 20.0), deadline_s=200)
+    assert codes == [0, 0, 0, 0], codes
+    got = [read(tmp_path / f"rank-{g}.json") for g in range(4)]
+    for mean in (False, True):
+        assert all(r[f"same_tensor_{mean}"] for r in got), "the future's value is not the caller's tensor"
+        assert max(r[f"max_err_{mean}"] for r in got) < 1e-5, got
+        assert len({r[f"digest_{mean}"] for r in got}) == 1, "ranks disagree bit for bit"

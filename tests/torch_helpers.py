@@ -173,3 +173,37 @@ def hook_failure_worker(global_rank: int, work: Path, first_port: int, timeout: 
         out["refused_after"] = str(exc)
     write(work / f"rank-{global_rank}.json", out)
     os._exit(0)  # the gloo group has a dead member: skip its teardown
+
+
+def chunked_worker(global_rank: int, work: Path, first_port: int, timeout: float) -> None:
+    """2 sites x 2 ranks: ``allreduce_tensor`` over several chunks (the last one padded)."""
+    import hashlib
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from wanxport.collective import join_sync
+    from wanxport.torch import HookState, allreduce_tensor
+
+    site, rank = divmod(global_rank, 2)
+    dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 2), rank=rank,
+                            world_size=2, timeout=timedelta(seconds=timeout))
+    pki = work / "pki"
+    group = join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
+                      paths=[f"127.0.0.1:{first_port + 2 * rank + i}" for i in range(2)], timeout=timeout)
+    count = 10_007  # 4 KiB chunks: two whole chunks and a padded third
+    inputs = [np.random.default_rng([7, g]).standard_normal(count).astype(np.float32) for g in range(4)]
+    state = HookState(group, timeout=timeout, chunk_bytes=16_384)
+    out: dict[str, Any] = {"rank": global_rank}
+    for mean in (False, True):
+        tensor = torch.from_numpy(inputs[global_rank].copy())
+        got = allreduce_tensor(state, tensor, name=f"t-{mean}", mean=mean).wait()
+        exact = np.sum(np.stack(inputs).astype(np.float64), axis=0) / (4 if mean else 1)
+        out[f"same_tensor_{mean}"] = got.data_ptr() == tensor.data_ptr()
+        out[f"max_err_{mean}"] = float(np.max(np.abs(tensor.numpy() - exact)))
+        out[f"digest_{mean}"] = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+    state.close()
+    group.close()
+    dist.destroy_process_group()
+    write(work / f"rank-{global_rank}.json", out)

@@ -10,11 +10,13 @@ by all namespaces), whether every step's result was correct, a digest of each
 step's result (the runner checks all ranks agree) and this rank's bytes.
 
 wanxport, R ranks per site: rank r of each site forms a two-site wanxport group with
-rank r of the other site on its own ports. Each step: a reduce-scatter inside the
-site (gloo over the namespace's loopback), an all-reduce of this rank's 1/R slice
-across sites over wanxport, an all-gather inside the site. With R = 1 only the
-cross-site all-reduce. gloo: one flat torch.distributed world of 2R ranks (ranks
-contiguous per site), ``GLOO_SOCKET_IFNAME`` the best route's interface.
+rank r of the other site on its own ports. R = 1: each step is the cross-site
+all-reduce alone. R > 1: each step is the DDP hook's path for the whole array
+(``wanxport.torch.allreduce_tensor``): a reduce-scatter inside the site (gloo over the
+namespace's loopback), an all-reduce of this rank's 1/R slice across sites over
+wanxport, an all-gather inside the site, pipelined in the hook's chunks. gloo: one
+flat torch.distributed world of 2R ranks (ranks contiguous per site),
+``GLOO_SOCKET_IFNAME`` the best route's interface.
 
 Every rank's input is seeded by (seed, site, rank) and is the same at every step;
 each rank regenerates all inputs to check its result: without compression within
@@ -26,12 +28,14 @@ from the last (error feedback), i.e. ``2.02 x`` the per-site bounds, plus the fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -64,13 +68,12 @@ class Checker:
         tol = magnitude * (4 * 2 * ranks * 2.0 ** -24)
         compress = spec.get("compress")
         if compress is not None:
-            part = count // ranks
             for site in xs:
                 site_sum = site[0].copy()
                 for x in site[1:]:
                     site_sum += x
-                for r in range(ranks):  # the codec sees each rank's slice of the site's sum
-                    piece = slice(r * part, (r + 1) * part)
+                for piece in _codec_slices(count, ranks, spec.get("chunk_bytes")):
+                    # the codec sees each rank's slice of the site's sum
                     tol[piece] += 2.02 * error_bound(compress, site_sum[piece]).astype(np.float64)
         # Checked in float32 against bounds rounded outward from the float64 ones: the
         # float64 verdict (bounds never tightened, widened by under one float32 ulp) at a
@@ -96,6 +99,18 @@ class Checker:
         """``check`` and the result's digest (the runner compares ranks'), in one call for a thread."""
         ok, ratio = self.check(result)
         return ok, ratio, hashlib.sha256(result.data).hexdigest()[:16]
+
+
+def _codec_slices(count: int, ranks: int, chunk_bytes: int | None) -> list[slice]:
+    """The pieces of the array each rank's cross-site codec encodes on its own: R = 1 the
+    whole; R > 1 each rank's slice of each of the hook's chunks (``chunk_bounds``)."""
+    if ranks == 1:
+        return [slice(0, count)]
+    from wanxport.torch.hook import DEFAULT_CHUNK_BYTES, chunk_bounds
+
+    chunks = chunk_bounds(count, ranks, chunk_bytes or DEFAULT_CHUNK_BYTES, 4)
+    return [slice(lo + r * width, min(lo + (r + 1) * width, hi))
+            for lo, hi, width in chunks for r in range(ranks) if lo + r * width < hi]
 
 
 def _rounded(bound: np.ndarray, direction: float) -> np.ndarray:
@@ -144,55 +159,104 @@ def intra_group(spec: dict[str, Any]) -> Any:
 
 
 async def wanxport_rank(spec: dict[str, Any]) -> None:
+    """R = 1: the cross-site all-reduce alone, ``wanxport.collective`` on this rank's loop."""
     checker = Checker(spec)
-    ranks, count = spec["ranks_per_site"], spec["count"]
-    dist = intra_group(spec) if ranks > 1 else None
-    pki = spec["pki"]
-    names = spec["names"]
+    pki, names = spec["pki"], spec["names"]
     group = await join(spec["site"], names, identity=f"{pki}/{names[spec['site']]}", ca=f"{pki}/ca.pem",
                        paths=spec["paths"], timeout=spec["timeout"], join_timeout=60.0)
-    work = np.empty(count, dtype=np.float32)
-    part = count // ranks
-    piece = np.empty(part, dtype=np.float32)
-    if dist is not None:
-        import torch
-
-        work_t, piece_t = torch.from_numpy(work), torch.from_numpy(piece)
+    work = np.empty(spec["count"], dtype=np.float32)
     emit({"event": "ready"})
     await asyncio.to_thread(sys.stdin.readline)
-    steps, digests, worst, correct, error = [], [], 0.0, True, None
-    step_cpu: list[float] = []  # this process's CPU-s inside each timed step (all threads)
+    record = StepRecord()
     try:
         for _ in range(spec["steps"]):
             await asyncio.to_thread(np.copyto, work, checker.own)
             await group.barrier()
-            if dist is not None:
-                await asyncio.to_thread(dist.barrier)
-            t0, c0 = time.monotonic(), _cpu_now()
-            if dist is None:
+            with record.step():
                 await group.all_reduce(work, compress=spec["compress"], name="grad")
-            else:
-                await asyncio.to_thread(dist.reduce_scatter_tensor, piece_t, work_t)
-                await group.all_reduce(piece, compress=spec["compress"], name="grad")
-                await asyncio.to_thread(dist.all_gather_into_tensor, work_t, piece_t)
-            t1 = time.monotonic()
-            steps.append([t0, t1])
-            step_cpu.append(round(_cpu_now() - c0, 3))
             # Off the loop: a second of numpy here starved the transport's acknowledgements
             # and pacing while the peer still waited for this rank's bytes.
-            ok, ratio, digest = await asyncio.to_thread(checker.verdict, work)
-            correct, worst = correct and ok, max(worst, ratio)
-            digests.append(digest)
+            record.verdict(*await asyncio.to_thread(checker.verdict, work))
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
-        error, correct = f"{type(exc).__name__}: {exc}", False
+        record.failed(exc)
+    done = await group_report(group)
+    await group.close()
+    emit({**done, **record.report()})
+
+
+def hook_rank(spec: dict[str, Any]) -> None:
+    """R > 1: the DDP hook's own path (``wanxport.torch.allreduce_tensor``): the site's gloo
+    world on the namespace's loopback reduce-scatters, this rank's wanxport group carries its
+    slice across sites, gloo all-gathers, pipelined in the hook's chunks."""
+    import torch
+
+    from wanxport.collective import join_sync
+    from wanxport.torch import HookState, allreduce_tensor
+
+    checker = Checker(spec)
+    dist = intra_group(spec)
+    pki, names = spec["pki"], spec["names"]
+    group = join_sync(spec["site"], names, identity=f"{pki}/{names[spec['site']]}", ca=f"{pki}/ca.pem",
+                      paths=spec["paths"], timeout=spec["timeout"], join_timeout=60.0)
+    options = {"chunk_bytes": spec["chunk_bytes"]} if spec.get("chunk_bytes") else {}
+    state = HookState(group, timeout=spec["timeout"], compress=spec["compress"], **options)
+    work = np.empty(spec["count"], dtype=np.float32)
+    work_t = torch.from_numpy(work)
+    emit({"event": "ready"})
+    sys.stdin.readline()
+    record = StepRecord()
+    try:
+        for _ in range(spec["steps"]):
+            np.copyto(work, checker.own)
+            group.barrier()
+            dist.barrier()
+            with record.step():
+                allreduce_tensor(state, work_t, name="grad").wait()
+            record.verdict(*checker.verdict(work))
+    except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
+        record.failed(exc)
+    done = asyncio.run_coroutine_threadsafe(group_report(group.group), group.loop).result()
+    state.close()
+    group.close()
+    emit({**done, **record.report(), "chunk_bytes": state.chunk_bytes})
+
+
+class StepRecord:
+    """Each timed step's (start, end) on CLOCK_MONOTONIC and CPU-s, and the verdicts."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[float]] = []
+        self.step_cpu: list[float] = []  # this process's CPU-s inside each timed step (all threads)
+        self.digests: list[str] = []
+        self.worst, self.correct, self.error = 0.0, True, None
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        t0, c0 = time.monotonic(), _cpu_now()
+        yield
+        self.steps.append([t0, time.monotonic()])
+        self.step_cpu.append(round(_cpu_now() - c0, 3))
+
+    def verdict(self, ok: bool, ratio: float, digest: str) -> None:
+        self.correct, self.worst = self.correct and ok, max(self.worst, ratio)
+        self.digests.append(digest)
+
+    def failed(self, exc: Exception) -> None:
+        self.error, self.correct = f"{type(exc).__name__}: {exc}", False
+
+    def report(self) -> dict[str, Any]:
+        return {"event": "done", "steps": self.steps, "correct": self.correct,
+                "worst_error_ratio": self.worst, "digests": self.digests, "error": self.error,
+                "cpu_s": cpu_seconds(), "step_cpu_s": self.step_cpu}
+
+
+async def group_report(group: Any) -> dict[str, Any]:
+    """This rank's per-path bytes, collective bytes and session diagnostics (on the group's loop)."""
     paths = [[p.payload_bytes, p.retransmitted_bytes, p.srtt_s, p.state]
              for stats in group.path_stats().values() for p in stats]
     sent = sum(s.sent_bytes for s in group.stats() if s.op == "all_reduce")
     diag = {link.name: session_diagnostics(link.session.endpoint) for link in group.links.values()}
-    await group.close()
-    emit({"event": "done", "steps": steps, "correct": correct, "worst_error_ratio": worst,
-          "digests": digests, "paths": paths, "collective_bytes_sent": sent, "error": error,
-          "cpu_s": cpu_seconds(), "step_cpu_s": step_cpu, "diag": diag})
+    return {"paths": paths, "collective_bytes_sent": sent, "diag": diag}
 
 
 def gloo_rank(spec: dict[str, Any]) -> None:
@@ -209,29 +273,25 @@ def gloo_rank(spec: dict[str, Any]) -> None:
     work_t = torch.from_numpy(work)
     emit({"event": "ready"})
     sys.stdin.readline()
-    steps, digests, worst, correct, error = [], [], 0.0, True, None
+    record = StepRecord()
     try:
         for _ in range(spec["steps"]):
             work[:] = checker.own
             dist.barrier()
-            t0 = time.monotonic()
-            dist.all_reduce(work_t)
-            t1 = time.monotonic()
-            steps.append([t0, t1])
-            ok, ratio = checker.check(work)
-            correct, worst = correct and ok, max(worst, ratio)
-            digests.append(hashlib.sha256(work.data).hexdigest()[:16])
+            with record.step():
+                dist.all_reduce(work_t)
+            record.verdict(*checker.verdict(work))
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
-        error, correct = f"{type(exc).__name__}: {exc}", False
+        record.failed(exc)
     dist.destroy_process_group()
-    emit({"event": "done", "steps": steps, "correct": correct, "worst_error_ratio": worst,
-          "digests": digests, "paths": [], "collective_bytes_sent": None, "error": error,
-          "cpu_s": cpu_seconds()})
+    emit({**record.report(), "paths": [], "collective_bytes_sent": None})
 
 
 def main(argv: list[str]) -> int:
     comm, spec = argv[0], json.loads(argv[1])
-    if comm == "wanxport":
+    if comm == "wanxport" and spec["ranks_per_site"] > 1:
+        hook_rank(spec)
+    elif comm == "wanxport":
         run(wanxport_rank(spec))
     elif comm == "gloo":
         gloo_rank(spec)

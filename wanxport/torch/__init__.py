@@ -4,7 +4,8 @@ Needs the ``torch`` extra (``pip install 'wanxport[torch]'``, torch >= 2.3; test
 2.13.0). Importing this package registers the ``"wanxport"`` torch.distributed backend.
 
 - ``allreduce_hook`` + ``HookState``: DDP inside each site over the site's own world,
-  wanxport between sites (``ddp.register_comm_hook(HookState(group), allreduce_hook)``).
+  wanxport between sites (``ddp.register_comm_hook(HookState(group), allreduce_hook)``);
+  ``allreduce_tensor`` is the same path for any 1-D CPU tensor, outside DDP.
 - ``init_process_group("wanxport", store=..., rank=site, world_size=n_sites,
   pg_options=SiteConfig.load(FILE))``: one rank per site (DiLoCo's outer group).
 - ``compression(codec)``: cross-site all-reduces in the block travel as bf16/int8.
@@ -14,9 +15,10 @@ Needs the ``torch`` extra (``pip install 'wanxport[torch]'``, torch >= 2.3; test
 from wanxport.collective import CollectiveError
 from wanxport.torch.backend import BACKEND, WanxportProcessGroup, compression, cross_site_bytes, register
 from wanxport.torch.config import CONFIG_ENV, ConfigError, SiteConfig
-from wanxport.torch.hook import HookState, allreduce_hook
+from wanxport.torch.hook import HookState, allreduce_hook, allreduce_tensor
 
 __all__ = ["BACKEND", "CONFIG_ENV", "CollectiveError", "ConfigError", "HookState", "SiteConfig",
-           "WanxportProcessGroup", "allreduce_hook", "compression", "cross_site_bytes", "register"]
+           "WanxportProcessGroup", "allreduce_hook", "allreduce_tensor", "compression", "cross_site_bytes",
+           "register"]
 
 register()
