@@ -241,3 +241,34 @@ async def test_resilient_channel_survives_losing_its_path(server, pki: Path) -> 
 def test_configuration_demands_certificates(pki: Path) -> None:
     config = make_configuration(is_client=False, **ident(pki, "gw-b"), idle_timeout_s=1.0)
     assert config.verify_mode == ssl.CERT_REQUIRED and config.alpn_protocols == ["wanxport/1"]
+
+
+async def test_abandoning_the_links_address_redials_at_once_and_loses_nothing(server, pki: Path) -> None:
+    """The data plane failed path 0: the link over it is dropped without waiting out the
+    (here 30 s) idle timeout, messages queued meanwhile arrive once, in order."""
+    srv, rec = server
+    rec.expect = 10
+    channel = await ResilientControl.connect(
+        srv.addresses, **ident(pki, "gw-a"), timeout_s=3, idle_timeout_s=30.0, stagger_s=0.25,
+    )
+    first, second = srv.addresses
+    assert channel.abandon_link(second) is False  # not the link's address: nothing happens
+    for shard in range(5):
+        await channel.send(ShardComplete(shard, "verified"))
+    replies = [await channel.recv() for _ in range(5)]
+
+    srv.kill_listener(0)  # path 0 goes dark; only the data plane would notice soon
+    started = asyncio.get_running_loop().time()
+    assert channel.abandon_link(first) is True
+    assert channel.abandon_link(first) is False  # already re-dialling
+    for shard in range(5, 10):
+        await channel.send(ShardComplete(shard, "verified"))
+    replies += [await channel.recv() for _ in range(5)]
+    await asyncio.wait_for(rec.count_reached.wait(), 10)
+
+    assert asyncio.get_running_loop().time() - started < 5.0  # not the 30 s idle timeout
+    assert channel.reconnects_total == 1 and channel.via == f"control connection to 127.0.0.1:{second[1]}"
+    assert [m.shard_id for m in rec.received] == list(range(10))  # type: ignore[attr-defined]
+    assert [m.shard_id for m in replies] == list(range(1000, 1010))  # type: ignore[attr-defined]
+    assert len(rec.sessions) == 1
+    channel.close()

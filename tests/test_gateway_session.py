@@ -139,6 +139,32 @@ async def test_control_moves_to_another_path_when_its_path_dies(pki: Path) -> No
     assert sender.channel.reconnects_total >= 1  # type: ignore[attr-defined]
 
 
+async def test_control_leaves_a_path_the_data_plane_failed_without_its_idle_timeout(pki: Path) -> None:
+    """Only a FAILED verdict on the control link's own path re-dials it: the initiator's
+    endpoint tells its listeners, and a transfer still goes through afterwards."""
+    from wanxport.core.events import PathChanged
+
+    options = GatewayOptions(control_timeout_s=30.0)
+    listener, sender, receiver = await pair(pki, 2, options)
+    try:
+        def tell(path_id: int, new: str) -> None:
+            for notify in sender.endpoint.path_listeners:
+                notify(PathChanged(path_id, f"path{path_id}", "active", new, 0.0))
+
+        via = sender.channel.via
+        tell(0, "degraded")  # suspected only: it may still answer
+        tell(1, "failed")  # not the path the control link runs over
+        assert sender.channel.via == via and sender.channel.reconnects_total == 0  # type: ignore[attr-defined]
+        tell(0, "failed")
+        data = os.urandom(4 << 20)
+        assert await asyncio.wait_for(transfer(sender, receiver, 0, data), 10)
+        assert sender.channel.reconnects_total == 1  # type: ignore[attr-defined]
+    finally:
+        await sender.close()
+        await receiver.close()
+        listener.close()
+
+
 async def test_a_warm_session_keeps_nothing_per_answered_shard(pki: Path) -> None:
     """Announcements (receiver) and verdicts (sender, once read and forgotten) do not
     pile up over a session that carries many shards."""

@@ -116,6 +116,8 @@ class Endpoint:
         self._hashers: dict[int, ShardHasher] = {}
         self._received: asyncio.Queue[ReceivedShard] | None = None
         self._acks: dict[int, asyncio.Future[bool]] = {}
+        #: Called with each ``PathChanged`` (a path's health state moved), on the loop.
+        self.path_listeners: list[Callable[[PathChanged], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -493,6 +495,8 @@ class Endpoint:
                 self._closed.set_result(event)
         elif isinstance(event, PathChanged):
             log.info("path %s: %s -> %s", event.name, event.old, event.new)
+            for listener in self.path_listeners:
+                listener(event)
 
 
 def timer_delay_s(remaining_s: float) -> float:

@@ -137,6 +137,7 @@ class Link(QuicConnectionProtocol):
     ) -> None:
         super().__init__(quic)
         self.where = where
+        self.address: tuple[str, int] | None = None  # the control address dialled (client links)
         self.peer_name = ""
         self.on_ready: Callable[[Link], None] = lambda link: None
         self.on_frame: Callable[[Link, Frame], None] = _ignore_frame
@@ -308,6 +309,7 @@ async def dial(
     quic = QuicConnection(configuration=config)
     install_server_check_wording(quic)
     link = Link(quic, where=where, keepalive_s=keepalive_s)
+    link.address = (host, port)
     result: asyncio.Future[Attached] = loop.create_future()
 
     def on_frame(link: Link, frame: Frame) -> None:

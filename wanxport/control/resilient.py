@@ -30,7 +30,7 @@ from .channel import (
     dial_any,
 )
 from .framing import Attach
-from .link import ControlConnectError, ControlConnectionLost, SessionRefused
+from .link import APP_SUPERSEDED, ControlConnectError, ControlConnectionLost, SessionRefused
 from .session import ControlChannel, new_session_id
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,21 @@ class ResilientControl(ControlChannel):
             self._reconnect_task.cancel()
             self._reconnect_task = None
         super().close()
+
+    def abandon_link(self, address: Address) -> bool:
+        """The data plane found the path to ``address`` failed: if the control link runs over
+        it, re-dial now instead of waiting out the idle timeout (keepalives missed for
+        ``idle_timeout_s``, 10 s by default, while every message queued behind the dead link).
+        True if it did. The re-dial tries every address as after any other loss."""
+        link = self._link
+        if link is None or self.closed or link.address != tuple(address):
+            return False
+        self._link = None
+        link.shutdown(APP_SUPERSEDED, "its path failed")
+        log.info("control link via %s abandoned: the data plane failed that path", link.where)
+        self._link_lost(ControlConnectionLost(f"{link.where}: the data plane failed its path"))
+        self._notify()
+        return True
 
     def _link_lost(self, exc: Exception) -> None:
         if self._reconnect_task is None and not self.closed:

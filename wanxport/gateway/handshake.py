@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import socket
 import time
@@ -46,6 +47,8 @@ from wanxport.control import (
     load_identity,
 )
 from wanxport.control.certs import certificate_name, check_ca_file
+from wanxport.core.events import PathChanged
+from wanxport.core.health import PathState
 
 from .config import (
     Address,
@@ -179,7 +182,17 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
     session = GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode,
                              stall_timeout_s=options.stall_timeout_s if watch_receiving else None)
     session.peer_instance = welcome.instance
+    if isinstance(channel, ResilientControl):
+        endpoint.path_listeners.append(functools.partial(_control_off_failed_path, channel, paths[:n]))
     return session
+
+
+def _control_off_failed_path(channel: ResilientControl, paths: list[Address], event: PathChanged) -> None:
+    """Path i's control address is ``paths[i]``: when the data plane fails that path, the
+    control link over it is dead too, so it re-dials now rather than after its idle timeout
+    (a training step blocked ~10 s on the control messages queued behind it)."""
+    if event.new == PathState.FAILED:
+        channel.abandon_link(paths[event.path_id])
 
 
 def _announced(bound: Address, remote: Address) -> Address:

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Issue 14's must-show, second batch on the quiet host: R = 1 and R = 2 alternated, then compression.
-cd /work/main
+cd "$(dirname "$0")/../../.."  # the repository root
 OUT=docs/results/s10-quiet
 PY=.venv/bin/python
 AR="flock /tmp/wanxport-tests.lock $PY -m emulation allreduce allreduce-4route --size 64MiB"
@@ -14,4 +14,4 @@ for c in int8 bf16; do
 done
 $AR --comm gloo --steps 3 --json > $OUT/r1-gloo-2.json
 $AR --comm gloo --ranks-per-site 2 --steps 3 --json > $OUT/r2-gloo-2.json
-echo done > /tmp/s10/quiet2.done
+
