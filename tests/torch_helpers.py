@@ -130,25 +130,33 @@ def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
 # -- the DDP hook with a rank that dies --------------------------------------------
 
 
+def two_site_rank(global_rank: int, work: Path, first_port: int, timeout: float) -> Any:
+    """Rank ``global_rank`` of 2 sites x 2 ranks over loopback: its site's gloo world (a
+    FileStore) and its wanxport group with the same-index rank of the other site."""
+    import torch.distributed as dist
+
+    from wanxport.collective import join_sync
+
+    site, rank = divmod(global_rank, 2)
+    dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 2), rank=rank,
+                            world_size=2, timeout=timedelta(seconds=timeout))
+    pki = work / "pki"
+    return join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
+                     paths=[f"127.0.0.1:{first_port + 2 * rank + i}" for i in range(2)], timeout=timeout)
+
+
 def hook_failure_worker(global_rank: int, work: Path, first_port: int, timeout: float) -> None:
     """2 sites x 2 ranks; after one good step site 1's rank 0 is killed; the others must raise."""
     import os
     import signal
 
     import torch
-    import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from wanxport.collective import join_sync
     from wanxport.torch import HookState, allreduce_hook
 
-    site, rank = divmod(global_rank, 2)
-    dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 2), rank=rank,
-                            world_size=2, timeout=timedelta(seconds=timeout))
-    pki = work / "pki"
-    group = join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
-                      paths=[f"127.0.0.1:{first_port + 2 * rank + i}" for i in range(2)], timeout=timeout)
+    group = two_site_rank(global_rank, work, first_port, timeout)
     torch.manual_seed(0)
     ddp = DDP(nn.Linear(64, 64), bucket_cap_mb=0.004)
     state = HookState(group, timeout=timeout)
@@ -183,16 +191,10 @@ def chunked_worker(global_rank: int, work: Path, first_port: int, timeout: float
     import torch
     import torch.distributed as dist
 
-    from wanxport.collective import join_sync
     from wanxport.torch import HookState, allreduce_tensor
 
-    site, rank = divmod(global_rank, 2)
-    dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 2), rank=rank,
-                            world_size=2, timeout=timedelta(seconds=timeout))
-    pki = work / "pki"
-    group = join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
-                      paths=[f"127.0.0.1:{first_port + 2 * rank + i}" for i in range(2)], timeout=timeout)
-    count = 10_007  # 4 KiB chunks: two whole chunks and a padded third
+    group = two_site_rank(global_rank, work, first_port, timeout)
+    count = 10_007  # 16 KiB chunks (4,096 elements): two whole ones and a padded third
     inputs = [np.random.default_rng([7, g]).standard_normal(count).astype(np.float32) for g in range(4)]
     state = HookState(group, timeout=timeout, chunk_bytes=16_384)
     out: dict[str, Any] = {"rank": global_rank}

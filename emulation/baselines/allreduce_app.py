@@ -188,8 +188,6 @@ def hook_rank(spec: dict[str, Any]) -> None:
     """R > 1: the DDP hook's own path (``wanxport.torch.allreduce_tensor``): the site's gloo
     world on the namespace's loopback reduce-scatters, this rank's wanxport group carries its
     slice across sites, gloo all-gathers, pipelined in the hook's chunks."""
-    import torch
-
     from wanxport.collective import join_sync
     from wanxport.torch import HookState, allreduce_tensor
 
@@ -200,11 +198,7 @@ def hook_rank(spec: dict[str, Any]) -> None:
                       paths=spec["paths"], timeout=spec["timeout"], join_timeout=60.0)
     options = {"chunk_bytes": spec["chunk_bytes"]} if spec.get("chunk_bytes") else {}
     state = HookState(group, timeout=spec["timeout"], compress=spec["compress"], **options)
-    work = np.empty(spec["count"], dtype=np.float32)
-    work_t = torch.from_numpy(work)
-    emit({"event": "ready"})
-    sys.stdin.readline()
-    record = StepRecord()
+    work, work_t, record = ready_for_go(spec["count"])
     try:
         for _ in range(spec["steps"]):
             np.copyto(work, checker.own)
@@ -219,6 +213,16 @@ def hook_rank(spec: dict[str, Any]) -> None:
     state.close()
     group.close()
     emit({**done, **record.report(), "chunk_bytes": state.chunk_bytes})
+
+
+def ready_for_go(count: int) -> tuple[np.ndarray, Any, StepRecord]:
+    """The step's float32 array and its torch view; "ready" to the runner, then wait for "go"."""
+    import torch
+
+    work = np.empty(count, dtype=np.float32)
+    emit({"event": "ready"})
+    sys.stdin.readline()
+    return work, torch.from_numpy(work), StepRecord()
 
 
 class StepRecord:
@@ -260,7 +264,6 @@ async def group_report(group: Any) -> dict[str, Any]:
 
 
 def gloo_rank(spec: dict[str, Any]) -> None:
-    import torch
     import torch.distributed as dist
 
     checker = Checker(spec)
@@ -269,11 +272,7 @@ def gloo_rank(spec: dict[str, Any]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{spec['master']}:{spec['master_port']}",
                             rank=spec["site"] * ranks + spec["rank"], world_size=2 * ranks,
                             timeout=timedelta(seconds=spec["timeout"]))
-    work = np.empty(spec["count"], dtype=np.float32)
-    work_t = torch.from_numpy(work)
-    emit({"event": "ready"})
-    sys.stdin.readline()
-    record = StepRecord()
+    work, work_t, record = ready_for_go(spec["count"])
     try:
         for _ in range(spec["steps"]):
             work[:] = checker.own
