@@ -101,11 +101,8 @@ class ResilientControl(ControlChannel):
         link = self._link
         if link is None or self.closed or link.address != tuple(address):
             return False
-        self._link = None
-        link.shutdown(APP_SUPERSEDED, "its path failed")
-        log.info("control link via %s abandoned: the data plane failed that path", link.where)
-        self._link_lost(ControlConnectionLost(f"{link.where}: the data plane failed its path"))
-        self._notify()
+        link.shutdown(APP_SUPERSEDED, "its path failed")  # tells nobody: lose it as a dead link
+        self._on_lost(link, ControlConnectionLost(f"{link.where}: the data plane failed its path"), True)
         return True
 
     def _link_lost(self, exc: Exception) -> None:

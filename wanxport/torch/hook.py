@@ -129,13 +129,9 @@ class HookState:
 def allreduce_hook(state: HookState, bucket: GradBucket) -> Future[torch.Tensor]:
     """DDP comm hook: the mean of ``bucket`` over every rank of every site (see the module docstring)."""
     buffer = bucket.buffer()
-    bucket_id = bucket.index()
-    if state._site_ranks == 1 and state._failed is None:
-        result: Future[torch.Tensor] = Future()
-        piece = buffer.detach().clone()
-        state._finish.submit(_finish_single, state, f"ddp-bucket-{bucket_id}/{piece.numel()}", piece, result)
-        return result
-    return allreduce_tensor(state, buffer, name=f"ddp-bucket-{bucket_id}", mean=True)
+    if state._site_ranks == 1:
+        buffer = buffer.detach().clone()  # one rank per site: the cross-site step reduces a copy
+    return allreduce_tensor(state, buffer, name=f"ddp-bucket-{bucket.index()}", mean=True)
 
 
 def allreduce_tensor(state: HookState, tensor: torch.Tensor, *, name: str, mean: bool = False,
@@ -198,12 +194,11 @@ def _start_exchange(state: HookState, name: str, work: dist.Work, piece: torch.T
 
 
 def _finish_single(state: HookState, name: str, piece: torch.Tensor,
-                   result: Future[torch.Tensor], divisor: int | None = None) -> None:
+                   result: Future[torch.Tensor], divisor: int) -> None:
     """One rank per site: only the cross-site step."""
     try:
         _bridge.all_reduce_start(state.group, piece, name=name, compress=state.compress,
                                  timeout=state.timeout).result()
-        divisor = state.world_size if divisor is None else divisor
         result.set_result(piece.div_(divisor) if divisor != 1 else piece)
     except Exception as exc:  # noqa: BLE001 - handed to DDP through the future
         state._fail(exc)
