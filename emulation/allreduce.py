@@ -155,6 +155,18 @@ def _engine_cpu_s(emu: Emulation) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _drops(emu: Emulation) -> dict[str, dict[str, dict[str, int]]]:
+    """The engine's drops so far by path, direction and cause (queue: the bottleneck's
+    drop-tail buffer overflowed; loss: the scenario's random loss); empty under netem. A
+    step's retransmissions beyond the random loss are these queue drops: what its
+    congestion control cost."""
+    if emu.backend != "engine":
+        return {}
+    return {path: {d: {"queue": c["drop_queue"], "loss": c["drop_loss"], "forwarded": c["tx_packets"]}
+                   for d, c in dirs.items()}
+            for path, dirs in emu.counters().items()}
+
+
 def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_start: float) -> dict[str, Any]:
     best = netconfig.best_path(scenario)
     netconfig.source_routing(emu, best)
@@ -180,6 +192,7 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                     raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
             before = _tx_counter(emu, TX_BYTES)
             datagrams_before = _sent_datagrams(emu)
+            drops_before = _drops(emu)
             engine_before, go_at = _engine_cpu_s(emu), time.monotonic()
             emu.start_events()
             for program in programs:
@@ -193,6 +206,12 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                 done.append(report)
             after = _tx_counter(emu, TX_BYTES)
             engine_after = _engine_cpu_s(emu)
+            drops_after = _drops(emu)
+            if drops_before and drops_after:
+                settings["engine_drops"] = {
+                    path: {d: {cause: n - drops_before[path][d][cause] for cause, n in by_cause.items()}
+                           for d, by_cause in dirs.items()}
+                    for path, dirs in drops_after.items()}
             settings["run_wall_s"] = round(time.monotonic() - go_at, 2)  # "go" to the last "done"
             if engine_before is not None and engine_after is not None:
                 settings["engine_cpu_s"] = round(engine_after - engine_before, 2)  # over run_wall_s

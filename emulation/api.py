@@ -21,6 +21,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,3 +231,19 @@ class Emulation:
     def stats_path(self) -> str:
         """Where the daemon writes its per-path counters (on SIGUSR2 and at exit)."""
         return f"{self.plan.state_dir}/stats.json"
+
+    def counters(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        """The daemon's per-path, per-direction counters now (``{path: {"a->b": {...}}}``):
+        forwarded packets and bytes, and drops by cause (``drop_queue`` is the bottleneck's
+        drop-tail buffer, ``drop_loss`` the scenario's random loss). The engine backend's
+        daemon only (under netem the counters live in the qdiscs): EmulationError without one."""
+        stats = Path(self.stats_path())
+        before = stats.stat().st_mtime_ns if stats.exists() else 0
+        os.kill(self._daemon_pid(), signal.SIGUSR2)
+        deadline = time.monotonic() + timeout_s
+        while not stats.exists() or stats.stat().st_mtime_ns == before:
+            if time.monotonic() > deadline:
+                raise EmulationError(f"the daemon wrote no counters within {timeout_s:.0f} s")
+            time.sleep(0.01)  # the daemon answers within a signal's handling time
+        counters: dict[str, Any] = json.loads(stats.read_text())
+        return counters

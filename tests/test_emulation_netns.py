@@ -87,6 +87,11 @@ def test_up_builds_paths_with_their_delay_and_down_removes_all(emu: Emulation) -
         out = emu.run("a", ["ping", "-c", "3", "-i", "0.05", "-W", "5", info.b_addr]).stdout
         rtt_min = float(re.search(r"= ([\d.]+)/", out).group(1))  # type: ignore[union-attr]
         assert rtt_min >= spec.forward.rtt_ms  # never faster than the configured RTT
+    counters = emu.counters()  # the daemon's own account of those pings, per path and direction
+    for spec in emu.scenario.paths:
+        for direction in ("a->b", "b->a"):
+            c = counters[spec.name][direction]
+            assert c["tx_packets"] >= 3 and c["drop_queue"] == c["drop_loss"] == 0
     # Path 2's address is reachable only over path 2: its route names path 2's interface.
     route = emu.run("a", ["ip", "route", "get", emu.paths[1].b_addr]).stdout
     assert f"dev {emu.paths[1].ifname} " in route
