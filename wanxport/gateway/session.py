@@ -271,8 +271,16 @@ class GatewaySession:
             raise SessionFailed("the session has ended")
 
     async def _until_ended(self, fut: asyncio.Future[Any]) -> Any:
-        """``fut``'s result, or SessionFailed when the session ends first."""
-        done, _ = await asyncio.wait({fut, self._ended}, return_when=asyncio.FIRST_COMPLETED)
+        """``fut``'s result, or SessionFailed when the session ends first.
+
+        A waiter cancelled meanwhile (a collective closing its link) cancels ``fut`` too:
+        nobody will read it, so the endpoint's close must not fail it with an exception
+        that asyncio then reports as never retrieved."""
+        try:
+            done, _ = await asyncio.wait({fut, self._ended}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
         if fut in done:
             return fut.result()
         fut.cancel()
