@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import select
+import socket
 import struct
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -14,6 +19,7 @@ from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offloa
 from wanxport.aio.endpoint import Endpoint
 from wanxport.aio.verify import ShardHasher
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.stats import PathStats
 from wanxport.wire import native
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.frames import ProbeFrame
@@ -40,17 +46,17 @@ def keys(seed: int) -> tuple[DirectionKey, DirectionKey]:
 class Pair:
     """Sender a and receiver b, connected over ``n`` loopback paths."""
 
-    def __init__(self, datapath: str, n: int, segments: int, seed: int = 1) -> None:
+    def __init__(self, datapath: str, n: int, segments: int, seed: int = 1, holdoff_s: float = 0.001) -> None:
         paths = tuple(PathConfig(f"p{i}", 1500) for i in range(n))
         chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
-        session = SessionConfig(paths=paths, chunk_bytes=chunk, max_ack_delay_s=0.001)
+        session = SessionConfig(paths=paths, chunk_bytes=chunk, max_ack_delay_s=max(0.001, holdoff_s))
         self.a_to_b, self.b_to_a = keys(seed)
         sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in paths)
         self.a = Endpoint(EndpointConfig(session, sockets, self.a_to_b, self.b_to_a, A_CONN, B_CONN,
-                                         datapath=datapath))
+                                         datapath=datapath, receive_holdoff_s=holdoff_s))
         try:
             self.b = Endpoint(EndpointConfig(session, sockets, self.b_to_a, self.a_to_b, B_CONN, A_CONN,
-                                             datapath=datapath))
+                                             datapath=datapath, receive_holdoff_s=holdoff_s))
         except BaseException:
             self.a.abort()
             raise
@@ -75,8 +81,8 @@ async def pairs() -> AsyncIterator[Callable[..., Pair]]:
     """Builds started pairs; closes every endpoint (sockets, pacer threads) even on failure."""
     made: list[Pair] = []
 
-    def make(datapath: str, n: int, segments: int) -> Pair:
-        pair = Pair(datapath, n, segments)
+    def make(datapath: str, n: int, segments: int, holdoff_s: float = 0.001) -> Pair:
+        pair = Pair(datapath, n, segments, holdoff_s=holdoff_s)
         made.append(pair)
         pair.a.start()
         pair.b.start()
@@ -213,6 +219,34 @@ async def test_probe_paths_hears_the_peer_on_every_path_then_data_flows(
     await pair.transfer([payload(1 << 20, 4)])
 
 
+@pytest.mark.parametrize("datapath", DATAPATHS)
+@pytest.mark.parametrize(("holdoff_s", "passes"), [(0.05, 1), (0.0, 4)])
+async def test_receive_holdoff_drains_every_path_that_woke_meanwhile_in_one_pass(
+        pairs: Callable[..., Pair], datapath: str, holdoff_s: float, passes: int) -> None:
+    """A probe on each of 4 paths: with a hold-off, the first wake waits and one pass takes all
+    four (and each side's answer waited it out); without, each path's wake is a pass of its own.
+    Once the sender has measured RTTs too short beside the hold-off, it stops holding."""
+    pair = pairs(datapath, 4, 1, holdoff_s=holdoff_s)
+    started = time.monotonic()
+    assert await pair.a.probe_paths(WAIT_S) == [True] * 4
+    took = time.monotonic() - started
+    assert (pair.b.receive_passes, pair.a.receive_passes) == (passes, passes)
+    if holdoff_s:
+        assert took >= 2 * holdoff_s * 0.9  # both sides held (asyncio may fire a timer ~1 ms early)
+    await pair.transfer([payload(1 << 20, 4)])  # and data still flows, byte-exact, after it
+    # a's RTT samples are about one hold-off (b's), under HOLDOFF_RTT_RATIO of them: a stops
+    # holding. b, which sent no data, has no sample and holds on.
+    assert (pair.a.receive_holding, pair.b.receive_holding) == (False, bool(holdoff_s))
+
+
+@pytest.mark.parametrize("bad", [-0.001, 0.2, float("nan")])
+def test_receive_holdoff_out_of_range_is_refused(bad: float) -> None:
+    session = SessionConfig(paths=(PathConfig("p0"),))
+    a_to_b, b_to_a = keys(3)
+    with pytest.raises(ValueError, match="receive_holdoff_s must be"):
+        EndpointConfig(session, (PathSocket(("127.0.0.1", 0)),), a_to_b, b_to_a, receive_holdoff_s=bad)
+
+
 @pytest.mark.parametrize("datapath", TRANSFER_DATAPATHS)
 async def test_wrong_digest_fails_on_both_sides_while_other_shards_pass(
         pairs: Callable[..., Pair], datapath: str) -> None:
@@ -291,3 +325,88 @@ def test_timer_never_runs_the_session_before_its_deadline(
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(main())
+
+
+@pytest.mark.parametrize("datapath", DATAPATHS)
+def test_deadline_after_a_stall_reads_the_waiting_ack_before_it_judges(datapath: str) -> None:
+    """The sender's loop stalls past its probe timeout while the answer lands in its socket.
+
+    uvloop (libuv) runs due timers before it polls for I/O, so without reading first the
+    probe timeout would find no acknowledgement, declare the flight lost, suspect the path
+    and re-send what had arrived. The receiver runs on a loop thread of its own, so it
+    answers while the sender is stalled. The stall is in an I/O callback, as a long
+    receive pass (or the host descheduling the process there) would be: what follows
+    is the loop's next turn, timers first.
+    """
+    uvloop = pytest.importorskip("uvloop")
+    pair = Pair(datapath, 1, 1, holdoff_s=0.0)
+    b_loop = asyncio.new_event_loop()
+    b_thread = threading.Thread(target=b_loop.run_forever, daemon=True)
+    b_thread.start()
+    go = threading.Event()
+    warm: list[PathStats] = []  # the sender's path after the warm-up shard
+
+    def on_b(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, b_loop).result(WAIT_S)
+
+    async def b_start() -> None:
+        pair.b.start()
+
+    async def b_receive() -> list[bytes]:
+        return [bytes((await asyncio.wait_for(pair.b.receive_shard(), WAIT_S)).data) for _ in range(2)]
+
+    async def sender() -> None:
+        pair.a.start()
+        try:
+            assert await asyncio.wait_for(pair.a.submit(0, payload(200_000, 6)), WAIT_S)  # warm: RTT in µs
+            await until(lambda: pair.a.session.stats().paths[0].bytes_in_flight == 0)  # all acked
+            warm.append(pair.a.session.stats().paths[0])
+            b_loop.call_soon_threadsafe(go.wait, WAIT_S)  # the receiver pauses ...
+            await asyncio.sleep(0.05)
+            ack = pair.a.submit(1, payload(1000, 7))  # ... while one datagram goes to it
+            readable = await asyncio.to_thread(select.select, [pair.b.sockets[0]], [], [], WAIT_S)
+            assert readable[0], "the datagram did not reach the receiver's socket"
+            pto = pair.a.session.paths[0].loss.pto_s(pair.a.config.session.max_ack_delay_s)
+            await stall_in_io_callback(max(0.3, 20 * pto), go.set)  # the answer arrives meanwhile
+            assert await asyncio.wait_for(ack, WAIT_S)
+        finally:
+            await pair.a.close()
+
+    try:
+        on_b(b_start())
+        received = asyncio.run_coroutine_threadsafe(b_receive(), b_loop)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(sender())
+        assert received.result(WAIT_S) == [payload(200_000, 6), payload(1000, 7)]
+        (before,), path = warm, pair.a.session.stats().paths[0]
+        assert path.packets_lost == before.packets_lost and path.spurious_losses == before.spurious_losses
+        assert path.retransmitted_bytes == before.retransmitted_bytes
+        assert (path.failures, path.state) == (0, "active")
+    finally:
+        go.set()
+        on_b(pair.b.close())
+        b_loop.call_soon_threadsafe(b_loop.stop)
+        b_thread.join(WAIT_S)
+        b_loop.close()
+        pair.a.abort()
+
+
+async def stall_in_io_callback(seconds: float, before: Callable[[], None]) -> None:
+    """Block the running loop for ``seconds`` inside a reader callback; ``before`` first."""
+    loop = asyncio.get_running_loop()
+    wake, trigger = socket.socketpair()
+    done = loop.create_future()
+
+    def stall() -> None:
+        loop.remove_reader(wake.fileno())
+        before()
+        time.sleep(seconds)
+        done.set_result(None)
+
+    try:
+        loop.add_reader(wake.fileno(), stall)
+        trigger.send(b"x")
+        await asyncio.wait_for(done, WAIT_S)
+    finally:
+        wake.close()
+        trigger.close()

@@ -211,7 +211,7 @@ def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
     """Counters that explain a slow run: data-path drops, pacer backpressure, kernel UDP drops."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out: dict[str, Any] = {"udp": udp_counters(), "data_runs": endpoint.data_runs,
-                           "data_records": endpoint.data_records,
+                           "data_records": endpoint.data_records, "receive_passes": endpoint.receive_passes,
                            # what this gateway cost: its peak memory next to its receive budget
                            "max_rss_bytes": peak_rss_bytes(), "cpu_s": usage.ru_utime + usage.ru_stime,
                            "receive_budget_bytes": endpoint.config.session.receive_budget_bytes}

@@ -9,6 +9,7 @@ from wanxport.wire.protection import CIPHERS, IV_LEN, KEY_LEN
 
 DATAPATHS = ("auto", "native", "python")
 MAX_WORKERS = 64
+MAX_RECEIVE_HOLDOFF_S = 0.1
 Address = tuple[str, int]
 
 
@@ -73,6 +74,17 @@ class EndpointConfig:
     # to worker i % workers, each seals, paces, receives, opens and places its own
     # paths on its own core. 1: everything on the loop's thread. At most one per path.
     workers: int = 1
+    # Receive coalescing (aio.endpoint, "receive hold-off"): a path that becomes readable
+    # is drained this long later, with every other path that became readable meanwhile,
+    # in one pass through the session. At WAN rates a wake-up otherwise finds one or two
+    # datagrams (docs/results/holdoff.md): the per-wake cost (epoll, recvmmsg, the Python
+    # around them, a session service) then dominates the CPU per byte. The endpoint holds
+    # at most the session's max_ack_delay_s (5 ms by default), the delay the protocol
+    # already allows an acknowledgement, and not at all once a measured path's smoothed
+    # RTT is under 8 hold-offs (a LAN or loopback: its round trip would multiply). Under
+    # uvloop, whose timers count whole milliseconds, less than 1 ms is no hold-off at
+    # all. 0: drain at once. Inline data path only (worker threads drain their own sockets).
+    receive_holdoff_s: float = 0.001
 
     def __post_init__(self) -> None:
         if len(self.sockets) != len(self.session.paths):
@@ -84,6 +96,9 @@ class EndpointConfig:
             raise ValueError(f"workers must be 1..{MAX_WORKERS}, got {self.workers}")
         if self.workers > 1 and self.datapath == "python":
             raise ValueError("workers > 1 needs the native data path")
+        if not 0.0 <= self.receive_holdoff_s <= MAX_RECEIVE_HOLDOFF_S:
+            raise ValueError(f"receive_holdoff_s must be 0..{MAX_RECEIVE_HOLDOFF_S} s, "
+                             f"got {self.receive_holdoff_s}")
         if self.session.tag_bytes != 16:
             raise ValueError("session.tag_bytes must be 16: every datagram is AEAD-protected")
         for name in ("local_conn_id", "remote_conn_id"):

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
 BACKLOG_RETRY_S = 0.0005
+HOLDOFF_RTT_RATIO = 8  # a path's smoothed RTT is at least this many receive hold-offs, or none
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +124,17 @@ class Endpoint:
         self._timer_at = float("inf")
         self._retry: asyncio.TimerHandle | None = None
         self._pending_service: asyncio.Handle | None = None  # _service_soon() scheduled
+        # Receive coalescing (EndpointConfig.receive_holdoff_s), never beyond the ACK delay,
+        # and only while every measured path's RTT is long beside it (_update_holding).
+        self._holdoff_s = min(config.receive_holdoff_s, config.session.max_ack_delay_s)
+        self._holding = self._holdoff_s > 0.0
+        self._held: list[int] = []  # paths readable and waiting out the hold-off
+        self._held_timer: asyncio.TimerHandle | None = None
         self._closed: asyncio.Future[SessionClosed] | None = None
         self._heard: list[bool] | None = None  # probe_paths() in progress
         self._all_heard: asyncio.Future[None] | None = None
         self.malformed_controls = 0
+        self.receive_passes = 0  # drains of one or more paths handed to the session together
         self.quic_unclaimed = 0  # QUIC-looking datagrams on a socket no control channel shares
         self.data_runs = 0
         self.data_records = 0
@@ -242,10 +250,11 @@ class Endpoint:
 
     def abort(self) -> None:
         """Release sockets, timers and the pacer now, without telling the peer."""
-        for handle in (self._timer, self._retry, self._pending_service):
+        for handle in (self._timer, self._retry, self._pending_service, self._held_timer):
             if handle is not None:
                 handle.cancel()
-        self._timer = self._retry = self._pending_service = None
+        self._timer = self._retry = self._pending_service = self._held_timer = None
+        self._held = []
         try:
             self.datapath.close()
         finally:
@@ -339,12 +348,74 @@ class Endpoint:
     # -- I/O callbacks -------------------------------------------------------
 
     def _on_readable(self, path_id: int) -> None:
-        received = self.datapath.receive(path_id)
+        if self._holding:
+            self._hold(path_id)
+        else:
+            self._drain((path_id,))
+
+    def _hold(self, path_id: int) -> None:
+        """Receive coalescing: stop watching the path, drain it when the hold-off ends.
+
+        The way a NIC's interrupt moderation works: the first datagram arms a timer and
+        what arrives until it fires (on this path and every other path that wakes
+        meanwhile) is drained in one pass, so the per-wake costs are paid once per
+        hold-off instead of once per datagram or two. The socket must leave the
+        loop's watch meanwhile: its readiness is level-triggered.
+        """
+        assert self._loop is not None  # readers run only while the endpoint does
+        self._watch(path_id, False)
+        self._held.append(path_id)
+        if self._held_timer is None:
+            self._held_timer = self._loop.call_later(self._holdoff_s, self._release_held)
+
+    def _release_held(self) -> None:
+        self._held_timer = None
+        held, self._held = self._held, []
+        try:
+            self._drain(held)
+        finally:
+            if self._loop is not None:  # not closed by what the drain handed on
+                for path_id in held:
+                    self._watch(path_id, True)
+
+    def _watch(self, path_id: int, on: bool) -> None:
+        """Let the loop watch the path's socket again (``on``) or stop watching it."""
+        assert self._loop is not None
+        if self.ports is not None:
+            port = self.ports[path_id]
+            port.resume_reading() if on else port.pause_reading()
+        elif on:
+            self._loop.add_reader(self.sockets[path_id].fileno(), self._on_readable, path_id)
+        else:
+            self._loop.remove_reader(self.sockets[path_id].fileno())
+
+    def _drain(self, path_ids: Sequence[int]) -> None:
+        """Drain these paths' sockets and hand everything to the session in one pass."""
+        now = self.clock()
         grown: set[int] = set()
-        self._absorb(path_id, received, self.clock(), grown)
+        self.receive_passes += 1
+        drained = [(path_id, self.datapath.receive(path_id)) for path_id in path_ids]
+        for path_id, received in drained:
+            self._absorb(path_id, received, now, grown)
         self._after_receive(grown)
-        if received.quic:
-            self._hand_quic(path_id, received.quic)
+        for path_id, received in drained:
+            if received.quic:
+                self._hand_quic(path_id, received.quic)
+        if self._holdoff_s > 0.0:
+            self._update_holding()
+
+    @property
+    def receive_holding(self) -> bool:
+        """Whether a path that wakes now waits out the receive hold-off."""
+        return self._holding
+
+    def _update_holding(self) -> None:
+        """Hold only while the hold-off is at most 1/HOLDOFF_RTT_RATIO of every measured path's
+        smoothed RTT: a WAN path's acknowledgements then come a few per cent later, while a
+        sub-millisecond path (a LAN, loopback) would see its round trip multiplied and gains
+        nothing (its wakes find full batches already). Paths not yet measured do not count."""
+        holdoff = self._holdoff_s * HOLDOFF_RTT_RATIO
+        self._holding = all(p.rtt.smoothed_s >= holdoff for p in self.session.paths if p.rtt.has_sample)
 
     def _on_delivered(self, items: list[tuple[int, Received]]) -> None:
         """What the data path's worker threads drained (``Datapath.start``), on the loop."""
@@ -429,8 +500,35 @@ class Endpoint:
         if now < due:  # early (a loop's timer granularity): wait for the rest, do nothing yet
             self._arm(due, now)
             return
+        if not self.datapath.threaded:
+            self._drain_pending()
+            if self._loop is None:  # what the drain handed on closed the endpoint
+                return
+            now = self.clock()
         self.session.on_deadline(now)
         self._service_soon()
+
+    def _drain_pending(self) -> None:
+        """Read what already waits in every socket before a deadline judges its absence.
+
+        A loop runs its due timers before it polls for I/O, so after a stall (a
+        busy host descheduled the process, or a path waits out the receive
+        hold-off) the loss and probe timeouts would fire with acknowledgements
+        unread in the sockets: a probe timeout then declares a whole window lost
+        and re-sends it though it arrived (measured: two ranks per site on two
+        cores, docs/results/holdoff.md). Draining first costs one empty
+        ``recvmmsg`` per idle path and timer.
+        """
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        held, self._held = self._held, []
+        try:
+            self._drain(range(len(self.sockets)))
+        finally:
+            if self._loop is not None:
+                for path_id in held:
+                    self._watch(path_id, True)
 
     def _on_retry(self) -> None:
         self._retry = None
