@@ -415,7 +415,7 @@ class Endpoint:
         sub-millisecond path (a LAN, loopback) would see its round trip multiplied and gains
         nothing (its wakes find full batches already). Paths not yet measured do not count."""
         holdoff = self._holdoff_s * HOLDOFF_RTT_RATIO
-        self._holding = all(p.rtt.smoothed_s >= holdoff for p in self.session.paths if p.rtt.has_sample)
+        self._holding = self.session.shortest_srtt_s() >= holdoff
 
     def _on_delivered(self, items: list[tuple[int, Received]]) -> None:
         """What the data path's worker threads drained (``Datapath.start``), on the loop."""

@@ -141,6 +141,11 @@ class Session:
         """Payload bytes sent as hedges (copies of data another path already carries)."""
         return self._tx.hedged_bytes
 
+    def shortest_srtt_s(self) -> float:
+        """The smallest smoothed RTT among the paths measured so far (inf before any): a bound
+        for what a runtime may add to every round trip, such as batching its receives."""
+        return min((p.rtt.smoothed_s for p in self.paths if p.rtt.has_sample), default=float("inf"))
+
     def stats(self) -> SessionStats:
         """A frozen snapshot of the session's and every path's figures (safe from another thread)."""
         return SessionStats(
