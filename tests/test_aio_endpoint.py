@@ -343,7 +343,11 @@ def test_deadline_after_a_stall_reads_the_waiting_ack_before_it_judges(datapath:
     b_loop = asyncio.new_event_loop()
     b_thread = threading.Thread(target=b_loop.run_forever, daemon=True)
     b_thread.start()
-    go = threading.Event()
+    paused, go = threading.Event(), threading.Event()
+
+    def pause_b() -> None:
+        paused.set()
+        go.wait(WAIT_S)
     warm: list[PathStats] = []  # the sender's path after the warm-up shard
 
     def on_b(coro: Any) -> Any:
@@ -361,8 +365,8 @@ def test_deadline_after_a_stall_reads_the_waiting_ack_before_it_judges(datapath:
             assert await asyncio.wait_for(pair.a.submit(0, payload(200_000, 6)), WAIT_S)  # warm: RTT in µs
             await until(lambda: pair.a.session.stats().paths[0].bytes_in_flight == 0)  # all acked
             warm.append(pair.a.session.stats().paths[0])
-            b_loop.call_soon_threadsafe(go.wait, WAIT_S)  # the receiver pauses ...
-            await asyncio.sleep(0.05)
+            b_loop.call_soon_threadsafe(pause_b)  # the receiver pauses ...
+            assert await asyncio.to_thread(paused.wait, WAIT_S)
             ack = pair.a.submit(1, payload(1000, 7))  # ... while one datagram goes to it
             readable = await asyncio.to_thread(select.select, [pair.b.sockets[0]], [], [], WAIT_S)
             assert readable[0], "the datagram did not reach the receiver's socket"

@@ -368,11 +368,12 @@ class Endpoint:
         if self._held_timer is None:
             self._held_timer = self._loop.call_later(self._holdoff_s, self._release_held)
 
-    def _release_held(self) -> None:
+    def _release_held(self, paths: Sequence[int] | None = None) -> None:
+        """Drain ``paths`` (the held ones by default) and watch the held ones again."""
         self._held_timer = None
         held, self._held = self._held, []
         try:
-            self._drain(held)
+            self._drain(held if paths is None else paths)
         finally:
             if self._loop is not None:  # not closed by what the drain handed on
                 for path_id in held:
@@ -521,14 +522,7 @@ class Endpoint:
         """
         if self._held_timer is not None:
             self._held_timer.cancel()
-            self._held_timer = None
-        held, self._held = self._held, []
-        try:
-            self._drain(range(len(self.sockets)))
-        finally:
-            if self._loop is not None:
-                for path_id in held:
-                    self._watch(path_id, True)
+        self._release_held(range(len(self.sockets)))
 
     def _on_retry(self) -> None:
         self._retry = None
