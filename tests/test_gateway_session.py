@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from gateway_helpers import free_path_ports, throw_hostile_datagrams, transfer
 
-from wanxport.control import RotationLimits
+from wanxport.control import RotationLimits, ShardAnnounce
 from wanxport.control.certs import make_test_pki
 from wanxport.gateway import rekey
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession
+from wanxport.gateway.session import GatewaySession, SessionFailed, sha256_hex
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -182,3 +182,19 @@ async def test_a_warm_session_keeps_nothing_per_answered_shard(pki: Path) -> Non
     assert sender.verdict(0) is None
     assert not receiver._announced and not sender._completions
     assert not sender.endpoint.session.outgoing.shards
+
+
+async def test_a_send_after_the_peer_left_names_the_peers_reason(pki: Path) -> None:
+    """A sender whose next shard starts after the receiver said goodbye hears why: a
+    full disk's reason (ENOSPC and the file) reaches the operator, not just "ended"."""
+    listener, sender, receiver = await pair(pki, 1, GatewayOptions())
+    reason = "No space left on device (ENOSPC): big.bin"
+    try:
+        await receiver.close(reason)
+        assert await asyncio.wait_for(sender.wait_ended(), 10) == reason
+        data = b"x" * 1000
+        with pytest.raises(SessionFailed, match=r"ENOSPC.*big\.bin"):
+            await sender.send_shard(1, data, ShardAnnounce(1, len(data), sha256_hex(data), 0))
+    finally:
+        await sender.close()
+        listener.close()

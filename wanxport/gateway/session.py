@@ -267,8 +267,8 @@ class GatewaySession:
     def _check_alive(self) -> None:
         if self._failure is not None:
             raise SessionFailed(str(self._failure))
-        if self._ended.done():
-            raise SessionFailed("the session has ended")
+        if self._ended.done():  # the reason says why (a peer's full disk names ENOSPC)
+            raise SessionFailed(f"the session has ended ({self._ended.result()})")
 
     async def _until_ended(self, fut: asyncio.Future[Any]) -> Any:
         """``fut``'s result, or SessionFailed when the session ends first.
