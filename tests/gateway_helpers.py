@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from wanxport.control import ShardAnnounce
-from wanxport.gateway.session import GatewaySession, sha256_hex
+from wanxport.core.digest import shard_digest_hex
+from wanxport.gateway.session import GatewaySession
 from wanxport.wire import native
 from wanxport.wire.frames import PaddingFrame, encode_frames
 from wanxport.wire.header import encode_header
@@ -117,7 +118,7 @@ async def transfer_all(sender: GatewaySession, receiver: GatewaySession, shards:
             intact = intact and got.ok and bytes(got.data) == shards.get(got.shard_id)
         return intact
 
-    sends = [sender.send_shard(shard_id, data, ShardAnnounce(shard_id, len(data), sha256_hex(data), 0))
+    sends = [sender.send_shard(shard_id, data, ShardAnnounce(shard_id, len(data), shard_digest_hex(data), 0))
              for shard_id, data in shards.items()]
     *sent, received = await asyncio.gather(*sends, receive())
     return all(sent) and received

@@ -19,6 +19,7 @@ from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offloa
 from wanxport.aio.endpoint import Endpoint
 from wanxport.aio.verify import ShardHasher
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.digest import shard_digest
 from wanxport.core.stats import PathStats
 from wanxport.wire import native
 from wanxport.wire.datapath import PacketSealer
@@ -126,7 +127,7 @@ async def test_large_shard_is_hashed_while_it_arrives(pairs: Callable[..., Pair]
     monkeypatch.setattr(ShardHasher, "finish", recording)
     pair = pairs("native", 2, 16)
     data = payload(24 << 20, 5)
-    digest = hashlib.sha256(data if honest else data[:-1] + b"?").digest()
+    digest = shard_digest(data if honest else data[:-1] + b"?")
     ack = pair.a.submit(0, data, digest=digest)
     shard = await asyncio.wait_for(pair.b.receive_shard(), WAIT_S)
     assert await asyncio.wait_for(ack, WAIT_S) is honest
@@ -253,7 +254,7 @@ async def test_wrong_digest_fails_on_both_sides_while_other_shards_pass(
     """The receiver checks digests in a worker thread; the verdict still reaches both sides."""
     pair = pairs(datapath, 2, 4)
     good, bad = payload(1 << 20, 5), payload(300_000, 6)
-    verdicts = [pair.a.submit(0, good), pair.a.submit(1, bad, digest=hashlib.sha256(b"other").digest())]
+    verdicts = [pair.a.submit(0, good), pair.a.submit(1, bad, digest=shard_digest(b"other"))]
     got = {}
     while len(got) < 2:
         shard = await asyncio.wait_for(pair.b.receive_shard(), WAIT_S)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 
 from wanxport.aio.verify import HASH_STEP_BYTES, ShardHasher
+from wanxport.core.digest import shard_digest
 
 
 def data(size: int, seed: int = 1) -> bytes:
@@ -29,7 +29,7 @@ async def test_digest_over_steps_equals_the_whole_buffer_digest() -> None:
     assert hasher.hashed == 2 * HASH_STEP_BYTES + 5
     assert frozen == [HASH_STEP_BYTES + 5, 2 * HASH_STEP_BYTES + 5]
     buffer[:] = payload
-    assert await hasher.finish() == hashlib.sha256(payload).digest()
+    assert await hasher.finish() == shard_digest(payload)
 
 
 async def test_no_job_starts_while_one_runs() -> None:
@@ -39,7 +39,7 @@ async def test_no_job_starts_while_one_runs() -> None:
     hasher.advance(4 * HASH_STEP_BYTES)
     hasher.advance(len(payload))  # the first job (16 MiB, milliseconds) is still running
     assert frozen == [4 * HASH_STEP_BYTES] and hasher.hashed == 4 * HASH_STEP_BYTES
-    assert await hasher.finish() == hashlib.sha256(payload).digest()
+    assert await hasher.finish() == shard_digest(payload)
 
 
 async def test_a_changed_byte_changes_the_digest() -> None:
@@ -47,11 +47,11 @@ async def test_a_changed_byte_changes_the_digest() -> None:
     hasher = ShardHasher(memoryview(payload), asyncio.get_running_loop())
     hasher.advance(HASH_STEP_BYTES)
     payload[-1] ^= 1  # above the hashed prefix: still part of what is hashed at the end
-    assert await hasher.finish() != hashlib.sha256(data(2 * HASH_STEP_BYTES)).digest()
+    assert await hasher.finish() != shard_digest(data(2 * HASH_STEP_BYTES))
 
 
 async def test_an_empty_or_short_shard_is_hashed_at_finish() -> None:
     for payload in (b"", b"x" * 10):
         hasher = ShardHasher(memoryview(payload), asyncio.get_running_loop())
         hasher.advance(len(payload))
-        assert await hasher.finish() == hashlib.sha256(payload).digest()
+        assert await hasher.finish() == shard_digest(payload)

@@ -16,6 +16,7 @@ from wanxport.bench.limits import (
     expand_baselines,
     raw_udp_limit,
 )
+from wanxport.core.digest import DIGEST_NAME
 from wanxport.wire import native
 
 needs_native = pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
@@ -44,8 +45,9 @@ def test_aead_limit_rejects_an_unknown_cipher() -> None:
         aead_limit("rot13", 1472, total_bytes=1 << 20)
 
 
-def test_digest_limit_costs_cpu_per_byte() -> None:
-    got = digest_limit(total_bytes=64 << 20)
+@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+def test_digest_limit_costs_cpu_per_byte(algorithm: str) -> None:
+    got = digest_limit(total_bytes=64 << 20, algorithm=algorithm)
     assert got["cpu_s_per_gb"] > 0
     assert got["cpu_s_per_gb"] * got["gbytes_per_s"] == pytest.approx(1.0, rel=0.02)
 
@@ -82,7 +84,8 @@ def test_bench_reports_cpu_per_gb_next_to_its_limits(capsys: pytest.CaptureFixtu
     assert report["intact"] is True and report["fresh_buffers"] is False
     cpu = report["cpu_s_per_gb"]
     assert cpu["sender"] > 0 and cpu["receiver"] > 0
-    assert set(report["limits"]) == {"aead", "digest"}
+    assert set(report["limits"]) == {"aead", "digest", "digest_sha256"}
+    assert report["limits"]["digest"]["algorithm"] == DIGEST_NAME, "the limit is the digest shards use"
     floor = report["limits"]["aead"]["cpu_s_per_gb"] + report["limits"]["digest"]["cpu_s_per_gb"]
     assert report["cpu_limit_s_per_gb"] == pytest.approx(floor, abs=1e-3)
     assert report["cpu_vs_limit"]["receiver"] == pytest.approx(cpu["receiver"] / floor, abs=0.01)

@@ -68,7 +68,7 @@ messages: st.SearchStrategy[Message] = st.one_of(
               iv=st.binary(min_size=12, max_size=12)),
     st.builds(KeyUpdate, direction=st.sampled_from(DIRECTIONS), key_phase=u62),
     st.builds(ShardAnnounce, shard_id=u32, size_bytes=u62,
-              sha256=st.text("0123456789abcdef", min_size=64, max_size=64), step=u62,
+              digest=st.text("0123456789abcdef", min_size=64, max_size=64), step=u62,
               name=st.none() | text, dtype=st.none() | st.sampled_from(["float32", "bfloat16"]),
               shape=st.none() | st.lists(st.integers(0, 2**20), max_size=4)),
     st.builds(ShardComplete, shard_id=u32, status=st.sampled_from(SHARD_STATUSES)),
@@ -191,8 +191,9 @@ def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
     with pytest.raises(ControlProtocolError, match="hello.ciphers"):
         answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=[], conn_id=9)
     with pytest.raises(ControlProtocolError,
-                       match="hello.version: 1 is not supported; this gateway speaks 2"):
-        answer_hello(Hello(1, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
+                       match="hello.version: 2 is not supported; this gateway speaks 3"):
+        # A version-2 peer digests shards with SHA-256: refused at the hello, not shard by shard.
+        answer_hello(Hello(2, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
                      gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
                      conn_id=9)
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wanxport.core.digest import shard_digest
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.incoming import IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
@@ -239,7 +238,7 @@ def test_credit_loop_keeps_receiver_within_budget(sizes: list[int], budget_bytes
 
 def test_incoming_shard_place_out_of_order_duplicates_and_verify() -> None:
     payload = bytes(range(256)) * 4
-    shard = IncomingShard(1, len(payload), hashlib.sha256(payload).digest(), b"", memoryview(bytearray(1024)))
+    shard = IncomingShard(1, len(payload), shard_digest(payload), b"", memoryview(bytearray(1024)))
     order = [(512, 512), (0, 100), (100, 412), (0, 100), (700, 10)]
     new = [shard.place(o, payload[o:o + n], n, now=float(i)) for i, (o, n) in enumerate(order)]
     assert new == [512, 100, 412, 0, 0]
@@ -251,7 +250,7 @@ def test_received_bytes_are_never_rewritten_and_the_prefix_grows_with_them() -> 
     """A driver hashes the received prefix while the rest arrives: a duplicate with other
     contents (a sender whose buffer changed) fills only the gaps, never what is in."""
     original = bytes(range(256)) * 4
-    shard = IncomingShard(1, 1024, hashlib.sha256(original).digest(), b"", memoryview(bytearray(1024)))
+    shard = IncomingShard(1, 1024, shard_digest(original), b"", memoryview(bytearray(1024)))
     assert shard.received_prefix == 0
     shard.place(0, original[:300], 300, 0.0)
     shard.place(600, original[600:700], 100, 0.0)
@@ -266,7 +265,7 @@ def test_received_bytes_are_never_rewritten_and_the_prefix_grows_with_them() -> 
 
 def test_incoming_shard_digest_mismatch_is_not_verified() -> None:
     payload = b"x" * 100
-    shard = IncomingShard(1, 100, hashlib.sha256(payload).digest(), b"", memoryview(bytearray(100)))
+    shard = IncomingShard(1, 100, shard_digest(payload), b"", memoryview(bytearray(100)))
     shard.place(0, payload[:50], 50, 0.0)
     assert not shard.complete
     shard.place(50, b"y" + payload[51:], 50, 0.0)
@@ -285,7 +284,7 @@ def test_virtual_shard_verifies_by_coverage() -> None:
 def test_incoming_data_open_accept_finish() -> None:
     incoming = IncomingData(ReceiveBudget(150), allocate_bytearray)
     payload = b"z" * 100
-    frame = ShardOpenFrame(3, 100, hashlib.sha256(payload).digest(), b"{}")
+    frame = ShardOpenFrame(3, 100, shard_digest(payload), b"{}")
     assert incoming.accepts(3, 0, 10) is False, "no SHARD_OPEN yet: refuse"
     assert incoming.open(frame)
     assert incoming.open(frame), "a repeated SHARD_OPEN is harmless"

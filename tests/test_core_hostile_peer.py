@@ -12,12 +12,12 @@ verified data.
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import pytest
 
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.digest import shard_digest
 from wanxport.core.events import SessionClosed, ShardReceived
 from wanxport.core.session import CLOSE_PROTOCOL_VIOLATION, Session
 from wanxport.wire.frames import (
@@ -106,7 +106,7 @@ def test_same_offsets_with_other_contents_never_deliver_wrong_bytes(forged_first
     original, forged = rng.randbytes(4000), rng.randbytes(4000)
     session, alloc = receiver()
     peer = Peer(session)
-    peer.send(ShardOpenFrame(7, len(original), hashlib.sha256(original).digest()))
+    peer.send(ShardOpenFrame(7, len(original), shard_digest(original)))
     if forged_first:
         peer.send(DataFrame(7, 1000, 2000, forged[1000:3000]))
     peer.send(DataFrame(7, 0, 2000, original[:2000]))

@@ -23,6 +23,7 @@ import pytest
 
 from wanxport.core.cc import cc_config
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.digest import shard_digest
 from wanxport.core.events import (
     Event,
     PathChanged,
@@ -122,7 +123,7 @@ class Pair:
             self.events[side].append((self.now, event))
             if isinstance(event, ShardFilled):
                 assert self.verify_after_s is not None
-                ok = hashlib.sha256(event.buffer).digest() == event.digest
+                ok = shard_digest(event.buffer) == event.digest
                 heapq.heappush(self._verdicts, (self.now + self.verify_after_s, side, event.shard_id, ok))
 
     def run(self, until: float, stop: Callable[[Pair], bool] | None = None) -> None:
@@ -320,7 +321,7 @@ def test_data_before_its_shard_open_is_held_acknowledged_and_placed_on_open() ->
     assert b.data_dropped == 0
     assert 0 in acknowledged_pns(b, 1.0)  # held: the sender need not re-send it
     assert b.events() == []
-    b.receive_packet(0, 1, [ShardOpenFrame(5, 8, hashlib.sha256(data).digest())], 1.1)
+    b.receive_packet(0, 1, [ShardOpenFrame(5, 8, shard_digest(data))], 1.1)
     b.receive_packet(0, 2, [DataFrame(5, 0, 4, data[:4])], 1.2)
     received = [e for e in b.events() if isinstance(e, ShardReceived)]
     assert [(e.shard_id, e.ok) for e in received] == [(5, True)]  # the held half was placed, bytes intact
@@ -469,7 +470,7 @@ def test_receive_data_run_equals_one_packet_at_a_time(first_pn: int) -> None:
             return into[shard_id]
 
         session = Session(make_config(paths=1, ack_threshold=100), allocator=allocate)
-        session.receive_packet(0, 0, [ShardOpenFrame(9, len(data), hashlib.sha256(data).digest())], 0.0)
+        session.receive_packet(0, 0, [ShardOpenFrame(9, len(data), shard_digest(data))], 0.0)
         pns = list(range(first_pn, first_pn + count))
         offsets = [i * chunk for i in range(count)]
         if batched:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from wanxport.control import ResumeQuery
+from wanxport.core.digest import DIGEST_NAME, shard_digest_hex
 from wanxport.daemon.durable import StateCorrupt, read_state, remove_stale_temporaries, write_state
 from wanxport.daemon.inbox import Inbox, partial_path
 from wanxport.units import parse_size
@@ -20,12 +21,14 @@ PIECE = 1 << 16
 
 
 def _digests(data: bytes) -> list[str]:
-    return [hashlib.sha256(data[o:o + PIECE]).hexdigest() for o in range(0, len(data), PIECE)]
+    return [shard_digest_hex(data[o:o + PIECE]) for o in range(0, len(data), PIECE)]
 
 
-def _crashed_partial(directory: Path, name: str, data: bytes, have: list[int]) -> Path:
+def _crashed_partial(directory: Path, name: str, data: bytes, have: list[int],
+                     digest: str = DIGEST_NAME) -> Path:
     """What a receiver killed mid-file leaves: the partial with the pieces ``have``
-    written and recorded in its state file, the rest zero."""
+    written and recorded in its state file, the rest zero. ``digest="sha256"``: the
+    state a version-2 daemon (SHA-256 piece digests, no ``digest`` field) wrote."""
     final = directory / name
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_path(final)
@@ -33,9 +36,13 @@ def _crashed_partial(directory: Path, name: str, data: bytes, have: list[int]) -
     for index in have:
         buf[index * PIECE:(index + 1) * PIECE] = data[index * PIECE:(index + 1) * PIECE]
     partial.write_bytes(bytes(buf))
-    digests = _digests(data)
+    digests = _digests(data) if digest == DIGEST_NAME else \
+        [hashlib.sha256(data[o:o + PIECE]).hexdigest() for o in range(0, len(data), PIECE)]
     pieces = {str(i * PIECE): [min(PIECE, len(data) - i * PIECE), digests[i]] for i in have}
-    write_state(partial.with_name(partial.name + ".state"), {"size": len(data), "pieces": pieces})
+    body: dict[str, object] = {"size": len(data), "pieces": pieces}
+    if digest == DIGEST_NAME:
+        body["digest"] = digest
+    write_state(partial.with_name(partial.name + ".state"), body)
     return partial
 
 
@@ -58,6 +65,17 @@ def test_state_file_checksum_catches_truncation_and_zeroes(tmp_path: Path) -> No
     (tmp_path / "keep.tmp-x").write_bytes(b"not ours")
     assert remove_stale_temporaries(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.tmp-x", "s.state"]
+
+
+async def test_a_state_file_from_the_sha256_version_is_reverified_not_resent(tmp_path: Path) -> None:
+    """After an upgrade the recorded digests are of the old algorithm: the pieces on disk
+    are hashed again with the new one and held when they match, not sent again."""
+    data = random.Random(2).randbytes(6 * PIECE + 7)
+    _crashed_partial(tmp_path, "run/old.bin", data, [0, 3, 4], digest="sha256")
+    inbox = Inbox(tmp_path)
+    have = await inbox.answer(_query("run/old.bin", data))
+    assert have.pieces == [0, 3, 4]
+    assert inbox.reverified_bytes == 3 * PIECE, "held by hashing the data, not by the old record"
 
 
 async def test_resume_holds_the_recorded_pieces_and_completes(tmp_path: Path) -> None:

@@ -13,11 +13,12 @@ from gateway_helpers import free_path_ports, throw_hostile_datagrams, transfer
 
 from wanxport.control import RotationLimits, ShardAnnounce
 from wanxport.control.certs import make_test_pki
+from wanxport.core.digest import shard_digest_hex
 from wanxport.gateway import rekey
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, SessionFailed, sha256_hex
+from wanxport.gateway.session import GatewaySession, SessionFailed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -194,7 +195,7 @@ async def test_a_send_after_the_peer_left_names_the_peers_reason(pki: Path) -> N
         assert await asyncio.wait_for(sender.wait_ended(), 10) == reason
         data = b"x" * 1000
         with pytest.raises(SessionFailed, match=r"ENOSPC.*big\.bin"):
-            await sender.send_shard(1, data, ShardAnnounce(1, len(data), sha256_hex(data), 0))
+            await sender.send_shard(1, data, ShardAnnounce(1, len(data), shard_digest_hex(data), 0))
     finally:
         await sender.close()
         listener.close()

@@ -17,10 +17,11 @@ from gateway_helpers import free_path_ports
 
 from wanxport.control import ShardAnnounce
 from wanxport.control.certs import make_test_pki
+from wanxport.core.digest import shard_digest_hex
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import SessionFailed, sha256_hex
+from wanxport.gateway.session import SessionFailed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,7 +38,7 @@ async def test_a_stalled_sender_is_timed_out_with_the_reason(tmp_path: Path) -> 
     loop = asyncio.get_running_loop()
     try:
         sending = asyncio.ensure_future(
-            sender.send_shard(0, data, ShardAnnounce(0, len(data), sha256_hex(data), 0)))
+            sender.send_shard(0, data, ShardAnnounce(0, len(data), shard_digest_hex(data), 0)))
         receiving = asyncio.ensure_future(receiver.receive())
         incoming = receiver.endpoint.session.incoming
         deadline = loop.time() + 20

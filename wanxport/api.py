@@ -36,7 +36,7 @@ from wanxport.control import ShardAnnounce
 from wanxport.gateway.config import Address, GatewayOptions, parse_hostport
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, IncomingShard, SessionFailed, sha256_hex_async
+from wanxport.gateway.session import GatewaySession, IncomingShard, SessionFailed, digest_hex_async
 
 __all__ = ["GatewayOptions", "Listener", "Peer", "SessionFailed", "SetupError", "Shard", "ShardFailed",
            "connect", "listen"]
@@ -100,7 +100,7 @@ class Peer:
             view = memoryview(data).cast("B")
         if len(view) == 0:
             raise ValueError("send: a shard needs at least one byte")
-        digest = await sha256_hex_async(view)
+        digest = await digest_hex_async(view)
         announce = ShardAnnounce(shard_id, len(view), digest, step, name=name, dtype=dtype, shape=shape)
         meta = {"dtype": dtype, "shape": shape}
         if not await self.session.send_shard(shard_id, view, announce, meta):

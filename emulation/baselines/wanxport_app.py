@@ -10,7 +10,7 @@ directions are pre-shared: the runner draws them at random per run and passes
 them in the spec (the control channel's job in a deployment; not measured here).
 
 The sender generates the payload before "go" (it must be in memory for the
-session to send from), gives each shard's sha256 to the session so the
+session to send from), gives each shard's digest (BLAKE3) to the session so the
 receiver verifies it, and samples every path's payload counter every
 ``SAMPLE_S`` for the report's ``timeline`` (per-path goodput over time).
 """
@@ -35,6 +35,7 @@ from wanxport.aio.endpoint import Endpoint, ReceivedShard
 from wanxport.aio.loop import run
 from wanxport.core.cc import cc_config
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.digest import shard_digest
 
 SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
 # Datagrams per core packet: the core decides per core packet, the native data
@@ -152,7 +153,8 @@ async def send(spec: dict[str, Any]) -> None:
         pos += len(chunk)
     view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers
     slices = payload.split(size, spec["shards"])
-    digests = [hashlib.sha256(view[o:o + n]).digest() for o, n in slices]
+    digests = [shard_digest(view[o:o + n]) for o, n in slices]  # the session's end-to-end check
+    checks = [hashlib.sha256(view[o:o + n]).hexdigest() for o, n in slices]  # the harness's, as every app's
     endpoint = Endpoint(endpoint_config(spec, sender=True))
     endpoint.start()
     heard = await endpoint.probe_paths(PROBE_TIMEOUT_S)  # the receiver is listening already
@@ -182,8 +184,8 @@ async def send(spec: dict[str, Any]) -> None:
     sampler.record()
     emit({"event": "done", "t0": t0, "finished": len(verdicts) == len(slices) * steps,
           "verdicts": verdicts, "submitted": submitted,
-          "slices": [{"src": None, "offset": o, "length": n, "sha256": d.hex()}
-                     for (o, n), d in zip(slices, digests, strict=True)],
+          "slices": [{"src": None, "offset": o, "length": n, "sha256": check}
+                     for (o, n), check in zip(slices, checks, strict=True)],
           "paths": [{"name": p.name, "payload_bytes": p.payload_bytes,
                      "retransmitted_bytes": p.retransmitted_bytes, "srtt_s": p.srtt_s,
                      "state": p.state, "packets_lost": p.packets_lost, "hedged_bytes": p.hedged_bytes,

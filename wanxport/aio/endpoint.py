@@ -88,7 +88,7 @@ class Endpoint:
         self.clock = clock
         self._user_allocator = allocator
         self.datapath_name = resolve_datapath(config.datapath)
-        # Digests are computed in a worker thread (hashlib drops the GIL) as each shard
+        # Digests are computed in a worker thread (the hash drops the GIL) as each shard
         # arrives (aio.verify): hashing a large shard on the loop would hold back every
         # path's acknowledgements, and hashing it only once complete would delay it.
         self.session = Session(config.session, allocator=self._allocate, defer_verification=True)

@@ -1,7 +1,7 @@
 """Shard digests computed while the shard arrives, so its verdict follows its last byte.
 
 Hashing a whole shard once it is complete puts the hash on the critical path:
-SHA-256 runs at ~1.4 GB/s here, so a 64 MiB shard waited ~50 ms after its
+SHA-256 ran at ~1.4 GB/s here, so a 64 MiB shard waited ~50 ms after its
 last byte (longer on a busy host) before the application could have it, and a
 training step waits for the last shard. A ``ShardHasher`` instead advances the
 digest over the shard's received prefix in a worker thread as it grows; when
@@ -18,8 +18,9 @@ changed mid-transfer, cannot slip in after the hash.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable
+
+from wanxport.core.digest import new_hasher
 
 #: Hash in steps of at least this many new prefix bytes: a worker job costs
 #: ~50 us of scheduling, small against the ~3 ms it takes to hash 4 MiB.
@@ -27,7 +28,7 @@ HASH_STEP_BYTES = 4 << 20
 
 
 class ShardHasher:
-    """SHA-256 of one shard buffer, advanced over frozen prefixes in a worker thread.
+    """The digest (``core.digest``) of one shard buffer, advanced over frozen prefixes in a worker thread.
 
     At most one hashing job runs at a time, so the digest sees the bytes in order.
     """
@@ -39,7 +40,7 @@ class ShardHasher:
         self._buffer = buffer
         self._loop = loop
         self._freeze = freeze
-        self._sha = hashlib.sha256()
+        self._hasher = new_hasher()
         self.hashed = 0  # bytes folded into the digest (or being folded by the running job)
         self._job: asyncio.Future[None] | None = None
 
@@ -52,7 +53,7 @@ class ShardHasher:
             self._freeze(prefix)
         part = self._buffer[self.hashed:prefix]
         self.hashed = prefix
-        self._job = self._loop.run_in_executor(None, self._sha.update, part)
+        self._job = self._loop.run_in_executor(None, self._hasher.update, part)
 
     async def finish(self) -> bytes:
         """The digest of the whole buffer, once no more bytes will be written to it."""
@@ -61,5 +62,5 @@ class ShardHasher:
         rest = self._buffer[self.hashed:]
         self.hashed = len(self._buffer)
         if len(rest):
-            await self._loop.run_in_executor(None, self._sha.update, rest)
-        return self._sha.digest()
+            await self._loop.run_in_executor(None, self._hasher.update, rest)
+        return self._hasher.digest()

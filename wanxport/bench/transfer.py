@@ -30,6 +30,7 @@ from wanxport.aio.loop import run
 from wanxport.aio.native_path import NativeDatapath
 from wanxport.bench.child import module_command
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.digest import shard_digest
 from wanxport.report import PathReport, build_report
 
 SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
@@ -212,7 +213,7 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
             endpoint.datapath.make_rings_resident()
         cpu_start = process_cpu_s()  # the shard digests are the sender's work too
         digest_start = time.thread_time()
-        digests = [hashlib.sha256(s).digest() for s in shards]
+        digests = [shard_digest(s) for s in shards]
         loop_start = time.thread_time()  # the event loop's thread: the serial part (the core)
         sent = run(_send(endpoint, shards, digests, spec.timeout_s))
         sent["loop_cpu_s"] = time.thread_time() - loop_start

@@ -18,9 +18,10 @@ import numpy as np
 import numpy.typing as npt
 
 from wanxport.control import ShardAnnounce
+from wanxport.core.digest import shard_digest_hex
 from wanxport.core.stats import PathStats
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, SessionFailed, sha256_hex, sha256_hex_async
+from wanxport.gateway.session import GatewaySession, SessionFailed, digest_hex_async
 
 from .errors import CollectiveError
 from .message import HEADER_BYTES, Header, pack, unpack
@@ -68,7 +69,8 @@ class Link:
     async def _send(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
             try:
-                digest = await sha256_hex_async(payload) if payload.nbytes > 1 << 16 else sha256_hex(payload)
+                large = payload.nbytes > 1 << 16  # worth a worker thread
+                digest = await digest_hex_async(payload) if large else shard_digest_hex(payload)
                 announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
                 ok = await self.session.send_shard(shard_id, payload.data, announce)
             finally:

@@ -21,7 +21,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 2  # 2: Hello and Welcome carry the process's instance id (one session per pair)
+# 2: Hello and Welcome carry the process's instance id (one session per pair).
+# 3: shard and piece digests are BLAKE3 (``core.digest``), fields ``digest``, no longer ``sha256``.
+PROTOCOL_VERSION = 3
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 ROLES = ("initiator", "responder")
 DIRECTIONS = ("initiator->responder", "responder->initiator")
@@ -198,7 +200,7 @@ class ShardAnnounce(Message):
     TYPE: ClassVar[str] = "shard_announce"
     shard_id: int
     size_bytes: int
-    sha256: str
+    digest: str  # BLAKE3 of the shard, hex (core.digest)
     step: int
     name: str | None = None
     dtype: str | None = None
@@ -208,8 +210,8 @@ class ShardAnnounce(Message):
         _check_range("shard_announce.shard_id", self.shard_id, 0, MAX_U32)
         _check_range("shard_announce.size_bytes", self.size_bytes, 0, MAX_U62)
         _check_range("shard_announce.step", self.step, 0, MAX_U62)
-        if not _HEX64.match(self.sha256):
-            raise ControlProtocolError("shard_announce.sha256: must be 64 lowercase hex digits")
+        if not _HEX64.match(self.digest):
+            raise ControlProtocolError("shard_announce.digest: must be 64 lowercase hex digits")
         if self.shape is not None and any(dim < 0 for dim in self.shape):
             raise ControlProtocolError("shard_announce.shape: dimensions must be >= 0")
 
@@ -253,7 +255,7 @@ class ResumeQuery(Message):
     """Which pieces of a file does the receiver already hold (after a crash or a lost session)?
 
     Pieces ``first_piece ..`` of ``piece_bytes`` each (the last one shorter), with their
-    SHA-256: the receiver answers only for data that matches, so a resume is decided by
+    BLAKE3 digest: the receiver answers only for data that matches, so a resume is decided by
     content, never by a name alone. Large files take several queries (the frame cap).
     """
 
@@ -263,18 +265,18 @@ class ResumeQuery(Message):
     file_size: int
     piece_bytes: int
     first_piece: int
-    sha256: list[str]
+    digest: list[str]
 
     def validate(self) -> None:
         _check_range("resume_query.query_id", self.query_id, 0, MAX_U32)
         _check_range("resume_query.file_size", self.file_size, 1, MAX_U62)
         _check_range("resume_query.piece_bytes", self.piece_bytes, 1, MAX_U62)
         _check_range("resume_query.first_piece", self.first_piece, 0, MAX_U32)
-        _check_range("resume_query.pieces", len(self.sha256), 1, RESUME_BATCH)
-        if (self.first_piece + len(self.sha256) - 1) * self.piece_bytes >= self.file_size:
-            raise ControlProtocolError("resume_query.sha256: more pieces than the file has")
-        if not all(_HEX64.match(digest) for digest in self.sha256):
-            raise ControlProtocolError("resume_query.sha256: must be 64 lowercase hex digits each")
+        _check_range("resume_query.pieces", len(self.digest), 1, RESUME_BATCH)
+        if (self.first_piece + len(self.digest) - 1) * self.piece_bytes >= self.file_size:
+            raise ControlProtocolError("resume_query.digest: more pieces than the file has")
+        if not all(_HEX64.match(digest) for digest in self.digest):
+            raise ControlProtocolError("resume_query.digest: must be 64 lowercase hex digits each")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
 from wanxport.core.deadlines import DeadlineHeap
+from wanxport.core.digest import DIGEST_BYTES, shard_digest
 from wanxport.core.early import EarlyData
 from wanxport.core.events import (
     Event,
@@ -41,7 +42,7 @@ from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sender_acks import SenderAcks
-from wanxport.core.shards import IncomingShard, OutgoingShard, sha256
+from wanxport.core.shards import IncomingShard, OutgoingShard
 from wanxport.core.stats import SessionStats, path_stats
 from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
@@ -120,7 +121,7 @@ class Session:
             raise ValueError(f"shard {shard_id} has {length} bytes, more than the peer's whole receive "
                              f"budget ({self.config.peer_credit_bytes} bytes); split it or raise the budget")
         if digest is None:
-            digest = sha256(view) if view is not None else bytes(32)
+            digest = shard_digest(view) if view is not None else bytes(DIGEST_BYTES)
         shard = OutgoingShard(shard_id, length, view, digest, meta, submitted_at=now)
         self.outgoing.submit(shard)
         self._shards_submitted += 1

@@ -1,6 +1,6 @@
 """Shards: the unit of transfer (DESIGN.md section 3, "Shards, not streams").
 
-A shard has an id, a size, a SHA-256 digest and free-form metadata (dtype,
+A shard has an id, a size, a digest (``core.digest``: BLAKE3) and free-form metadata (dtype,
 shape, step, file name). The sender keeps a reference to the caller's buffer
 (no copy); the receiver writes each DATA frame straight to its offset in a
 preallocated buffer and reports the shard only after every byte is there and
@@ -10,17 +10,12 @@ terabytes that way, tracking ranges only.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
+from wanxport.core.digest import shard_digest
 from wanxport.core.ranges import RangeSet
 
 Buffer = bytearray | memoryview
-
-
-def sha256(data: bytes | bytearray | memoryview) -> bytes:
-    """Digest of a shard; hashlib releases the GIL for large buffers."""
-    return hashlib.sha256(data).digest()
 
 
 @dataclass(slots=True)
@@ -90,5 +85,5 @@ class IncomingShard:
         if self.buffer is None:
             self.verified = self.complete
         else:
-            self.verified = sha256(self.buffer) == self.digest
+            self.verified = shard_digest(self.buffer) == self.digest
         return self.verified

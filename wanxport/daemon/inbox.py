@@ -17,7 +17,7 @@ long-lived gateway adds:
   then are the recorded pieces dropped from the page cache (the file is mapped
   piece by piece, as in ``FileSink``, so a file larger than memory passes through
   a window of the pieces in flight). After a restart the sender
-  asks which pieces are held (``ResumeQuery`` with each piece's SHA-256); a piece
+  asks which pieces are held (``ResumeQuery`` with each piece's digest); a piece
   counts as held only when the intact state file records it with that digest, or,
   when the state file is missing, truncated or zeroed (its checksum fails), when
   the partial data itself hashes to the digest: re-verified, never trusted blindly.
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -51,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from wanxport.control import ResumeHave, ResumeQuery
+from wanxport.core.digest import DIGEST_NAME, shard_digest_hex
 from wanxport.gateway.files import FileSink, MappedRange, _IncomingFile, describe_os_error, drop_cached
 from wanxport.gateway.session import GatewaySession
 
@@ -76,7 +76,7 @@ def safe_relative(name: object) -> str | None:
 class _Partial(_IncomingFile):
     """A file being received, with the pieces already verified and recorded."""
 
-    pieces: dict[str, list[Any]] = field(default_factory=dict)  # str(offset) -> [size, sha256]
+    pieces: dict[str, list[Any]] = field(default_factory=dict)  # str(offset) -> [size, digest]
     syncing: Future[None] | None = None  # the latest record on the sync thread
 
     @property
@@ -116,14 +116,10 @@ def _reserve(partial: Path, offset: int, size: int) -> None:
         os.close(fd)
 
 
-def _sha256(view: Any) -> str:
-    return hashlib.sha256(memoryview(view).cast("B")).hexdigest()
-
-
-def _sha256_range(path: Path, offset: int, size: int) -> str:
+def _digest_range(path: Path, offset: int, size: int) -> str:
     """One piece of a file on disk, read through its own mapping, then dropped from the
     page cache (a re-verification streams through the file, it does not cache it)."""
-    digest = _sha256(MappedRange(path, offset, size).array)
+    digest = shard_digest_hex(MappedRange(path, offset, size).array)
     fd = os.open(path, os.O_RDONLY)
     try:
         drop_cached(fd, offset, size)
@@ -205,7 +201,7 @@ class Inbox(FileSink):
         if ok and isinstance(incoming, _Partial) and shard_id in incoming.offsets:
             announce = self._announcement(shard_id) if self._announcement is not None else None
             if announce is not None:
-                self._record(incoming, [(incoming.offsets.pop(shard_id), size, announce.sha256)])
+                self._record(incoming, [(incoming.offsets.pop(shard_id), size, announce.digest)])
         return super().on_piece(shard_id, ok, size)
 
     def _written(self, incoming: _IncomingFile, shard_id: int, size: int) -> None:
@@ -223,7 +219,7 @@ class Inbox(FileSink):
         self._synced(incoming)
         for offset, size, digest in pieces:
             incoming.pieces[str(offset)] = [size, digest]
-        body = {"size": incoming.size, "pieces": dict(incoming.pieces)}
+        body = {"size": incoming.size, "digest": DIGEST_NAME, "pieces": dict(incoming.pieces)}
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wanxport-inbox-sync")
         incoming.syncing = self._syncer.submit(_sync_then_record, incoming.partial, incoming.state_path, body,
@@ -290,7 +286,7 @@ class Inbox(FileSink):
         if name is None:
             return ResumeHave(query.query_id, [])
         batch = []
-        for i, digest in enumerate(query.sha256):
+        for i, digest in enumerate(query.digest):
             offset = (query.first_piece + i) * query.piece_bytes
             batch.append((query.first_piece + i, offset, min(query.piece_bytes, query.file_size - offset),
                           digest))
@@ -312,7 +308,7 @@ class Inbox(FileSink):
             if trusted is not None:
                 ok = trusted.get(str(offset)) == [size, digest]
             else:
-                ok = await asyncio.to_thread(_sha256_range, incoming.partial, offset, size) == digest
+                ok = await asyncio.to_thread(_digest_range, incoming.partial, offset, size) == digest
                 self.reverified_bytes += size if ok else 0
             if ok:
                 held.append(index)
@@ -349,6 +345,9 @@ class Inbox(FileSink):
             return None
         if not isinstance(body, dict) or body.get("size") != incoming.size:
             return None
+        if body.get("digest") != DIGEST_NAME:  # written by a version with another digest
+            log.info("%s records another digest; re-verifying its pieces", incoming.state_path)
+            return None
         pieces = body.get("pieces")
         return pieces if isinstance(pieces, dict) else None
 
@@ -360,7 +359,7 @@ class Inbox(FileSink):
                 final.stat().st_size != query.file_size:
             return []
         for _, offset, size, digest in batch:
-            if await asyncio.to_thread(_sha256_range, final, offset, size) != digest:
+            if await asyncio.to_thread(_digest_range, final, offset, size) != digest:
                 return []
         self.resumed_bytes += query.file_size
         return [index for index, _, _, _ in batch]

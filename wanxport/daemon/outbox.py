@@ -18,7 +18,7 @@ from typing import Any
 
 from wanxport.control import RESUME_BATCH, ResumeQuery
 from wanxport.gateway.files import FilePiece, FileReader
-from wanxport.gateway.session import GatewaySession, sha256_hex_async
+from wanxport.gateway.session import GatewaySession, digest_hex_async
 from wanxport.gateway.transfer import send_files
 
 from .inbox import EXISTS, safe_relative
@@ -99,7 +99,7 @@ async def resume(session: GatewaySession, pieces: list[OutgoingPiece], piece_byt
                 continue
             digests = []
             for piece in file_pieces:  # one piece mapped at a time, out of the cache once hashed
-                digests.append(await sha256_hex_async(reader.view(piece)))
+                digests.append(await digest_hex_async(reader.view(piece)))
                 reader.release(piece)
             held: set[int] = set()
             for first in range(0, len(file_pieces), RESUME_BATCH):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -35,6 +34,7 @@ from wanxport.control import (
     ShardAnnounce,
     ShardComplete,
 )
+from wanxport.core.digest import shard_digest_hex
 
 from .rekey import DataKeys
 
@@ -70,13 +70,9 @@ class SessionStats:
     shards_received: int = 0  # handed to the application
 
 
-def sha256_hex(data: Any) -> str:
-    return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
-
-
-async def sha256_hex_async(data: Any) -> str:
-    """Hash off the event loop (hashlib releases the GIL for large buffers)."""
-    return await asyncio.to_thread(sha256_hex, data)
+async def digest_hex_async(data: Any) -> str:
+    """The shard digest (``core.digest``) off the event loop: the hash releases the GIL."""
+    return await asyncio.to_thread(shard_digest_hex, data)
 
 
 class GatewaySession:
@@ -133,7 +129,7 @@ class GatewaySession:
         if self.stats.first_submit is None:
             self.stats.first_submit = now
         acked = self.endpoint.submit(shard_id, data, json.dumps(meta or {}).encode(),
-                                     bytes.fromhex(announce.sha256))
+                                     bytes.fromhex(announce.digest))
         del data  # the data plane holds it until acknowledged, and no longer
         try:
             ok = await self._until_ended(acked)

@@ -15,7 +15,7 @@ from wanxport.control import ShardAnnounce
 from .files import FileError, FilePiece, FileReader, FileSink
 from .progress import ProgressMonitor, acked_bytes
 from .report import session_report
-from .session import GatewaySession, SessionFailed, sha256_hex_async
+from .session import GatewaySession, SessionFailed, digest_hex_async
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
             if first_failed is not None:
                 await first_failed  # the session failed: its reason, and no further reading
             view = reader.view(piece)
-            digest = await sha256_hex_async(view)
+            digest = await digest_hex_async(view)
             announce = ShardAnnounce(piece.shard_id, piece.size, digest, 0, **announce_fields)
             task = asyncio.create_task(session.send_shard(piece.shard_id, view, announce, piece.meta(),
                                                           on_acked=functools.partial(acked, piece)))

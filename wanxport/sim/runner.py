@@ -26,7 +26,6 @@ app's), each of ``quantum`` payload bytes or as much as the MTU allows.
 from __future__ import annotations
 
 import gc
-import hashlib
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from typing import Any
 
 from wanxport.core.cc import cc_config
 from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig
+from wanxport.core.digest import shard_digest
 from wanxport.core.events import ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
 from wanxport.report import PathReport, build_report, spread
@@ -327,7 +327,7 @@ class SimRun:
                 # simulator hashes at once, through the same calls.
                 endpoint.receiver.remove_shard(event.shard_id)  # no writes while it is hashed
                 driver.received_prefix(event.shard_id)
-                ok = hashlib.sha256(event.buffer).digest() == event.digest
+                ok = shard_digest(event.buffer) == event.digest
                 driver.verified(event.shard_id, ok, now)
                 filled = True
         if filled:
