@@ -214,6 +214,7 @@ def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out: dict[str, Any] = {"udp": udp_counters(), "data_runs": endpoint.data_runs,
                            "data_records": endpoint.data_records, "receive_passes": endpoint.receive_passes,
+                           "holdoff_yields": endpoint.holdoff_yields,
                            # what this gateway cost: its peak memory next to its receive budget
                            "max_rss_bytes": peak_rss_bytes(), "cpu_s": usage.ru_utime + usage.ru_stime,
                            "receive_budget_bytes": endpoint.config.session.receive_budget_bytes}

@@ -84,10 +84,11 @@ class EndpointConfig:
     # RTT is under 8 hold-offs (a LAN or loopback: its round trip would multiply). Under
     # uvloop, whose timers count whole milliseconds, less than 1 ms is no hold-off at
     # all. 0: drain at once. Inline data path only (worker threads drain their own sockets).
-    # Off by default: under a datagram flood a 1 ms hold-off let the full socket buffers
-    # drop the transfer's own datagrams and halved its goodput (tests/test_flood_netns.py:
-    # 0.52 of unflooded, against 1.01 without), so it is an opt-in until it yields to a
-    # socket that fills.
+    # It yields to a socket that fills (a drain stopped at its cap, or kernel drops:
+    # aio.endpoint.HOLDOFF_YIELD_S), which keeps a datagram flood from halving the goodput
+    # as it did before the yield. Off by default all the same: at 1 ms it saves 9-16 % of a
+    # bulk receiver's CPU and 18 % of an all-reduce rank's, but made hetero-8path 3-9 %
+    # slower in each of 4 quiet same-run pairs (docs/results/holdoff.md).
     receive_holdoff_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -33,6 +33,10 @@ class Received:
     datagrams: int = 0  # placed DATA datagrams the runs hold
     controls: list[tuple[int, int, bytes]] = field(default_factory=list)  # (path_id, pn, plaintext)
     quic: list[tuple[bytes, Address]] = field(default_factory=list)  # QUIC-looking (datagram, sender)
+    # The socket is filling faster than it is drained: the drain stopped at its cap with
+    # datagrams left, or the kernel dropped some for a full buffer since the last drain.
+    # The endpoint's receive hold-off yields then (aio.endpoint).
+    pressed: bool = False
 
 
 class ShardReceiver(Protocol):

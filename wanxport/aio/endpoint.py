@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
 BACKLOG_RETRY_S = 0.0005
 HOLDOFF_RTT_RATIO = 8  # a path's smoothed RTT is at least this many receive hold-offs, or none
+# After a drain found its socket pressed (Received.pressed), the hold-off stays off this long:
+# a flood or a burst larger than the buffer would otherwise fill it again while held.
+HOLDOFF_YIELD_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,7 @@ class Endpoint:
         # and only while every measured path's RTT is long beside it (_update_holding).
         self._holdoff_s = min(config.receive_holdoff_s, config.session.max_ack_delay_s)
         self._holding = self._holdoff_s > 0.0
+        self._holdoff_yields_until = 0.0  # clock() before which the hold-off has yielded
         self._held: list[int] = []  # paths readable and waiting out the hold-off
         self._held_timer: asyncio.TimerHandle | None = None
         self._closed: asyncio.Future[SessionClosed] | None = None
@@ -135,6 +139,7 @@ class Endpoint:
         self._all_heard: asyncio.Future[None] | None = None
         self.malformed_controls = 0
         self.receive_passes = 0  # drains of one or more paths handed to the session together
+        self.holdoff_yields = 0  # drains that found a socket pressed and turned the hold-off off
         self.quic_unclaimed = 0  # QUIC-looking datagrams on a socket no control channel shares
         self.data_runs = 0
         self.data_records = 0
@@ -403,20 +408,28 @@ class Endpoint:
             if received.quic:
                 self._hand_quic(path_id, received.quic)
         if self._holdoff_s > 0.0:
-            self._update_holding()
+            if any(received.pressed for _, received in drained):
+                self.holdoff_yields += 1
+                self._holdoff_yields_until = now + HOLDOFF_YIELD_S
+            self._update_holding(now)
 
     @property
     def receive_holding(self) -> bool:
         """Whether a path that wakes now waits out the receive hold-off."""
         return self._holding
 
-    def _update_holding(self) -> None:
+    def _update_holding(self, now: float) -> None:
         """Hold only while the hold-off is at most 1/HOLDOFF_RTT_RATIO of every measured path's
         smoothed RTT: a WAN path's acknowledgements then come a few per cent later, while a
         sub-millisecond path (a LAN, loopback) would see its round trip multiplied and gains
-        nothing (its wakes find full batches already). Paths not yet measured do not count."""
+        nothing (its wakes find full batches already). Paths not yet measured do not count.
+
+        And not for HOLDOFF_YIELD_S after a drain found a socket pressed: a socket that fills
+        while held drops datagrams (under a datagram flood a 1 ms hold-off halved the
+        transfer's goodput, tests/test_flood_netns.py), and a wake that finds a full batch
+        has nothing left to coalesce."""
         holdoff = self._holdoff_s * HOLDOFF_RTT_RATIO
-        self._holding = self.session.shortest_srtt_s() >= holdoff
+        self._holding = now >= self._holdoff_yields_until and self.session.shortest_srtt_s() >= holdoff
 
     def _on_delivered(self, items: list[tuple[int, Received]]) -> None:
         """What the data path's worker threads drained (``Datapath.start``), on the loop."""

@@ -205,8 +205,9 @@ class ReceiveLane:
         """Drain the socket: runs of placed DATA datagrams (``native.fold_runs``), how
         many datagrams they hold, opened control datagrams, and the QUIC-looking ones with
         their senders (``recv_batch(quic_addrs=True)`` builds an address only for those)."""
-        out = Received()
+        out = Received(pressed=True)  # unless the socket runs dry within the cap
         runs, controls = out.runs, out.controls
+        dropped = self.kernel_overflow
         for _ in range(MAX_BATCHES_PER_WAKE):
             try:
                 batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=True)
@@ -215,6 +216,7 @@ class ReceiveLane:
             self.kernel_overflow += overflow.delta(sock, batch.rxq_overflow)
             self.oversize += batch.truncated
             if batch.count == 0:
+                out.pressed = False
                 break
             result = self.receiver.process(batch)
             if len(result.records):
@@ -227,6 +229,7 @@ class ReceiveLane:
                 assert addrs is not None  # quic_addrs: a sender for every QUIC-looking datagram
                 out.quic += [(datagram, _address(addrs[index])) for index, datagram in result.quic]
         self.datagrams += out.datagrams
+        out.pressed = out.pressed or self.kernel_overflow > dropped
         return out
 
     @property

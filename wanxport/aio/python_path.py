@@ -112,10 +112,12 @@ class PythonDatapath(PlacesShards):
         sock = self._sockets[path_id]
         datagrams: list[bytes] = []
         senders: list[Address] = []
+        dropped, capped = self.kernel_overflow, True
         for _ in range(MAX_DATAGRAMS_PER_WAKE):
             try:
                 datagram, ancdata, _, addr = sock.recvmsg(MAX_DATAGRAM, overflow.CMSG_BYTES)
             except BlockingIOError:
+                capped = False
                 break
             except ConnectionRefusedError:
                 continue  # an ICMP error queued on the socket (peer not up yet): consumed
@@ -125,7 +127,8 @@ class PythonDatapath(PlacesShards):
         result = self.receiver.process(datagrams)
         return Received(fold_runs(result.placed), len(result.placed),
                         [(c.path_id, c.packet_number, c.plaintext) for c in result.controls],
-                        [(datagram, senders[index]) for index, datagram in result.quic])
+                        [(datagram, senders[index]) for index, datagram in result.quic],
+                        pressed=capped or self.kernel_overflow > dropped)
 
     @property
     def rejected(self) -> int:
