@@ -52,6 +52,11 @@ def test_digest_limit_costs_cpu_per_byte(algorithm: str) -> None:
     assert got["cpu_s_per_gb"] * got["gbytes_per_s"] == pytest.approx(1.0, rel=0.02)
 
 
+def test_digest_limit_refuses_an_unknown_algorithm() -> None:
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        digest_limit(total_bytes=1 << 20, algorithm="md5")
+
+
 @needs_native
 def test_raw_udp_blast_delivers_over_loopback() -> None:
     got = raw_udp_limit(seconds=0.2, datagram_bytes=1472)

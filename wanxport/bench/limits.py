@@ -52,7 +52,10 @@ def digest_limit(total_bytes: int = 512 << 20, algorithm: str = "blake3") -> dic
     """The digest over ``total_bytes`` in shard-sized updates, on this thread (both hashes
     release the GIL and run in C): ``blake3``, the shard digest, or ``sha256``."""
     chunk = memoryview(bytes(range(256)) * (DIGEST_CHUNK // 256))
-    hasher: Any = new_hasher if algorithm == "blake3" else hashlib.sha256
+    hashers: dict[str, Any] = {"blake3": new_hasher, "sha256": hashlib.sha256}
+    if algorithm not in hashers:
+        raise ValueError(f"digest_limit: algorithm must be one of {sorted(hashers)}, got {algorithm!r}")
+    hasher = hashers[algorithm]
     warm = hasher()
     warm.update(chunk[: 1 << 20])  # warm-up
     warm.digest()
