@@ -155,14 +155,16 @@ def _engine_cpu_s(emu: Emulation) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _drops(emu: Emulation) -> dict[str, dict[str, dict[str, int]]]:
+def _drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:
     """The engine's drops so far by path, direction and cause (queue: the bottleneck's
     drop-tail buffer overflowed; loss: the scenario's random loss); empty under netem. A
     step's retransmissions beyond the random loss are these queue drops: what its
-    congestion control cost."""
+    congestion control cost. ``stamped`` frames entered the queue at their kernel
+    arrival time; ``lag_max_s`` is the longest one waited for the engine to read it."""
     if emu.backend != "engine":
         return {}
-    return {path: {d: {"queue": c["drop_queue"], "loss": c["drop_loss"], "forwarded": c["tx_packets"]}
+    return {path: {d: {"queue": c["drop_queue"], "loss": c["drop_loss"], "forwarded": c["tx_packets"],
+                       "stamped": c["rx_stamped"], "lag_max_s": round(c["rx_lag_max_s"], 6)}
                    for d, c in dirs.items()}
             for path, dirs in emu.counters().items()}
 
@@ -209,7 +211,8 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
             drops_after = _drops(emu)
             if drops_before and drops_after:
                 settings["engine_drops"] = {
-                    path: {d: {cause: n - drops_before[path][d][cause] for cause, n in by_cause.items()}
+                    path: {d: {cause: n if cause == "lag_max_s" else n - drops_before[path][d][cause]
+                               for cause, n in by_cause.items()}
                            for d, by_cause in dirs.items()}
                     for path, dirs in drops_after.items()}
             settings["run_wall_s"] = round(time.monotonic() - go_at, 2)  # "go" to the last "done"

@@ -38,6 +38,7 @@ SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 PACKET_QDISC_BYPASS = 20
 ETH_P_ALL = 3
+SO_TIMESTAMPNS = 35  # Linux (x86, Arm); the socket module does not export it
 ETH_HEADER_BYTES = 14
 SOCKET_BUFFER_BYTES = 16 << 20
 SIGNALS = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
@@ -55,6 +56,9 @@ def packet_socket(ifname: str) -> socket.socket:
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
     # The engine is the link's queue; the veth's own qdisc would only add work.
     sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+    # Frames enter the emulated queue at their kernel receive timestamp (taken as the
+    # sender transmits), not when the engine's thread gets a CPU to read them.
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     set_buffers(sock, SOCKET_BUFFER_BYTES, SOCKET_BUFFER_BYTES)
     sock.bind((ifname, ETH_P_ALL))
     sock.setblocking(False)

@@ -232,3 +232,50 @@ def test_release_window_sends_due_packets_together_and_zero_keeps_exact_spacing(
     offsets = _burst_offsets_s(10e-3)
     assert offsets[0] >= 0.021 - 1e-5
     assert offsets[-1] - offsets[0] < 0.0045
+
+
+def _queue_drops_after_a_stall(stamped: bool) -> dict[str, float]:
+    """Forty 1000-byte datagrams sent 1 ms or more apart into an 8 Mb/s direction (1 ms each)
+    with a 5-packet queue, while the engine is not yet running (a stalled engine thread),
+    then forwarded: the direction's counters once all forty were read."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(4)]
+    src, eng_in, eng_out, dst = socks
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    src.connect(eng_in.getsockname())
+    eng_out.connect(dst.getsockname())
+    if stamped:
+        eng_in.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    eng = Engine(header_bytes=0)
+    eng.add_direction(eng_in.fileno(), eng_out.fileno(), rate_bps=8e6, delay_s=0.001, queue_bytes=5000.0)
+    thread = threading.Thread(target=eng.run)
+    try:
+        for _ in range(40):
+            src.send(bytes(1000))
+            time.sleep(0.001)  # never faster than the bottleneck
+        thread.start()
+        deadline = time.monotonic() + 5.0
+        while eng.stats(0)["rx_packets"] < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        eng.stop()
+        if thread.is_alive():
+            thread.join()
+        for sock in socks:
+            sock.close()
+    stats = eng.stats(0)
+    assert stats["rx_packets"] == 40
+    return stats
+
+
+def test_a_stalled_engine_queues_frames_at_their_kernel_arrival_time() -> None:
+    # With receive timestamps the frames enter the queue as they were sent, at the
+    # bottleneck's rate or slower, so none is dropped though the engine read them all at once.
+    stats = _queue_drops_after_a_stall(stamped=True)
+    assert stats["drop_queue"] == 0
+    assert stats["rx_stamped"] == 40
+    assert stats["rx_lag_max_s"] >= 0.030  # the first waited for all the others' sending
+    # Timed by the read instead, the same frames arrive together and overflow the queue.
+    unstamped = _queue_drops_after_a_stall(stamped=False)
+    assert unstamped["rx_stamped"] == 0
+    assert unstamped["drop_queue"] >= 30

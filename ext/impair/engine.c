@@ -59,6 +59,8 @@ typedef struct {
 typedef struct {
     uint64_t rx_packets, rx_bytes, tx_packets, tx_bytes;
     uint64_t drop_loss, drop_queue, drop_down, drop_nomem, drop_oversize, drop_txerr;
+    uint64_t rx_stamped; /* arrivals timed by the kernel's receive timestamp */
+    double rx_lag_max_s; /* the longest a stamped packet waited for the engine to read it */
 } imp_counters;
 
 typedef struct {
@@ -69,6 +71,7 @@ typedef struct {
     double spare_normal;
     double tx_free_at;     /* when the bottleneck finishes the last admitted packet */
     double last_departure; /* release time of the latest admitted packet */
+    double last_arrival;   /* arrival time of the latest packet read (kept non-decreasing) */
     imp_counters c;
 } imp_dir;
 
@@ -267,10 +270,30 @@ static pkt *heap_pop(Engine *e) {
     return top;
 }
 
-static double mono_now(void) {
+static double clock_s(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double mono_now(void) { return clock_s(CLOCK_MONOTONIC); }
+
+/* A frame's arrival time on the monotonic clock: its kernel receive timestamp
+ * (SCM_TIMESTAMPNS, on the realtime clock, present when the rx socket has
+ * SO_TIMESTAMPNS on) moved by `real_minus_mono`, or NAN without one. On a veth the
+ * kernel stamps a frame as the sender's transmit enqueues it, so a frame the engine
+ * reads late (its thread waited for a CPU) still enters the emulated queue when it
+ * was sent, as it would enter netem's: read times would bunch a stall's frames
+ * into one burst and drop them at a queue the sender never overran. */
+static double stamped_arrival(struct msghdr *h, double real_minus_mono) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c != NULL; c = CMSG_NXTHDR(h, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+            struct timespec ts;
+            memcpy(&ts, CMSG_DATA(c), sizeof ts);
+            return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - real_minus_mono;
+        }
+    }
+    return NAN;
 }
 
 /* ---- parameters from Python ---- */
@@ -460,10 +483,11 @@ static PyObject *Engine_stats(Engine *e, PyObject *args) {
         return NULL;
     const imp_counters *c = &e->dirs[idx].c;
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsK}", "rx_packets", c->rx_packets, "rx_bytes", c->rx_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsd}", "rx_packets", c->rx_packets, "rx_bytes", c->rx_bytes,
         "tx_packets", c->tx_packets, "tx_bytes", c->tx_bytes, "drop_loss", c->drop_loss,
         "drop_queue", c->drop_queue, "drop_down", c->drop_down, "drop_nomem", c->drop_nomem,
-        "drop_oversize", c->drop_oversize, "drop_txerr", c->drop_txerr);
+        "drop_oversize", c->drop_oversize, "drop_txerr", c->drop_txerr, "rx_stamped",
+        c->rx_stamped, "rx_lag_max_s", c->rx_lag_max_s);
 }
 
 static PyObject *Engine_stop(Engine *e, PyObject *unused) {
@@ -536,6 +560,10 @@ static int rx_batch(Engine *e, int dir) {
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH];
     pkt *bufs[BATCH];
+    union { /* aligned for struct cmsghdr */
+        char buf[CMSG_SPACE(sizeof(struct timespec))];
+        struct cmsghdr align;
+    } ctrl[BATCH];
     int n = 0;
     while (n < BATCH && (bufs[n] = pkt_get(e)) != NULL) {
         iov[n].iov_base = bufs[n]->data;
@@ -543,6 +571,8 @@ static int rx_batch(Engine *e, int dir) {
         memset(&msgs[n].msg_hdr, 0, sizeof(struct msghdr));
         msgs[n].msg_hdr.msg_iov = &iov[n];
         msgs[n].msg_hdr.msg_iovlen = 1;
+        msgs[n].msg_hdr.msg_control = ctrl[n].buf;
+        msgs[n].msg_hdr.msg_controllen = sizeof(ctrl[n].buf);
         n++;
     }
     imp_dir *d = &e->dirs[dir];
@@ -559,12 +589,28 @@ static int rx_batch(Engine *e, int dir) {
     int got = recvmmsg(e->rx_fd[dir], msgs, (unsigned)n, MSG_DONTWAIT, NULL);
     int err = errno;
     double now = mono_now();
+    double real_minus_mono = clock_s(CLOCK_REALTIME) - now;
     for (int i = 0; i < (got > 0 ? got : 0); i++) {
         pkt *k = bufs[i];
         bufs[i] = NULL;
         uint32_t len = msgs[i].msg_len;
         d->c.rx_packets++;
         d->c.rx_bytes += len;
+        /* Never later than now, never before the previous arrival (a step of the
+         * realtime clock between the stamp and now must not reorder the queue). */
+        double arrival = stamped_arrival(&msgs[i].msg_hdr, real_minus_mono);
+        if (arrival == arrival) { /* not NAN */
+            d->c.rx_stamped++;
+            if (arrival > now)
+                arrival = now;
+            if (now - arrival > d->c.rx_lag_max_s)
+                d->c.rx_lag_max_s = now - arrival;
+        } else {
+            arrival = now;
+        }
+        if (arrival < d->last_arrival)
+            arrival = d->last_arrival;
+        d->last_arrival = arrival;
         if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
             d->c.drop_oversize++;
             pkt_put(e, k);
@@ -572,7 +618,7 @@ static int rx_batch(Engine *e, int dir) {
         }
         double l3 = len > e->header_bytes ? (double)(len - e->header_bytes) : 0.0;
         double dep;
-        int r = imp_admit(d, now, l3, &dep);
+        int r = imp_admit(d, arrival, l3, &dep);
         if (r != ADMIT_OK) {
             if (r == DROP_LOSS)
                 d->c.drop_loss++;
