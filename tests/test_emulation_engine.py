@@ -188,15 +188,22 @@ def test_release_window_is_validated() -> None:
             eng.run(release_window_s=bad)
 
 
-def _burst_offsets_s(window_s: float) -> list[float]:
-    """Ten datagrams through a 1 Mb/s, 20 ms direction (1 ms apart in the heap): each one's kernel
-    receive timestamp at the destination, less the time the first was sent."""
+def _udp_chain() -> list[socket.socket]:
+    """Loopback UDP sockets src -> eng_in, eng_out -> dst, for an engine direction between them."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(4)]
     src, eng_in, eng_out, dst = socks
     for sock in socks:
         sock.bind(("127.0.0.1", 0))
     src.connect(eng_in.getsockname())
     eng_out.connect(dst.getsockname())
+    return socks
+
+
+def _burst_offsets_s(window_s: float) -> list[float]:
+    """Ten datagrams through a 1 Mb/s, 20 ms direction (1 ms apart in the heap): each one's kernel
+    receive timestamp at the destination, less the time the first was sent."""
+    socks = _udp_chain()
+    src, eng_in, eng_out, dst = socks
     dst.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     eng = Engine(header_bytes=0)
     eng.add_direction(eng_in.fileno(), eng_out.fileno(), rate_bps=1e6, delay_s=0.020, queue_bytes=1e5)
@@ -238,12 +245,8 @@ def _queue_drops_after_a_stall(stamped: bool) -> dict[str, float]:
     """Forty 1000-byte datagrams sent 1 ms or more apart into an 8 Mb/s direction (1 ms each)
     with a 5-packet queue, while the engine is not yet running (a stalled engine thread),
     then forwarded: the direction's counters once all forty were read."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(4)]
+    socks = _udp_chain()
     src, eng_in, eng_out, dst = socks
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    src.connect(eng_in.getsockname())
-    eng_out.connect(dst.getsockname())
     if stamped:
         eng_in.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     eng = Engine(header_bytes=0)
