@@ -241,21 +241,15 @@ async def test_receive_holdoff_drains_every_path_that_woke_meanwhile_in_one_pass
     assert (pair.a.receive_holding, pair.b.receive_holding) == (False, bool(holdoff_s))
 
 
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.005)
-
-
 @pytest.mark.parametrize("datapath", DATAPATHS)
 async def test_receive_holdoff_yields_while_a_socket_fills(
         pairs: Callable[..., Pair], datapath: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst larger than one drain takes (a flood, say) arrives while the receiver holds:
     that drain stops at its cap with datagrams left, so the hold-off turns off (a held socket
     that keeps filling drops the transfer's own datagrams) until HOLDOFF_YIELD_S passes
-    without such a drain. Without the yield the receiver would hold on throughout."""
-    monkeypatch.setattr(endpoint_module, "HOLDOFF_YIELD_S", 0.3)
+    without such a drain. Without the yield the receiver would hold on throughout. The
+    yield (1 s here) is long beside a drain, so the first quiet drain falls within it."""
+    monkeypatch.setattr(endpoint_module, "HOLDOFF_YIELD_S", 1.0)
     pair = pairs(datapath, 1, 1, holdoff_s=0.05)
     receiver = pair.b
     assert receiver.receive_holding  # no RTT sample: a receiver holds from the start
@@ -263,14 +257,19 @@ async def test_receive_holdoff_yields_while_a_socket_fills(
     burst = 4000  # more than a drain's cap (native 16 x 64, Python 512), each turned away
     for i in range(burst):
         flood.send(b"\x21" + i.to_bytes(4, "big") * 8)
-    await _until(lambda: receiver.datapath.rejected >= burst, "the burst drained")
+    await until(lambda: receiver.datapath.rejected >= burst)
     assert not receiver.receive_holding, "a pressed drain turns the hold-off off"
     assert receiver.holdoff_yields >= 1
-    passes = receiver.receive_passes
-    await asyncio.sleep(0.4)  # the yield runs out; then one quiet datagram
-    flood.send(b"\x21" + bytes(32))
-    await _until(lambda: receiver.receive_passes > passes, "the quiet datagram drained")
-    assert receiver.receive_holding, "after the yield, a drain that finds the socket dry holds again"
+
+    async def drain_one_quiet_datagram() -> None:
+        passes = receiver.receive_passes
+        flood.send(b"\x21" + bytes(32))
+        await until(lambda: receiver.receive_passes > passes)
+
+    await drain_one_quiet_datagram()
+    assert not receiver.receive_holding, "a dry drain within the yield does not end it"
+    while not receiver.receive_holding:  # once the yield runs out, a dry drain holds again
+        await drain_one_quiet_datagram()
 
 
 @pytest.mark.parametrize("bad", [-0.001, 0.2, float("nan")])
