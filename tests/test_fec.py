@@ -107,6 +107,31 @@ def test_a_bursty_path_gets_more_repair_than_an_iid_one_at_the_same_loss() -> No
         [(200, 0.02, 1)], 1e-3, 48)
 
 
+def _compound_cdf_by_panjer(parts: list[tuple[int, float, float]], limit: int) -> list[float]:
+    """The reference: each path's compound Poisson by Panjer's recursion, convolved, summed."""
+    pmf = [1.0] + [0.0] * limit
+    for symbols, loss, burst in parts:
+        events, q = symbols * loss / burst, 1.0 / burst
+        jump = [0.0] + [q * (1.0 - q) ** (j - 1) for j in range(1, limit + 1)]
+        own = [math.exp(-events)] + [0.0] * limit
+        for n in range(1, limit + 1):
+            own[n] = events / n * sum(j * jump[j] * own[n - j] for j in range(1, n + 1))
+        pmf = [sum(pmf[i] * own[n - i] for i in range(n + 1)) for n in range(limit + 1)]
+    return [min(1.0, sum(pmf[:n + 1])) for n in range(limit + 1)]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(1, 200), st.floats(1e-6, 0.5),
+                          st.sampled_from([1.0, 1.5, 3.0, 8.0, 20.0])), min_size=1, max_size=4),
+       st.integers(0, 60))
+def test_lost_symbols_cdf_matches_panjers_recursion(parts: list[tuple[int, float, float]],
+                                                    limit: int) -> None:
+    got = fec_code.lost_symbols_cdf(parts, limit)
+    want = _compound_cdf_by_panjer(parts, limit)
+    assert len(got) == limit + 1
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-12
+
+
 def test_repair_count_holds_its_target_against_simulated_burst_loss() -> None:
     """Seeded Gilbert-Elliott losses (bursts of ~4): blocks sized by the model fail as rarely as promised."""
     rng = random.Random(11)
