@@ -8,6 +8,7 @@ import json
 import pytest
 
 from wanxport.bench import add_bench_arguments, bench_main
+from wanxport.bench.transfer import CHILD_START_TIMEOUT_S, TransferSpec, child_start_timeout_s
 from wanxport.report import SCHEMA
 from wanxport.wire import native
 
@@ -96,3 +97,13 @@ def test_usage_errors_exit_2_naming_the_field(capsys: pytest.CaptureFixture[str]
     assert bench_main(parser.parse_args(argv)) == 2
     err = capsys.readouterr().err
     assert field in err and "Traceback" not in err
+
+
+def test_the_receivers_start_limit_covers_touching_its_buffers() -> None:
+    def spec(size: int, fresh: bool = False) -> TransferSpec:
+        return TransferSpec(4, size, 1500, "aes-256-gcm", "native", 128, 4, 0, 60.0, fresh_buffers=fresh)
+
+    assert child_start_timeout_s(spec(1 << 20)) < CHILD_START_TIMEOUT_S + 1
+    # 8 GiB took over 20 s to zero on a 2-core VM; the fixed 30 s failed such runs.
+    assert child_start_timeout_s(spec(8 << 30)) >= CHILD_START_TIMEOUT_S + 40
+    assert child_start_timeout_s(spec(8 << 30, fresh=True)) == CHILD_START_TIMEOUT_S

@@ -34,7 +34,8 @@ from wanxport.core.digest import shard_digest
 from wanxport.report import PathReport, build_report
 
 SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
-CHILD_START_TIMEOUT_S = 30.0
+CHILD_START_TIMEOUT_S = 30.0  # interpreter start, imports, sockets
+CHILD_TOUCH_S_PER_GIB = 8.0  # a warm receiver zeroes its buffers before it reports its ports
 CLOSE_WAIT_S = 5.0
 
 
@@ -122,6 +123,16 @@ def receiver_main() -> None:
         _emit("error", f"receiver: {type(exc).__name__}: {exc}")
 
 
+def child_start_timeout_s(spec: TransferSpec) -> float:
+    """How long the receiver may take to report its ports.
+
+    Why it grows with the size: ``warm_allocator`` touches every destination page first,
+    which took over 20 s for 8 GiB on a 2-core VM; a fixed limit failed such runs.
+    """
+    touched = 0 if spec.fresh_buffers else spec.size
+    return CHILD_START_TIMEOUT_S + CHILD_TOUCH_S_PER_GIB * touched / 2**30
+
+
 def _emit(kind: str, value: Any) -> None:
     sys.stdout.write(json.dumps([kind, value]) + "\n")
     sys.stdout.flush()
@@ -204,7 +215,7 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
         assert child.stdin is not None and child.stdout is not None
         child.stdin.write(json.dumps(job).encode() + b"\n")
         child.stdin.close()
-        value = _expect(child.stdout, "ports", CHILD_START_TIMEOUT_S)
+        value = _expect(child.stdout, "ports", child_start_timeout_s(spec))
         endpoint.connect([(str(h), int(p)) for h, p in value])
         if not spec.fresh_buffers and isinstance(endpoint.datapath, NativeDatapath):
             # The pacer rings' pages, zeroed by the kernel on first touch, are the
