@@ -632,3 +632,22 @@ def test_a_path_whose_shard_open_is_lost_is_not_left_silent() -> None:
     assert sorted((e.shard_id, e.ok) for e in pair.acknowledged("a")) == [(i, True) for i in range(4)]
     assert ptos[0] == 0, "the longer path waited for a probe timeout"
     assert pair.b.data_dropped == 0
+
+
+# -- pacing wake-ups served late --------------------------------------------------------
+
+
+@pytest.mark.parametrize("late_s, counted", [(0.0, 0), (0.001, 0), (0.005, 5)])
+def test_pacing_wake_ups_served_late_are_counted(late_s: float, counted: int) -> None:
+    """A driver whose loop runs the pacing timer late (short of CPU) shows in ``late_wakes``;
+    on time, or within a timer's granularity, it does not."""
+    config = SessionConfig(paths=(PathConfig("p0", max_rate_bps=10e6),), tag_bytes=0)
+    session = Session(config)
+    session.submit(0, bytes(1_000_000), 0.0)
+    assert session.poll_transmit(0.0)
+    for _ in range(5):
+        due = session.next_deadline()
+        assert due is not None and session.paths[0].pacing_wake == due  # held by pacing
+        session.on_deadline(due + late_s)
+        assert session.poll_transmit(due + late_s)
+    assert session.stats().paths[0].late_wakes == counted

@@ -229,7 +229,7 @@ def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
                      "reorder_threshold": p.reorder_threshold, "time_threshold": p.time_threshold,
                      "min_rtt_s": p.min_rtt_s, "bandwidth_bps": p.bandwidth_bps,
                      "pacing_rate_bps": p.pacing_rate_bps, "cwnd_bytes": p.cwnd_bytes,
-                     "cc_state": p.cc_state, "srtt_s": p.srtt_s,
+                     "cc_state": p.cc_state, "srtt_s": p.srtt_s, "late_wakes": p.late_wakes,
                      **_rate_model(p.cc_metrics)}
                     for p in endpoint.session.stats().paths]
     return out

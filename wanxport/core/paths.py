@@ -56,7 +56,7 @@ class Path:
     __slots__ = ("path_id", "name", "mss", "rtt", "rate", "cc", "loss", "acks", "health", "warm", "payload",
                  "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps", "_bw_round_at",
                  "needs_open", "pending_control", "max_rate_bps", "pending_resume", "resumes",
-                 "resumes_dropped")
+                 "resumes_dropped", "late_wakes")
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
                  initial_rtt_s: float, *, max_rate_bps: float | None = None) -> None:
@@ -74,6 +74,7 @@ class Path:
         self.next_send_at = 0.0  # pacing: earliest departure of the next packet
         self.last_departure_at = 0.0  # departure of the latest packet handed out
         self.pacing_wake: float | None = None  # set while data waits for the pacing horizon
+        self.late_wakes = 0  # pacing wake-ups served late (Transmitter.clear_wake)
         self.bandwidth_bps = 0.0  # max-filtered delivery rate, for the scheduler
         self._bw_round_at = 0.0
         self.needs_open: set[int] = set()  # shards whose SHARD_OPEN this path has not carried

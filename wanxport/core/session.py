@@ -474,6 +474,6 @@ class Session:
             self._failover.on_probe_timeout(path, now)
         elif next_probe_at is not None and next_probe_at <= now:
             self._failover.on_probe_due(path, now)
-        path.pacing_wake = None
+        self._tx.clear_wake(path, now)
         self._tx.dirty.add(path.path_id)
         self._tx.touch(path)

@@ -44,6 +44,7 @@ class PathStats:
     pacing_rate_bps: float  # what the path is paced at: the controller's rate under the path's cap
     resumes: int  # careful resumes from a previous session's saved state (Session.resume_path) ...
     resumes_dropped: int  # ... and saved states dropped because the route's RTT had moved
+    late_wakes: int  # pacing wake-ups served more than 2 ms late: a driver's loop short of CPU
     cc_state: str  # the controller's state label ("startup", "probe_bw", ...)
     cc_metrics: Mapping[str, float]  # ``CongestionController.metrics()``, read-only (dict() it for JSON)
 
@@ -95,6 +96,7 @@ def path_stats(path: Path) -> PathStats:
         pacing_rate_bps=path.pacing_rate_bps,
         resumes=path.resumes,
         resumes_dropped=path.resumes_dropped,
+        late_wakes=path.late_wakes,
         cc_state=cc.state,
         cc_metrics=MappingProxyType(cc.metrics()),  # read-only, like the rest of the snapshot
     )

@@ -58,6 +58,8 @@ PATH_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("spurious_losses", "wanxport_path_spurious_losses",
      "Packets declared lost on the path that were acknowledged later."),
     ("failures", "wanxport_path_failures", "Times the path was declared failed."),
+    ("late_wakes", "wanxport_path_late_wakes",
+     "Pacing wake-ups of the path served more than 2 ms late (the gateway's loop is short of CPU)."),
 )
 # Gateway-wide counters: family, help text.
 GATEWAY_COUNTERS: tuple[tuple[str, str], ...] = (
