@@ -60,8 +60,8 @@ class Transmitter:
 
         One served more than LATE_WAKE_S after it was due is counted: the path's
         departures slipped by that much. A gateway whose loop is short of CPU shows
-        it here (one for every 3 to 20 packets of a path on a saturated 2-core host) long before
-        its throughput says why.
+        it here (one for every 3 to 20 packets of a path on a saturated 2-core
+        host) long before its throughput says why.
         """
         if path.pacing_wake is not None and now - path.pacing_wake > LATE_WAKE_S:
             path.late_wakes += 1
