@@ -10,7 +10,9 @@ import pytest
 from wanxport.bench import add_bench_arguments, bench_main
 from wanxport.bench.limits import (
     BASELINES,
+    LIMIT_SLICES,
     aead_limit,
+    combine_limits,
     compare_with_limits,
     digest_limit,
     expand_baselines,
@@ -37,6 +39,9 @@ def test_aead_limit_costs_cpu_per_byte(cipher: str) -> None:
     assert got["cpu_s_per_gb"] > 0 and got["gbytes_per_s"] > 0
     # The two figures are one measurement: seconds per 1e9 bytes and its inverse.
     assert got["cpu_s_per_gb"] * got["gbytes_per_s"] == pytest.approx(1.0, rel=0.02)
+    slices = got["slices_cpu_s_per_gb"]
+    assert len(slices) == LIMIT_SLICES and min(slices) <= got["cpu_s_per_gb"] <= max(slices)
+    assert got["bytes"] >= 0.99 * (8 << 20)  # whole datagrams per slice: at most one short each
 
 
 @needs_native
@@ -50,6 +55,23 @@ def test_digest_limit_costs_cpu_per_byte(algorithm: str) -> None:
     got = digest_limit(total_bytes=64 << 20, algorithm=algorithm)
     assert got["cpu_s_per_gb"] > 0
     assert got["cpu_s_per_gb"] * got["gbytes_per_s"] == pytest.approx(1.0, rel=0.02)
+
+
+def test_limits_from_both_sides_of_a_transfer_are_the_cost_over_every_slice() -> None:
+    before = {"aead": {"cpu_s_per_gb": 0.5, "gbytes_per_s": 2.0, "cpu_s": 0.5, "bytes": 10**9,
+                       "slices_cpu_s_per_gb": [0.4, 0.6], "datagram_bytes": 1472},
+              "raw_udp": {"goodput_bps": 1e10}}
+    after = {"aead": {"cpu_s_per_gb": 1.0, "gbytes_per_s": 1.0, "cpu_s": 3.0, "bytes": 3 * 10**9,
+                      "slices_cpu_s_per_gb": [1.0, 1.0], "datagram_bytes": 1472},
+             "digest": {"cpu_s_per_gb": 0.3, "cpu_s": 0.3, "bytes": 10**9, "slices_cpu_s_per_gb": [0.3]}}
+    got = combine_limits(before, after)
+    assert got["aead"]["cpu_s_per_gb"] == 0.875  # 3.5 CPU-s over 4e9 bytes, not the mean of 0.5 and 1.0
+    assert got["aead"]["bytes"] == 4 * 10**9
+    assert got["aead"]["gbytes_per_s"] == pytest.approx(1 / 0.875, abs=1e-3)
+    assert got["aead"]["slices_cpu_s_per_gb"] == [0.4, 0.6, 1.0, 1.0]
+    assert got["aead"]["datagram_bytes"] == 1472
+    assert got["raw_udp"] == before["raw_udp"] and got["digest"] == after["digest"]
+    assert before["aead"]["cpu_s_per_gb"] == 0.5, "the inputs are left as they were"
 
 
 def test_digest_limit_refuses_an_unknown_algorithm() -> None:
@@ -94,6 +116,8 @@ def test_bench_reports_cpu_per_gb_next_to_its_limits(capsys: pytest.CaptureFixtu
     floor = report["limits"]["aead"]["cpu_s_per_gb"] + report["limits"]["digest"]["cpu_s_per_gb"]
     assert report["cpu_limit_s_per_gb"] == pytest.approx(floor, abs=1e-3)
     assert report["cpu_vs_limit"]["receiver"] == pytest.approx(cpu["receiver"] / floor, abs=0.01)
+    for name in ("aead", "digest"):  # timed before and after the transfer, each slice kept
+        assert len(report["limits"][name]["slices_cpu_s_per_gb"]) == 2 * LIMIT_SLICES
 
 
 @needs_native

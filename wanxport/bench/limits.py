@@ -13,6 +13,8 @@ a README is stale). Each limit is the bare work of one part of the data path:
 
 CPU is each thread's own CPU clock (user + system), so it holds on a loaded
 host where wall-clock rates do not. Costs are per GB = 10**9 payload bytes.
+The aead and digest limits are timed in slices, half before the transfer and half
+after (``combine_limits``), and the report keeps each slice's cost beside the total.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from wanxport.core.digest import DIGEST_NAME, new_hasher
 GB = 1e9
 DIGEST_CHUNK = 64 << 20  # the bench's shard size: the digest runs over whole shards
 HEADER_TAG = 32  # wanxport header (16) + AEAD tag (16): what a sealed datagram adds
+# Each limit is timed in slices, half of them before the transfer and half after. Back to
+# back in one quiet process, 128 MiB slices of sealing on a 2-core VM cost 0.44-0.78
+# CPU-s/GB: one slow slice moves a single pass by a third, and a ratio with it
+# (docs/results/s15.md). Slices on both sides average over the transfer's minutes.
+LIMIT_SLICES = 4
 
 
 def _limits() -> Any:
@@ -38,19 +45,23 @@ def _limits() -> Any:
 
 
 def aead_limit(cipher: str = "aes-256-gcm", datagram_bytes: int = 1472,
-               total_bytes: int = 512 << 20) -> dict[str, float]:
-    """Seal ``total_bytes`` of payload in datagrams of ``datagram_bytes`` (header and tag included)."""
+               total_bytes: int = 256 << 20, slices: int = LIMIT_SLICES) -> dict[str, Any]:
+    """Seal ``total_bytes`` of payload in datagrams of ``datagram_bytes`` (header and tag
+    included), in ``slices`` equal slices, each timed on its own."""
     body = datagram_bytes - HEADER_TAG
-    count = max(1, total_bytes // body)
+    count = max(1, total_bytes // body // slices)
     _limits().aead_seal(cipher, datagram_bytes, min(count, 1000))  # warm-up
-    cpu_s, wall_s, sealed = _limits().aead_seal(cipher, datagram_bytes, count)
-    return {"cpu_s_per_gb": round(cpu_s / sealed * GB, 4), "gbytes_per_s": round(sealed / cpu_s / GB, 3),
-            "datagram_bytes": datagram_bytes}
+    samples = []
+    for _ in range(slices):
+        cpu_s, _wall_s, sealed = _limits().aead_seal(cipher, datagram_bytes, count)
+        samples.append((cpu_s, sealed))
+    return {**_summary(samples), "datagram_bytes": datagram_bytes}
 
 
-def digest_limit(total_bytes: int = 512 << 20, algorithm: str = "blake3") -> dict[str, float]:
-    """The digest over ``total_bytes`` in shard-sized updates, on this thread (both hashes
-    release the GIL and run in C): ``blake3``, the shard digest, or ``sha256``."""
+def digest_limit(total_bytes: int = 256 << 20, algorithm: str = "blake3",
+                 slices: int = LIMIT_SLICES) -> dict[str, Any]:
+    """The digest over ``total_bytes`` in shard-sized updates, in ``slices`` slices, on this
+    thread (both hashes release the GIL and run in C): ``blake3``, the shard digest, or ``sha256``."""
     chunk = memoryview(bytes(range(256)) * (DIGEST_CHUNK // 256))
     hashers: dict[str, Any] = {"blake3": new_hasher, "sha256": hashlib.sha256}
     if algorithm not in hashers:
@@ -59,15 +70,43 @@ def digest_limit(total_bytes: int = 512 << 20, algorithm: str = "blake3") -> dic
     warm = hasher()
     warm.update(chunk[: 1 << 20])  # warm-up
     warm.digest()
-    rounds = max(1, total_bytes // DIGEST_CHUNK)
-    t0 = time.thread_time()
-    digest = hasher()
-    for _ in range(rounds):
-        digest.update(chunk)
-    digest.digest()
-    cpu_s = time.thread_time() - t0
-    done = rounds * DIGEST_CHUNK
-    return {"cpu_s_per_gb": round(cpu_s / done * GB, 4), "gbytes_per_s": round(done / cpu_s / GB, 3)}
+    piece = chunk[: max(1, min(DIGEST_CHUNK, total_bytes // slices))]
+    rounds = max(1, total_bytes // slices // len(piece))
+    samples = []
+    for _ in range(slices):
+        t0 = time.thread_time()
+        digest = hasher()
+        for _ in range(rounds):
+            digest.update(piece)
+        digest.digest()
+        samples.append((time.thread_time() - t0, rounds * len(piece)))
+    return _summary(samples)
+
+
+def _summary(samples: list[tuple[float, int]]) -> dict[str, Any]:
+    """One limit from its timed slices ``(cpu_s, bytes)``: the cost over all of them, and
+    each slice's, which shows how much the host's speed moved meanwhile."""
+    cpu_s = sum(cpu for cpu, _ in samples)
+    done = sum(count for _, count in samples)
+    return {"cpu_s_per_gb": round(cpu_s / done * GB, 4), "gbytes_per_s": round(done / cpu_s / GB, 3),
+            "cpu_s": round(cpu_s, 6), "bytes": done,
+            "slices_cpu_s_per_gb": [round(cpu / count * GB, 4) for cpu, count in samples]}
+
+
+def combine_limits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The limits measured on both sides of a transfer, as one: each cost over every slice
+    of both, so the limit spans the same minutes of a shared host as the transfer does."""
+    out = dict(before)
+    for name, late in after.items():
+        early = before.get(name)
+        if early is None or "slices_cpu_s_per_gb" not in early:
+            out[name] = late
+            continue
+        cpu_s, done = early["cpu_s"] + late["cpu_s"], early["bytes"] + late["bytes"]
+        out[name] = {**early, "cpu_s_per_gb": round(cpu_s / done * GB, 4),
+                     "gbytes_per_s": round(done / cpu_s / GB, 3), "cpu_s": round(cpu_s, 6), "bytes": done,
+                     "slices_cpu_s_per_gb": early["slices_cpu_s_per_gb"] + late["slices_cpu_s_per_gb"]}
+    return out
 
 
 def raw_udp_limit(seconds: float = 2.0, datagram_bytes: int = 1472, gso: bool = True) -> dict[str, Any]:
@@ -110,6 +149,7 @@ def raw_udp_limit(seconds: float = 2.0, datagram_bytes: int = 1472, gso: bool = 
 
 
 BASELINES = ("iperf3", "raw-udp", "aead", "digest")
+SLICED_LIMITS = ("aead", "digest")  # timed in slices, before and after the transfer
 
 
 def expand_baselines(chosen: list[str] | None) -> list[str]:
@@ -121,7 +161,9 @@ def expand_baselines(chosen: list[str] | None) -> list[str]:
 
 
 def measure_limits(names: list[str], cipher: str, mtu: int) -> dict[str, Any]:
-    """The limits (not iperf3, which has its own fields) ``names`` asks for, for ``mtu``."""
+    """The limits (not iperf3, which has its own fields) ``names`` asks for, for ``mtu``:
+    the bench measures the sliced ones (aead, digest) again after the transfer
+    (``combine_limits``); raw-udp runs once, before, since it loads both cores for seconds."""
     datagram = mtu - 28  # IPv4 + UDP headers
     out: dict[str, Any] = {}
     if "aead" in names:
