@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from wanxport.report import with_wall_time
 from wanxport.scenario import parse_scenario
-from wanxport.sim.runner import SimOptions, SimRun, simulate
+from wanxport.sim.runner import SimOptions, SimRun, shard_payload, simulate
 
 TWO_PATHS = """
 name = "two-paths"
@@ -169,3 +170,14 @@ def test_session_options_can_set_the_receive_budget() -> None:
 def test_quantum_too_large_for_a_data_frame_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="quantum|chunk_bytes"):
         simulate(scenario(), SimOptions(payload_mode="bytes", quantum=70_000, deadline_s=5.0))
+
+
+def test_a_shards_payload_is_the_same_bytes_whatever_the_chunk() -> None:
+    """Made in chunks, since one randbytes call of 256 MiB or more overflowed a C int; the
+    bytes stay what one call gives, so digests and results do not depend on the chunk."""
+    whole = random.Random("7:a->b:3").randbytes(10_000)
+    assert shard_payload(7, "a->b", 3, 10_000) == whole
+    assert shard_payload(7, "a->b", 3, 10_000, chunk=1024) == whole
+    assert shard_payload(7, "a->b", 3, 10_002, chunk=4) == random.Random("7:a->b:3").randbytes(10_002)
+    assert shard_payload(7, "b->a", 3, 16, chunk=4) != shard_payload(7, "a->b", 3, 16, chunk=4)
+    assert shard_payload(7, "a->b", 3, 0) == b""

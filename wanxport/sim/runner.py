@@ -51,6 +51,9 @@ from wanxport.wire.protection import AeadProtection, Protection
 from wanxport.wire.receiver import ReferenceReceiver, fold_runs
 
 BYTES_MODE_LIMIT = 256 * 1024 * 1024
+# random.Random.randbytes(n) asks for 8n random bits as a C int: a 256 MiB shard
+# overflowed it (OverflowError, `wanxport sim` of a one-shard 256 MiB scenario).
+PAYLOAD_CHUNK = 64 * 1024 * 1024
 MAX_DATA_LENGTH = 0xFFFF  # a DATA frame's length field is 16 bits
 # Datagrams per core packet, as in the emulated app (emulation/baselines/wanxport_app.py):
 # the core decides per burst, the data path cuts it.
@@ -105,6 +108,16 @@ class Endpoint:
         self.receiver.add_shard(shard_id, view)
         self.buffers[shard_id] = view
         return view
+
+
+def shard_payload(seed: int, direction: str, shard_id: int, size: int, chunk: int = PAYLOAD_CHUNK) -> bytes:
+    """The seeded bytes of one shard in ``bytes`` mode, made ``chunk`` bytes at a time.
+
+    The generator yields whole 32-bit words in order, so chunks of a multiple of 4
+    bytes give the same bytes as one call would: the payload does not depend on ``chunk``.
+    """
+    rng = random.Random(f"{seed}:{direction}:{shard_id}")
+    return b"".join(rng.randbytes(min(chunk, size - at)) for at in range(0, size, chunk))
 
 
 class SimRun:
@@ -219,8 +232,7 @@ class SimRun:
             self.loop.call_at(self.loop.now + self.steps.think_s, self._submit_step, side, step)
 
     def _payload(self, direction: str, shard_id: int, size: int) -> bytes:
-        rng = random.Random(f"{self.seed}:{direction}:{shard_id}")
-        return rng.randbytes(size)
+        return shard_payload(self.seed, direction, shard_id, size)
 
     def _receivers(self) -> list[Endpoint]:
         return [self.b if d == "a->b" else self.a for d in self.directions]
