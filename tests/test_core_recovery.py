@@ -129,6 +129,28 @@ def test_a_spurious_loss_widens_both_thresholds_and_is_counted() -> None:
     assert INITIAL_REORDER_THRESHOLD < loss.reorder_threshold
 
 
+def test_a_probe_timeouts_spurious_losses_are_counted_but_widen_neither_threshold() -> None:
+    """A timeout that declares the whole flight lost, which then arrives, says an end stalled
+    (or a queue held the ACKs), not that the path reorders: the thresholds must stay as they
+    were, or one stall slows this path's loss detection for good (docs/results/s15.md)."""
+    loss = new_detector()
+    for _ in range(10):
+        send(loss, 0.0)
+    assert [p.pn for p in loss.declare_all_lost(0.3)] == list(range(10))
+    loss.on_ack(((0, 9),), 0.0, 0.31)  # all of it arrived: the timeout was spurious
+    assert loss.spurious_losses == 10 and loss.remembered_losses() == []
+    assert loss.reorder_threshold == INITIAL_REORDER_THRESHOLD
+    assert loss.time_threshold == INITIAL_TIME_THRESHOLD
+    for _ in range(5):  # the thresholds' own spurious losses still widen them
+        send(loss, 0.4)
+    _, lost, _ = loss.on_ack(((14, 14),), 0.0, 0.5)
+    assert [p.pn for p in lost] == [10, 11]
+    loss.on_ack(((10, 14),), 0.0, 0.51)
+    assert loss.spurious_losses == 12
+    assert loss.reorder_threshold == 5  # the gap: 14 - 10 + 1
+    assert loss.time_threshold == pytest.approx(INITIAL_TIME_THRESHOLD * 1.25 ** 2)
+
+
 def test_a_remembered_loss_keeps_the_oldest_packet_of_interest() -> None:
     loss = new_detector()
     for _ in range(6):
