@@ -23,6 +23,10 @@ each rank regenerates all inputs to check its result: without compression within
 float32 summation error of the float64 sum, with compression within the codec's
 bound (``wanxport.collective.error_bound``) of this step and the residual carried
 from the last (error feedback), i.e. ``2.02 x`` the per-site bounds, plus the former.
+
+CHECK_AFTER_ALL: a rank checks its result only once every rank's step has ended (a barrier,
+untimed). A step lasts until the last rank's ends, and on a 2-core host a check run by a rank
+that finished first took CPU from another rank's tail (docs/results/s15.md).
 """
 
 from __future__ import annotations
@@ -174,6 +178,7 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
             await group.barrier()
             with record.step():
                 await group.all_reduce(work, compress=spec["compress"], name="grad")
+            await group.barrier()  # every rank's step has ended before any rank checks (CHECK_AFTER_ALL)
             # Off the loop: a second of numpy here starved the transport's acknowledgements
             # and pacing while the peer still waited for this rank's bytes.
             record.verdict(*await asyncio.to_thread(checker.verdict, work))
@@ -206,6 +211,8 @@ def hook_rank(spec: dict[str, Any]) -> None:
             dist.barrier()
             with record.step():
                 allreduce_tensor(state, work_t, name="grad").wait()
+            group.barrier()  # CHECK_AFTER_ALL: the peer site's same-index rank is done,
+            dist.barrier()  # and so is every rank of this site (each waited for its own peer)
             record.verdict(*checker.verdict(work))
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
         record.failed(exc)
@@ -279,6 +286,7 @@ def gloo_rank(spec: dict[str, Any]) -> None:
             dist.barrier()
             with record.step():
                 dist.all_reduce(work_t)
+            dist.barrier()  # CHECK_AFTER_ALL
             record.verdict(*checker.verdict(work))
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
         record.failed(exc)
