@@ -5,7 +5,8 @@ Brings the scenario up, starts R rank processes in each gateway namespace
 flat gloo world), says "go" to all of them at once and collects each rank's step
 times and verdicts. One run report v1 (``workload: "allreduce"``): ``step_s`` is,
 per step, the last rank's end minus the first rank's start (every step starts after
-a barrier, untimed), ``steady_step_s`` the median of steps 2..N, ``ideal_s`` the
+a barrier, and ranks check their results after another, both untimed),
+``steady_step_s`` the median of steps 2..N, ``ideal_s`` the
 scenario's ``direction = "both"`` ideal for SIZE (the bytes an all-reduce between two
 sites must move each way, whatever R and the compression), ``efficiency`` =
 ideal / steady. ``correct``: every rank's every result within its check
