@@ -86,11 +86,14 @@ def digest_limit(total_bytes: int = 256 << 20, algorithm: str = "blake3",
 def _summary(samples: list[tuple[float, int]]) -> dict[str, Any]:
     """One limit from its timed slices ``(cpu_s, bytes)``: the cost over all of them, and
     each slice's, which shows how much the host's speed moved meanwhile."""
-    cpu_s = sum(cpu for cpu, _ in samples)
-    done = sum(count for _, count in samples)
-    return {"cpu_s_per_gb": round(cpu_s / done * GB, 4), "gbytes_per_s": round(done / cpu_s / GB, 3),
-            "cpu_s": round(cpu_s, 6), "bytes": done,
+    return {**_cost(sum(cpu for cpu, _ in samples), sum(count for _, count in samples)),
             "slices_cpu_s_per_gb": [round(cpu / count * GB, 4) for cpu, count in samples]}
+
+
+def _cost(cpu_s: float, done: int) -> dict[str, Any]:
+    """A limit's totals: ``cpu_s`` of CPU for ``done`` bytes, and the two rates they give."""
+    return {"cpu_s_per_gb": round(cpu_s / done * GB, 4), "gbytes_per_s": round(done / cpu_s / GB, 3),
+            "cpu_s": round(cpu_s, 6), "bytes": done}
 
 
 def combine_limits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -102,9 +105,7 @@ def combine_limits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
         if early is None or "slices_cpu_s_per_gb" not in early:
             out[name] = late
             continue
-        cpu_s, done = early["cpu_s"] + late["cpu_s"], early["bytes"] + late["bytes"]
-        out[name] = {**early, "cpu_s_per_gb": round(cpu_s / done * GB, 4),
-                     "gbytes_per_s": round(done / cpu_s / GB, 3), "cpu_s": round(cpu_s, 6), "bytes": done,
+        out[name] = {**early, **_cost(early["cpu_s"] + late["cpu_s"], early["bytes"] + late["bytes"]),
                      "slices_cpu_s_per_gb": early["slices_cpu_s_per_gb"] + late["slices_cpu_s_per_gb"]}
     return out
 

@@ -11,8 +11,8 @@ which widen when a loss turns out to be spurious (the packet was only
 reordered), so paths with jitter-induced reordering do not retransmit in
 vain. A probe timeout's "everything in flight is lost" that proves spurious
 is not reordering but a stall (of either end, or the path's queue), so it
-is counted and widens neither. What was lost is handed back to the session, which re-sends it on
-whichever path delivers first. The detector feeds the path's RTT estimator,
+is counted and widens neither. What was lost is handed back to the session,
+which re-sends it on whichever path delivers first. The detector feeds the path's RTT estimator,
 delivery-rate estimator and congestion controller (it holds references to
 them; it does not own them), because those react to exactly the
 acknowledgements and losses it computes.
