@@ -1,12 +1,13 @@
-"""Sealing a data plan into the pacer's ring: a burst buffer then a copy, or straight into the slots.
+"""Handing a data plan to the pacer: sealed into a burst buffer then copied, or queued unsealed.
 
     flock /tmp/wanxport-tests.lock .venv/bin/python benchmarks/seal_into_ring.py --rounds 3
 
 One process, one path to a C sink over loopback (``udp_blast_sink``), 64-datagram
 plans of a resident 1 GiB buffer, unpaced. ``burst`` is what the send lane did
 before: ``build_data_datagrams`` (a fresh buffer per plan) then
-``Pacer.enqueue`` (a copy into the ring slots); ``ring`` is ``Pacer.enqueue_data``
-(segmented and sealed into the slots). Reported per variant and round: the
+``Pacer.enqueue`` (a copy into the ring slots); ``release`` is ``Pacer.enqueue_data``
+(queued as a data run; the pacer's release thread seals each datagram into its
+own scratch just before the send). Reported per variant and round: the
 calling thread's CPU per GB (where the two differ) and the whole process's
 (pacer thread and sink included). Variants alternate, so load drift hits both.
 """
@@ -95,7 +96,7 @@ def main() -> int:
     data.fill(1)
     view = memoryview(data)  # type: ignore[arg-type]
     for _ in range(args.rounds):
-        for variant in ("burst", "ring"):
+        for variant in ("burst", "release"):
             print(json.dumps(run(variant, view, args.segments), separators=(",", ":")), flush=True)
     return 0
 

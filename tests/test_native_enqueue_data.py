@@ -1,4 +1,4 @@
-"""Pacer.enqueue_data: a data plan sealed straight into the pacer's ring slots leaves as exactly
+"""Pacer.enqueue_data: a data plan queued in the pacer and sealed as it leaves is exactly
 the datagrams build_data_datagrams makes, and a full ring takes a prefix (backpressure)."""
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ int wx_open(WxProtector *p, const uint8_t *header, const uint8_t *ct, size_t n, 
  * sealed DATA frame (shard, offset, n bytes of data) and the tag; d must hold
  * WX_HEADER_LEN + WX_DATA_FRAME_HEADER_LEN + n + tag_len bytes. Caller holds
  * p->lock. 0 on success (packet.c; build_data_datagrams and the pacer's
- * enqueue_data, which seals straight into its ring slots). */
+ * release thread, which seals queued data runs just before it sends them). */
 int wx_seal_data(WxProtector *p, uint8_t *d, uint32_t conn_id, uint16_t path_id, uint64_t pn,
                  int key_phase, uint32_t shard_id, uint64_t offset, const uint8_t *data, size_t n);
 

@@ -4,8 +4,16 @@
  * pacer_py.c only parses arguments and calls these functions; the ring and the
  * pacing arithmetic are pacer_ring.c.
  *
- * Locking: every field is guarded by mu, except the free ring slots, which
- * wx_pacer_enqueue() fills under produce_mu before publishing them under mu.
+ * DATA is queued unsealed: an entry names a data run (a slice of a shard, its
+ * key and packet numbers) and the release thread seals each datagram into its
+ * own small scratch just before the sendmmsg that carries it. So the bytes are
+ * written once, into memory that stays in cache, and read once by the kernel,
+ * instead of being sealed by the producer into a ring of many megabytes that the
+ * release thread (on another core) reads back later: measured, that was half of
+ * the sender's sealing cost (docs/results/cpu.md).
+ *
+ * Locking: every field is guarded by mu, except the free ring entries and raw
+ * slots, which a producer fills under produce_mu before publishing them under mu.
  */
 #ifndef WANXPORT_PACER_H
 #define WANXPORT_PACER_H
@@ -24,6 +32,28 @@
 #include <sys/socket.h>
 #include <time.h>
 
+/* A slice of a shard queued as DATA datagrams, sealed when they leave. Entries of
+ * one run are contiguous in their ring, with sub = 0, 1, ... */
+typedef struct WxDataRun {
+    const uint8_t *data; /* the slice's first byte */
+    uint64_t offset;     /* of that byte in its shard */
+    uint64_t length;     /* bytes in the slice */
+    uint64_t first_pn;
+    uint32_t conn_id, shard_id;
+    uint32_t segment; /* payload bytes per datagram; the last may carry fewer */
+    uint16_t path_id;
+    uint8_t key_phase;
+    size_t left;  /* its datagrams still queued (under mu) */
+    void *key;    /* the sealing key, opaque here: WxPacerConfig.seal uses it */
+    void *owner;  /* what keeps data and key alive; released by the glue once the run is done */
+    struct WxDataRun *prev, *next; /* on the pacer's live list, then on its done list */
+} WxDataRun;
+
+/* Seal datagrams first .. first + n - 1 of a run into out, stride bytes apart;
+ * 0, or -1 if the AEAD failed. Called by the release thread without any lock. */
+typedef int (*WxSealRun)(const WxDataRun *run, size_t first, size_t n, uint8_t *out,
+                         size_t stride);
+
 /* One path: its socket, pacing clock, bounded FIFO ring and counters. */
 typedef struct {
     int fd; /* -1: path not configured */
@@ -32,7 +62,11 @@ typedef struct {
     int gso;
     WxPaceClock clock;
     WxRing ring;
-    int resident; /* the whole ring was made resident (wx_pacer_commit); under produce_mu */
+    int resident; /* the raw slots were made resident (wx_pacer_commit); under produce_mu */
+    /* Sealed datagrams a send could not take (a full socket buffer, a GSO refusal): the
+     * first carry_n queued entries leave from here, never sealed twice (release thread). */
+    uint8_t *carry;
+    size_t carry_n;
     uint64_t sent_datagrams, sent_bytes, send_errors, gso_sends, eagain;
 } PPath;
 
@@ -48,6 +82,7 @@ typedef struct {
     int n_paths, max_batch, gso, gso_segments;
     size_t capacity, slot_size;
     int64_t spin_ns, burst_ns;
+    WxSealRun seal; /* how data runs are sealed; NULL: the pacer takes raw datagrams only */
 } WxPacerConfig;
 
 typedef struct {
@@ -75,6 +110,10 @@ typedef struct {
     struct iovec *iovs;
     uint8_t *cmsgs;
     int *msg_dgs; /* datagrams per message */
+    uint8_t *scratch; /* max_batch * slot_size: a round's data, sealed just before it is sent */
+    uint8_t **dgram;  /* per datagram of the plan being sent: where its bytes are */
+    WxSealRun seal;
+    WxDataRun *live, *done; /* runs with datagrams queued; runs the glue may release (under mu) */
 } WxPacer;
 
 typedef struct {
@@ -102,15 +141,28 @@ void wx_pacer_set_pacing(WxPacer *pc, int path, double value, int is_pps);
  * returns how many fit (a prefix): backpressure, never an unbounded queue. */
 size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t *lens, size_t n,
                         int64_t not_before);
-/* The two halves of an enqueue, for a producer that writes the slots itself
- * (Pacer.enqueue_data seals straight into them): reserve returns the free
- * room and the first free slot (*tail) and holds produce_mu; the producer
- * fills slots tail, tail + 1, ... (mod capacity, at most room) with their
- * lens/not_before, then commit queues the first `accepted` and releases it. */
-size_t wx_pacer_reserve(WxPacer *pc, int path, size_t *tail);
-void wx_pacer_commit(WxPacer *pc, int path, size_t accepted);
+
+/* Where a producer may write: the free entries from tail (room of them) and the free raw
+ * slots from raw_tail (raw_room). */
+typedef struct {
+    size_t tail, room, raw_tail, raw_room;
+} WxReserve;
+
+/* The two halves of an enqueue, for a producer that writes the entries itself
+ * (Pacer.enqueue_data queues a data run): reserve holds produce_mu and says
+ * where to write; the producer fills entries tail, tail + 1, ... (mod capacity)
+ * with lens/not_before/run/sub, then commit queues the first `accepted` (of which
+ * `accepted_raw` hold raw slots) and releases produce_mu. A data run whose
+ * datagrams were queued (accepted > 0) is the pacer's until wx_pacer_take_done()
+ * hands it back; with accepted 0 it stays the producer's. */
+WxReserve wx_pacer_reserve(WxPacer *pc, int path);
+void wx_pacer_commit(WxPacer *pc, int path, size_t accepted, size_t accepted_raw, WxDataRun *run);
+/* Runs whose every datagram has left (or was dropped): the caller releases their
+ * owners. After wx_pacer_stop(), wx_pacer_take_all() hands back every run. */
+WxDataRun *wx_pacer_take_done(WxPacer *pc);
+WxDataRun *wx_pacer_take_all(WxPacer *pc);
 /* Make every path's whole ring resident now, as wx_pacer_commit() does once a path
- * carries bulk data: for a caller that wants that first-touch cost (the kernel
+ * queues bulk raw datagrams: for a caller that wants that first-touch cost (the kernel
  * zeroing each fresh page) paid before it starts measuring. Contents are kept. */
 void wx_pacer_make_resident(WxPacer *pc);
 /* Block until every queue is empty or timeout_ns passed; 1 if empty. */

@@ -15,6 +15,60 @@ typedef struct {
     WxPacer *pc; /* NULL until __init__ succeeded */
 } Pacer;
 
+/* A data run as queued by enqueue_data: the pacer's record and what keeps the
+ * memory it reads alive (the shard's buffer, the key) until its last datagram left. */
+typedef struct {
+    WxDataRun run; /* first: the pacer hands back a WxDataRun *, which is this */
+    Py_buffer view;
+    PyObject *protector;
+} QueuedRun;
+
+static void release_run(QueuedRun *q) {
+    PyBuffer_Release(&q->view);
+    Py_XDECREF(q->protector);
+    PyMem_RawFree(q);
+}
+
+/* Release runs the pacer handed back (a chain through next). Needs the GIL. */
+static void release_runs(WxDataRun *run) {
+    while (run != NULL) {
+        WxDataRun *next = run->next;
+        release_run((QueuedRun *)run);
+        run = next;
+    }
+}
+
+/* Every call from Python releases the runs that finished since the last one, so a
+ * shard's buffer is held at most until the pacer is next used after its last
+ * datagram left (the release thread cannot take the GIL without stalling). */
+static void release_done(Pacer *self) {
+    if (self->pc != NULL) release_runs(wx_pacer_take_done(self->pc));
+}
+
+/* Stop the release thread, then release every run still queued or done. */
+static void stop_and_release(Pacer *self) {
+    Py_BEGIN_ALLOW_THREADS
+    wx_pacer_stop(self->pc);
+    Py_END_ALLOW_THREADS
+    release_runs(wx_pacer_take_all(self->pc));
+}
+
+/* WxPacerConfig.seal: datagrams first .. first + n - 1 of a run, under its key's lock
+ * (taken once per run and round, not per datagram). Runs in the release thread. */
+static int seal_run(const WxDataRun *run, size_t first, size_t n, uint8_t *out, size_t stride) {
+    WxProtector *p = run->key;
+    int rc = 0;
+    pthread_mutex_lock(&p->lock);
+    for (size_t i = first; i < first + n && rc == 0; i++, out += stride) {
+        uint64_t off = (uint64_t)i * run->segment;
+        size_t chunk = (size_t)(run->length - off < run->segment ? run->length - off : run->segment);
+        rc = wx_seal_data(p, out, run->conn_id, run->path_id, run->first_pn + i, run->key_phase,
+                          run->shard_id, run->offset + off, run->data + off, chunk);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
 static PyObject *Pacer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     return type->tp_alloc(type, 0);
 }
@@ -56,6 +110,7 @@ static int Pacer_init(Pacer *self, PyObject *args, PyObject *kwargs) {
         .slot_size = (size_t)slot_size,
         .spin_ns = spin_ns,
         .burst_ns = burst_ns,
+        .seal = seal_run,
     };
     int err = 0;
     self->pc = wx_pacer_create(&cfg, &err);
@@ -73,6 +128,7 @@ static int Pacer_init(Pacer *self, PyObject *args, PyObject *kwargs) {
 
 static void Pacer_dealloc(Pacer *self) {
     if (self->pc != NULL) {
+        stop_and_release(self);
         Py_BEGIN_ALLOW_THREADS
         wx_pacer_destroy(self->pc);
         Py_END_ALLOW_THREADS
@@ -186,6 +242,7 @@ static PyObject *Pacer_enqueue(Pacer *self, PyObject *args, PyObject *kwargs) {
                                      &o_stride, &o_lens, &o_nb))
         return NULL;
     if (o_stride == Py_None) o_stride = NULL;
+    release_done(self);
     if (path_arg(self, o_path, &path) ||
         (o_stride && wx_int_in_range(o_stride, "stride", 1, 65535, &stride)) ||
         (o_nb && wx_int_in_range(o_nb, "not_before_ns", 0, INT64_MAX, &not_before)))
@@ -248,79 +305,89 @@ done:
     return res;
 }
 
-/* enqueue_data(...): segment and seal a data plan straight into the path's free
- * ring slots (no intermediate buffer, no copy); returns how many datagrams fit
- * (a prefix): the caller re-offers the rest, from first_pn + accepted. */
+/* enqueue_data(...): queue a data plan as one data run, unsealed: the release thread
+ * seals each datagram into its own scratch just before sending it (pacer.h). Returns
+ * how many datagrams fit (a prefix): the caller re-offers the rest, from first_pn +
+ * accepted. Until the run's last datagram left, the pacer holds the shard's buffer
+ * and the key; the buffer must not change meanwhile (it is what gets sent). */
 static PyObject *Pacer_enqueue_data(Pacer *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"path_id", "protector", "conn_id", "first_pn", "key_phase",
                              "shard_id", "shard_buffer", "offset", "length", "max_payload",
                              "not_before_ns", NULL};
-    PyObject *o_path, *pobj, *o_conn, *o_pn, *o_phase, *o_shard, *o_off, *o_len, *o_max, *o_nb;
-    Py_buffer shard = {0};
+    PyObject *o_path, *pobj, *o_conn, *o_pn, *o_phase, *o_shard, *o_buf, *o_off, *o_len, *o_max,
+        *o_nb;
     long long path, conn_id, first_pn, key_phase, shard_id, offset, length, max_payload, nb;
-    PyObject *res = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOy*OOOO:enqueue_data", kwlist, &o_path,
-                                     &pobj, &o_conn, &o_pn, &o_phase, &o_shard, &shard, &o_off,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOO:enqueue_data", kwlist, &o_path,
+                                     &pobj, &o_conn, &o_pn, &o_phase, &o_shard, &o_buf, &o_off,
                                      &o_len, &o_max, &o_nb))
         return NULL;
-    if (path_arg(self, o_path, &path)) goto done;
+    if (path_arg(self, o_path, &path)) return NULL;
+    release_done(self);
     WxProtector *p = wx_as_protector(pobj, "protector");
-    if (p == NULL) goto done;
+    if (p == NULL) return NULL;
+    QueuedRun *q = PyMem_RawCalloc(1, sizeof *q);
+    if (q == NULL) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(o_buf, &q->view, PyBUF_SIMPLE) != 0) {
+        PyMem_RawFree(q);
+        return NULL;
+    }
     const size_t overhead = WX_HEADER_LEN + WX_DATA_FRAME_HEADER_LEN + p->tag_len;
     long long max_limit = (long long)self->pc->slot_size - (long long)overhead;
     if (max_limit > 0xFFFF) max_limit = 0xFFFF;
+    long long count;
     if (max_limit < 1) {
         PyErr_Format(PyExc_ValueError, "slot_size %zu cannot hold a DATA datagram",
                      self->pc->slot_size);
-        goto done;
+        goto fail;
     }
+    Py_ssize_t size = q->view.len;
     if (wx_int_in_range(o_conn, "conn_id", 0, 0xFFFFFFFFLL, &conn_id) ||
         wx_int_in_range(o_pn, "first_pn", 0, (long long)WX_MAX_PN, &first_pn) ||
         wx_int_in_range(o_phase, "key_phase", 0, 1, &key_phase) ||
         wx_int_in_range(o_shard, "shard_id", 0, 0xFFFFFFFFLL, &shard_id) ||
-        wx_int_in_range(o_off, "offset", 0, (long long)shard.len, &offset) ||
-        wx_int_in_range(o_len, "length", 0, (long long)shard.len - offset, &length) ||
+        wx_int_in_range(o_off, "offset", 0, (long long)size, &offset) ||
+        wx_int_in_range(o_len, "length", 0, (long long)size - offset, &length) ||
         wx_int_in_range(o_max, "max_payload", 1, max_limit, &max_payload) ||
-        wx_int_in_range(o_nb, "not_before_ns", 0, INT64_MAX, &nb))
-        goto done;
-    long long count;
-    if (wx_data_run_count(first_pn, length, max_payload, &count)) goto done;
+        wx_int_in_range(o_nb, "not_before_ns", 0, INT64_MAX, &nb) ||
+        wx_data_run_count(first_pn, length, max_payload, &count))
+        goto fail;
+    q->run = (WxDataRun){.data = (const uint8_t *)q->view.buf + offset,
+                         .offset = (uint64_t)offset,
+                         .first_pn = (uint64_t)first_pn,
+                         .conn_id = (uint32_t)conn_id,
+                         .shard_id = (uint32_t)shard_id,
+                         .segment = (uint32_t)max_payload,
+                         .path_id = (uint16_t)path,
+                         .key_phase = (uint8_t)key_phase,
+                         .key = p,
+                         .owner = q};
+    q->protector = Py_NewRef(pobj);
     WxPacer *pc = self->pc;
-    const uint8_t *src = (const uint8_t *)shard.buf + offset;
-    size_t accepted = 0;
-    int failed = 0;
+    size_t accepted;
     Py_BEGIN_ALLOW_THREADS
-    size_t tail, room = wx_pacer_reserve(pc, (int)path, &tail);
-    WxRing *r = &pc->paths[path].ring;
-    size_t n = (size_t)count < room ? (size_t)count : room;
-    pthread_mutex_lock(&p->lock);
+    WxReserve r = wx_pacer_reserve(pc, (int)path);
+    WxRing *ring = &pc->paths[path].ring;
+    size_t n = (size_t)count < r.room ? (size_t)count : r.room;
+    uint64_t total = (uint64_t)n * (uint64_t)max_payload;
+    q->run.length = total < (uint64_t)length ? total : (uint64_t)length;
     for (size_t i = 0; i < n; i++) {
-        size_t idx = (tail + i) % r->capacity;
+        size_t idx = (r.tail + i) % ring->capacity;
         uint64_t off = (uint64_t)i * (uint64_t)max_payload;
-        size_t chunk = (size_t)((uint64_t)length - off < (uint64_t)max_payload
-                                    ? (uint64_t)length - off
-                                    : (uint64_t)max_payload);
-        if (wx_seal_data(p, wx_ring_slot(r, idx), (uint32_t)conn_id, (uint16_t)path,
-                         (uint64_t)first_pn + i, (int)key_phase, (uint32_t)shard_id,
-                         (uint64_t)offset + off, src + off, chunk) != 0) {
-            failed = 1;
-            break;
-        }
-        r->lens[idx] = (uint32_t)(overhead + chunk);
-        r->not_before[idx] = nb;
-        accepted++;
+        uint64_t chunk = q->run.length - off < (uint64_t)max_payload ? q->run.length - off
+                                                                     : (uint64_t)max_payload;
+        ring->lens[idx] = (uint32_t)(overhead + chunk);
+        ring->not_before[idx] = nb;
+        ring->run[idx] = &q->run;
+        ring->sub[idx] = (uint32_t)i;
     }
-    pthread_mutex_unlock(&p->lock);
-    wx_pacer_commit(pc, (int)path, accepted);
+    wx_pacer_commit(pc, (int)path, n, 0, &q->run);
+    accepted = n;
     Py_END_ALLOW_THREADS
-    if (failed) {
-        PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to seal a datagram");
-        goto done;
-    }
-    res = PyLong_FromSize_t(accepted);
-done:
-    PyBuffer_Release(&shard);
-    return res;
+    if (accepted == 0) release_run(q); /* nothing queued: the run stayed ours */
+    return PyLong_FromSize_t(accepted);
+fail:
+    release_run(q);
+    return NULL;
 }
 
 static PyObject *Pacer_wait_idle(Pacer *self, PyObject *args) {
@@ -335,11 +402,13 @@ static PyObject *Pacer_wait_idle(Pacer *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     idle = wx_pacer_wait_idle(self->pc, (int64_t)(timeout_s * 1e9));
     Py_END_ALLOW_THREADS
+    release_done(self);
     return PyBool_FromLong(idle);
 }
 
 static PyObject *Pacer_stats(Pacer *self, PyObject *unused) {
     if (self->pc == NULL) return PyList_New(0);
+    release_done(self);
     int n = self->pc->n_paths;
     WxPathStats *st = PyMem_Malloc((size_t)n * sizeof(WxPathStats));
     PyObject *list = st ? PyList_New(n) : PyErr_NoMemory();
@@ -384,11 +453,7 @@ static PyObject *Pacer_thread_stats(Pacer *self, PyObject *unused) {
 }
 
 static PyObject *Pacer_close(Pacer *self, PyObject *unused) {
-    if (self->pc != NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        wx_pacer_stop(self->pc);
-        Py_END_ALLOW_THREADS
-    }
+    if (self->pc != NULL) stop_and_release(self);
     Py_RETURN_NONE;
 }
 
@@ -412,7 +477,8 @@ static PyMethodDef Pacer_methods[] = {
      "enqueue(path_id, buffer, stride=None, lengths=None, not_before_ns=0) -> accepted."},
     {"enqueue_data", (PyCFunction)(void (*)(void))Pacer_enqueue_data, METH_VARARGS | METH_KEYWORDS,
      "enqueue_data(path_id, protector, conn_id, first_pn, key_phase, shard_id, shard_buffer, "
-     "offset, length, max_payload, not_before_ns) -> datagrams sealed into the ring (a prefix)."},
+     "offset, length, max_payload, not_before_ns) -> datagrams queued, sealed as they leave "
+     "(a prefix)."},
     {"wait_idle", (PyCFunction)Pacer_wait_idle, METH_VARARGS,
      "wait_idle(timeout_s) -> bool: block until every queue is empty."},
     {"stats", (PyCFunction)Pacer_stats, METH_NOARGS, "stats() -> list of per-path counters."},

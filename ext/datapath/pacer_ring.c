@@ -14,30 +14,47 @@ int wx_ring_init(WxRing *r, size_t capacity, size_t slot_size) {
     r->slots = malloc(capacity * slot_size);
     r->lens = calloc(capacity, sizeof(uint32_t));
     r->not_before = calloc(capacity, sizeof(int64_t));
-    return r->slots && r->lens && r->not_before ? 0 : -1;
+    r->run = calloc(capacity, sizeof(void *));
+    r->sub = calloc(capacity, sizeof(uint32_t));
+    return r->slots && r->lens && r->not_before && r->run && r->sub ? 0 : -1;
 }
 
 void wx_ring_free(WxRing *r) {
     free(r->slots);
     free(r->lens);
     free(r->not_before);
+    free(r->run);
+    free(r->sub);
     r->slots = NULL;
     r->lens = NULL;
     r->not_before = NULL;
+    r->run = NULL;
+    r->sub = NULL;
 }
 
-size_t wx_ring_fill(WxRing *r, size_t tail, size_t room, const uint8_t *src, const size_t *lens,
-                    size_t n, int64_t not_before) {
+size_t wx_ring_fill(WxRing *r, size_t tail, size_t room, size_t raw_tail, size_t raw_room,
+                    const uint8_t *src, const size_t *lens, size_t n, int64_t not_before) {
     size_t done = 0;
-    while (done < n && done < room) {
-        size_t idx = (tail + done) % r->capacity;
-        memcpy(wx_ring_slot(r, idx), src, lens[done]);
+    while (done < n && done < room && done < raw_room) {
+        size_t idx = (tail + done) % r->capacity, slot = (raw_tail + done) % r->capacity;
+        memcpy(wx_ring_slot(r, slot), src, lens[done]);
         r->lens[idx] = (uint32_t)lens[done];
         r->not_before[idx] = not_before;
+        r->run[idx] = NULL;
+        r->sub[idx] = (uint32_t)slot;
         src += lens[done];
         done++;
     }
     return done;
+}
+
+void wx_ring_consume(WxRing *r, size_t n) {
+    size_t raw = 0;
+    for (size_t k = 0; k < n; k++) raw += r->run[(r->head + k) % r->capacity] == NULL;
+    r->head = (r->head + n) % r->capacity;
+    r->count -= n;
+    r->raw_head = (r->raw_head + raw) % r->capacity;
+    r->raw_count -= raw;
 }
 
 void wx_pace_set(WxPaceClock *c, double value, int is_pps) {

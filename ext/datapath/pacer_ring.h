@@ -1,6 +1,8 @@
 /*
- * The pacer's pure parts: a bounded FIFO ring of fixed-size datagram slots and
- * the pacing clock that decides when each queued datagram may leave.
+ * The pacer's pure parts: a bounded FIFO ring of queued datagrams (each either
+ * bytes in a fixed-size slot, or a reference to a data run that the release
+ * thread seals just before it sends) and the pacing clock that decides when
+ * each queued datagram may leave.
  *
  * Why apart: this is the part of the pacer whose arithmetic decides precision
  * and fairness, and it needs neither Python, threads nor sockets. Times are
@@ -19,11 +21,20 @@
 #define WX_PACE_MAX_LAG_NS 1000000
 
 typedef struct {
-    uint8_t *slots;      /* capacity * slot_size bytes */
-    uint32_t *lens;      /* datagram length per slot */
-    int64_t *not_before; /* per slot: earliest release (ns); 0 = none */
+    /* Per queued entry (capacity of each): its length, its earliest release (ns; 0 =
+     * none), the data run it is sealed from at release time (opaque here; NULL for a
+     * datagram queued as bytes) and, in that run, its index, or for bytes, their slot. */
+    uint32_t *lens;
+    int64_t *not_before;
+    void **run;
+    uint32_t *sub;
     size_t capacity, slot_size;
-    size_t head, count; /* queued datagrams: slots head .. head + count - 1 (mod capacity) */
+    size_t head, count; /* queued entries: head .. head + count - 1 (mod capacity) */
+    /* The byte slots of datagrams queued as bytes (capacity * slot_size), a FIFO of
+     * their own, so DATA, which is sealed at release and never touches them, does not
+     * walk their pages: raw_head .. raw_head + raw_count - 1 (mod capacity). */
+    uint8_t *slots;
+    size_t raw_head, raw_count;
 } WxRing;
 
 typedef struct {
@@ -36,32 +47,40 @@ typedef struct {
 int wx_ring_init(WxRing *r, size_t capacity, size_t slot_size);
 void wx_ring_free(WxRing *r);
 
-/* Slot index of the k-th queued datagram. */
+/* Entry index of the k-th queued datagram. */
 static inline size_t wx_ring_index(const WxRing *r, size_t k) {
     return (r->head + k) % r->capacity;
 }
-static inline uint8_t *wx_ring_slot(const WxRing *r, size_t idx) {
-    return r->slots + idx * r->slot_size;
+/* The bytes of raw slot `slot` (an entry's sub when its run is NULL). */
+static inline uint8_t *wx_ring_slot(const WxRing *r, size_t slot) {
+    return r->slots + slot * r->slot_size;
 }
 static inline size_t wx_ring_room(const WxRing *r) {
     return r->capacity - r->count;
 }
+/* The next free raw slot, and how many are free. */
+static inline size_t wx_ring_raw_tail(const WxRing *r) {
+    return (r->raw_head + r->raw_count) % r->capacity;
+}
+static inline size_t wx_ring_raw_room(const WxRing *r) {
+    return r->capacity - r->raw_count;
+}
 
-/* Copy up to `room` of the n datagrams (lengths lens[i] <= slot_size, back to
- * back in src) into the free slots starting at `tail` (wx_ring_index(r,
- * count) as read together with room), each with release time `not_before`.
- * Returns how many were copied; they are not queued until wx_ring_publish().
- * Safe while a consumer reads the queued slots, which it never shares. */
-size_t wx_ring_fill(WxRing *r, size_t tail, size_t room, const uint8_t *src, const size_t *lens,
-                    size_t n, int64_t not_before);
-static inline void wx_ring_publish(WxRing *r, size_t n) {
+/* Copy up to min(room, raw_room) of the n datagrams (lengths lens[i] <= slot_size,
+ * back to back in src) into raw slots from raw_tail, each queued as an entry from
+ * `tail` with release time `not_before` (tail, room, raw_tail and raw_room as read
+ * together under the caller's lock). Returns how many were copied; they are not
+ * queued until wx_ring_publish(r, k, k). Safe while a consumer reads the queued
+ * entries, which it never shares. */
+size_t wx_ring_fill(WxRing *r, size_t tail, size_t room, size_t raw_tail, size_t raw_room,
+                    const uint8_t *src, const size_t *lens, size_t n, int64_t not_before);
+/* Queue the n entries filled from the tail, n_raw of them holding raw slots. */
+static inline void wx_ring_publish(WxRing *r, size_t n, size_t n_raw) {
     r->count += n;
+    r->raw_count += n_raw;
 }
-/* The n oldest datagrams left (or were dropped). */
-static inline void wx_ring_consume(WxRing *r, size_t n) {
-    r->head = (r->head + n) % r->capacity;
-    r->count -= n;
-}
+/* The n oldest entries left (or were dropped); their raw slots are free again. */
+void wx_ring_consume(WxRing *r, size_t n);
 
 /* Pace by bytes per second, or (is_pps) by datagrams per second; 0 = unpaced. */
 void wx_pace_set(WxPaceClock *c, double value, int is_pps);

@@ -10,7 +10,9 @@
  * plans every datagram due within burst_ns (advancing each path's pacing
  * clock), sends without the lock via sendmmsg, and commits the result under
  * the lock. Runs of equal-size datagrams become one UDP GSO send where the
- * kernel supports it (UDP_SEGMENT; disabled per path on EINVAL/EIO).
+ * kernel supports it (UDP_SEGMENT; disabled per path on EINVAL/EIO). DATA
+ * entries are sealed into the thread's scratch just before their send
+ * (stage_plan); what a send could not take stays sealed in the path's carry.
  */
 #include "pacer.h"
 
@@ -65,13 +67,18 @@ static void *pacer_main(void *arg);
 
 static void pacer_free(WxPacer *pc) {
     if (pc->paths)
-        for (int i = 0; i < pc->n_paths; i++) wx_ring_free(&pc->paths[i].ring);
+        for (int i = 0; i < pc->n_paths; i++) {
+            wx_ring_free(&pc->paths[i].ring);
+            free(pc->paths[i].carry);
+        }
     free(pc->paths);
     free(pc->plans);
     free(pc->msgs);
     free(pc->iovs);
     free(pc->cmsgs);
     free(pc->msg_dgs);
+    free(pc->scratch);
+    free(pc->dgram);
     pthread_cond_destroy(&pc->wake);
     pthread_cond_destroy(&pc->idle);
     pthread_mutex_destroy(&pc->mu);
@@ -103,7 +110,12 @@ WxPacer *wx_pacer_create(const WxPacerConfig *cfg, int *err) {
     pc->iovs = calloc((size_t)cfg->max_batch, sizeof(struct iovec));
     pc->cmsgs = calloc((size_t)cfg->max_batch, CMSG_SLOT);
     pc->msg_dgs = calloc((size_t)cfg->max_batch, sizeof(int));
-    int ok = pc->paths && pc->plans && pc->msgs && pc->iovs && pc->cmsgs && pc->msg_dgs;
+    pc->seal = cfg->seal;
+    /* Untouched until a round seals data, and then only as far as its rounds reach. */
+    pc->scratch = cfg->seal ? malloc((size_t)cfg->max_batch * cfg->slot_size) : NULL;
+    pc->dgram = calloc((size_t)cfg->max_batch, sizeof(uint8_t *));
+    int ok = pc->paths && pc->plans && pc->msgs && pc->iovs && pc->cmsgs && pc->msg_dgs &&
+             pc->dgram && (pc->scratch || !cfg->seal);
     for (int i = 0; ok && i < pc->n_paths; i++) {
         pc->paths[i].fd = -1;
         ok = wx_ring_init(&pc->paths[i].ring, pc->capacity, pc->slot_size) == 0;
@@ -143,8 +155,8 @@ void wx_pacer_destroy(WxPacer *pc) {
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
 
-/* A streak of this many datagrams queued without the ring emptying makes the whole
- * ring resident (wx_pacer_commit). */
+/* A streak of this many raw datagrams queued without their slots emptying makes the
+ * whole ring resident (wx_pacer_commit). */
 #define WX_RING_RESIDENT_AFTER 64
 
 /* Fault in every page of [p, p + len) for writing, keeping its contents (so the
@@ -157,12 +169,14 @@ static void make_resident(void *p, size_t len) {
     (void)madvise((void *)start, end - start, MADV_POPULATE_WRITE);
 }
 
-/* Every page of a ring's slots and metadata; the caller holds produce_mu and has
+/* Every page of a ring's raw slots and entries; the caller holds produce_mu and has
  * set the path's resident flag. */
 static void ring_make_resident(WxRing *r) {
     make_resident(r->slots, r->capacity * r->slot_size);
     make_resident(r->lens, r->capacity * sizeof *r->lens);
     make_resident(r->not_before, r->capacity * sizeof *r->not_before);
+    make_resident(r->run, r->capacity * sizeof *r->run);
+    make_resident(r->sub, r->capacity * sizeof *r->sub);
 }
 
 /* ---- calls from the owner (under mu) ------------------------------------ */
@@ -187,49 +201,83 @@ void wx_pacer_set_pacing(WxPacer *pc, int path, double value, int is_pps) {
     pthread_mutex_unlock(&pc->mu);
 }
 
-size_t wx_pacer_reserve(WxPacer *pc, int path, size_t *tail) {
-    /* Fill the free slots without holding mu, so a large enqueue never stalls
-     * the release thread: it only reads the queued slots and only advances
-     * head, so the tail and the free slots beyond it stay ours until count is
+WxReserve wx_pacer_reserve(WxPacer *pc, int path) {
+    /* Fill the free entries without holding mu, so a large enqueue never stalls
+     * the release thread: it only reads the queued entries and only advances
+     * head, so the tail and the free entries beyond it stay ours until count is
      * raised under mu. produce_mu keeps two producers apart. */
     pthread_mutex_lock(&pc->produce_mu);
     PPath *p = &pc->paths[path];
     pthread_mutex_lock(&pc->mu);
-    /* An empty ring starts again at slot 0 (no plan refers to its slots: a planned
-     * datagram stays counted until it is consumed). Otherwise a path that carries a
-     * datagram now and then walks the whole ring, touching a new slot's page each
-     * time: a warm session's resident memory grew by up to capacity * slot_size
-     * (32 MiB) per path over hours, like a leak. */
+    /* An empty ring starts again at entry 0, and empty raw slots at slot 0 (no plan
+     * refers to them: a planned datagram stays counted until it is consumed).
+     * Otherwise a path that carries a datagram now and then walks the whole ring,
+     * touching a new slot's page each time: a warm session's resident memory grew by
+     * up to capacity * slot_size (32 MiB) per path over hours, like a leak. */
     if (p->ring.count == 0) p->ring.head = 0;
-    *tail = wx_ring_index(&p->ring, p->ring.count);
-    size_t room = wx_ring_room(&p->ring);
+    if (p->ring.raw_count == 0) p->ring.raw_head = 0;
+    WxReserve r = {wx_ring_index(&p->ring, p->ring.count), wx_ring_room(&p->ring),
+                   wx_ring_raw_tail(&p->ring), wx_ring_raw_room(&p->ring)};
     pthread_mutex_unlock(&pc->mu);
-    return room;
+    return r;
 }
 
-void wx_pacer_commit(WxPacer *pc, int path, size_t accepted) {
+void wx_pacer_commit(WxPacer *pc, int path, size_t accepted, size_t accepted_raw, WxDataRun *run) {
     PPath *p = &pc->paths[path];
     pthread_mutex_lock(&pc->mu);
     int was_empty = p->ring.count == 0;
     if (was_empty) wx_pace_restart(&p->clock, wx_mono_ns());
-    wx_ring_publish(&p->ring, accepted);
+    wx_ring_publish(&p->ring, accepted, accepted_raw);
+    if (run != NULL && accepted > 0) {
+        run->left = accepted;
+        run->prev = NULL;
+        run->next = pc->live;
+        if (pc->live) pc->live->prev = run;
+        pc->live = run;
+    }
     /* A queue that was not empty keeps its head, so the thread's plan stands. */
     if (accepted > 0 && was_empty && p->fd >= 0 &&
         wx_pace_head_release(&p->clock, &p->ring) < pc->wake_at)
         pthread_cond_signal(&pc->wake);
-    /* An empty ring restarts at slot 0 (wx_pacer_reserve), yet a path carrying bulk
-     * data walks further with each streak in which its ring never empties, and each
+    /* Empty raw slots restart at slot 0 (wx_pacer_reserve), yet a path queueing bulk
+     * raw datagrams walks further with each streak in which they never empty, and each
      * longer streak makes more of the ring resident: on the soak's sender that crept
-     * towards the bound (32 MiB for two paths) for hours, which an operator cannot
-     * tell from a leak. So once a streak reaches WX_RING_RESIDENT_AFTER slots the
-     * whole ring becomes resident at once (outside mu: the release thread goes on):
-     * its memory steps to its bound early and then stays constant. A path that only
-     * queues a few datagrams at a time (acknowledgements) keeps its ring small. */
-    int populate = !p->resident && p->ring.head + p->ring.count >= WX_RING_RESIDENT_AFTER;
+     * towards the bound for hours, which an operator cannot tell from a leak. So once
+     * a streak reaches WX_RING_RESIDENT_AFTER slots the whole ring becomes resident at
+     * once (outside mu: the release thread goes on): its memory steps to its bound
+     * early and then stays constant. DATA never touches the raw slots, and a path that
+     * only queues a few raw datagrams at a time (acknowledgements) keeps them small. */
+    int populate = !p->resident && p->ring.raw_head + p->ring.raw_count >= WX_RING_RESIDENT_AFTER;
     if (populate) p->resident = 1;
     pthread_mutex_unlock(&pc->mu);
     if (populate) ring_make_resident(&p->ring);
     pthread_mutex_unlock(&pc->produce_mu);
+}
+
+static WxDataRun *take_list(WxDataRun **list) {
+    WxDataRun *head = *list;
+    *list = NULL;
+    return head;
+}
+
+WxDataRun *wx_pacer_take_done(WxPacer *pc) {
+    pthread_mutex_lock(&pc->mu);
+    WxDataRun *done = take_list(&pc->done);
+    pthread_mutex_unlock(&pc->mu);
+    return done;
+}
+
+WxDataRun *wx_pacer_take_all(WxPacer *pc) {
+    pthread_mutex_lock(&pc->mu);
+    WxDataRun *all = take_list(&pc->done), *live = take_list(&pc->live);
+    pthread_mutex_unlock(&pc->mu);
+    while (live != NULL) { /* onto the done list's singly linked chain */
+        WxDataRun *next = live->next;
+        live->next = all;
+        all = live;
+        live = next;
+    }
+    return all;
 }
 
 void wx_pacer_make_resident(WxPacer *pc) {
@@ -245,9 +293,10 @@ void wx_pacer_make_resident(WxPacer *pc) {
 
 size_t wx_pacer_enqueue(WxPacer *pc, int path, const uint8_t *src, const size_t *lens, size_t n,
                         int64_t not_before) {
-    size_t tail, room = wx_pacer_reserve(pc, path, &tail);
-    size_t accepted = wx_ring_fill(&pc->paths[path].ring, tail, room, src, lens, n, not_before);
-    wx_pacer_commit(pc, path, accepted);
+    WxReserve r = wx_pacer_reserve(pc, path);
+    size_t accepted = wx_ring_fill(&pc->paths[path].ring, r.tail, r.room, r.raw_tail, r.raw_room, src,
+                                   lens, n, not_before);
+    wx_pacer_commit(pc, path, accepted, accepted, NULL);
     return accepted;
 }
 
@@ -321,14 +370,75 @@ typedef struct {
     int gso_failed;
 } SendResult;
 
-/* Without the lock: the planned slots are not touched by an enqueue (they are
- * still counted as queued). */
+/* Where each of the plan's datagrams is (pc->dgram): carried sealed from an earlier
+ * send, in a raw slot, or sealed now into the scratch, each run's datagrams in one
+ * seal call. Returns how many are ready: all k, or those before a run whose sealing
+ * failed (*failed of its datagrams, which are then dropped). */
+static size_t stage_plan(WxPacer *pc, const Plan *pl, size_t *failed) {
+    const PPath *p = &pc->paths[pl->path];
+    const WxRing *ring = &p->ring;
+    size_t j = 0;
+    *failed = 0;
+    while (j < pl->k) {
+        size_t idx = (pl->first + j) % pc->capacity;
+        const WxDataRun *run = ring->run[idx];
+        if (j < p->carry_n) {
+            pc->dgram[j] = p->carry + j * pc->slot_size;
+            j++;
+        } else if (run == NULL) {
+            pc->dgram[j] = wx_ring_slot(ring, ring->sub[idx]);
+            j++;
+        } else {
+            size_t n = 1;
+            while (j + n < pl->k && ring->run[(pl->first + j + n) % pc->capacity] == run) n++;
+            uint8_t *out = pc->scratch + j * pc->slot_size;
+            if (pc->seal == NULL || pc->seal(run, ring->sub[idx], n, out, pc->slot_size) != 0) {
+                *failed = n;
+                return j;
+            }
+            for (size_t q = 0; q < n; q++) pc->dgram[j + q] = out + q * pc->slot_size;
+            j += n;
+        }
+    }
+    return j;
+}
+
+/* After a send that left entries done .. of the plan queued: what of them is sealed
+ * (the staged ones, and an older carry beyond the plan) moves to the path's carry, so
+ * it leaves as it is next time and is never sealed again under the same nonce. When
+ * there is no memory for that, those datagrams are dropped (counted): UDP semantics,
+ * the core repairs. Returns the (possibly advanced) done. */
+static size_t carry_unsent(WxPacer *pc, const Plan *pl, size_t done, size_t staged,
+                           uint64_t *errors) {
+    PPath *p = &pc->paths[pl->path];
+    size_t end = p->carry_n > staged ? p->carry_n : staged;
+    uint8_t *carry = NULL;
+    size_t n = end > done ? end - done : 0;
+    if (n > 0 && (carry = malloc(n * pc->slot_size)) == NULL) {
+        *errors += n;
+        done = end;
+        n = 0;
+    }
+    for (size_t q = 0; q < n; q++) {
+        size_t j = done + q;
+        const uint8_t *src = j < p->carry_n ? p->carry + j * pc->slot_size : pc->dgram[j];
+        memcpy(carry + q * pc->slot_size, src, p->ring.lens[(pl->first + j) % pc->capacity]);
+    }
+    free(p->carry);
+    p->carry = carry;
+    p->carry_n = n;
+    return done;
+}
+
+/* Without the lock: the planned entries are not touched by an enqueue (they are
+ * still counted as queued), and a path's carry is the release thread's alone. */
 static SendResult send_plan(WxPacer *pc, const Plan *pl) {
     SendResult r = {0};
     const WxRing *ring = &pc->paths[pl->path].ring;
+    size_t failed, staged = stage_plan(pc, pl, &failed);
     int nmsg = 0;
     size_t j = 0;
-    while (j < pl->k) {
+    while (j < staged) {
         size_t idx = (pl->first + j) % pc->capacity;
         uint32_t seg = ring->lens[idx];
         struct msghdr *h = &pc->msgs[nmsg].msg_hdr;
@@ -339,13 +449,13 @@ static SendResult send_plan(WxPacer *pc, const Plan *pl) {
             h->msg_namelen = pl->dest_len;
         }
         size_t n = 0, total = 0;
-        while (j < pl->k) {
+        while (j < staged) {
             size_t id2 = (pl->first + j) % pc->capacity;
             uint32_t len = ring->lens[id2];
             if (n > 0 && (!pl->gso || len > seg || (int)n >= pc->gso_segments ||
                           total + len > GSO_MAX_BYTES))
                 break;
-            pc->iovs[j].iov_base = wx_ring_slot(ring, id2);
+            pc->iovs[j].iov_base = pc->dgram[j];
             pc->iovs[j].iov_len = len;
             n++;
             total += len;
@@ -388,7 +498,28 @@ static SendResult send_plan(WxPacer *pc, const Plan *pl) {
         r.done += (size_t)pc->msg_dgs[m];
         m++;
     }
+    if (r.done == staged && failed > 0) { /* a run that could not be sealed: dropped */
+        r.errors += failed;
+        r.done += failed;
+    }
+    r.done = carry_unsent(pc, pl, r.done, staged, &r.errors);
     return r;
+}
+
+/* The first n queued entries of a path leave the ring: each data run they end is
+ * moved from the live list to the done list (the glue releases its owner). Under mu. */
+static void finish_entries(WxPacer *pc, WxRing *ring, size_t n) {
+    for (size_t k = 0; k < n; k++) {
+        WxDataRun *run = ring->run[wx_ring_index(ring, k)];
+        if (run == NULL || --run->left > 0) continue;
+        if (run->prev) run->prev->next = run->next;
+        else pc->live = run->next;
+        if (run->next) run->next->prev = run->prev;
+        run->prev = NULL;
+        run->next = pc->done;
+        pc->done = run;
+    }
+    wx_ring_consume(ring, n);
 }
 
 static void *pacer_main(void *arg) {
@@ -446,7 +577,7 @@ static void *pacer_main(void *arg) {
         pthread_mutex_lock(&pc->mu);
         for (int i = 0; i < n_plans; i++) {
             PPath *p = &pc->paths[pc->plans[i].path];
-            wx_ring_consume(&p->ring, res[i].done);
+            finish_entries(pc, &p->ring, res[i].done);
             p->sent_datagrams += res[i].datagrams;
             p->sent_bytes += res[i].bytes;
             p->send_errors += res[i].errors;

@@ -29,8 +29,9 @@ static size_t put(WxRing *r, size_t n, size_t len, int64_t nb) {
         memset(src + i * len, (int)(r->count + i), len);
         lens[i] = len;
     }
-    size_t k = wx_ring_fill(r, wx_ring_index(r, r->count), wx_ring_room(r), src, lens, n, nb);
-    wx_ring_publish(r, k);
+    size_t k = wx_ring_fill(r, wx_ring_index(r, r->count), wx_ring_room(r), wx_ring_raw_tail(r),
+                            wx_ring_raw_room(r), src, lens, n, nb);
+    wx_ring_publish(r, k, k);
     return k;
 }
 
@@ -49,6 +50,30 @@ static void test_ring_is_a_bounded_fifo_that_wraps(void) {
         CHECK(r.lens[idx] == (k == 0 ? 10u : 7u));
     }
     CHECK(wx_ring_slot(&r, 0)[0] == 1 && wx_ring_slot(&r, 2)[6] == 3);
+    wx_ring_free(&r);
+}
+
+/* Entries that name a data run hold no raw slot: raw datagrams queued around them
+ * take consecutive raw slots, which free up as their own entries are consumed. */
+static void test_raw_slots_are_a_fifo_apart_from_data_entries(void) {
+    WxRing r;
+    int run_a, run_b; /* the ring never looks inside a run: any distinct pointers */
+    CHECK(wx_ring_init(&r, 4, 16) == 0);
+    CHECK(put(&r, 1, 10, 0) == 1); /* entry 0, raw slot 0 */
+    for (int i = 0; i < 2; i++) {  /* entries 1, 2: data */
+        size_t idx = wx_ring_index(&r, r.count);
+        r.run[idx] = i ? (void *)&run_b : (void *)&run_a;
+        r.sub[idx] = 0;
+        r.lens[idx] = 100;
+        wx_ring_publish(&r, 1, 0);
+    }
+    CHECK(put(&r, 1, 10, 0) == 1); /* entry 3, raw slot 1 */
+    CHECK(r.count == 4 && r.raw_count == 2 && wx_ring_raw_room(&r) == 2);
+    CHECK(r.sub[0] == 0 && r.sub[3] == 1 && wx_ring_slot(&r, 1)[0] == 3);
+    wx_ring_consume(&r, 2); /* one raw, one data */
+    CHECK(r.count == 2 && r.raw_count == 1 && r.raw_head == 1);
+    wx_ring_consume(&r, 2);
+    CHECK(r.count == 0 && r.raw_count == 0 && r.raw_head == 2);
     wx_ring_free(&r);
 }
 
@@ -125,6 +150,7 @@ static void test_replay_window_edges(void) {
 
 int main(void) {
     test_ring_is_a_bounded_fifo_that_wraps();
+    test_raw_slots_are_a_fifo_apart_from_data_entries();
     test_pps_clock_spaces_datagrams_and_stops_at_the_horizon();
     test_byte_rate_a_late_thread_catches_up_at_most_max_lag();
     test_not_before_holds_a_datagram_back();

@@ -7,8 +7,8 @@ that more cores seal, pace, receive, open and place. A lane is never used by
 two threads at once; the caller (the loop, or the worker owning it) serialises.
 
 Per call, not per datagram: one ``Pacer.enqueue_data`` per data plan (it
-segments the plan and seals each datagram straight into a free slot of the
-pacer's ring, in C without the GIL; the release thread sends), one ``recv_batch`` +
+queues the plan unsealed, in C without the GIL; the pacer's release thread
+seals each datagram just before it sends it), one ``recv_batch`` +
 ``Receiver.process`` per batch of up to 64 messages (more with GRO), which
 open, replay-check and place DATA straight into the registered shard buffers
 (without the GIL).
@@ -97,8 +97,9 @@ class SendLane:
     def send(self, plans: Sequence[tuple[Plan, bool]], seal: native.Protector, key_phase: int) -> None:
         """Seal and queue ``(plan, overtake)`` pairs, in order, with ``seal`` under ``key_phase``.
 
-        A data plan is segmented and sealed straight into the pacer's ring slots
-        (``Pacer.enqueue_data``): no burst buffer, no copy into the ring.
+        A data plan is queued unsealed (``Pacer.enqueue_data``): the pacer's release
+        thread seals each datagram into a small scratch just before its send, so this
+        thread (the event loop's) spends nothing per datagram.
         """
         for plan, overtake in plans:
             self.plans += 1
