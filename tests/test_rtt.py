@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wanxport.core.rtt import RttEstimator
+from wanxport.core.rtt import MIN_PTO_S, RttEstimator
 
 
 def test_before_the_first_sample_everything_is_the_initial_rtt() -> None:
@@ -47,6 +47,18 @@ def test_pto_variance_term_has_a_granularity_floor() -> None:
         rtt.update(0.05, 0.0, now=float(i))
     assert rtt.rttvar_s < 0.00025
     assert rtt.pto_s(0.0) == pytest.approx(0.05 + 0.001)
+
+
+def test_pto_of_a_sub_millisecond_path_is_floored_at_ten_milliseconds() -> None:
+    """A loopback or LAN path's RFC timeout (here 0.5 + 1 + 1 ms) is shorter than a busy
+    host's scheduling stalls; the floor takes over, and only below 10 ms."""
+    rtt = RttEstimator()
+    for i in range(200):
+        rtt.update(0.0005, 0.0, now=float(i))
+    assert rtt.pto_s(0.001) == MIN_PTO_S == 0.010
+    for i in range(200, 400):
+        rtt.update(0.020, 0.0, now=float(i))
+    assert rtt.pto_s(0.001) == pytest.approx(0.020 + 0.001 + 0.001, abs=1e-4)  # above the floor
 
 
 def test_non_positive_samples_are_ignored() -> None:

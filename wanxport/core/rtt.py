@@ -21,6 +21,12 @@ from wanxport.core.windowed_filter import RunningMinFilter
 INITIAL_RTT_S = 0.333
 #: RFC 9002 kGranularity: floor of the variance term of the probe timeout.
 GRANULARITY_S = 0.001
+#: Floor of the probe timeout itself, as Linux floors its tail-loss probe (TCP_TIMEOUT_MIN).
+#: On a sub-millisecond path the RFC's timeout is a few milliseconds, shorter than the
+#: stalls of a busy host's scheduler: a loopback transfer on two cores timed out 30-80
+#: times per GiB, each declaring a healthy path's whole flight lost (docs/results/s16.md).
+#: A path of 5 ms or more round trip has a longer timeout anyway.
+MIN_PTO_S = 0.010
 #: Window of ``min_recent_s``; BBR's min-RTT filter length.
 MIN_WINDOW_S = 10.0
 
@@ -101,5 +107,5 @@ class RttEstimator:
         self._recent.reset(now, latest)
 
     def pto_s(self, max_ack_delay_s: float) -> float:
-        """Probe timeout duration (RFC 9002 6.2.1), before any exponential backoff."""
-        return self.smoothed_s + max(4.0 * self.rttvar_s, GRANULARITY_S) + max_ack_delay_s
+        """Probe timeout duration (RFC 9002 6.2.1, at least MIN_PTO_S), before any backoff."""
+        return max(self.smoothed_s + max(4.0 * self.rttvar_s, GRANULARITY_S) + max_ack_delay_s, MIN_PTO_S)
