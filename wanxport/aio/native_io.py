@@ -129,8 +129,9 @@ class Pacer:
     def enqueue_data(self, path_id: int, protector: Protector, conn_id: int, first_pn: int, key_phase: int,
                      shard_id: int, shard_buffer: Buffer, offset: int, length: int, max_payload: int,
                      not_before_ns: int = 0) -> int:
-        """Segment and seal shard bytes straight into the path's ring (no copy); returns how
-        many datagrams fit (a prefix: re-offer the rest from ``first_pn`` + that many)."""
+        """Queue shard bytes as DATA, sealed by the release thread as they leave (no copy);
+        returns how many datagrams fit (a prefix: re-offer the rest from ``first_pn`` + that
+        many). Until they have left, the pacer holds ``shard_buffer`` and ``protector``."""
         return int(self._c.enqueue_data(path_id, protector._c, conn_id, first_pn, key_phase, shard_id,
                                         shard_buffer, offset, length, max_payload, not_before_ns))
 
