@@ -45,9 +45,14 @@ typedef struct WxDataRun {
     uint8_t key_phase;
     size_t left;  /* its datagrams still queued (under mu) */
     void *key;    /* the sealing key, opaque here: WxPacerConfig.seal uses it */
-    void *owner;  /* what keeps data and key alive; released by the glue once the run is done */
     struct WxDataRun *prev, *next; /* on the pacer's live list, then on its done list */
 } WxDataRun;
+
+/* Payload bytes of datagram i of a run: a full segment, the last one what is left. */
+static inline size_t wx_run_chunk(const WxDataRun *run, size_t i) {
+    uint64_t off = (uint64_t)i * run->segment;
+    return (size_t)(run->length - off < run->segment ? run->length - off : run->segment);
+}
 
 /* Seal datagrams first .. first + n - 1 of a run into out, stride bytes apart;
  * 0, or -1 if the AEAD failed. Called by the release thread without any lock. */
@@ -158,7 +163,7 @@ typedef struct {
 WxReserve wx_pacer_reserve(WxPacer *pc, int path);
 void wx_pacer_commit(WxPacer *pc, int path, size_t accepted, size_t accepted_raw, WxDataRun *run);
 /* Runs whose every datagram has left (or was dropped): the caller releases their
- * owners. After wx_pacer_stop(), wx_pacer_take_all() hands back every run. */
+ * buffers and keys. After wx_pacer_stop(), wx_pacer_take_all() hands back every run. */
 WxDataRun *wx_pacer_take_done(WxPacer *pc);
 WxDataRun *wx_pacer_take_all(WxPacer *pc);
 /* Make every path's whole ring resident now, as wx_pacer_commit() does once a path

@@ -61,9 +61,8 @@ static int seal_run(const WxDataRun *run, size_t first, size_t n, uint8_t *out, 
     pthread_mutex_lock(&p->lock);
     for (size_t i = first; i < first + n && rc == 0; i++, out += stride) {
         uint64_t off = (uint64_t)i * run->segment;
-        size_t chunk = (size_t)(run->length - off < run->segment ? run->length - off : run->segment);
         rc = wx_seal_data(p, out, run->conn_id, run->path_id, run->first_pn + i, run->key_phase,
-                          run->shard_id, run->offset + off, run->data + off, chunk);
+                          run->shard_id, run->offset + off, run->data + off, wx_run_chunk(run, i));
     }
     pthread_mutex_unlock(&p->lock);
     return rc;
@@ -359,8 +358,7 @@ static PyObject *Pacer_enqueue_data(Pacer *self, PyObject *args, PyObject *kwarg
                          .segment = (uint32_t)max_payload,
                          .path_id = (uint16_t)path,
                          .key_phase = (uint8_t)key_phase,
-                         .key = p,
-                         .owner = q};
+                         .key = p};
     q->protector = Py_NewRef(pobj);
     WxPacer *pc = self->pc;
     size_t accepted;
@@ -372,10 +370,7 @@ static PyObject *Pacer_enqueue_data(Pacer *self, PyObject *args, PyObject *kwarg
     q->run.length = total < (uint64_t)length ? total : (uint64_t)length;
     for (size_t i = 0; i < n; i++) {
         size_t idx = (r.tail + i) % ring->capacity;
-        uint64_t off = (uint64_t)i * (uint64_t)max_payload;
-        uint64_t chunk = q->run.length - off < (uint64_t)max_payload ? q->run.length - off
-                                                                     : (uint64_t)max_payload;
-        ring->lens[idx] = (uint32_t)(overhead + chunk);
+        ring->lens[idx] = (uint32_t)(overhead + wx_run_chunk(&q->run, i));
         ring->not_before[idx] = nb;
         ring->run[idx] = &q->run;
         ring->sub[idx] = (uint32_t)i;

@@ -506,8 +506,8 @@ static SendResult send_plan(WxPacer *pc, const Plan *pl) {
     return r;
 }
 
-/* The first n queued entries of a path leave the ring: each data run they end is
- * moved from the live list to the done list (the glue releases its owner). Under mu. */
+/* The first n queued entries of a path leave the ring: each data run they end is moved
+ * from the live list to the done list (the glue releases what it holds for it). Under mu. */
 static void finish_entries(WxPacer *pc, WxRing *ring, size_t n) {
     for (size_t k = 0; k < n; k++) {
         WxDataRun *run = ring->run[wx_ring_index(ring, k)];
