@@ -294,7 +294,9 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         extra: dict[str, Any] = {"packets_lost": path.packets_lost,
                                  "spurious_losses": path.spurious_losses,
                                  "pacing_rate_bps": round(path.pacing_rate_bps),
-                                 "cwnd_bytes": path.cwnd_bytes, "min_rtt_s": path.min_rtt_s,
+                                 "cwnd_bytes": path.cwnd_bytes, "packet_bytes": path.packet_bytes,
+                                 "packets_sent": path.packets_sent,
+                                 "bandwidth_bps": round(path.bandwidth_bps), "min_rtt_s": path.min_rtt_s,
                                  "cc_state": path.cc_state, "repair_bytes": path.repair_bytes}
         if pacer_stats is not None:
             extra.update(datagrams_sent=pacer_stats[i].sent_datagrams, gso_sends=pacer_stats[i].gso_sends,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wanxport.core.cc import BbrConfig, CcConfig, CcContext, PathGroup
+from wanxport.core.packet_size import PacketSizer
 from wanxport.wire.frames import DATA_OVERHEAD
 from wanxport.wire.header import HEADER_LEN
 
@@ -67,6 +68,10 @@ class SessionConfig:
     # New data goes to a path in contiguous runs of this many chunks (with a scheduler
     # that stripes; see wanxport.core.scheduler for what each one composes).
     stripe_chunks: int = 64
+    # A path's core packets grow (powers of two of chunk_bytes, at most this factor) while
+    # its measured bandwidth fills one within packet_budget_s (core.packet_size); 1: never.
+    packet_budget_s: float = 0.008
+    max_packet_growth: int = 8
     # A suspected path is probed at least this often, each probe awaited for an answer
     # (two misses fail it) ...
     max_probe_interval_s: float = 0.25
@@ -100,6 +105,12 @@ class SessionConfig:
                                  f"got {path.max_rate_bps!r}")
         if self.fec not in FEC_MODES:
             raise ValueError(f"fec must be one of {', '.join(FEC_MODES)}, got {self.fec!r}")
+        if not self.packet_budget_s >= 0:
+            raise ValueError(f"packet_budget_s must be >= 0 seconds, got {self.packet_budget_s!r}")
+        if isinstance(self.max_packet_growth, bool) or not (
+                isinstance(self.max_packet_growth, int) and self.max_packet_growth >= 1
+                and self.max_packet_growth & (self.max_packet_growth - 1) == 0):
+            raise ValueError(f"max_packet_growth must be a power of two >= 1, got {self.max_packet_growth!r}")
         if self.ack_threshold < 1:
             raise ValueError("ack_threshold must be >= 1")
         for name in ("max_probe_interval_s", "failed_probe_interval_s"):
@@ -111,6 +122,16 @@ class SessionConfig:
         if self.chunk_bytes is not None:
             return self.chunk_bytes
         return self.datagram_payload(path)
+
+    def packet_sizer(self, path: PathConfig) -> PacketSizer | None:
+        """The path's core packet sizer, or None when its packets keep one size: one datagram
+        each (a data path that does not segment them), growth turned off, or a controller
+        that reads a larger packet's serialisation as queueing (``CcConfig.grows_packets``)."""
+        if (self.chunk_bytes is None or self.chunk_bytes <= self.datagram_payload(path)
+                or self.packet_budget_s <= 0 or self.max_packet_growth <= 1
+                or not self.congestion_control.grows_packets()):
+            return None
+        return PacketSizer(self.data_payload(path), self.packet_budget_s, self.max_packet_growth)
 
     def datagram_payload(self, path: PathConfig) -> int:
         """Data bytes that one full-size DATA datagram carries on a path (``segment_bytes``,

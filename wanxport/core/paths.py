@@ -31,6 +31,7 @@ from wanxport.core.ack_tracker import AckTracker
 from wanxport.core.cc import CongestionController
 from wanxport.core.delivery_rate import DeliveryRateEstimator, RateSample
 from wanxport.core.health import PathHealth, PathState
+from wanxport.core.packet_size import PacketSizer
 from wanxport.core.recovery import LossDetector
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
@@ -53,16 +54,18 @@ class PayloadCounters:
 class Path:
     """The parts of one path, and the pacing state that joins them to the scheduler."""
 
-    __slots__ = ("path_id", "name", "mss", "rtt", "rate", "cc", "loss", "acks", "health", "warm", "payload",
-                 "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps", "_bw_round_at",
-                 "needs_open", "pending_control", "max_rate_bps", "pending_resume", "resumes",
+    __slots__ = ("path_id", "name", "mss", "sizer", "rtt", "rate", "cc", "loss", "acks", "health", "warm",
+                 "payload", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
+                 "_bw_round_at", "needs_open", "pending_control", "max_rate_bps", "pending_resume", "resumes",
                  "resumes_dropped", "late_wakes")
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
-                 initial_rtt_s: float, *, max_rate_bps: float | None = None) -> None:
+                 initial_rtt_s: float, *, max_rate_bps: float | None = None,
+                 sizer: PacketSizer | None = None) -> None:
         self.path_id = path_id
         self.name = name
-        self.mss = mss
+        self.mss = mss  # data bytes of the path's next core packets (core.packet_size)
+        self.sizer = sizer
         self.rtt = RttEstimator(initial_rtt_s=initial_rtt_s)
         self.rate = DeliveryRateEstimator()
         self.cc = cc
@@ -153,7 +156,17 @@ class Path:
         if sample is not None and (not sample.is_app_limited
                                    or sample.delivery_rate_bps > self.bandwidth_bps):
             self._note_bandwidth(sample, now)
+        if self.sizer is not None and acked:
+            self._resize_packets()
         return acked, lost
+
+    def _resize_packets(self) -> None:
+        """Grow or shrink the core packets for the bandwidth and the share of lost packets
+        (spurious losses are not losses) measured so far (``core.packet_size``)."""
+        assert self.sizer is not None
+        loss = self.loss
+        lossy = (loss.packets_lost - loss.spurious_losses) / loss.packets_sent if loss.packets_sent else 0.0
+        self.mss = self.sizer.update(min(self.bandwidth_bps, self.max_rate_bps), self.cc.in_startup, lossy)
 
     def restart_from_idle(self, now: float) -> None:
         """The path sends again with nothing in flight: keep what it learned unless too old."""

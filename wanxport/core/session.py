@@ -79,7 +79,7 @@ class Session:
         group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
             Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s,
-                 max_rate_bps=p.max_rate_bps)
+                 max_rate_bps=p.max_rate_bps, sizer=config.packet_sizer(p))
             for i, p in enumerate(config.paths)
         ]
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))

@@ -41,6 +41,7 @@ class PathStats:
     reorder_threshold: int  # the loss detector's packet threshold, widened by spurious losses
     time_threshold: float  # ... and its time threshold, in smoothed RTTs
     cwnd_bytes: int
+    packet_bytes: int  # data bytes of the path's core packets now (grown on fast paths, core.packet_size)
     pacing_rate_bps: float  # what the path is paced at: the controller's rate under the path's cap
     resumes: int  # careful resumes from a previous session's saved state (Session.resume_path) ...
     resumes_dropped: int  # ... and saved states dropped because the route's RTT had moved
@@ -93,6 +94,7 @@ def path_stats(path: Path) -> PathStats:
         reorder_threshold=loss.reorder_threshold,
         time_threshold=loss.time_threshold,
         cwnd_bytes=cc.cwnd_bytes,
+        packet_bytes=path.mss,
         pacing_rate_bps=path.pacing_rate_bps,
         resumes=path.resumes,
         resumes_dropped=path.resumes_dropped,

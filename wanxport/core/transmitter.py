@@ -17,7 +17,7 @@ of state, shared and never rebound:
 
 from __future__ import annotations
 
-from wanxport.core.config import SessionConfig
+from wanxport.core.config import PACER_HEADROOM, SessionConfig
 from wanxport.core.fec import FecSender
 from wanxport.core.numbering import WireNumbering
 from wanxport.core.outgoing import OutgoingData
@@ -267,6 +267,31 @@ class Transmitter:
             rate = path.pacing_rate_bps / 8
             path.next_send_at = not_before + (overhead + frames[0].wire_size) / rate
 
+    @staticmethod
+    def _sample_from(path: Path, transmit: Transmit) -> float:
+        """The time a packet's round-trip sample is measured from: its first datagram's departure,
+        or for a packet grown past the configured size (``core.packet_size``), the departure
+        of the datagram that ends a configured-size packet.
+
+        The peer acknowledges a segmented packet once its last datagram has arrived, so a
+        sample holds the packet's own serialisation. For the configured size that is part
+        of what the controllers were tuned on (it reads as a little standing queue, and
+        taking it out made a coupled session take 63 % of a link it shares with one TCP
+        BBR flow instead of at most 55 %, tests/test_sim_fairness.py). Growth must not add
+        to it: a packet 8 times the size on a 1.6 Gb/s loopback path read 4 ms more
+        round trip, and windows and socket queues grew to match (docs/results/s16.md).
+        """
+        sizer = path.sizer
+        if sizer is None or transmit.count <= 1 or path.pacing_rate_bps <= 0.0:
+            return transmit.not_before
+        configured = -(-sizer.base // transmit.segment_size)  # datagrams of a configured-size packet
+        extra = transmit.count - configured
+        if extra <= 0:
+            return transmit.not_before
+        # The data path spreads a packet's datagrams PACER_HEADROOM faster than the core paces.
+        return transmit.not_before + extra * (transmit.size / transmit.count) * 8.0 / (
+            path.pacing_rate_bps * PACER_HEADROOM)
+
     def _send_repair(self, path: Path, now: float, out: list[Transmit]) -> bool:
         """Send the next queued REPAIR frame on ``path``, paced like data; False if none is left.
 
@@ -304,16 +329,17 @@ class Transmitter:
         pn = path.loss.take_pn()
         overhead = self.config.packet_overhead()
         size = overhead + sum(f.wire_size for f in frames)
+        numbering = self.wire[path.path_id]
+        transmit = number_datagrams(numbering, path.path_id, pn, frames,
+                                    chunks[0][2] if chunks is not None else None,
+                                    self.segments[path.path_id], overhead, not_before)
+        out.append(transmit)
         if in_flight or eliciting:
             if in_flight and path.bytes_in_flight <= 0:
                 path.restart_from_idle(not_before)
             rate_state = path.rate.on_packet_sent(not_before, path.bytes_in_flight) if in_flight else None
-            path.loss.on_packet_sent(SentPacket(pn, not_before, size, chunks, control,
-                                                eliciting, in_flight, rate_state))
-        numbering = self.wire[path.path_id]
-        out.append(number_datagrams(numbering, path.path_id, pn, frames,
-                                    chunks[0][2] if chunks is not None else None,
-                                    self.segments[path.path_id], overhead, not_before))
+            path.loss.on_packet_sent(SentPacket(pn, self._sample_from(path, transmit), size, chunks,
+                                                control, eliciting, in_flight, rate_state))
         if not (in_flight or eliciting):
             # Nothing tracks this packet (an acknowledgement), so no ACK answers it: a
             # receiver's path that carries none of its few tracked packets saw no ACK

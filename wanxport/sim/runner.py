@@ -360,7 +360,8 @@ class SimRun:
         path_reports = [
             PathReport(path.name, path.payload_bytes, path.retransmitted_bytes, path.srtt_s, path.state,
                        {"hedged_bytes": path.hedged_bytes, "packets_lost": path.packets_lost,
-                        "failures": path.failures, "repair_bytes": path.repair_bytes})
+                        "failures": path.failures, "repair_bytes": path.repair_bytes,
+                        "packets_sent": path.packets_sent, "min_rtt_s": path.min_rtt_s})
             for path in sender.session.stats().paths]
         receiving = [e.session.stats() for e in self._receivers()]
         # Verified shards, plus what had arrived of unfinished ones when time ran out.

@@ -83,6 +83,10 @@ class CcConfig:
         """A fresh controller for the path ``context`` describes."""
         raise NotImplementedError
 
+    def grows_packets(self) -> bool:
+        """Whether a fast path's core packets may grow under this controller (core.packet_size)."""
+        return True
+
 
 class CongestionController(abc.ABC):
     """Decides how much one path may have in flight and how fast it sends."""
