@@ -78,6 +78,7 @@ GAUGE_HELP = {
     "wanxport_path_pacing_rate_bytes_per_second": "Pacing rate of the path.",
     "wanxport_path_bandwidth_estimate_bytes_per_second": "Delivery-rate estimate of the path.",
     "wanxport_path_in_flight_bytes": "Bytes sent on the path and not yet acknowledged or lost.",
+    "wanxport_path_packet_bytes": "Data bytes of the path's core packets now (grown on fast paths).",
 }
 
 
@@ -247,6 +248,7 @@ class GatewayMetrics(Collector):
                 families["wanxport_path_bandwidth_estimate_bytes_per_second"].add_metric(
                     labels, path.bandwidth_bps / 8)
                 families["wanxport_path_in_flight_bytes"].add_metric(labels, path.bytes_in_flight)
+                families["wanxport_path_packet_bytes"].add_metric(labels, path.packet_bytes)
                 for value in PathState:
                     state.add_metric([*labels, value.value], 1.0 if value.value == path.state else 0.0)
             keys = session.keys
