@@ -10,13 +10,12 @@ while its measured bandwidth fills it within ``budget_s``; it never grows in
 Startup, where the rate is still a guess, and it shrinks back when the
 bandwidth falls to less than half of what the packet needs (hysteresis, so a
 rate sample near a boundary does not flip it every ACK). Nor does it grow on a
-lossy path: there a packet of f times the size is hit by a loss f times as often,
-and each hit is a lost packet to the controllers and the loss detector (on
-validate-3path's 0.5 %-loss 200 Mb/s path, fourfold packets cost 1.7 % of the
-simulated efficiency). Congestion control
-still counts bytes, and a grown packet's round trip is measured as a
-configured-size packet's would be (``Transmitter._sample_from``), so a larger
-packet does not read as a longer path.
+lossy path: there a packet of f times the size is hit by a loss f times as
+often, and each hit is a lost packet to the controllers and the loss detector
+(on validate-3path's 0.5 %-loss 200 Mb/s path, fourfold packets cost 1.7 % of
+the simulated efficiency). Congestion control still counts bytes, and a grown
+packet's round trip is measured as a configured-size packet's would be
+(``Transmitter._sample_from``), so a larger packet does not read as a longer path.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ class PacketSizer:
         losses left out); return the packet's data bytes."""
         if in_startup or bandwidth_bps <= 0.0:
             self.factor = 1
-            return self.base
+            return self.packet_bytes
         fits = bandwidth_bps / 8.0 * self.budget_s / self.base  # packets of base size within the budget
         most = self.max_factor
         while most > 1 and most * loss_ratio > MAX_GROWN_LOSS:
@@ -57,4 +56,4 @@ class PacketSizer:
         while factor > 1 and (fits < factor / 2 or factor > most):
             factor //= 2
         self.factor = factor
-        return self.base * factor
+        return self.packet_bytes
