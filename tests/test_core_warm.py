@@ -54,6 +54,19 @@ def test_idle_guard_checks_the_first_round_trip_after_a_restart() -> None:
     assert guard.expired == 1 and guard.memory is None
 
 
+
+def test_a_gap_shorter_than_a_round_trip_is_not_checked_as_a_restart() -> None:
+    guard = IdleGuard()
+    guard.memory = MEMORY  # went idle at 10.0 with a 110 ms smoothed RTT
+    assert guard.restarting(10.05)
+    assert guard.short_gaps == 1 and guard.memory is None
+    assert guard.confirm(sent_at=10.05, rtt_sample_s=0.3), "a sample queued by load is not a reroute"
+    assert guard.reroutes == 0
+    guard.memory = MEMORY
+    assert guard.restarting(10.2), "idle longer than the round trip: the next one is checked"
+    assert not guard.confirm(sent_at=10.2, rtt_sample_s=0.3) and guard.reroutes == 1
+
+
 ROUTE = """
 name = "route"
 seed = 9
