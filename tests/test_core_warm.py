@@ -22,6 +22,14 @@ def test_the_route_is_the_same_within_twenty_percent() -> None:
     assert not MEMORY.same_route(0.133), "more than 20 % above the smoothed RTT: another route"
 
 
+def test_a_sample_within_the_paths_own_variation_is_the_same_route() -> None:
+    varied = replace(MEMORY, rttvar_s=0.02)  # smoothed 110 ms + 4 x 20 ms = 190 ms
+    assert varied.same_route(0.17) and varied.same_route(0.19)
+    assert not varied.same_route(0.2), "beyond the variation the path showed: another route"
+    assert not varied.same_route(0.079), "the lower bound is the min RTT's, whatever the variation"
+    assert replace(MEMORY, rttvar_s=0.001).same_route(0.131) and not MEMORY.same_route(0.17)
+
+
 def test_saved_state_expires_after_an_hour_and_resumes_at_half_the_rate() -> None:
     assert MEMORY.usable(0.1, 10.0 + MAX_AGE_S) and not MEMORY.usable(0.1, 10.0 + MAX_AGE_S + 1)
     assert not MEMORY.usable(0.2, 11.0)
@@ -35,7 +43,7 @@ def test_only_validated_state_is_remembered() -> None:
     assert remember(cc, rtt, 1.0) is None, "no RTT sample yet"
     rtt.update(0.05, 0.0, 1.0)
     memory = remember(cc, rtt, 2.0)
-    assert memory == PathMemory(40e6, 0.05, 0.05, 2.0)
+    assert memory == PathMemory(40e6, 0.05, 0.05, 2.0, rttvar_s=0.025)
 
 
 def test_idle_guard_checks_the_first_round_trip_after_a_restart() -> None:

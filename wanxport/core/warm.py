@@ -13,8 +13,13 @@ state (the gateway daemon) — in the spirit of draft-ietf-tsvwg-careful-resume:
   path has an RTT sample (a search in progress is not a measurement);
 * it is dropped when the path's RTT moved by more than ``RTT_TOLERANCE``
   (20 %): a sample below 0.8 x the saved min RTT, or above 1.2 x the saved
-  smoothed RTT (which already holds the queueing the path had), is another
-  route whose capacity nothing here measured;
+  smoothed RTT (which already holds the queueing the path had) and beyond the
+  variation the path showed (smoothed RTT + 4 x RTT variation, the span RFC
+  9002's probe timeout allows), is another route whose capacity nothing here
+  measured. Two sessions sharing a bottleneck (issue 14's two ranks a site)
+  start each step into each other's queue: their first samples ran to 1.3-2 x
+  the smoothed RTT, and without the variation term a quarter of the step
+  starts "rerouted" back into Startup;
 * it is dropped when older than ``MAX_AGE_S`` (an hour): the path may be shared
   differently by then;
 * a *restarted* session (nothing in flight, no live controller) resumes at no
@@ -45,6 +50,8 @@ from wanxport.core.rtt import RttEstimator
 RESUME_SHARE = 0.5
 #: How far a path's RTT may move before its saved state describes another route.
 RTT_TOLERANCE = 0.20
+#: A sample up to this many RTT variations above the smoothed RTT is the same route.
+RTT_VARIATION_SPAN = 4.0
 #: Saved state older than this is dropped.
 MAX_AGE_S = 3600.0
 
@@ -57,11 +64,14 @@ class PathMemory:
     min_rtt_s: float
     srtt_s: float
     saved_at: float
+    rttvar_s: float = 0.0  # the RTT variation it showed; 0 where unknown (a daemon's cache)
 
     def same_route(self, rtt_sample_s: float) -> bool:
-        """Whether a fresh RTT sample is within ``RTT_TOLERANCE`` of the saved round trip."""
+        """Whether a fresh RTT sample is within ``RTT_TOLERANCE`` of the saved min RTT
+        from below, and within the tolerance or the path's own variation from above."""
         low = (1.0 - RTT_TOLERANCE) * self.min_rtt_s
-        high = (1.0 + RTT_TOLERANCE) * max(self.srtt_s, self.min_rtt_s)
+        srtt = max(self.srtt_s, self.min_rtt_s)
+        high = max((1.0 + RTT_TOLERANCE) * srtt, srtt + RTT_VARIATION_SPAN * self.rttvar_s)
         return low <= rtt_sample_s <= high
 
     def fresh(self, now: float) -> bool:
@@ -80,7 +90,7 @@ def remember(cc: CongestionController, rtt: RttEstimator, now: float) -> PathMem
     """The path's validated state, or None while there is nothing validated to save."""
     if cc.in_startup or not rtt.has_sample or not cc.bandwidth_bps > 0.0:
         return None
-    return PathMemory(cc.bandwidth_bps, rtt.min_recent_s, rtt.smoothed_s, now)
+    return PathMemory(cc.bandwidth_bps, rtt.min_recent_s, rtt.smoothed_s, now, rtt.rttvar_s)
 
 
 class IdleGuard:
@@ -108,7 +118,7 @@ class IdleGuard:
         searching after the gap, but on the old route's RTT it would size its
         window wrongly, so its route is checked all the same.
         """
-        self.memory = PathMemory(cc.bandwidth_bps, rtt.min_recent_s, rtt.smoothed_s, now) \
+        self.memory = PathMemory(cc.bandwidth_bps, rtt.min_recent_s, rtt.smoothed_s, now, rtt.rttvar_s) \
             if rtt.has_sample else None
         self._restarted_at = None
 
