@@ -119,6 +119,7 @@ def test_warm_state_is_dropped_when_a_path_is_rerouted(rerouted: bool) -> None:
     moves, stays = run.a.session.paths
     assert stays.warm.reroutes == 0, "an unchanged path keeps what it learned over the think time"
     assert moves.warm.reroutes == (1 if rerouted else 0)
+    assert [p.reroutes for p in run.a.session.stats().paths] == [moves.warm.reroutes, 0]
     if rerouted:
         # The controller and the RTT estimates follow the new route, not the old minimum.
         assert moves.rtt.min_s == pytest.approx(0.120, rel=0.1)

@@ -37,7 +37,7 @@ PATH_FAMILIES = ("wanxport_path_payload_sent_bytes_total", "wanxport_path_retran
                  "wanxport_path_packets_lost_total", "wanxport_path_failures_total",
                  "wanxport_path_srtt_seconds", "wanxport_path_min_rtt_seconds", "wanxport_path_cwnd_bytes",
                  "wanxport_path_pacing_rate_bytes_per_second", "wanxport_path_in_flight_bytes",
-                 "wanxport_path_packet_bytes")
+                 "wanxport_path_packet_bytes", "wanxport_path_reroutes_total")
 
 
 @pytest.fixture(scope="module")

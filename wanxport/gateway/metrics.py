@@ -60,6 +60,9 @@ PATH_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("failures", "wanxport_path_failures", "Times the path was declared failed."),
     ("late_wakes", "wanxport_path_late_wakes",
      "Pacing wake-ups of the path served more than 2 ms late (the gateway's loop is short of CPU)."),
+    ("reroutes", "wanxport_path_reroutes",
+     "Times the path's first round trip after an idle gap showed another route, so its controller "
+     "and RTT estimates started over."),
 )
 # Gateway-wide counters: family, help text.
 GATEWAY_COUNTERS: tuple[tuple[str, str], ...] = (
