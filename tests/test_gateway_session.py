@@ -15,6 +15,7 @@ from wanxport.control import RotationLimits, ShardAnnounce
 from wanxport.control.certs import make_test_pki
 from wanxport.core.digest import shard_digest_hex
 from wanxport.gateway import rekey
+from wanxport.gateway import session as gateway_session
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
@@ -42,6 +43,9 @@ async def pair(pki: Path, n_paths: int, options: GatewayOptions
 
 async def test_keys_rotate_during_a_transfer(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rekey, "MIN_PHASE_LIFETIME_S", 0.0)
+    # The session checks its limits every 50 ms; 24 MiB over loopback now takes less than
+    # that (8-9 Gb/s), so at that pace one rotation or two was a matter of timing.
+    monkeypatch.setattr(gateway_session, "ROTATION_CHECK_S", 0.002)
     options = GatewayOptions(rotation=RotationLimits(bytes=2 << 20))
     listener, sender, receiver = await pair(pki, 2, options)
     try:
