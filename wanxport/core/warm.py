@@ -17,7 +17,7 @@ state (the gateway daemon) — in the spirit of draft-ietf-tsvwg-careful-resume:
   variation the path showed (smoothed RTT + 4 x RTT variation, the span RFC
   9002's probe timeout allows), is another route whose capacity nothing here
   measured. Two sessions sharing a bottleneck (issue 14's two ranks a site)
-  start each step into each other's queue: their first samples ran to 1.3-2 x
+  start each step into each other's queue: their first samples ran to 1.2-2.1 x
   the smoothed RTT, and without the variation term a quarter of the step
   starts "rerouted" back into Startup;
 * it is dropped when older than ``MAX_AGE_S`` (an hour): the path may be shared
