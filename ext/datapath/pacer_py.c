@@ -53,18 +53,6 @@ static void stop_and_release(Pacer *self) {
     release_runs(wx_pacer_take_all(self->pc));
 }
 
-/* Ask for datagram i's plaintext lines while the one before it is sealed. The plaintext
- * is a shard read once, larger than any cache, and the seal stalled on its loads: the
- * release thread sealed at 0.40 CPU-s/GB against the AEAD limit's 0.31 (s18 A/B: the
- * thread 0.61-0.63 -> 0.53-0.56 CPU-s/GB). Inlined for the reason prefetch_next in
- * receiver.c gives: GCC drops a call to an out-of-line function of prefetches. */
-static inline __attribute__((always_inline)) void prefetch_source(const WxDataRun *run, size_t i) {
-    const uint8_t *from = run->data + (uint64_t)i * run->segment;
-    const uint8_t *end = from + wx_run_chunk(run, i);
-    for (const uint8_t *at = (const uint8_t *)((uintptr_t)from & ~(uintptr_t)63); at < end; at += 64)
-        __builtin_prefetch(at, 0, 3);
-}
-
 /* WxPacerConfig.seal: datagrams first .. first + n - 1 of a run, under its key's lock
  * (taken once per run and round, not per datagram). Runs in the release thread. */
 static int seal_run(const WxDataRun *run, size_t first, size_t n, uint8_t *out, size_t stride) {
@@ -73,7 +61,10 @@ static int seal_run(const WxDataRun *run, size_t first, size_t n, uint8_t *out, 
     pthread_mutex_lock(&p->lock);
     for (size_t i = first; i < first + n && rc == 0; i++, out += stride) {
         uint64_t off = (uint64_t)i * run->segment;
-        if (i + 1 < first + n) prefetch_source(run, i + 1);
+        /* The next datagram's plaintext, while this one is sealed: a shard read once, and the
+         * seal stalled on its loads (0.40 CPU-s/GB against the AEAD limit's 0.31; with the
+         * hint the release thread went 0.61-0.63 -> 0.53-0.56, docs/results/s18.md). */
+        if (i + 1 < first + n) wx_prefetch(run->data + off + run->segment, wx_run_chunk(run, i + 1), 0);
         rc = wx_seal_data(p, out, run->conn_id, run->path_id, run->first_pn + i, run->key_phase,
                           run->shard_id, run->offset + off, run->data + off, wx_run_chunk(run, i));
     }

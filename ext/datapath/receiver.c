@@ -349,14 +349,11 @@ static PyObject *Receiver_get_counters(Receiver *self, void *closure) {
  * (a run's datagrams carry consecutive ranges) while that datagram is being opened.
  * A shard is too large to stay in cache, so without it each copy into the shard
  * waits for its lines to be read from memory, and the next locked instruction waits
- * for those stores to drain. Only a hint: nothing is read or written here. Always
- * inlined: GCC finds an out-of-line function of prefetches "pure" and drops its call. */
+ * for those stores to drain (docs/results/s17.md). */
 static inline __attribute__((always_inline)) void prefetch_next(const Shard *s, uint64_t from, uint64_t len) {
     uint64_t size = (uint64_t)s->view.len;
     if (from >= size) return;
-    uint64_t end = from + len < size ? from + len : size;
-    const uint8_t *base = (const uint8_t *)s->view.buf;
-    for (uint64_t at = from & ~(uint64_t)63; at < end; at += 64) __builtin_prefetch(base + at, 1, 3);
+    wx_prefetch((const uint8_t *)s->view.buf + from, (size_t)(from + len < size ? len : size - from), 1);
 }
 
 /* A control datagram found during the GIL-free loop; turned into a Python

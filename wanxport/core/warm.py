@@ -70,9 +70,14 @@ class PathMemory:
         """Whether a fresh RTT sample is within ``RTT_TOLERANCE`` of the saved min RTT
         from below, and within the tolerance or the path's own variation from above."""
         low = (1.0 - RTT_TOLERANCE) * self.min_rtt_s
-        srtt = max(self.srtt_s, self.min_rtt_s)
+        srtt = self.round_trip_s
         high = max((1.0 + RTT_TOLERANCE) * srtt, srtt + RTT_VARIATION_SPAN * self.rttvar_s)
         return low <= rtt_sample_s <= high
+
+    @property
+    def round_trip_s(self) -> float:
+        """The saved smoothed RTT, never below the saved min RTT."""
+        return max(self.srtt_s, self.min_rtt_s)
 
     def fresh(self, now: float) -> bool:
         return now - self.saved_at <= MAX_AGE_S
@@ -127,7 +132,7 @@ class IdleGuard:
         memory = self.memory
         if memory is None or self._restarted_at is not None:
             return True
-        if now - memory.saved_at < max(memory.srtt_s, memory.min_rtt_s):
+        if now - memory.saved_at < memory.round_trip_s:
             self.memory = None  # less than a round trip idle: nothing went unobserved
             self.short_gaps += 1
             return True
