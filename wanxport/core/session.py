@@ -177,6 +177,21 @@ class Session:
         """
         return [path.pacing_rate_bps for path in self.paths]
 
+    def set_rate_caps(self, caps_bps: tuple[float | None, ...]) -> None:
+        """The operator's sending rate cap of each path (bits/s, in path order; None or a
+        missing entry: none), from the next packet on: a gateway's reload lowers or lifts
+        its caps on a running session instead of setting up a new one."""
+        for index, path in enumerate(self.paths):
+            cap = caps_bps[index] if index < len(caps_bps) else None
+            if cap is not None and not cap > 0:
+                raise ValueError(f"path {path.name!r}: a rate cap must be > 0 bits/s (or None), got {cap!r}")
+            path.max_rate_bps = float("inf") if cap is None else float(cap)
+        self._tx.dirty.update(range(len(self.paths)))
+
+    def rate_caps_bps(self) -> tuple[float | None, ...]:
+        """Each path's rate cap in force (None: uncapped), in path order."""
+        return tuple(None if p.max_rate_bps == float("inf") else p.max_rate_bps for p in self.paths)
+
     def resume_path(self, path_id: int, memory: PathMemory, now: float) -> bool:
         """Careful resume of a new session's path from state a previous session saved.
 

@@ -24,6 +24,7 @@ from wanxport.units import parse_size
 DEFAULT_CHECKPOINT_BYTES = 64 << 20
 DEFAULT_DRAIN_S = 30.0
 DEFAULT_WARM_S = 300.0
+DEFAULT_STALL_S = 60.0  # a transfer with no byte acknowledged this long shows "stalled"
 
 
 class ConfigError(ValueError):
@@ -67,6 +68,7 @@ class DaemonConfig:
     piece_bytes: int = DEFAULT_CHECKPOINT_BYTES
     drain_s: float = DEFAULT_DRAIN_S
     warm_s: float = DEFAULT_WARM_S  # an idle session to a peer is kept this long
+    stall_s: float = DEFAULT_STALL_S  # [transfer] stall_seconds
     congestion_control: str = "bbr"
     rotation: RotationLimits = field(default_factory=RotationLimits)
     cipher: str = "aes-256-gcm"
@@ -98,7 +100,7 @@ class DaemonConfig:
 _TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "api_tcp", "api_clients", "metrics",
         "peers", "limits", "transfer", "keys", "congestion", "network"}
 _LIMITS = {"memory_budget", "concurrent_transfers", "rate_mbps"}
-_TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds"}
+_TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds", "stall_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
 _CONGESTION = {"controller"}
 _NETWORK = {"dscp"}
@@ -182,6 +184,7 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
                           "transfer.checkpoint_bytes", minimum=1 << 16),
         drain_s=_positive(transfer.get("drain_seconds", DEFAULT_DRAIN_S), "transfer.drain_seconds"),
         warm_s=_positive(transfer.get("warm_seconds", DEFAULT_WARM_S), "transfer.warm_seconds"),
+        stall_s=_positive(transfer.get("stall_seconds", DEFAULT_STALL_S), "transfer.stall_seconds"),
         congestion_control=controller, rotation=RotationLimits(**rotation), cipher=cipher,
         dscp=dscp, source=source)
 

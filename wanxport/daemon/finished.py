@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,20 @@ class FinishedArchive:
             return None
         record = self.get(transfer_id)
         return record if record is not None and record.get("key") == key else None
+
+    def newest(self, limit: int, match: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Up to ``limit`` records that ``match``, newest first (by when they were written).
+
+        Bounded by the archive's own bound (``max_records``): the directory is listed
+        once, and records are read newest first only until ``limit`` of them match."""
+        found: list[dict[str, Any]] = []
+        for _, path in sorted(self._records(), reverse=True):
+            if len(found) >= limit:
+                break
+            record = self.get(path.stem)
+            if record is not None and match(record):
+                found.append(record)
+        return found
 
     def sweep(self, now: float | None = None) -> int:
         """Remove records past the retention time or beyond the bound; returns how many.

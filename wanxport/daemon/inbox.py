@@ -29,7 +29,15 @@ whole-file reservation would refuse the file before any of it is kept. A piece
 that does not fit (with ``STATE_RESERVE_BYTES`` left free, so the state file that
 records the pieces already verified can still be written) is received into scratch
 memory, ``error`` names ``ENOSPC`` and the session ends with that reason; the
-partial file and its state stay, and the sender's retry resumes from them.
+partial file and its state stay, and the sender's retry resumes from them. Any
+destination error ends the session the same way, its reason naming the file and the
+errno (``desterrors.py`` says which ones the sender waits out and which fail the
+transfer: a read-only or forbidden destination).
+
+A sender that cancels a transfer ends the session with the reason ``cancelled``
+(``peers.CANCELLED``); the files it was sending (the only ones open here: a peer
+sends one transfer at a time) are then removed, partial data and state, instead of
+kept for a resume that will not come.
 
 Keys and packet numbers are never written anywhere: a resumed transfer runs in a
 new session with new keys.
@@ -51,10 +59,20 @@ import numpy as np
 
 from wanxport.control import ResumeHave, ResumeQuery
 from wanxport.core.digest import DIGEST_NAME, shard_digest_hex
-from wanxport.gateway.files import FileSink, MappedRange, _IncomingFile, describe_os_error, drop_cached
+from wanxport.gateway.files import (
+    FileError,
+    FileSink,
+    MappedRange,
+    _IncomingFile,
+    describe_os_error,
+    drop_cached,
+)
 from wanxport.gateway.session import GatewaySession
 
+from .desterrors import NO_SPACE_ERRNOS, dest_error, refuses
 from .durable import StateCorrupt, read_state, sync_directory, write_state
+from .peers import CANCELLED
+from .receipts import Receipts
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +134,18 @@ def _reserve(partial: Path, offset: int, size: int) -> None:
         os.close(fd)
 
 
+def _describe_failure(name: str, offset: int, size: int, directory: Path, exc: OSError) -> str:
+    """The reason a destination write failed, as the sender will read it (``desterrors``):
+    a refusing errno says so plainly; a full disk says how much did not fit, and that the
+    pieces received so far wait for the retry."""
+    if refuses(exc):
+        return dest_error(name, exc)
+    if exc.errno in NO_SPACE_ERRNOS:
+        return (f"dest {name}: no room for {size} bytes at offset {offset} in {directory}: "
+                f"{describe_os_error(exc)}; the pieces received are kept for a resume")
+    return f"{dest_error(name, exc)} at offset {offset}; the pieces received are kept for a resume"
+
+
 def _digest_range(path: Path, offset: int, size: int) -> str:
     """One piece of a file on disk, read through its own mapping, then dropped from the
     page cache (a re-verification streams through the file, it does not cache it)."""
@@ -139,10 +169,13 @@ class Inbox(FileSink):
         self.resumed_bytes = 0  # held at a resume query (not sent again)
         self.reverified_bytes = 0  # of which were hashed again because the state file was bad
         self._syncer: ThreadPoolExecutor | None = None
+        self._session: GatewaySession | None = None
+        self.receipts = Receipts(directory.name)  # one log line per incoming transfer
 
     def bind(self, session: GatewaySession) -> None:
         """Answer the session's resume queries and learn its pieces' digests."""
         self._announcement = session.announcement
+        self._session = session
         session.resume_handler = self.answer
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
@@ -156,6 +189,7 @@ class Inbox(FileSink):
         if name is None or not (0 <= offset and offset + size <= file_size):
             log.warning("shard %d: bad file metadata %r; refused", shard_id, meta[:200])
             return self._refuse(shard_id, size)
+        self.receipts.piece(name, info)
         incoming = self.files.get(name)
         try:
             if incoming is None or incoming.size != file_size:
@@ -178,12 +212,16 @@ class Inbox(FileSink):
     def _no_room(self, shard_id: int, name: str, offset: int, size: int, exc: OSError) -> Any:
         """A piece that cannot be stored: into scratch memory, reported aborted (the
         session then ends with ``error``); the pieces already kept stay for a resume."""
-        if self.error is None:
-            self.error = (f"{name}: no room for {size} bytes at offset {offset} in {self.directory}: "
-                          f"{describe_os_error(exc)}; the pieces received are kept for a resume")
-            log.error("%s", self.error)
+        self._fail_dest(name, _describe_failure(name, offset, size, self.directory, exc))
         self._no_space.add(shard_id)
         return np.empty(size, dtype=np.uint8)
+
+    def _fail_dest(self, name: str, error: str) -> None:
+        """The first destination error ends the session with its reason (``receive_files``)."""
+        if self.error is None:
+            self.error = error
+            log.error("%s", error)
+            self.receipts.failed(name, error)
 
     def settled(self) -> bool:
         """No piece is still landing in a file (those that fit are kept: a resume skips them)."""
@@ -255,6 +293,7 @@ class Inbox(FileSink):
         if isinstance(incoming, _Partial):
             incoming.state_path.unlink(missing_ok=True)
         sync_directory((self.directory / incoming.name).parent)
+        self.receipts.landed(incoming.name, incoming.size)
 
     def _discard(self, incoming: _IncomingFile) -> None:
         self._synced(incoming)
@@ -263,18 +302,37 @@ class Inbox(FileSink):
             incoming.state_path.unlink(missing_ok=True)
 
     def discard_partials(self) -> None:
-        """The session ended: keep every partial file and its state for a resume."""
+        """The session ended: keep every partial file and its state for a resume, unless
+        the sender ended it to cancel its transfer (then they go)."""
+        reason = self._session.end_reason if self._session is not None else None
+        if self._session is not None and not self._session.closed_here and \
+                (reason or "").startswith(CANCELLED):
+            self._remove_cancelled()
         for incoming in self.files.values():
             log.info("kept %s for a resume (%d of %d bytes verified)", incoming.partial,
                      incoming.verified, incoming.size)
             incoming.close()
         self.files.clear()
+        self.receipts.ended(reason or "the session ended")
         if self._syncer is not None:
             self._syncer.shutdown(wait=False)  # queued records still complete
             self._syncer = None
 
+    def _remove_cancelled(self) -> None:
+        """The sender cancelled the transfer these files belong to: remove their partial
+        data and state files (after any state write in flight, which would recreate one)."""
+        for incoming in list(self.files.values()):
+            self._discard(incoming)
+            log.info("removed %s: the sender cancelled its transfer (%d of %d bytes were held)",
+                     incoming.partial, incoming.verified, incoming.size)
+
     def write_empty(self, name: str, shard_id: int) -> None:
-        incoming = self._open(safe_relative(name) or f"shard-{shard_id}", 0)
+        safe = safe_relative(name) or f"shard-{shard_id}"
+        try:
+            incoming = self._open(safe, 0)
+        except OSError as exc:
+            self._fail_dest(safe, _describe_failure(safe, 0, 0, self.directory, exc))
+            raise FileError(self.error or str(exc)) from None
         incoming.shards.append(shard_id)
         self._finish(incoming)
 

@@ -9,6 +9,7 @@ receiver whether it may overwrite an existing destination.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable
@@ -32,9 +33,22 @@ class SourceError(ValueError):
 @dataclass(frozen=True)
 class OutgoingPiece(FilePiece):
     overwrite: bool = False
+    # The transfer's id and the files with data this attempt sends: the receiver's one log
+    # line per transfer (``receipts.py``); a receiver that does not know them ignores them.
+    transfer: str | None = None
+    transfer_files: int = 0
 
     def meta(self) -> dict[str, Any]:
-        return {**super().meta(), "overwrite": self.overwrite}
+        meta = {**super().meta(), "overwrite": self.overwrite}
+        if self.transfer is not None:
+            meta.update(transfer=self.transfer, transfer_files=self.transfer_files)
+        return meta
+
+
+def tagged(pieces: list[OutgoingPiece], transfer: str) -> list[OutgoingPiece]:
+    """``pieces`` (those an attempt sends) tagged with their transfer for the receiver."""
+    files = len({p.name for p in pieces if p.size})
+    return [dataclasses.replace(p, transfer=transfer, transfer_files=files) for p in pieces]
 
 
 def default_dest(source: str) -> str:

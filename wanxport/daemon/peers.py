@@ -39,10 +39,11 @@ DUPLICATE = "one session per peer pair: keeping the one dialled by"
 IDLE = "idle"
 RECONNECT = "reconnecting with the new config"
 CANCELLED = "cancelled"
-SHUTDOWN = "the gateway is shutting down"
+SHUTDOWN = "the gateway is shutting down"  # only ever sent by a daemon that is
+ABORTED = "the session was lost"  # ended here by an error that says nothing about the transfers
 # A session that ended for one of these says nothing about the transfers on it: they are
 # queued again (and resume) instead of failing.
-RETRY_REASONS = (SUPERSEDED, DUPLICATE, IDLE, RECONNECT, CANCELLED, SHUTDOWN)
+RETRY_REASONS = (SUPERSEDED, DUPLICATE, IDLE, RECONNECT, CANCELLED, SHUTDOWN, ABORTED)
 
 
 def dialled_by(session: GatewaySession, site: str) -> str:

@@ -23,6 +23,22 @@ away, a volume grown), which the sending side's operator does not see; a transfe
 that waited for a human to say "retry" would sit there forever. Backoff because
 each attempt costs a session and the digests of the source's pieces.
 
+A destination the peer refuses to write (read-only, permission denied: its reason
+names ``EROFS``, ``EACCES``, ``EPERM``; ``desterrors.py``) fails the transfer at once,
+at both ends. A session that ends without finishing anything is not dialled again at
+once either: the worker backs off as for an unreachable peer, so no error path spins.
+
+Every state change is an event of ``lifecycle.py``'s table; a transfer with no byte
+acknowledged for ``[transfer] stall_seconds`` shows ``stalled`` with what its peer
+looks like, and goes back to ``active`` when bytes move again. The log has one INFO
+line per transfer submitted, finished (bytes, seconds, rate) or failed (the reason,
+at WARNING), and a WARNING for a peer unreachable longer than
+``PEER_UNREACHABLE_WARN_S``.
+
+Reload (SIGHUP or ``POST /v1/reload``) applies the new rate caps to the running
+sessions (``GatewaySession``'s core session, ``set_rate_caps``); a peer whose paths
+changed gets a new session after its current transfer.
+
 Drain: submissions are refused from the first moment, running transfers get
 ``drain_seconds`` to finish; what is still running then is interrupted and stays
 queued for the next start.
@@ -33,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +60,21 @@ from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
 from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
+from wanxport.units import format_rate, format_size
 
 from .api import ApiServer, TlsListen
 from .config import DaemonConfig, PeerConfig, describe
+from .desterrors import verdict
 from .durable import remove_stale_temporaries
 from .heap import trim_periodically
 from .inbox import Inbox
+from .lifecycle import TransferEvent
 from .listener import DaemonListener
 from .metrics import DaemonCollector
 from .notify import Notifier
-from .outbox import OutgoingPiece, SourceError, plan, resume, send
+from .outbox import OutgoingPiece, SourceError, plan, resume, send, tagged
 from .pathcache import PathCache
-from .peers import CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
+from .peers import ABORTED, CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
 from .ports import PeerPorts
 from .reload import reload
 from .routes import Routes
@@ -68,6 +88,11 @@ BACKOFF_MAX_S = 30.0
 DISK_FULL_RETRY_START_S = 1.0
 DISK_FULL_RETRY_MAX_S = 60.0
 DRAIN_GRACE_S = 5.0  # after drain_seconds: for the workers to record and close
+# A peer unreachable this long is worth a WARNING: shorter absences are restarts and
+# reconnects that heal by themselves (and are logged at INFO); a minute without a session
+# is what an operator must look at (a host down, a firewall, an expired certificate).
+PEER_UNREACHABLE_WARN_S = 60.0
+E = TransferEvent
 
 
 class DaemonError(Exception):
@@ -96,7 +121,10 @@ class GatewayDaemon:
         self.dialled = 0  # sessions this gateway dialled that were kept
         self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
         self._cancelled: set[str] = set()
-        self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
+        self._held: dict[str, int] = {}  # transfer id -> bytes the peer held when this attempt began
+        self._last_progress: dict[str, tuple[int, float]] = {}  # active transfer -> (bytes, since)
+        self._away_since: dict[str, float] = {}  # peer -> when dialling it first failed
+        self._away_warned: set[str] = set()
         self._disk_full: dict[str, int] = {}  # transfer id -> pauses in a row for a full disk
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
@@ -141,6 +169,7 @@ class GatewayDaemon:
             self.listener.close()
             raise DaemonError(f"cannot listen: {exc.strerror or exc} ({exc.filename or ''})") from None
         self._tasks = [asyncio.create_task(self._schedule_loop()),
+                       asyncio.create_task(self._watch_stalls()),
                        asyncio.create_task(self.notifier.feed_watchdog()),
                        asyncio.create_task(trim_periodically())]
         if self.signals:
@@ -196,18 +225,29 @@ class GatewayDaemon:
         if self.metrics_server is not None:
             self.metrics_server.close()
 
-    def reload(self) -> None:
-        """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
+    def reload(self) -> bool:
+        """SIGHUP or ``POST /v1/reload``: re-read the file and apply what changed
+        (``reload.py``); True when the new config was taken."""
         self.notifier.reloading()
         before = {p.name: p for p in self.config.peers}
-        if reload(self):
-            after = {p.name: p for p in self.config.peers}
+        taken = reload(self)
+        if taken:
             for name, peer in before.items():
-                if after.get(name) != peer:  # paths or rate caps changed, or the peer was removed
+                if _route_changed(peer, self.config.peer(name)):  # or the peer was removed
                     self._refresh.add(name)  # its warm session ends after the current transfer
                     self._work_for(name).set()
+            for session in self.peers.current.values():
+                self._apply_rates(session)
             self._wake.set()  # a peer may have come back into the config
         self.notifier.ready(describe(self.config))
+        return taken
+
+    def _apply_rates(self, session: GatewaySession) -> None:
+        """The config's rate caps for the session's peer (its own, or ``[limits]``'s), in
+        force on the running session from its next packet."""
+        peer = self.config.peer(session.peer_name)
+        caps = self.config.gateway_options(peer).rate_caps_bps if peer is not None else ()
+        session.endpoint.session.set_rate_caps(tuple(caps))
 
     # -- receiving -------------------------------------------------------------
 
@@ -225,6 +265,7 @@ class GatewayDaemon:
         on, and wake the peer's worker, which sends over it."""
         inbox.bind(session)  # before its control reader first runs: no resume query unanswered
         self.inboxes[session] = inbox
+        self._apply_rates(session)  # a session the peer dialled was set up with [limits]' caps
         task = asyncio.create_task(self._receive_session(session, inbox))
         self._receiving.add(task)
         task.add_done_callback(self._receiving.discard)
@@ -232,10 +273,13 @@ class GatewayDaemon:
 
     async def _receive_session(self, session: GatewaySession, inbox: Inbox) -> None:
         with self.metrics.tracking(session):
+            reason = SHUTDOWN  # cancelled: the daemon is closing
             try:
                 result = await receive_files(session, inbox, show_progress=False)
+                # Still open only when receiving failed here without a word to the peer.
+                reason = f"receiving failed at {self.config.site}: {result.error}"
             finally:
-                await session.close(SHUTDOWN)  # still open here only when we are closing
+                await session.close(reason)
                 self.peers.ended(session)
                 self.inboxes.pop(session, None)
                 if self.listener is not None:
@@ -282,8 +326,7 @@ class GatewayDaemon:
                 queue = self._queued_for(peer_name)
                 if peer is None:
                     for transfer in queue:
-                        self.store.update(transfer, state="failed",
-                                          reason=f"peer {peer_name!r} was removed from the config")
+                        self._fail(transfer, f"peer {peer_name!r} was removed from the config")
                     return
                 session = self._live(peer_name)
                 if session is None:
@@ -298,17 +341,38 @@ class GatewayDaemon:
                         reason = f"waiting for peer {peer_name}: {dialled}"
                         for transfer in queue:
                             if transfer.reason != reason:
-                                self.store.update(transfer, reason=reason)
+                                self.store.fire(transfer, E.RETRY, reason=reason)
+                        self._peer_away(peer_name, dialled)
                         log.info("%s (retry in %.1f s)", reason, backoff)
                         await self._until(asyncio.sleep(backoff))
                         backoff = min(backoff * 2, BACKOFF_MAX_S)
                         continue
                     session = dialled
-                backoff = BACKOFF_START_S
-                warm_up = not await self._serve_session(session, peer_name, peer.paths)
+                self._peer_back(peer_name)
+                outcome = await self._serve_session(session, peer_name, peer.paths)
+                warm_up = outcome != IDLE
+                if outcome == ABORTED:  # it ended with nothing done: not again at once
+                    await self._until(asyncio.sleep(backoff))
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                else:
+                    backoff = BACKOFF_START_S
         finally:
             self._workers.pop(peer_name, None)
             self._wake.set()  # a submission that came while we finished gets a new worker
+
+    def _peer_away(self, peer: str, why: Exception) -> None:
+        """A dial to ``peer`` failed: a WARNING once it has been away for long."""
+        now = time.monotonic()
+        since = self._away_since.setdefault(peer, now)
+        if peer not in self._away_warned and now - since >= PEER_UNREACHABLE_WARN_S:
+            self._away_warned.add(peer)
+            log.warning("peer %s unreachable for %.0f s: %s; its transfers wait", peer, now - since, why)
+
+    def _peer_back(self, peer: str) -> None:
+        since = self._away_since.pop(peer, None)
+        if peer in self._away_warned and since is not None:
+            self._away_warned.discard(peer)
+            log.warning("peer %s reachable again after %.0f s", peer, time.monotonic() - since)
 
     def _live(self, peer_name: str) -> GatewaySession | None:
         session = self.peers.current.get(peer_name)
@@ -346,22 +410,26 @@ class GatewayDaemon:
                 pending.cancel()
 
     async def _serve_session(self, session: GatewaySession, peer_name: str,
-                             paths: tuple[Address, ...]) -> bool:
+                             paths: tuple[Address, ...]) -> str:
         """Send the peer's queue over ``session``; close it once idle both ways for
-        ``warm_seconds``. Returns True when it ended idle (no need to redial), False else."""
+        ``warm_seconds``. Returns how it ended: ``IDLE`` (no need to redial), ``RECONNECT``
+        (redial now), or ``ABORTED`` when it ended having settled no transfer (redial after
+        a backoff: a peer that ends every session at once must not be dialled in a loop)."""
         next_shard = 0
         work = self._work_for(peer_name)
         self.path_cache.resume(peer_name, paths, session)
         reason = SHUTDOWN  # the loop below ends by itself only for a drain (or a session that ended)
+        settled = False  # a transfer left the queue for good (or for a pause) over this session
         try:
             while not self.draining and session.end_reason is None:
                 if peer_name in self._refresh:  # its paths changed: the next session takes them
                     self._refresh.discard(peer_name)
                     reason = RECONNECT
-                    return False
+                    return RECONNECT
                 queue = self._queued_for(peer_name)
                 if queue:
                     next_shard = await self._run_one(session, queue[0], next_shard)
+                    settled = settled or queue[0].state != "queued"
                     self.path_cache.save(peer_name, paths, session)
                     continue
                 work.clear()
@@ -374,12 +442,15 @@ class GatewayDaemon:
                         continue  # the peer is sending to us
                     log.info("session with %s idle for %.0f s: closed", peer_name, self.config.warm_s)
                     reason = IDLE
-                    return True
+                    return IDLE
                 finally:
                     ended.cancel()
-            return session.end_reason == IDLE
-        except ConnectionError:  # SessionFailed, or the endpoint closed under a send
-            return False
+            if session.end_reason == IDLE:
+                return IDLE
+            return RECONNECT if settled or self.draining else ABORTED
+        except ConnectionError as exc:  # SessionFailed, or the endpoint closed under a send
+            reason = session.end_reason or f"{ABORTED}: {exc}"
+            return RECONNECT if settled else ABORTED
         finally:
             self.peers.ended(session)
             self.path_cache.save(peer_name, paths, session)
@@ -391,25 +462,31 @@ class GatewayDaemon:
         try:
             pieces = plan(transfer.submission, self.config.piece_bytes, first_shard)
         except (SourceError, OSError) as exc:
-            self.store.update(transfer, state="failed", reason=str(exc))
+            self._fail(transfer, str(exc))
             return first_shard
         async with self._slots:
             resuming = transfer.attempts > 0  # an earlier attempt may have left pieces there
-            self.store.update(transfer, state="active", reason=None, attempts=transfer.attempts + 1,
-                              bytes_total=sum(p.size for p in pieces), bytes_done=0)
+            self.store.fire(transfer, E.START, reason=None, attempts=transfer.attempts + 1,
+                            bytes_total=sum(p.size for p in pieces))
             tally = Tally(session)
             task = asyncio.create_task(self._send(session, transfer, pieces, resuming))
             self._active[transfer.id] = (task, session, acked_bytes(session.endpoint))
             try:
                 reason = await task
             except asyncio.CancelledError:
+                held_now = self.progress(transfer)  # bytes_done counts what the peer holds
                 if transfer.id in self._cancelled:
-                    self.store.update(transfer, state="cancelled", reason="cancelled by request")
+                    self.store.fire(transfer, E.CANCEL, reason="cancelled by request", bytes_done=held_now)
+                    log.info("transfer %s to %s cancelled while active (%s of %s at the peer)",
+                             transfer.id, transfer.submission.peer, format_size(held_now),
+                             format_size(transfer.bytes_total))
+                    close = CANCELLED  # the peer removes the files' partial data (inbox.py)
                 else:
-                    self.store.update(transfer, state="queued", reason="interrupted by shutdown")
+                    self.store.fire(transfer, E.RETRY, reason="interrupted by shutdown", bytes_done=held_now)
+                    close = SHUTDOWN
                 # The peer stops receiving it; the peer's own transfers on this session are
                 # queued again there and resume on the next session (peers.RETRY_REASONS).
-                await session.close(CANCELLED)
+                await session.close(close)
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # the daemon is closing, not just this transfer
@@ -417,29 +494,53 @@ class GatewayDaemon:
             except ConnectionError as exc:  # SessionFailed, or the endpoint closed under the send
                 reason = str(exc)
             finally:
+                held_now = self.progress(transfer)  # before it leaves _active
                 self._active.pop(transfer.id, None)
+                self._last_progress.pop(transfer.id, None)
                 self._cancelled.discard(transfer.id)
+        skipped = self._held.pop(transfer.id, 0)
         if reason is None:
-            stats = tally.finish(transfer.bytes_total)
-            stats["skipped_bytes"] = self._skipped.pop(transfer.id, 0)
-            self.store.update(transfer, state="done", bytes_done=transfer.bytes_total, stats=stats)
-        elif "(ENOSPC)" in reason and not self.draining:
-            self._pause(transfer, reason)
+            self._finish(transfer, tally, skipped)
             return first_shard + len(pieces)
-        elif session.failure is not None or self.draining or _retry(session):
-            self.store.update(transfer, state="queued", reason=f"session lost, will retry: {reason}")
+        kind = verdict(reason)
+        if kind == "pause" and not self.draining:
+            self._pause(transfer, reason, skipped)
+            return first_shard + len(pieces)
+        if kind != "fail" and (session.failure is not None or self.draining or _retry(session)):
+            self.store.fire(transfer, E.RETRY, reason=f"session lost, will retry: {reason}",
+                            bytes_done=held_now)
+            log.info("transfer %s to %s: session lost, will retry (%s)", transfer.id,
+                     transfer.submission.peer, reason)
         else:
-            self.store.update(transfer, state="failed", reason=reason)
+            self._fail(transfer, reason, bytes_done=held_now)
         self._disk_full.pop(transfer.id, None)  # the next pause starts its backoff afresh
         return first_shard + len(pieces)
 
-    def _pause(self, transfer: Transfer, reason: str) -> None:
-        """The peer's disk is full: wait (backing off), then queue the transfer again."""
+    def _finish(self, transfer: Transfer, tally: Tally, skipped: int) -> None:
+        """Every file verified at the peer: done, with what this run cost and moved."""
+        assert self.store is not None
+        stats = tally.finish(transfer.bytes_total - skipped)  # goodput: bytes sent in this run
+        stats["skipped_bytes"] = skipped
+        self.store.fire(transfer, E.FINISH, bytes_done=transfer.bytes_total, stats=stats)
+        self._disk_full.pop(transfer.id, None)
+        log.info("transfer %s to %s done: %s in %.1f s (%s)%s", transfer.id, transfer.submission.peer,
+                 format_size(transfer.bytes_total), stats["elapsed_s"], format_rate(stats["goodput_bps"]),
+                 f", {format_size(skipped)} already at the peer" if skipped else "")
+
+    def _fail(self, transfer: Transfer, reason: str, **changes: Any) -> None:
+        assert self.store is not None
+        self.store.fire(transfer, E.FAIL, reason=reason, **changes)
+        log.warning("transfer %s to %s failed: %s", transfer.id, transfer.submission.peer, reason)
+
+    def _pause(self, transfer: Transfer, reason: str, held: int) -> None:
+        """The peer's disk is full: wait (backing off), then queue the transfer again. Its
+        bytes_done stays what the peer held when the attempt began: which of this attempt's
+        pieces the full disk kept is only known at the next resume."""
         pauses = self._disk_full[transfer.id] = self._disk_full.get(transfer.id, 0) + 1
         delay = min(DISK_FULL_RETRY_START_S * 2 ** (pauses - 1), DISK_FULL_RETRY_MAX_S)
         assert self.store is not None
-        self.store.update(transfer, state="paused", bytes_done=0,
-                          reason=f"paused, the peer's disk is full; retry in {delay:.0f} s: {reason}")
+        self.store.fire(transfer, E.PAUSE, bytes_done=held,
+                        reason=f"paused, the peer's disk is full; retry in {delay:.0f} s: {reason}")
         log.warning("transfer %s paused (%s); retry in %.0f s", transfer.id, reason, delay)
         asyncio.get_running_loop().call_later(delay, self._unpause, transfer.id)
 
@@ -447,31 +548,73 @@ class GatewayDaemon:
         assert self.store is not None
         transfer = self.store.get(transfer_id)
         if transfer is not None and transfer.state == "paused" and not self.draining:
-            self.store.update(transfer, state="queued")
+            self.store.fire(transfer, E.RESUME)
             self.submitted(transfer.submission.peer)
 
     async def _send(self, session: GatewaySession, transfer: Transfer, pieces: list[OutgoingPiece],
                     resuming: bool) -> str | None:
+        held = 0
         if resuming:
             pieces, held = await resume(session, pieces, self.config.piece_bytes)
-            self._skipped[transfer.id] = held
             log.info("transfer %s resumes: the peer holds %d of %d bytes", transfer.id, held,
                      transfer.bytes_total)
-        return await send(session, pieces)
+        self._held[transfer.id] = held
+        return await send(session, tagged(pieces, transfer.id))
 
     def progress(self, transfer: Transfer) -> int:
+        """Bytes the peer holds: what it held when this attempt began (a resume's answer)
+        plus what it acknowledged since; the recorded figure while none runs."""
         active = self._active.get(transfer.id)
-        if active is None:
+        held = self._held.get(transfer.id)
+        if active is None or held is None:
             return transfer.bytes_done
         _, session, baseline = active
-        return min(transfer.bytes_total, max(0, acked_bytes(session.endpoint) - baseline))
+        return min(transfer.bytes_total, held + max(0, acked_bytes(session.endpoint) - baseline))
+
+    async def _watch_stalls(self) -> None:
+        """Mark an active transfer ``stalled`` when no byte moved for ``stall_seconds``
+        (the reason says what its peer looks like), ``active`` again when bytes move."""
+        while True:
+            await asyncio.sleep(min(1.0, self.config.stall_s / 4))
+            self.check_stalls(time.monotonic())
+
+    def check_stalls(self, now: float) -> None:
+        assert self.store is not None
+        for transfer_id, (_, session, _) in list(self._active.items()):
+            transfer = self.store.transfers.get(transfer_id)
+            if transfer is None:
+                continue
+            done = self.progress(transfer)
+            last = self._last_progress.get(transfer_id)
+            if last is None or done != last[0]:
+                self._last_progress[transfer_id] = (done, now)
+                if transfer.state == "stalled":
+                    self.store.fire(transfer, E.PROGRESS, reason=None)
+                continue
+            if now - last[1] >= self.config.stall_s:
+                reason = f"no progress for {self.config.stall_s:.0f} s: {self._peer_condition(session)}"
+                if transfer.state != "stalled" or transfer.reason != reason:
+                    self.store.fire(transfer, E.STALL, reason=reason)
+                    log.warning("transfer %s to %s stalled: %s", transfer.id, transfer.submission.peer,
+                                reason)
+
+    def _peer_condition(self, session: GatewaySession) -> str:
+        """What a stalled transfer's peer looks like, in a few words."""
+        peer = session.peer_name
+        if session.end_reason is not None:
+            return f"the session with peer {peer} ended ({session.end_reason})"
+        states = [p.state for p in session.endpoint.session.stats().paths]
+        if not any(state in ("active", "probing") for state in states):
+            return f"peer {peer} unreachable (paths {', '.join(states)})"
+        return f"peer {peer} acknowledges nothing (paths {', '.join(states)})"
 
     def cancel(self, transfer: Transfer) -> bool:
-        """Cancel a queued or active transfer; False when it already ended."""
+        """Cancel a transfer that has not ended; False when it already ended."""
         assert self.store is not None
-        if transfer.state in ("queued", "paused"):
+        if transfer.state in ("queued", "paused", "needs-resubmit"):
             self._disk_full.pop(transfer.id, None)
-            self.store.update(transfer, state="cancelled", reason="cancelled by request")
+            self.store.fire(transfer, E.CANCEL, reason="cancelled by request")
+            log.info("transfer %s to %s cancelled", transfer.id, transfer.submission.peer)
             return True
         active = self._active.get(transfer.id)
         if active is None:
@@ -479,6 +622,12 @@ class GatewayDaemon:
         self._cancelled.add(transfer.id)
         active[0].cancel()
         return True
+
+
+def _route_changed(old: PeerConfig, new: PeerConfig | None) -> bool:
+    """What a running session cannot take: the peer's paths, our data ports for it, its
+    DSCP (or the peer is gone). Its rate caps are applied live (``_apply_rates``)."""
+    return new is None or (old.paths, old.data_ports, old.dscp) != (new.paths, new.data_ports, new.dscp)
 
 
 def _retry(session: GatewaySession) -> bool:

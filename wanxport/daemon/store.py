@@ -8,7 +8,9 @@ one is queued, running, done or failed, and whether the daemon restarted in betw
 parameters is a conflict, never a silent second transfer. On start, a transfer that
 was active when the daemon stopped is queued again: the receiver keeps what it got.
 A paused transfer (the peer's disk was full; the daemon retries it with backoff) is
-queued again at start too: the wait it was in does not outlive the process.
+queued again at start too: the wait it was in does not outlive the process. Every
+change of state is an event of ``lifecycle.py``'s table (``fire``), so an illegal one
+is an error, not a silent change.
 
 A transfer that finishes (done, failed, cancelled) moves to ``finished.FinishedArchive``
 (one file each under ``DATA_DIR/finished/``, kept for a week): lookups by id and by key
@@ -29,12 +31,15 @@ from typing import Any
 
 from .durable import StateCorrupt, read_state, write_state
 from .finished import FinishedArchive
+from .lifecycle import FINAL as FINAL_STATES
+from .lifecycle import IllegalTransition, TransferEvent, TransferState, legal_move, next_state
 
 log = logging.getLogger(__name__)
 
-STATES = ("queued", "active", "paused", "done", "failed", "cancelled")
-FINAL = ("done", "failed", "cancelled")
-KEEP_FINISHED = 100  # in memory (and in the listing); older finished ones are read from disk
+STATES = tuple(s.value for s in TransferState)
+FINAL = tuple(s.value for s in FINAL_STATES)
+KEEP_FINISHED = 100  # in memory; older finished ones are read from disk
+LIST_LIMIT = 1000  # records a listing returns by default (the newest)
 
 
 class SubmitConflict(ValueError):
@@ -107,8 +112,8 @@ class TransferStore:
             return
         for raw in body or []:
             transfer = Transfer.from_json(raw)
-            if transfer.state in ("active", "paused"):
-                transfer.state = "queued"  # the daemon stopped while it ran or waited: run it again
+            if transfer.state not in FINAL:  # the daemon stopped while it ran or waited: run it again
+                transfer.state = next_state(TransferState(transfer.state), TransferEvent.RESTART).value
             self.transfers[transfer.id] = transfer
             self._by_key[transfer.key] = transfer.id
         finished = [t for t in self.transfers.values() if t.state in FINAL]
@@ -164,10 +169,21 @@ class TransferStore:
         record = self.archive.get(transfer_id)
         return None if record is None else Transfer.from_json(record)
 
+    def fire(self, transfer: Transfer, event: TransferEvent, **changes: Any) -> Transfer:
+        """Move ``transfer`` by ``event`` (IllegalTransition if its state cannot take it),
+        change its other fields, and persist."""
+        state = next_state(TransferState(transfer.state), event)
+        return self.update(transfer, state=state.value, **changes)
+
     def update(self, transfer: Transfer, **changes: Any) -> Transfer:
-        """Change a transfer's fields (state, reason, bytes) and persist."""
-        if "state" in changes and changes["state"] not in STATES:
-            raise ValueError(f"state {changes['state']!r}")
+        """Change a transfer's fields (state, reason, bytes) and persist; a new state must
+        be a move of the lifecycle table (IllegalTransition otherwise)."""
+        if "state" in changes and changes["state"] != transfer.state:
+            if changes["state"] not in STATES:
+                raise ValueError(f"state {changes['state']!r}")
+            if not legal_move(TransferState(transfer.state), TransferState(changes["state"])):
+                raise IllegalTransition(f"transfer {transfer.id}: {transfer.state} -> {changes['state']} "
+                                        "is not a move of the lifecycle table")
         for name, value in changes.items():
             setattr(transfer, name, value)
         transfer.updated = time.time()
@@ -180,6 +196,21 @@ class TransferStore:
             self._prune()
         self.save()
         return transfer
+
+    def history(self, limit: int = LIST_LIMIT, state: str | None = None,
+                peer: str | None = None) -> list[Transfer]:
+        """The newest ``limit`` transfers (unfinished ones and the archive's), oldest first,
+        optionally only those in ``state`` or to ``peer``: what ``transfer list`` shows,
+        across restarts."""
+        def wanted(record: dict[str, Any]) -> bool:
+            return (state in (None, record.get("state"))) and (peer in (None, record.get("peer")))
+
+        found = {t.id: t for t in self.transfers.values() if wanted(t.to_json())}
+        if state is None or state in FINAL:
+            for record in self.archive.newest(limit, wanted):
+                if record["id"] not in found:
+                    found[record["id"]] = Transfer.from_json(record)
+        return sorted(found.values(), key=lambda t: t.created)[-limit:]
 
     def queued(self) -> list[Transfer]:
         return sorted((t for t in self.transfers.values() if t.state == "queued"), key=lambda t: t.created)

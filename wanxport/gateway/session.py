@@ -227,6 +227,12 @@ class GatewaySession:
         return self._ended.result() if self._ended.done() else self._close_reason
 
     @property
+    def closed_here(self) -> bool:
+        """This side's ``close`` ended (or is ending) the session: its reason is ours, not
+        the peer's goodbye (which a receiver may act on)."""
+        return self._closed
+
+    @property
     def datagrams_rejected(self) -> int:
         return self.endpoint.datagrams_rejected
 
