@@ -98,7 +98,7 @@ def test_bad_reload_keeps_the_running_config(pki: Path, tmp_path: Path, notify: 
         proc.send_signal(signal.SIGHUP)
         assert notify.next().get("RELOADING") == "1" and notify.next().get("READY") == "1"
         assert [p["name"] for p in client.status()["peers"]] == ["gw-b", "gw-c"]
-        assert "peers added: gw-c" in log_of(a_cfg)
+        assert "reload: peer gw-c added" in log_of(a_cfg)
     finally:
         assert _stop(proc) == 0
 

@@ -22,6 +22,7 @@ import json
 import socket
 import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -117,8 +118,24 @@ class GatewayClient:
         result: dict[str, Any] = self._ok("GET", f"/v1/transfers/{transfer_id}")
         return result
 
-    def list(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._ok("GET", "/v1/transfers")["transfers"]
+    def list(self, state: str | None = None, peer: str | None = None,
+             limit: int | None = None) -> list[dict[str, Any]]:
+        """Transfers, oldest first: the newest 1,000 (or ``limit``) the daemon knows,
+        finished ones included across restarts; ``state``/``peer`` filter."""
+        query = {k: v for k, v in (("state", state), ("peer", peer), ("limit", limit)) if v is not None}
+        path = "/v1/transfers" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        result: list[dict[str, Any]] = self._ok("GET", path)["transfers"]
+        return result
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the daemon's config file (as SIGHUP): {taken, changes, at_restart, error};
+        ApiError (422) when the new file is refused."""
+        result: dict[str, Any] = self._ok("POST", "/v1/reload")
+        return result
+
+    def drain(self) -> dict[str, Any]:
+        """Drain the daemon and let it exit (as SIGTERM): {draining, active, drain_seconds}."""
+        result: dict[str, Any] = self._ok("POST", "/v1/drain")
         return result
 
     def cancel(self, transfer_id: str) -> dict[str, Any]:

@@ -1,10 +1,14 @@
-"""``wanxport gateway CONFIG.toml`` and ``wanxport transfer submit|status|cancel|list``.
+"""``wanxport gateway CONFIG.toml``, ``wanxport gateway reload|drain CONFIG.toml`` and
+``wanxport transfer submit|status|watch|cancel|list``.
 
 ``gateway --check`` validates the file (and that the identity and CA exist)
 without binding anything: exit 0, or exit 2 with the one line naming the field.
 A config that cannot start (a port in use) is also a usage error, exit 2. The
 ``transfer`` verbs talk to a running daemon through ``wanxport.client``; the
 socket is the config's ``api_socket`` (``--config``) or ``--socket`` given directly.
+``gateway reload`` and ``gateway drain`` do through the API what SIGHUP and SIGTERM
+do (for an operator who is not the daemon's user, or not on a host with systemctl),
+and print what the daemon answered: for a reload, the changes it applied.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ from wanxport.client import ApiError, GatewayClient
 from wanxport.usage import UsageError
 
 from .config import ConfigError, check_files, describe, load_config
+from .store import LIST_LIMIT, STATES
+from .watch import watch
 
 FAILED = 1
+CONTROL_VERBS = ("reload", "drain")  # `wanxport gateway VERB CONFIG.toml`: through the API
 
 
 def register(subparsers: Any) -> None:
@@ -29,7 +36,11 @@ def register(subparsers: Any) -> None:
                               description="Run one long-lived gateway: bind every path's port, "
                                           "keep sessions with the configured peers, serve the "
                                           "transfer API (docs/operations.md).")
-    p.add_argument("config", metavar="CONFIG.toml", type=Path)
+    p.add_argument("config", metavar="CONFIG.toml", type=Path,
+                   help="the config to run; or `reload` / `drain` followed by the running daemon's "
+                        "CONFIG.toml (or --socket): re-read its config / drain it, through its API")
+    p.add_argument("verb_config", nargs="?", type=Path, metavar="CONFIG.toml", help=argparse.SUPPRESS)
+    p.add_argument("--socket", type=Path, metavar="PATH", help="with reload/drain: the daemon's API socket")
     p.add_argument("--check", action="store_true", help="validate the config and exit (0 or 2)")
     p.add_argument("--verbose", "-v", action="store_true", help="log at INFO (default WARNING)")
     p.set_defaults(func=run_gateway)
@@ -47,16 +58,26 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     submit.add_argument("--key", help="idempotency key: submitting it again returns the same transfer")
     submit.add_argument("--wait", action="store_true", help="wait until the transfer is final")
+    submit.add_argument("--progress", action="store_true",
+                        help="show a live progress line until the transfer is final (as `watch`)")
     status = verbs.add_parser("status", help="one transfer's state and progress")
     status.add_argument("id")
     status.add_argument("--wait", action="store_true", help="wait until the transfer is final")
-    cancel = verbs.add_parser("cancel", help="cancel a queued or active transfer")
+    watch_verb = verbs.add_parser("watch", help="a live progress line until the transfer is final")
+    watch_verb.add_argument("id")
+    cancel = verbs.add_parser("cancel", help="cancel a transfer that has not ended")
     cancel.add_argument("id")
-    verbs.add_parser("list", help="every transfer the daemon knows")
+    listing = verbs.add_parser("list", help="transfers, oldest first, across restarts")
+    listing.add_argument("--state", choices=STATES, help="only transfers in this state")
+    listing.add_argument("--peer", help="only transfers to this peer")
+    listing.add_argument("--limit", type=int, default=LIST_LIMIT,
+                         help=f"the newest N records (default {LIST_LIMIT})")
     p.set_defaults(func=run_transfer)
 
 
 def run_gateway(args: argparse.Namespace) -> int:
+    if str(args.config) in CONTROL_VERBS:
+        return run_control(args)
     try:
         config = load_config(args.config)
         check_files(config)
@@ -77,14 +98,38 @@ def run_gateway(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
-def run_transfer(args: argparse.Namespace) -> int:
-    if args.config is not None:
-        try:
-            socket_path = load_config(args.config).api_socket
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
+def run_control(args: argparse.Namespace) -> int:
+    """``gateway reload|drain``: the running daemon's API does what SIGHUP/SIGTERM do."""
+    verb = str(args.config)
+    if (args.verb_config is None) == (args.socket is None):
+        raise UsageError(f"gateway {verb}: give the running daemon's CONFIG.toml or --socket PATH")
+    socket_path = args.socket if args.socket is not None else _api_socket(args.verb_config)
+    client = GatewayClient(str(socket_path))
+    try:
+        result = client.reload() if verb == "reload" else client.drain()
+    except ApiError as exc:
+        print(f"wanxport gateway {verb}: {exc}", file=sys.stderr)
+        return FAILED
+    except OSError as exc:
+        print(f"wanxport gateway {verb}: no gateway answers on {socket_path} ({exc.strerror or exc})",
+              file=sys.stderr)
+        return FAILED
+    if verb == "reload":
+        print("reload: " + ("; ".join(result["changes"] + result["at_restart"]) or "no change"))
     else:
-        socket_path = args.socket
+        print(f"draining: {result['active']} transfers get {result['drain_seconds']:g} s to finish")
+    return 0
+
+
+def _api_socket(config: Path) -> Path:
+    try:
+        return load_config(config).api_socket
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_transfer(args: argparse.Namespace) -> int:
+    socket_path = _api_socket(args.config) if args.config is not None else args.socket
     client = GatewayClient(str(socket_path))
     try:
         result = _verb(client, args)
@@ -105,9 +150,13 @@ def _verb(client: GatewayClient, args: argparse.Namespace) -> Any:
     if args.verb == "submit":
         transfer = client.submit(args.peer, str(args.source.absolute()), args.dest,
                                  overwrite=args.overwrite, key=args.key)
+        if args.progress:
+            return watch(client, transfer["id"], sys.stderr)
         return client.wait(transfer["id"]) if args.wait else transfer
     if args.verb == "status":
         return client.wait(args.id) if args.wait else client.get(args.id)
+    if args.verb == "watch":
+        return watch(client, args.id, sys.stderr)
     if args.verb == "cancel":
         return client.cancel(args.id)
-    return client.list()
+    return client.list(args.state, args.peer, args.limit)

@@ -6,11 +6,16 @@ POST     /v1/transfers               submit {peer, source, dest?, overwrite?,
                                      header): 201 new, 200 the same key again,
                                      409 the key with other parameters,
                                      422 a source that cannot be sent (at once)
-GET      /v1/transfers               list, newest last
+GET      /v1/transfers               list, newest last: the newest 1,000 (``?limit=N``),
+                                     across restarts (finished ones from the archive);
+                                     ``?state=S`` and ``?peer=P`` filter
 GET      /v1/transfers/ID            one transfer: state, reason, progress
 POST     /v1/transfers/ID/cancel     cancel a queued or active transfer
 GET      /v1/status                  site, instance, paths, peers (their data ports and
                                      session), draining, asyncio_tasks
+POST     /v1/reload                  re-read the config file, as SIGHUP does: 200 with
+                                     {taken, changes, at_restart}, 422 when refused
+POST     /v1/drain                   drain and exit, as SIGTERM does: 202
 =======  ==========================  =============================================
 
 While the daemon drains, submissions get 503.
@@ -19,7 +24,9 @@ While the daemon drains, submissions get 503.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 from wanxport import __version__
 from wanxport.control import PROTOCOL_VERSION
@@ -27,7 +34,7 @@ from wanxport.gateway.config import format_endpoint
 
 from .outbox import SourceError, default_dest, plan
 from .peers import dialled_by
-from .store import FINAL, Submission, SubmitConflict, Transfer
+from .store import FINAL, LIST_LIMIT, STATES, Submission, SubmitConflict, Transfer
 
 if TYPE_CHECKING:
     from .service import GatewayDaemon
@@ -48,11 +55,18 @@ class Routes:
         rest = parts[1:]
         if rest == ["status"] and method == "GET":
             return 200, self._status()
+        if rest == ["reload"] and method == "POST":
+            result = self.daemon.reload()
+            return (200 if result.taken else 422), dataclasses.asdict(result)
+        if rest == ["drain"] and method == "POST":
+            active = self.daemon.active_count
+            self.daemon.request_stop()
+            return 202, {"draining": True, "active": active, "drain_seconds": self.daemon.config.drain_s}
         if rest == ["transfers"]:
             if method == "POST":
                 return self._submit(headers, body)
             if method == "GET":
-                return 200, {"transfers": [self._view(t) for t in self._store().transfers.values()]}
+                return self._list(target)
         if len(rest) >= 2 and rest[0] == "transfers":
             transfer = self._store().get(rest[1])
             if transfer is None:
@@ -65,6 +79,16 @@ class Routes:
                                  **self._view(transfer)}
                 return 200, self._view(transfer)
         return 405 if path.startswith("/v1/") else 404, {"error": f"{method} {path}: not supported"}
+
+    def _list(self, target: str) -> tuple[int, Any]:
+        query = {k: v[-1] for k, v in parse_qs(target.partition("?")[2]).items()}
+        state, peer, limit = query.get("state"), query.get("peer"), query.get("limit", str(LIST_LIMIT))
+        if state is not None and state not in STATES:
+            return 400, {"error": f"state: {state!r} is not valid; use one of {', '.join(STATES)}"}
+        if not limit.isdigit() or int(limit) < 1:
+            return 400, {"error": f"limit: {limit!r} is not valid; use a whole number >= 1"}
+        transfers = self._store().history(int(limit), state, peer)
+        return 200, {"transfers": [self._view(t) for t in transfers]}
 
     def _store(self) -> Any:
         assert self.daemon.store is not None

@@ -76,7 +76,7 @@ from .outbox import OutgoingPiece, SourceError, plan, resume, send, tagged
 from .pathcache import PathCache
 from .peers import ABORTED, CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
 from .ports import PeerPorts
-from .reload import reload
+from .reload import ReloadResult, certificate_digest, reload
 from .routes import Routes
 from .store import Transfer, TransferStore
 from .tally import Tally
@@ -111,6 +111,7 @@ class GatewayDaemon:
         self.metrics_server: MetricsServer | None = None
         self.api: ApiServer | None = None
         self.draining = False
+        self.identity_digest = certificate_digest(config.identity)  # a reload tells a renewal by it
         self._stopped = asyncio.Event()
         self._wake = asyncio.Event()
         self._workers: dict[str, asyncio.Task[None]] = {}
@@ -174,12 +175,15 @@ class GatewayDaemon:
                        asyncio.create_task(trim_periodically())]
         if self.signals:
             loop = asyncio.get_running_loop()
-            loop.add_signal_handler(signal.SIGHUP, self.reload)
+            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
         log.info("gateway ready: %s; API on %s%s", describe(config), config.api_socket,
                  f" and TLS {self.api.tcp_address}" if self.api.tcp_address else "")
         self.notifier.ready(describe(config))
+
+    def _on_sighup(self) -> None:
+        self.reload()
 
     def request_stop(self) -> None:
         if not self.draining:
@@ -225,13 +229,13 @@ class GatewayDaemon:
         if self.metrics_server is not None:
             self.metrics_server.close()
 
-    def reload(self) -> bool:
+    def reload(self) -> ReloadResult:
         """SIGHUP or ``POST /v1/reload``: re-read the file and apply what changed
-        (``reload.py``); True when the new config was taken."""
+        (``reload.py``)."""
         self.notifier.reloading()
         before = {p.name: p for p in self.config.peers}
-        taken = reload(self)
-        if taken:
+        result = reload(self)
+        if result.taken:
             for name, peer in before.items():
                 if _route_changed(peer, self.config.peer(name)):  # or the peer was removed
                     self._refresh.add(name)  # its warm session ends after the current transfer
@@ -240,7 +244,7 @@ class GatewayDaemon:
                 self._apply_rates(session)
             self._wake.set()  # a peer may have come back into the config
         self.notifier.ready(describe(self.config))
-        return taken
+        return result
 
     def _apply_rates(self, session: GatewaySession) -> None:
         """The config's rate caps for the session's peer (its own, or ``[limits]``'s), in
@@ -560,6 +564,11 @@ class GatewayDaemon:
                      transfer.bytes_total)
         self._held[transfer.id] = held
         return await send(session, tagged(pieces, transfer.id))
+
+    @property
+    def active_count(self) -> int:
+        """Transfers being sent right now."""
+        return len(self._active)
 
     def progress(self, transfer: Transfer) -> int:
         """Bytes the peer holds: what it held when this attempt began (a resume's answer)
