@@ -142,6 +142,7 @@ async def test_bad_client_certificate_is_refused(server, pki: Path, name: str, r
     server_error = await asyncio.wait_for(rec.rejected, 5)
     assert isinstance(server_error, CertificateError)
     assert f"client certificate '{name}' refused" in str(server_error)
+    assert "(from 127.0.0.1:" in str(server_error), "a refusal names where it came from"
     assert rec.sessions == [] and srv.rejected_total == 1
 
 
@@ -157,6 +158,7 @@ async def test_client_without_certificate_is_refused(server, pki: Path) -> None:
                        keepalive_s=0.3)
     server_error = await asyncio.wait_for(rec.rejected, 5)
     assert "client certificate required" in str(server_error)
+    assert "(from 127.0.0.1:" in str(server_error)
     assert rec.sessions == []
 
 

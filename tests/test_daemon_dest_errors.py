@@ -82,8 +82,9 @@ async def test_a_read_only_destination_fails_at_both_ends_without_spinning(
     assert not any("shutting down" in m for m in sender if "session with" in m), sender
 
 
-async def test_permission_denied_fails_with_eacces(tmp_path: Path, pki: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_permission_denied_fails_with_eacces(tmp_path: Path, pki: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="wanxport.daemon")
     def denied(self: Inbox, name: str, size: int) -> None:
         raise OSError(errno.EACCES, os.strerror(errno.EACCES))
 
@@ -91,6 +92,9 @@ async def test_permission_denied_fails_with_eacces(tmp_path: Path, pki: Path,
     transfer = await send_one(tmp_path, pki, 50_000)
     assert transfer.state == "failed" and transfer.attempts == 1, transfer
     assert "dest x.bin: Permission denied (EACCES)" in (transfer.reason or ""), transfer.reason
+    receipts = [r.getMessage() for r in caplog.records if r.name == "wanxport.daemon.receipts"]
+    assert receipts == [f"transfer {transfer.id} from gw-a failed here: "
+                        "dest x.bin: Permission denied (EACCES)"]
 
 
 def test_which_destination_errors_wait_and_which_fail() -> None:

@@ -31,6 +31,7 @@ from wanxport.aio.datapath import Datapath, Received
 from wanxport.aio.plan import plan_transmits
 from wanxport.aio.port import PathPort
 from wanxport.aio.python_path import PythonDatapath
+from wanxport.aio.ratelog import RateLimitedLog
 from wanxport.aio.sockets import open_path_socket
 from wanxport.aio.verify import ShardHasher
 from wanxport.core.config import PACER_HEADROOM
@@ -48,6 +49,7 @@ HOLDOFF_RTT_RATIO = 8  # a path's smoothed RTT is at least this many receive hol
 # After a drain found its socket pressed (Received.pressed), the hold-off stays off this long:
 # a flood or a burst larger than the buffer would otherwise fill it again while held.
 HOLDOFF_YIELD_S = 0.5
+PATH_LOG_INTERVAL_S = 60.0  # at most one "path X: a -> b" line per path per minute
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,8 @@ class Endpoint:
         self._acks: dict[int, asyncio.Future[bool]] = {}
         #: Called with each ``PathChanged`` (a path's health state moved), on the loop.
         self.path_listeners: list[Callable[[PathChanged], None]] = []
+        # A flapping path: a line a minute (the latest change, with the count held back).
+        self._path_log = RateLimitedLog(log, PATH_LOG_INTERVAL_S, schedule=self._call_later)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -277,6 +281,11 @@ class Endpoint:
                 if not fut.done():
                     fut.set_exception(ConnectionError("endpoint closed"))
             self._loop = None
+            self._path_log.flush_all()  # the paths' last state, if a change was held back
+
+    def _call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        if self._loop is not None:
+            self._loop.call_later(delay_s, callback)
 
     async def __aenter__(self) -> Endpoint:
         self.start()
@@ -599,7 +608,8 @@ class Endpoint:
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(event)
         elif isinstance(event, PathChanged):
-            log.info("path %s: %s -> %s", event.name, event.old, event.new)
+            self._path_log.log(event.name, logging.INFO, "path %s: %s -> %s", event.name, event.old,
+                               event.new)
             for listener in self.path_listeners:
                 listener(event)
 

@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 SessionCallback = Callable[[ControlChannel], Awaitable[None] | None]
 
 
+def format_source(address: NetworkAddress) -> str:
+    host, port = str(address[0]), int(address[1])
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class _PortServer(QuicServer):
     """aioquic's server with its silent drops counted (see ``drops``) and its
     handshakes admitted by ``admission`` (Retry under load, caps, rate limits).
@@ -74,6 +79,7 @@ class _PortServer(QuicServer):
         self._retry_handler = self._retry  # aioquic's stateless token handler; used per Initial
         self._make_link = create_protocol
         self._created: Link | None = None
+        self._source: NetworkAddress | None = None  # the datagram being handled came from here
 
     @property
     def half_open(self) -> int:
@@ -83,7 +89,7 @@ class _PortServer(QuicServer):
                    and not link.ended)
 
     def _create(self, quic: QuicConnection, stream_handler: Any = None) -> Link:
-        self._created = self._make_link(quic, stream_handler)
+        self._created = self._make_link(quic, stream_handler, self._source)
         return self._created
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
@@ -102,6 +108,7 @@ class _PortServer(QuicServer):
             use_retry = verdict is Verdict.RETRY or bool(header.token)
             self._retry = self._retry_handler if use_retry else None
         self._created = None
+        self._source = addr
         self._drops.begin()
         super().datagram_received(data, addr)
         if self._drops.end() and self._created is not None:
@@ -205,9 +212,12 @@ class ControlServer:
     def serve_on(self, port: PathPort) -> tuple[str, int]:
         """Accept control connections on a path's shared port; returns its address."""
         address = port.address
-        where = f"control listener {address[0]}:{address[1]}"
-
-        def create_protocol(quic: QuicConnection, stream_handler: Any = None) -> Link:
+        def create_protocol(quic: QuicConnection, stream_handler: Any = None,
+                            source: NetworkAddress | None = None) -> Link:
+            # Every refusal logged for this connection names where it came from.
+            where = f"control listener {address[0]}:{address[1]}"
+            if source is not None:
+                where += f" (from {format_source(source)})"
             install_client_auth(quic, self._ca)
             link = Link(quic, where=where, keepalive_s=self._keepalive_s)
             link.on_frame = self._on_setup_frame

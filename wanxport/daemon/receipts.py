@@ -63,7 +63,7 @@ class Receipts:
         if entry.landed >= entry.files:
             self._open.pop(entry.transfer, None)
             elapsed = max(self.clock() - entry.started, 1e-6)
-            log.info("received transfer %s from %s: %d files, %s in %.1f s (%s)", entry.transfer, self.peer,
+            log.info("received transfer %s from %s: %d files, %s in %.2f s (%s)", entry.transfer, self.peer,
                      entry.landed, format_size(entry.bytes), elapsed, format_rate(entry.bytes * 8 / elapsed))
 
     def failed(self, name: str, error: str) -> None:

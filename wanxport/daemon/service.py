@@ -527,7 +527,7 @@ class GatewayDaemon:
         stats["skipped_bytes"] = skipped
         self.store.fire(transfer, E.FINISH, bytes_done=transfer.bytes_total, stats=stats)
         self._disk_full.pop(transfer.id, None)
-        log.info("transfer %s to %s done: %s in %.1f s (%s)%s", transfer.id, transfer.submission.peer,
+        log.info("transfer %s to %s done: %s in %.2f s (%s)%s", transfer.id, transfer.submission.peer,
                  format_size(transfer.bytes_total), stats["elapsed_s"], format_rate(stats["goodput_bps"]),
                  f", {format_size(skipped)} already at the peer" if skipped else "")
 
