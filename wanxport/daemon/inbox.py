@@ -305,8 +305,7 @@ class Inbox(FileSink):
         """The session ended: keep every partial file and its state for a resume, unless
         the sender ended it to cancel its transfer (then they go)."""
         reason = self._session.end_reason if self._session is not None else None
-        if self._session is not None and not self._session.closed_here and \
-                (reason or "").startswith(CANCELLED):
+        if self._session is not None and self._session.peer_reason == CANCELLED:
             self._remove_cancelled()
         for incoming in self.files.values():
             log.info("kept %s for a resume (%d of %d bytes verified)", incoming.partial,

@@ -63,10 +63,11 @@ class DaemonListener(GatewayListener):
 
     async def _on_session(self, channel: ControlChannel) -> None:
         peer = channel.peer_name
+        via = channel.via or "its address unknown"  # the control link it came over, with its source
         directory = self._peer_dir(peer)
         if directory is None:
             self.setup_failures += 1
-            log.warning("refused a session from %r (%s): not a configured peer", peer, channel.via)
+            log.warning("refused a session from %r (%s): not a configured peer", peer, via)
             await _refuse(channel, f"{peer!r} is not a configured peer")
             return
         inbox = self._on_inbox(directory)
@@ -83,7 +84,7 @@ class DaemonListener(GatewayListener):
             if isinstance(exc, SetupError) and str(exc).startswith("one session per peer pair"):
                 return  # the rule refused it (counted there); the peer keeps the other one
             self.setup_failures += 1
-            log.warning("incoming session from %s (%s) failed: %s", peer, channel.via, exc)
+            log.warning("incoming session from %s (%s) failed: %s", peer, via, exc)
 
     # -- reload ---------------------------------------------------------------
 

@@ -100,6 +100,7 @@ class GatewaySession:
         self._resume_answers: dict[int, asyncio.Future[ResumeHave]] = {}
         self._ended: asyncio.Future[str] = self._loop.create_future()
         self._failure: Exception | None = None
+        self._peer_reason: str | None = None
         self._tasks = [asyncio.create_task(self._read_control()), asyncio.create_task(self._rotate())]
         if role == "responder" or stall_timeout_s is not None:  # we receive
             self._tasks.append(asyncio.create_task(self._watch_data_close()))
@@ -227,10 +228,10 @@ class GatewaySession:
         return self._ended.result() if self._ended.done() else self._close_reason
 
     @property
-    def closed_here(self) -> bool:
-        """This side's ``close`` ended (or is ending) the session: its reason is ours, not
-        the peer's goodbye (which a receiver may act on)."""
-        return self._closed
+    def peer_reason(self) -> str | None:
+        """The reason the peer gave for ending the session (its goodbye, or its data-plane
+        CLOSE), if the peer ended it; None when this side or a failure did."""
+        return self._peer_reason
 
     @property
     def datagrams_rejected(self) -> int:
@@ -331,7 +332,7 @@ class GatewaySession:
         elif isinstance(msg, KeyUpdate):
             self.keys.on_key_update(msg, self.endpoint)
         elif isinstance(msg, Bye):
-            self._end(msg.reason or "bye")
+            self._end(msg.reason or "bye", peer_reason=msg.reason)
         elif isinstance(msg, ResumeQuery):
             handler = self.resume_handler
             await self.channel.send(await handler(msg) if handler is not None
@@ -352,7 +353,7 @@ class GatewaySession:
         if self._closed:
             return  # our own close
         log.info("data plane closed by the peer (%s)", closed.error or closed.code)
-        self._end(f"peer closed the data plane ({closed.error or closed.code})")
+        self._end(f"peer closed the data plane ({closed.error or closed.code})", peer_reason=closed.error)
 
     async def _watch_stall(self, timeout_s: float) -> None:
         """A sender that opens shards and then stops sending (while its control channel
@@ -382,8 +383,9 @@ class GatewaySession:
             if keys is not None:
                 await self.channel.send(keys)
 
-    def _end(self, reason: str) -> None:
+    def _end(self, reason: str, peer_reason: str | None = None) -> None:
         if not self._ended.done():
+            self._peer_reason = peer_reason
             self._ended.set_result(reason)
 
     def _fail(self, exc: Exception) -> None:
