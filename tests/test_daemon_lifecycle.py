@@ -96,3 +96,29 @@ def test_history_lists_finished_transfers_across_restarts_newest_kept(tmp_path: 
     assert [t.id for t in reopened.history(state="failed")] == [ids[i] for i in (0, 3, 6, 9)]
     assert [t.id for t in reopened.history(peer="gw-c", state="done")] == [ids[i] for i in (2, 4, 8, 10)]
     assert [t.id for t in reopened.history(state="queued")] == [waiting.id]
+
+
+async def test_transfer_list_shows_history_after_a_restart_and_filters(tmp_path: Path) -> None:
+    import asyncio
+
+    from daemon_helpers import make_pki, running, two_sites
+
+    from wanxport.client import ApiError, GatewayClient
+
+    a_cfg, b_cfg = two_sites(tmp_path, make_pki(tmp_path / "pki"))
+    (tmp_path / "x.bin").write_bytes(b"x" * 1000)
+    async with running(a_cfg) as a, running(b_cfg):
+        client = GatewayClient(str(a.config.api_socket))
+        ids = []
+        for key in ("one", "two"):
+            t = await asyncio.to_thread(client.submit, "gw-b", str(tmp_path / "x.bin"), key, key=key)
+            assert (await asyncio.to_thread(client.wait, t["id"], 60))["state"] == "done"
+            ids.append(t["id"])
+    async with running(a_cfg) as a:  # restarted: memory holds none of them
+        assert a.store is not None and a.store.transfers == {}
+        client = GatewayClient(str(a.config.api_socket))
+        assert [t["id"] for t in await asyncio.to_thread(client.list)] == ids
+        assert [t["id"] for t in await asyncio.to_thread(client.list, "done", "gw-b", 1)] == ids[1:]
+        assert await asyncio.to_thread(client.list, "failed") == []
+        with pytest.raises(ApiError, match="state: 'finished' is not valid"):
+            await asyncio.to_thread(client.list, "finished")

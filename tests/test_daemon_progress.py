@@ -127,6 +127,9 @@ async def test_no_progress_for_stall_seconds_shows_stalled_with_the_reason(
         assert stalled["state"] == "stalled", stalled
         assert stalled["reason"].startswith("no progress for 60 s: peer gw-b acknowledges nothing (paths "), \
             stalled
+        assert view(a, t["id"])["updated"] == stalled["updated"], "checked again: nothing to write"
+        a.check_stalls(now + a.config.stall_s + 5)
+        assert view(a, t["id"])["updated"] == stalled["updated"]
         monkeypatch.setattr(a, "progress", real_progress)
         await until(lambda: a.progress(a.store.get(t["id"])) != frozen, "bytes move again")  # type: ignore[union-attr,arg-type]
         a.check_stalls(now + a.config.stall_s + 1)
@@ -165,3 +168,21 @@ async def test_transfer_watch_follows_a_transfer_to_the_end(pki: Path, tmp_path:
     assert updates[-1].split()[:2] == [f"{8 << 20:,}", "100%"] and updates[-1].rstrip().endswith("done")
     assert len(updates) >= 3, "a line rewritten in place while it ran"
     assert '"state": "done"' in out.decode()
+
+
+async def test_a_peer_whose_data_plane_died_shows_stalled_unreachable_at_once(pki: Path,
+                                                                               tmp_path: Path) -> None:
+    """The peer's data plane stops (its control channel lives on, as a killed peer's does
+    for its resume window): the transfer does not wait stall_seconds to say so."""
+    a_cfg, b_cfg = two_sites(tmp_path, pki, extra=SLOW)
+    src = source(tmp_path)
+    async with running(a_cfg) as a, running(b_cfg) as b:
+        client = GatewayClient(str(a.config.api_socket))
+        t = await asyncio.to_thread(client.submit, "gw-b", str(src))
+        await until(lambda: view(a, t["id"])["state"] == "active" and held(a, t["id"]) > 0, "sending")
+        b.sessions["gw-a"].endpoint.abort()  # gone without a word
+        await until(lambda: view(a, t["id"])["state"] != "active", "not active with frozen bytes")
+        record = await asyncio.to_thread(client.get, t["id"])
+        assert a.config.stall_s == 60
+        assert record["state"] == "stalled" and "peer gw-b unreachable (paths " in record["reason"], record
+        await asyncio.to_thread(client.cancel, t["id"])

@@ -588,6 +588,9 @@ class GatewayDaemon:
             self.check_stalls(time.monotonic())
 
     def check_stalls(self, now: float) -> None:
+        """``stalled`` after ``stall_seconds`` without progress, or at once when no path to
+        the peer is usable (a killed peer's session can outlive it by the control channel's
+        resume window: it must not look active meanwhile); ``active`` when bytes move."""
         assert self.store is not None
         for transfer_id, (_, session, _) in list(self._active.items()):
             transfer = self.store.transfers.get(transfer_id)
@@ -600,22 +603,23 @@ class GatewayDaemon:
                 if transfer.state == "stalled":
                     self.store.fire(transfer, E.PROGRESS, reason=None)
                 continue
-            if now - last[1] >= self.config.stall_s:
-                reason = f"no progress for {self.config.stall_s:.0f} s: {self._peer_condition(session)}"
-                if transfer.state != "stalled" or transfer.reason != reason:
+            reachable, condition = self._peer_condition(session)
+            if now - last[1] >= self.config.stall_s or not reachable:
+                reason = f"no progress for {now - last[1]:.0f} s: {condition}"
+                if transfer.state != "stalled" or not (transfer.reason or "").endswith(condition):
                     self.store.fire(transfer, E.STALL, reason=reason)
                     log.warning("transfer %s to %s stalled: %s", transfer.id, transfer.submission.peer,
                                 reason)
 
-    def _peer_condition(self, session: GatewaySession) -> str:
-        """What a stalled transfer's peer looks like, in a few words."""
+    def _peer_condition(self, session: GatewaySession) -> tuple[bool, str]:
+        """(any path to the peer usable, what the peer looks like in a few words)."""
         peer = session.peer_name
         if session.end_reason is not None:
-            return f"the session with peer {peer} ended ({session.end_reason})"
+            return False, f"the session with peer {peer} ended ({session.end_reason})"
         states = [p.state for p in session.endpoint.session.stats().paths]
         if not any(state in ("active", "probing") for state in states):
-            return f"peer {peer} unreachable (paths {', '.join(states)})"
-        return f"peer {peer} acknowledges nothing (paths {', '.join(states)})"
+            return False, f"peer {peer} unreachable (paths {', '.join(states)})"
+        return True, f"peer {peer} acknowledges nothing (paths {', '.join(states)})"
 
     def cancel(self, transfer: Transfer) -> bool:
         """Cancel a transfer that has not ended; False when it already ended."""

@@ -315,7 +315,9 @@ class FileSink:
         self.written_bytes += incoming.size
         if self._keep_names:
             self.written.append(final)
-        log.info("received %s (%d bytes)", final, incoming.size)
+        # A warm daemon's sessions land thousands of files: it logs whole transfers instead.
+        level = logging.INFO if self._keep_names else logging.DEBUG
+        log.log(level, "received %s (%d bytes)", final, incoming.size)
 
     def _discard(self, incoming: _IncomingFile) -> None:
         incoming.close()
