@@ -33,6 +33,8 @@ CONTROL_VERBS = ("reload", "drain")  # `wanxport gateway VERB CONFIG.toml`: thro
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("gateway", help="run the gateway daemon from a config file",
+                              usage="wanxport gateway [-h] [--check] [--verbose] CONFIG.toml\n"
+                                    "       wanxport gateway {reload,drain} (CONFIG.toml | --socket PATH)",
                               description="Run one long-lived gateway: bind every path's port, "
                                           "keep sessions with the configured peers, serve the "
                                           "transfer API (docs/operations.md).")
