@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -63,7 +64,8 @@ def written_pieces(partial: Path, source: bytes) -> int:
 
 
 async def test_full_disk_pauses_keeps_the_partial_and_resumes_once_space_returns(
-        tmp_path: Path, small_received: Path) -> None:
+        tmp_path: Path, small_received: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="wanxport.daemon")
     pki = make_pki(tmp_path / "pki")
     a_cfg, b_cfg = two_sites(tmp_path, pki, extra=f'[transfer]\ncheckpoint_bytes = "{CHECKPOINT}"')
     source = np.random.default_rng(16).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
@@ -77,6 +79,9 @@ async def test_full_disk_pauses_keeps_the_partial_and_resumes_once_space_returns
         assert transfer.state == "paused", transfer
         assert "ENOSPC" in (transfer.reason or "") and "big.bin" in (transfer.reason or ""), transfer.reason
         assert transfer.bytes_done == 0 and transfer.stats is None, "nothing reported delivered"
+        receiver = [r.getMessage() for r in caplog.records if r.name == "wanxport.daemon.receipts"]
+        assert any(m.startswith(f"transfer {transfer.id} from gw-a paused here: dest big.bin: no room")
+                   for m in receiver), receiver
         inbox = small_received / "gw-a"
         assert not (inbox / "big.bin").exists(), "no file under its final name"
         partial = inbox / ".big.bin.partial"

@@ -212,16 +212,16 @@ class Inbox(FileSink):
     def _no_room(self, shard_id: int, name: str, offset: int, size: int, exc: OSError) -> Any:
         """A piece that cannot be stored: into scratch memory, reported aborted (the
         session then ends with ``error``); the pieces already kept stay for a resume."""
-        self._fail_dest(name, _describe_failure(name, offset, size, self.directory, exc))
+        self._fail_dest(name, exc, _describe_failure(name, offset, size, self.directory, exc))
         self._no_space.add(shard_id)
         return np.empty(size, dtype=np.uint8)
 
-    def _fail_dest(self, name: str, error: str) -> None:
+    def _fail_dest(self, name: str, exc: OSError, error: str) -> None:
         """The first destination error ends the session with its reason (``receive_files``)."""
         if self.error is None:
             self.error = error
             log.error("%s", error)
-            self.receipts.failed(name, error)
+            self.receipts.failed(name, error, final=refuses(exc))
 
     def settled(self) -> bool:
         """No piece is still landing in a file (those that fit are kept: a resume skips them)."""
@@ -330,7 +330,7 @@ class Inbox(FileSink):
         try:
             incoming = self._open(safe, 0)
         except OSError as exc:
-            self._fail_dest(safe, _describe_failure(safe, 0, 0, self.directory, exc))
+            self._fail_dest(safe, exc, _describe_failure(safe, 0, 0, self.directory, exc))
             raise FileError(self.error or str(exc)) from None
         incoming.shards.append(shard_id)
         self._finish(incoming)

@@ -66,12 +66,14 @@ class Receipts:
             log.info("received transfer %s from %s: %d files, %s in %.2f s (%s)", entry.transfer, self.peer,
                      entry.landed, format_size(entry.bytes), elapsed, format_rate(entry.bytes * 8 / elapsed))
 
-    def failed(self, name: str, error: str) -> None:
-        """Writing ``name`` failed: its transfer ends here with ``error``."""
+    def failed(self, name: str, error: str, final: bool) -> None:
+        """Writing ``name`` failed: its transfer stops here with ``error`` (``final``: the
+        sender fails it; else it pauses and retries, as for a full disk)."""
         entry = self._by_name.get(name)
         if entry is not None and not entry.failed:
             entry.failed = True
-            log.warning("transfer %s from %s failed here: %s", entry.transfer, self.peer, error)
+            log.warning("transfer %s from %s %s here: %s", entry.transfer, self.peer,
+                        "failed" if final else "paused", error)
 
     def ended(self, reason: str) -> None:
         """The session ended: say so for each transfer still arriving."""
