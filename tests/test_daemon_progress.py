@@ -186,3 +186,24 @@ async def test_a_peer_whose_data_plane_died_shows_stalled_unreachable_at_once(pk
         assert a.config.stall_s == 60
         assert record["state"] == "stalled" and "peer gw-b unreachable (paths " in record["reason"], record
         await asyncio.to_thread(client.cancel, t["id"])
+
+
+async def test_a_cancel_while_the_peer_is_away_removes_its_partial_data_once_it_is_back(
+        pki: Path, tmp_path: Path) -> None:
+    a_cfg, b_cfg = two_sites(tmp_path, pki, extra=SLOW)
+    src = source(tmp_path)
+    async with running(a_cfg) as a:
+        async with running(b_cfg) as b:
+            client = GatewayClient(str(a.config.api_socket))
+            t = await asyncio.to_thread(client.submit, "gw-b", str(src))
+            partial = b.config.received_dir / "gw-a" / ".big.bin.partial"
+            state = partial.with_name(partial.name + ".state")
+            await until(lambda: state.exists() and held(a, t["id"]) >= 2 * CHECKPOINT,
+                        "pieces at the receiver")
+        await until(lambda: view(a, t["id"])["state"] == "queued", "the peer went away: queued again")
+        assert partial.exists() and state.exists(), "kept for a resume"
+        cancelled = await asyncio.to_thread(client.cancel, t["id"])
+        assert cancelled["state"] == "cancelled" and cancelled["attempts"] == 1
+        async with running(b_cfg):  # back: the cancel reaches it
+            await until(lambda: not partial.exists() and not state.exists(), "the partial data removed")
+            assert view(a, t["id"])["state"] == "cancelled"

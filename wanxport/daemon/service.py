@@ -63,6 +63,7 @@ from wanxport.gateway.transfer import receive_files
 from wanxport.units import format_rate, format_size
 
 from .api import ApiServer, TlsListen
+from .cancels import UnsentCancels
 from .config import DaemonConfig, PeerConfig, describe
 from .desterrors import verdict
 from .durable import remove_stale_temporaries
@@ -126,6 +127,7 @@ class GatewayDaemon:
         self._last_progress: dict[str, tuple[int, float]] = {}  # active transfer -> (bytes, since)
         self._away_since: dict[str, float] = {}  # peer -> when dialling it first failed
         self._away_warned: set[str] = set()
+        self._unsent_cancels = UnsentCancels(config.piece_bytes)
         self._disk_full: dict[str, int] = {}  # transfer id -> pauses in a row for a full disk
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
@@ -334,7 +336,7 @@ class GatewayDaemon:
                     return
                 session = self._live(peer_name)
                 if session is None:
-                    if not queue and not warm_up:
+                    if not queue and not warm_up and not self._unsent_cancels.waiting(peer_name):
                         work.clear()
                         await self._until(work.wait())  # a submission, or the peer dialled us
                         continue
@@ -430,6 +432,8 @@ class GatewayDaemon:
                     self._refresh.discard(peer_name)
                     reason = RECONNECT
                     return RECONNECT
+                if await self._unsent_cancels.send(session):
+                    return RECONNECT  # the session carried the cancels' goodbye: a new one for the rest
                 queue = self._queued_for(peer_name)
                 if queue:
                     next_shard = await self._run_one(session, queue[0], next_shard)
@@ -628,6 +632,9 @@ class GatewayDaemon:
             self._disk_full.pop(transfer.id, None)
             self.store.fire(transfer, E.CANCEL, reason="cancelled by request")
             log.info("transfer %s to %s cancelled", transfer.id, transfer.submission.peer)
+            if transfer.attempts:  # an attempt may have left partial files at the peer
+                self._unsent_cancels.add(transfer)
+                self.submitted(transfer.submission.peer)
             return True
         active = self._active.get(transfer.id)
         if active is None:
