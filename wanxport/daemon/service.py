@@ -290,8 +290,10 @@ class GatewayDaemon:
                 self.inboxes.pop(session, None)
                 if self.listener is not None:
                     self.listener.session_ended()
-        log.info("session with %s ended (%s): %d files received%s", session.peer_name, session.end_reason,
-                 result.file_count, f" ({result.error})" if result.error else "")
+        # Whose reason it is: the peer's "shutting down" is its restart, not ours.
+        by = f"by {session.peer_name}" if session.peer_reason is not None else "here"
+        log.info("session with %s ended %s (%s): %d files received%s", session.peer_name, by,
+                 session.end_reason, result.file_count, f" ({result.error})" if result.error else "")
 
     # -- sending ---------------------------------------------------------------
 
@@ -610,10 +612,12 @@ class GatewayDaemon:
             reachable, condition = self._peer_condition(session)
             if now - last[1] >= self.config.stall_s or not reachable:
                 reason = f"no progress for {now - last[1]:.0f} s: {condition}"
-                if transfer.state != "stalled" or not (transfer.reason or "").endswith(condition):
-                    self.store.fire(transfer, E.STALL, reason=reason)
+                if transfer.state == "stalled" and (transfer.reason or "").endswith(condition):
+                    continue
+                if transfer.state != "stalled":  # one line when it stalls, not one per change of paths
                     log.warning("transfer %s to %s stalled: %s", transfer.id, transfer.submission.peer,
                                 reason)
+                self.store.fire(transfer, E.STALL, reason=reason)
 
     def _peer_condition(self, session: GatewaySession) -> tuple[bool, str]:
         """(any path to the peer usable, what the peer looks like in a few words)."""
