@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cryptography import x509
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from wanxport import __version__
@@ -79,3 +79,9 @@ class DaemonCollector(Collector):
             if expires is not None:
                 expiry.add_metric([name], expires)
         yield expiry
+        skipped = CounterMetricFamily("wanxport_received_entries_skipped",
+                                      "Received entries not recreated, by reason (symlink-outside: a "
+                                      "symlink whose target leaves its transfer).", labels=["reason"])
+        for reason, count in sorted(daemon.received_skipped.items()):
+            skipped.add_metric([reason], count)
+        yield skipped

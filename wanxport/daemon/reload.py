@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
-from .config import ConfigError, DaemonConfig, describe, load_config
+from .config import ConfigError, DaemonConfig, check_receive_group, describe, load_config
 
 if TYPE_CHECKING:
     from .service import GatewayDaemon
@@ -34,6 +34,7 @@ def reload(daemon: GatewayDaemon) -> bool:
         return False
     try:
         new = load_config(old.source)
+        check_receive_group(new)
     except ConfigError as exc:
         log.error("reload refused, the running config stays: %s", exc)
         return False

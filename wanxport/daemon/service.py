@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ class GatewayDaemon:
         self._refresh: set[str] = set()  # peers whose paths a reload changed
         self.peers = PeerSessions(config.site)  # the one session with each peer
         self.inboxes: dict[GatewaySession, Inbox] = {}  # each live session's received files
+        self.received_skipped: Counter[str] = Counter()  # entries not recreated, by reason (metrics)
         self.dialled = 0  # sessions this gateway dialled that were kept
         self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
         self._cancelled: set[str] = set()
@@ -116,7 +118,8 @@ class GatewayDaemon:
         self.store = TransferStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
-                                       self._peer_dir, Inbox, PeerPorts(config.dscp), self.peers, self._adopt)
+                                       self._peer_dir, self._inbox, PeerPorts(config.dscp), self.peers,
+                                       self._adopt)
         try:
             await self.listener.start()
             self.listener.peer_ports.bind(config.peers, config.listen)
@@ -210,6 +213,9 @@ class GatewayDaemon:
         self.notifier.ready(describe(self.config))
 
     # -- receiving -------------------------------------------------------------
+
+    def _inbox(self, directory: Path) -> Inbox:
+        return Inbox(directory, self.config.receive.policy, self.received_skipped)
 
     def _peer_dir(self, peer_name: str) -> Path | None:
         peer = self.config.peer(peer_name)
@@ -320,7 +326,7 @@ class GatewayDaemon:
         assert self.listener is not None
         directory = self._peer_dir(peer.name)
         assert directory is not None
-        inbox = Inbox(directory)
+        inbox = self._inbox(directory)
         ports = self.listener.data_ports(peer.name)
         try:
             async with self.peers.admission(peer.name, dialler=self.config.site) as admission:
