@@ -50,6 +50,7 @@ from .durable import remove_stale_temporaries
 from .heap import trim_periodically
 from .inbox import Inbox
 from .listener import DaemonListener
+from .lock import DataDirBusy, DataDirLock
 from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send
@@ -101,13 +102,25 @@ class GatewayDaemon:
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
         self._receiving: set[asyncio.Task[None]] = set()  # one per live session
+        self.lock = DataDirLock(config.data_dir)
 
     # -- start and stop --------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            self.lock.release()  # a start that failed leaves the data_dir to the next one
+            raise
+
+    async def _start(self) -> None:
         config = self.config
         try:
-            config.received_dir.mkdir(parents=True, exist_ok=True)
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()  # before anything else in data_dir (or the API socket) is touched
+            config.received_dir.mkdir(exist_ok=True)
+        except DataDirBusy as exc:
+            raise DaemonError(str(exc)) from None
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
         stale = remove_stale_temporaries(config.data_dir)
@@ -195,6 +208,7 @@ class GatewayDaemon:
             self.listener.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        self.lock.release()  # last: the data_dir is ours until everything above let go of it
 
     def reload(self) -> None:
         """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
