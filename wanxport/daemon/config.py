@@ -186,16 +186,6 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         dscp=dscp, source=source)
 
 
-def check_files(config: DaemonConfig) -> None:
-    """What --check verifies beyond the syntax: the identity and CA files are there."""
-    for path, what in ((config.identity.with_name(config.identity.name + ".pem"), "identity"),
-                       (config.identity.with_name(config.identity.name + ".key"), "identity"),
-                       (config.ca, "ca")):
-        if not path.is_file():
-            raise ConfigError(f"{what}: {path} does not exist; give an existing file "
-                              f"(`wanxport certs` writes test ones)")
-
-
 # -- helpers --------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
 
 from .api import ApiServer, TlsListen
+from .certwatch import IdentityUnusable, check_at_start, watch_expiry
 from .config import DaemonConfig, PeerConfig, describe
 from .durable import remove_stale_temporaries
 from .heap import trim_periodically
@@ -116,6 +117,10 @@ class GatewayDaemon:
     async def _start(self) -> None:
         config = self.config
         try:
+            check_at_start(config.identity, config.ca, config.site)
+        except IdentityUnusable as exc:
+            raise DaemonError(str(exc)) from None
+        try:
             config.data_dir.mkdir(parents=True, exist_ok=True)
             self.lock.acquire()  # before anything else in data_dir (or the API socket) is touched
             config.received_dir.mkdir(exist_ok=True)
@@ -155,7 +160,8 @@ class GatewayDaemon:
             raise DaemonError(f"cannot listen: {exc.strerror or exc} ({exc.filename or ''})") from None
         self._tasks = [asyncio.create_task(self._schedule_loop()),
                        asyncio.create_task(self.notifier.feed_watchdog()),
-                       asyncio.create_task(trim_periodically())]
+                       asyncio.create_task(trim_periodically()),
+                       asyncio.create_task(watch_expiry(self._identity_pem))]
         if self.signals:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, self.reload)
@@ -164,6 +170,9 @@ class GatewayDaemon:
         log.info("gateway ready: %s; API on %s%s", describe(config), config.api_socket,
                  f" and TLS {self.api.tcp_address}" if self.api.tcp_address else "")
         self.notifier.ready(describe(config))
+
+    def _identity_pem(self) -> Path:
+        return self.config.identity.with_name(self.config.identity.name + ".pem")
 
     def request_stop(self) -> None:
         if not self.draining:
