@@ -55,12 +55,13 @@ from .lock import DataDirBusy, DataDirLock
 from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send
+from .outcomes import CountingStore
 from .pathcache import PathCache
 from .peers import CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
 from .ports import PeerPorts
 from .reload import reload
 from .routes import Routes
-from .store import Transfer, TransferStore
+from .store import Transfer
 from .tally import Tally
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class GatewayDaemon:
         self.signals = signals  # in-process tests run two daemons on one loop: no handlers
         self.notifier = notifier or Notifier()
         self.metrics = GatewayMetrics("gateway")
-        self.store: TransferStore | None = None
+        self.store: CountingStore | None = None
         self.listener: DaemonListener | None = None
         self.metrics_server: MetricsServer | None = None
         self.api: ApiServer | None = None
@@ -131,7 +132,7 @@ class GatewayDaemon:
         stale = remove_stale_temporaries(config.data_dir)
         if stale:
             log.info("removed %d temporary state files a previous run left mid-write", stale)
-        self.store = TransferStore(config.data_dir / "transfers.json")
+        self.store = CountingStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
                                        self._peer_dir, Inbox, PeerPorts(config.dscp), self.peers, self._adopt)
