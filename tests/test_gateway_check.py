@@ -143,6 +143,21 @@ def test_a_listen_address_of_another_host(pki: Path, tmp_path: Path,
     assert "listen[0]: '192.0.2.1' (192.0.2.1) is not an address of this host" in only_error(lines)
 
 
+def test_the_api_tcp_and_metrics_addresses_are_checked_too(pki: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    config = config_for(tmp_path, "gw-a", pki / "gw-a", pki / "ca.pem")
+    good = config.read_text()
+    config.write_text(good + 'api_tcp = "127.0.0.1:0"\napi_clients = ["ops"]\nmetrics = "127.0.0.1:0"\n')
+    status, lines, _ = check(config, capsys)
+    assert status == 0 and lines == [], lines  # the TLS context serves the identity, the hosts are ours
+    config.write_text(good + 'api_tcp = "192.0.2.7:8443"\napi_clients = ["ops"]\n'
+                             'metrics = "no-such-host.invalid:9464"\n')
+    status, lines, _ = check(config, capsys)
+    assert status == 2 and len(lines) == 2, lines
+    assert "api_tcp: '192.0.2.7' (192.0.2.7) is not an address of this host" in lines[0]
+    assert "metrics: host 'no-such-host.invalid' does not resolve" in lines[1]
+
+
 def test_an_identity_expiring_within_14_days_is_a_warning(pki: Path, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     own = tmp_path / "pki"
