@@ -12,7 +12,7 @@ import pytest
 from daemon_helpers import make_pki, two_sites, write_config
 from gateway_helpers import free_path_ports, run
 
-from wanxport.daemon.config import ConfigError, check_files, load_config
+from wanxport.daemon.config import ConfigError, check_receive_group, load_config
 from wanxport.gateway.files import ReceivePolicy
 
 
@@ -122,16 +122,16 @@ def test_recv_group_is_one_of_the_daemon_users_groups_unless_root(
     start) say so in one line instead of failing on the first file received."""
     path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400], {}, '[receive]\nrecv_group = "adm"')
     config = load_config(path)
-    check_files(config)  # as root: any group
+    check_receive_group(config)  # as root: any group
     nobody = pwd.getpwnam("nobody")
     monkeypatch.setattr(os, "geteuid", lambda: nobody.pw_uid)
     monkeypatch.setattr(os, "getegid", lambda: nobody.pw_gid)
     monkeypatch.setattr(os, "getgroups", lambda: [nobody.pw_gid])
     with pytest.raises(ConfigError, match=r"^receive.recv_group: 'adm' \(gid \d+\) is not a group of this "
                                           r"user \(nobody, uid 65534\)"):
-        check_files(config)
+        check_receive_group(config)
     monkeypatch.setattr(os, "getgroups", lambda: [nobody.pw_gid, grp.getgrnam("adm").gr_gid])
-    check_files(config)  # a supplementary group will do
+    check_receive_group(config)  # a supplementary group will do
 
 
 def test_structural_errors(pki: Path, tmp_path: Path) -> None:

@@ -209,17 +209,6 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         dscp=dscp, receive=_receive(_table(raw.get("receive", {}), "receive")), source=source)
 
 
-def check_files(config: DaemonConfig) -> None:
-    """What --check verifies beyond the syntax: the identity and CA files are there."""
-    for path, what in ((config.identity.with_name(config.identity.name + ".pem"), "identity"),
-                       (config.identity.with_name(config.identity.name + ".key"), "identity"),
-                       (config.ca, "ca")):
-        if not path.is_file():
-            raise ConfigError(f"{what}: {path} does not exist; give an existing file "
-                              f"(`wanxport certs` writes test ones)")
-    check_receive_group(config)
-
-
 def check_receive_group(config: DaemonConfig) -> None:
     """The daemon may give received files to ``recv_group``: root may give any group, another
     user only one it is in (its primary or a supplementary group, as fchown(2) requires).

@@ -46,20 +46,23 @@ from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
 
 from .api import ApiServer, TlsListen
-from .config import DaemonConfig, PeerConfig, describe
+from .certwatch import IdentityUnusable, check_at_start, watch_expiry
+from .config import ConfigError, DaemonConfig, PeerConfig, check_receive_group, describe
 from .durable import remove_stale_temporaries
 from .heap import trim_periodically
 from .inbox import Inbox
 from .listener import DaemonListener
+from .lock import DataDirBusy, DataDirLock
 from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send
+from .outcomes import CountingStore
 from .pathcache import PathCache
 from .peers import CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
 from .ports import PeerPorts
 from .reload import reload
 from .routes import Routes
-from .store import Transfer, TransferStore
+from .store import Transfer
 from .tally import Tally
 
 log = logging.getLogger(__name__)
@@ -82,7 +85,7 @@ class GatewayDaemon:
         self.signals = signals  # in-process tests run two daemons on one loop: no handlers
         self.notifier = notifier or Notifier()
         self.metrics = GatewayMetrics("gateway")
-        self.store: TransferStore | None = None
+        self.store: CountingStore | None = None
         self.listener: DaemonListener | None = None
         self.metrics_server: MetricsServer | None = None
         self.api: ApiServer | None = None
@@ -103,19 +106,36 @@ class GatewayDaemon:
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
         self._receiving: set[asyncio.Task[None]] = set()  # one per live session
+        self.lock = DataDirLock(config.data_dir)
 
     # -- start and stop --------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            self.lock.release()  # a start that failed leaves the data_dir to the next one
+            raise
+
+    async def _start(self) -> None:
         config = self.config
         try:
-            config.received_dir.mkdir(parents=True, exist_ok=True)
+            check_at_start(config.identity, config.ca, config.site)
+            check_receive_group(config)
+        except (IdentityUnusable, ConfigError) as exc:
+            raise DaemonError(str(exc)) from None
+        try:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()  # before anything else in data_dir (or the API socket) is touched
+            config.received_dir.mkdir(exist_ok=True)
+        except DataDirBusy as exc:
+            raise DaemonError(str(exc)) from None
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
         stale = remove_stale_temporaries(config.data_dir)
         if stale:
             log.info("removed %d temporary state files a previous run left mid-write", stale)
-        self.store = TransferStore(config.data_dir / "transfers.json")
+        self.store = CountingStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
                                        self._peer_dir, self._inbox, PeerPorts(config.dscp), self.peers,
@@ -145,7 +165,8 @@ class GatewayDaemon:
             raise DaemonError(f"cannot listen: {exc.strerror or exc} ({exc.filename or ''})") from None
         self._tasks = [asyncio.create_task(self._schedule_loop()),
                        asyncio.create_task(self.notifier.feed_watchdog()),
-                       asyncio.create_task(trim_periodically())]
+                       asyncio.create_task(trim_periodically()),
+                       asyncio.create_task(watch_expiry(self._identity_pem))]
         if self.signals:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, self.reload)
@@ -154,6 +175,9 @@ class GatewayDaemon:
         log.info("gateway ready: %s; API on %s%s", describe(config), config.api_socket,
                  f" and TLS {self.api.tcp_address}" if self.api.tcp_address else "")
         self.notifier.ready(describe(config))
+
+    def _identity_pem(self) -> Path:
+        return self.config.identity.with_name(self.config.identity.name + ".pem")
 
     def request_stop(self) -> None:
         if not self.draining:
@@ -198,6 +222,7 @@ class GatewayDaemon:
             self.listener.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        self.lock.release()  # last: the data_dir is ours until everything above let go of it
 
     def reload(self) -> None:
         """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
