@@ -9,9 +9,13 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from wanxport.control import ShardAnnounce
+import pytest
+
+from wanxport.control import ControlProtocolError, Hello, ShardAnnounce, messages
 from wanxport.core.digest import shard_digest_hex
+from wanxport.gateway import handshake
 from wanxport.gateway.session import GatewaySession
 from wanxport.wire import native
 from wanxport.wire.frames import PaddingFrame, encode_frames
@@ -145,3 +149,31 @@ def throw_hostile_datagrams(sender: GatewaySession, rng: random.Random) -> int:
     replay = native.Protector(keys.cipher, keys.key, keys.iv)
     socks[1].send(replay.seal(encode_header(1, conn, 0), encode_frames([PaddingFrame(64)])))
     return quic
+
+
+def speak_3_only(monkeypatch: pytest.MonkeyPatch, side: str) -> list[int]:
+    """Make one side of the in-process pair behave as a protocol 3 gateway: as initiator it
+    offers 3; as responder it refuses any other Hello as version 3 did. Both decoders then
+    refuse protocol 4's fields, as a protocol 3 gateway's would (so a field sent to it
+    fails the session). Returns the versions the responder was offered."""
+    offered: list[int] = []
+    real_answer, real_decode = handshake.answer_hello, messages.message_from_dict
+
+    def answer_as_3(hello: Hello, **kwargs: Any) -> Any:
+        offered.append(hello.version)
+        if side == "responder" and hello.version != 3:  # protocol 3's answer_hello, word for word
+            raise ControlProtocolError(f"hello.version: {hello.version} is not supported; "
+                                       "this gateway speaks 3")
+        return real_answer(hello, **kwargs)
+
+    def decode_as_3(obj: Any) -> Any:
+        newer = set(messages.SINCE_VERSION_4.get(obj.get("type"), ())) & set(obj)
+        if newer:
+            raise ControlProtocolError(f"{obj['type']}: unknown field(s) {sorted(newer)}")
+        return real_decode(obj)
+
+    monkeypatch.setattr(handshake, "answer_hello", answer_as_3)
+    monkeypatch.setattr(messages, "message_from_dict", decode_as_3)
+    if side == "initiator":
+        monkeypatch.setattr(handshake, "PROTOCOL_VERSION", 3)
+    return offered

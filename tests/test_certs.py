@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from gateway_helpers import run
 
 from wanxport.control.certs import (
     CertificateError,
@@ -83,3 +87,56 @@ def test_load_identity_unreadable(tmp_path: Path) -> None:
     (tmp_path / "gw.key").mkdir()  # unreadable as a file, even for root
     with pytest.raises(CertificateError, match=r"gw\.key is not readable"):
         load_identity(tmp_path / "gw")
+
+
+def _verifies(ca: Path, cert: Path) -> bool:
+    """``openssl verify -CAfile ca cert`` where openssl is installed, else the same check
+    (signature by the CA) with cryptography."""
+    openssl = shutil.which("openssl")
+    if openssl is not None:
+        return subprocess.run([openssl, "verify", "-CAfile", str(ca), str(cert)],
+                              capture_output=True, timeout=30).returncode == 0
+    try:
+        _cert(cert).verify_directly_issued_by(_cert(ca))
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def test_certs_adds_names_with_the_existing_ca_and_keeps_existing_ones(tmp_path: Path) -> None:
+    first = run("certs", str(tmp_path), "--names", "site-a", "site-b")
+    assert first.returncode == 0, first.stderr
+    ca_before = (tmp_path / "ca.pem").read_bytes()
+    site_a = (tmp_path / "site-a.pem").read_bytes()
+    second = run("certs", str(tmp_path), "--names", "site-c", "site-a")
+    assert second.returncode == 0 and second.stderr == "", second
+    assert (tmp_path / "ca.pem").read_bytes() == ca_before, "the CA was not replaced"
+    assert (tmp_path / "site-a.pem").read_bytes() == site_a, "an existing name keeps its certificate"
+    assert f"{tmp_path / 'site-a'}.pem  kept: it exists already" in second.stdout
+    assert f"{tmp_path / 'site-c'}.pem  {tmp_path / 'site-c'}.key" in second.stdout
+    assert "the existing CA signed the new names" in second.stdout
+    for name in ("site-a", "site-b", "site-c"):
+        assert _verifies(tmp_path / "ca.pem", tmp_path / f"{name}.pem"), name
+    assert stat.S_IMODE((tmp_path / "site-c.key").stat().st_mode) == 0o600
+
+
+def test_certs_force_replaces_the_ca_and_names_what_it_invalidates(tmp_path: Path) -> None:
+    assert run("certs", str(tmp_path), "--names", "site-a", "site-b").returncode == 0
+    ca_before = (tmp_path / "ca.pem").read_bytes()
+    forced = run("certs", str(tmp_path), "--names", "site-b", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "ca.pem").read_bytes() != ca_before
+    [warning] = forced.stderr.strip().splitlines()
+    assert warning.startswith("wanxport certs: warning: replaced the CA"), warning
+    assert str(tmp_path / "site-a.pem") in warning and "site-b.pem" not in warning, warning
+    assert not _verifies(tmp_path / "ca.pem", tmp_path / "site-a.pem"), "invalidated, as the warning says"
+    assert _verifies(tmp_path / "ca.pem", tmp_path / "site-b.pem"), "issued again with the new CA"
+
+
+def test_certs_refuses_a_ca_it_cannot_sign_with(tmp_path: Path) -> None:
+    make_test_pki(tmp_path, ["site-a"])
+    (tmp_path / "ca.key").unlink()  # a site that keeps its CA key elsewhere
+    result = run("certs", str(tmp_path), "--names", "site-b")
+    assert result.returncode == 2 and not (tmp_path / "site-b.pem").exists()
+    [line] = result.stderr.strip().splitlines()
+    assert f"{tmp_path / 'ca.key'} does not exist" in line and "--force" in line, line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -22,6 +23,7 @@ from wanxport.control.framing import (
 from wanxport.control.messages import (
     CIPHERS,
     DIRECTIONS,
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     ROLES,
     SHARD_STATUSES,
@@ -40,6 +42,7 @@ from wanxport.control.messages import (
     answer_hello,
     decode_message,
     encode_message,
+    for_version,
     message_from_dict,
     message_to_dict,
 )
@@ -191,11 +194,49 @@ def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
     with pytest.raises(ControlProtocolError, match="hello.ciphers"):
         answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=[], conn_id=9)
     with pytest.raises(ControlProtocolError,
-                       match="hello.version: 2 is not supported; this gateway speaks 3"):
+                       match=f"hello.version: 2 is not supported; this gateway speaks {PROTOCOL_VERSION}"):
         # A version-2 peer digests shards with SHA-256: refused at the hello, not shard by shard.
         answer_hello(Hello(2, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7),
                      gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
                      conn_id=9)
+
+
+@pytest.mark.parametrize(("offered", "agreed"), [(3, 3), (4, 4), (5, 4), (9, 4)])
+def test_versions_agree_on_the_lower_of_both(offered: int, agreed: int) -> None:
+    assert (PROTOCOL_VERSION, MIN_PROTOCOL_VERSION) == (4, 3)
+    hello = Hello(offered, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7)
+    welcome = answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
+                           conn_id=9)
+    assert welcome.version == agreed
+
+
+# What a protocol 3 gateway's decoder knows: it refuses any other field.
+V3_FIELDS = {"shard_announce": {"type", "shard_id", "size_bytes", "digest", "step", "name", "dtype", "shape"},
+             "shard_complete": {"type", "shard_id", "status"}}
+
+
+@pytest.mark.parametrize("msg", [
+    ShardComplete(4, "aborted", "dest evil/x.bin: 'evil' is a symlink; not followed"),
+    ShardAnnounce(5, 0, "0" * 64, 0, name="d/link", mode=0o600, mtime_ns=10**18, symlink="../f"),
+])
+def test_fields_newer_than_the_agreed_version_are_left_out(msg: Message) -> None:
+    at_4 = message_to_dict(for_version(msg, 4))
+    assert decode_message(encode_message(for_version(msg, 4))) == msg
+    assert set(at_4) > V3_FIELDS[msg.TYPE]
+    at_3 = message_to_dict(for_version(msg, 3))
+    assert set(at_3) <= V3_FIELDS[msg.TYPE], "a protocol 3 peer would refuse the session"
+    assert message_from_dict(at_3) == dataclasses.replace(msg, **{k: None for k in set(at_4) - set(at_3)})
+    bare = dataclasses.replace(msg, **{k: None for k in set(at_4) - set(at_3)})
+    assert set(message_to_dict(bare)) == set(at_3), "unset new fields are absent, not null"
+
+
+def test_a_symlink_entry_is_checked() -> None:
+    with pytest.raises(ControlProtocolError, match="only a zero-size entry"):
+        ShardAnnounce(5, 10, "0" * 64, 0, symlink="f").validate()
+    with pytest.raises(ControlProtocolError, match="no NUL"):
+        ShardAnnounce(5, 0, "0" * 64, 0, symlink="a\0b").validate()
+    with pytest.raises(ControlProtocolError, match="shard_announce.mode"):
+        ShardAnnounce(5, 0, "0" * 64, 0, mode=0o10000).validate()
 
 
 def test_resume_query_is_bounded_by_its_file() -> None:

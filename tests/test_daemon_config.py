@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import socket
 from pathlib import Path
 
@@ -9,7 +12,8 @@ import pytest
 from daemon_helpers import make_pki, two_sites, write_config
 from gateway_helpers import free_path_ports, run
 
-from wanxport.daemon.config import ConfigError, load_config
+from wanxport.daemon.config import ConfigError, check_receive_group, load_config
+from wanxport.gateway.files import ReceivePolicy
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +92,12 @@ def test_data_ports_one_per_path_never_shared(pki: Path, tmp_path: Path) -> None
     ("metrics = \"nowhere\"", "metrics: 'nowhere' is not valid; use HOST:PORT"),
     ("[limits]\nrate_mbps = 0", "limits.rate_mbps: 0 is not valid; use a rate in Mb/s > 0"),
     ("[limits]\nrate_mbps = \"fast\"", "limits.rate_mbps: 'fast' is not valid"),
+    ("[receive]\numask = \"0999\"", "receive.umask: '0999' is not valid; use an octal string 000..777"),
+    ("[receive]\numask = 27", "receive.umask: 27 is not valid; use an octal string"),
+    ("[receive]\nrecv_group = \"no-such-group-here\"", "receive.recv_group: no group named "
+                                                      "'no-such-group-here' on this host"),
+    ("[receive]\nrecv_group = 4", "receive.recv_group: 4 is not valid; use the name of a group"),
+    ("[receive]\nmode = 1", "receive.mode: unknown key; valid keys are recv_group, umask"),
 ])
 def test_bad_values_name_the_field(pki: Path, tmp_path: Path, text: str, field: str) -> None:
     path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400], {"gw-b": [7500]}, text)
@@ -95,6 +105,33 @@ def test_bad_values_name_the_field(pki: Path, tmp_path: Path, text: str, field: 
         load_config(path)
     assert str(err.value).startswith(field) or field in str(err.value), err.value
     assert "\n" not in str(err.value)
+
+
+def test_receive_umask_and_group(pki: Path, tmp_path: Path) -> None:
+    path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400], {})
+    assert load_config(path).receive.policy == ReceivePolicy(0o027, None), "the default: group reads"
+    write_config(path, "gw-a", pki, [7400], {}, '[receive]\numask = "0077"\nrecv_group = "adm"')
+    receive = load_config(path).receive
+    assert (receive.umask, receive.group, receive.group_id) == (0o077, "adm", grp.getgrnam("adm").gr_gid)
+    assert receive.policy.mode(0o4755) == 0o700 and receive.policy.mode(None) == 0o600
+
+
+def test_recv_group_is_one_of_the_daemon_users_groups_unless_root(
+        pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fchown(2) gives a file only to a group its user is in; root to any. --check (and the
+    start) say so in one line instead of failing on the first file received."""
+    path = write_config(tmp_path / "gw.toml", "gw-a", pki, [7400], {}, '[receive]\nrecv_group = "adm"')
+    config = load_config(path)
+    check_receive_group(config)  # as root: any group
+    nobody = pwd.getpwnam("nobody")
+    monkeypatch.setattr(os, "geteuid", lambda: nobody.pw_uid)
+    monkeypatch.setattr(os, "getegid", lambda: nobody.pw_gid)
+    monkeypatch.setattr(os, "getgroups", lambda: [nobody.pw_gid])
+    with pytest.raises(ConfigError, match=r"^receive.recv_group: 'adm' \(gid \d+\) is not a group of this "
+                                          r"user \(nobody, uid 65534\)"):
+        check_receive_group(config)
+    monkeypatch.setattr(os, "getgroups", lambda: [nobody.pw_gid, grp.getgrnam("adm").gr_gid])
+    check_receive_group(config)  # a supplementary group will do
 
 
 def test_structural_errors(pki: Path, tmp_path: Path) -> None:

@@ -74,7 +74,9 @@ async def test_dashboard_and_promtool_against_live_metrics(pki: Path, tmp_path: 
         scrapes = [await asyncio.to_thread(scrape, d.metrics_server.url) for d in (a, b)]  # type: ignore[union-attr]
     names = exported_names(scrapes[0]) | exported_names(scrapes[1])
     assert {"wanxport_certificate_expiry_timestamp_seconds", "wanxport_transfers",
-            "wanxport_path_srtt_seconds", "wanxport_key_age_seconds"} <= names
+            "wanxport_transfers_finished_total", "wanxport_path_srtt_seconds",
+            "wanxport_key_age_seconds"} <= names
+    assert 'wanxport_transfers_finished_total{state="done"} 1.0' in scrapes[0]  # the counter alerts use
     expiry = re.search(r'wanxport_certificate_expiry_timestamp_seconds\{certificate="identity"\} (\S+)',
                        scrapes[0])
     assert expiry is not None and 29 * 86400 < float(expiry.group(1)) - time.time() < 31 * 86400

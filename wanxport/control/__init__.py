@@ -10,6 +10,7 @@ from .channel import connect_control, connect_control_any, serve_control
 from .keys import KeySchedule, RotationLimits
 from .link import ControlClosed, ControlConnectError, ControlConnectionLost, SessionRefused
 from .messages import (
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     RESUME_BATCH,
     Bye,
@@ -25,6 +26,7 @@ from .messages import (
     ShardComplete,
     Welcome,
     answer_hello,
+    for_version,
 )
 from .resilient import ResilientControl
 from .server import ControlServer
@@ -44,6 +46,7 @@ __all__ = [
     "KeySchedule",
     "KeyUpdate",
     "Keys",
+    "MIN_PROTOCOL_VERSION",
     "Message",
     "PROTOCOL_VERSION",
     "PathStatus",
@@ -57,6 +60,7 @@ __all__ = [
     "ShardComplete",
     "Welcome",
     "answer_hello",
+    "for_version",
     "connect_control",
     "connect_control_any",
     "load_identity",

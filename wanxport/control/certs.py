@@ -15,9 +15,11 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -192,6 +194,92 @@ def make_test_pki(
             now - dt.timedelta(minutes=5), now + dt.timedelta(days=days),
         )
     return result
+
+
+@dataclass
+class PkiChanges:
+    """What ``issue_certificates`` did in a directory."""
+
+    ca: Path
+    ca_created: bool = False
+    issued: list[Path] = field(default_factory=list)  # identity prefixes written now
+    kept: list[Path] = field(default_factory=list)  # names that already had a certificate
+    invalidated: list[Path] = field(default_factory=list)  # certificates of a replaced CA
+
+
+def issue_certificates(
+    directory: str | os.PathLike[str],
+    names: list[str],
+    *,
+    days: int = 365,
+    key_type: str = "ec",
+    force: bool = False,
+) -> PkiChanges:
+    """``wanxport certs DIR --names ...``: add names to the PKI in ``DIR``, never replacing it.
+
+    A CA already in ``DIR`` (``ca.pem`` + ``ca.key``) signs the new names, so every
+    certificate it signed before stays valid; a name that already has a certificate keeps
+    it. Only ``force`` starts over: a new CA, the names issued anew, and the certificates
+    in ``DIR`` the old CA signed listed in ``invalidated`` (they no longer verify). No CA
+    there: one is created, as ``make_test_pki`` does. CertificateError (one line) when the
+    CA there cannot sign (its key is missing or unreadable).
+    """
+    if days < 1:
+        raise ValueError(f"days: {days} is not valid; use a whole number >= 1")
+    for name in names:
+        _check_name(name)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    changes = PkiChanges(ca=out / "ca.pem")
+    has_ca = (out / "ca.pem").exists() or (out / "ca.key").exists()
+    if has_ca and not force:
+        ca_cert, ca_key = _existing_ca(out)
+    else:
+        if has_ca:
+            changes.invalidated = _signed_by_ca(out, exclude=set(names))
+        ca_cert, ca_key = _make_ca(out, "ca", "wanxport test CA", key_type, days)
+        changes.ca_created = True
+    now = dt.datetime.now(dt.UTC)
+    not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
+    for name in names:
+        if not force and ((out / f"{name}.pem").exists() or (out / f"{name}.key").exists()):
+            changes.kept.append(out / name)
+            continue
+        changes.issued.append(_make_leaf(out, name, ca_cert, ca_key, key_type,
+                                         now - dt.timedelta(minutes=5), not_after))
+    return changes
+
+
+def _existing_ca(directory: Path) -> tuple[x509.Certificate, PrivateKey]:
+    """The CA in ``directory``, able to sign; CertificateError naming what is missing."""
+    for stem in ("ca.pem", "ca.key"):
+        if not (directory / stem).is_file():
+            raise CertificateError(
+                f"{directory / stem} does not exist, so the CA certificate in {directory} cannot sign "
+                "new names; give its certificate and key, or --force to replace the CA (which "
+                "invalidates every certificate it signed)")
+    try:
+        return _load_ca(directory)
+    except (OSError, ValueError, TypeError) as exc:
+        raise CertificateError(f"{directory / 'ca.pem'} / ca.key: cannot load the CA ({exc})") from None
+
+
+def _signed_by_ca(directory: Path, exclude: set[str]) -> list[Path]:
+    """The certificates in ``directory`` (but ``exclude``'s) that its current CA signed."""
+    try:
+        ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    except (OSError, ValueError):
+        return []  # no readable CA: nothing verifies against it now either
+    signed = []
+    for path in sorted(directory.glob("*.pem")):
+        if path.name == "ca.pem" or path.stem in exclude:
+            continue
+        try:
+            x509.load_pem_x509_certificate(path.read_bytes()).verify_directly_issued_by(ca_cert)
+        except (OSError, ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
+            continue
+        signed.append(path)
+    return signed
 
 
 def make_expired_leaf(directory: str | os.PathLike[str], name: str) -> Path:

@@ -23,7 +23,13 @@ from typing import Any, ClassVar
 
 # 2: Hello and Welcome carry the process's instance id (one session per pair).
 # 3: shard and piece digests are BLAKE3 (``core.digest``), fields ``digest``, no longer ``sha256``.
-PROTOCOL_VERSION = 3
+# 4: a file's mode, mtime and symlink entries (ShardAnnounce of a zero-size entry, and the
+#    piece meta of a data shard); ShardComplete.reason says why a shard was not verified.
+# Two gateways agree on the lower of their versions, down to MIN_PROTOCOL_VERSION: fields
+# newer than the agreed version are never sent (``for_version``), since a gateway refuses
+# fields it does not know.
+PROTOCOL_VERSION = 4
+MIN_PROTOCOL_VERSION = 3
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 ROLES = ("initiator", "responder")
 DIRECTIONS = ("initiator->responder", "responder->initiator")
@@ -31,6 +37,10 @@ SHARD_STATUSES = ("verified", "integrity-failure", "aborted", "exists")  # exist
 MAX_U32 = 2**32 - 1
 MAX_U62 = 2**62 - 1
 RESUME_BATCH = 512  # pieces per ResumeQuery: 512 digests fit the 64 KiB control frame
+MAX_LINK_TARGET = 4095  # PATH_MAX less its NUL
+MAX_REASON = 2000
+# Fields added after protocol 3, by message type: left out for a peer of an older version.
+SINCE_VERSION_4 = {"shard_announce": ("mode", "mtime_ns", "symlink"), "shard_complete": ("reason",)}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _INSTANCE = re.compile(r"[0-9a-f]{16}")
 _ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
@@ -205,11 +215,25 @@ class ShardAnnounce(Message):
     name: str | None = None
     dtype: str | None = None
     shape: list[int] | None = None
+    # Protocol 4, on a zero-size file entry only (a data shard's piece meta carries them):
+    mode: int | None = None  # st_mode & 0o7777 of the source
+    mtime_ns: int | None = None
+    symlink: str | None = None  # the entry is a symlink to this (relative) target
 
     def validate(self) -> None:
         _check_range("shard_announce.shard_id", self.shard_id, 0, MAX_U32)
         _check_range("shard_announce.size_bytes", self.size_bytes, 0, MAX_U62)
         _check_range("shard_announce.step", self.step, 0, MAX_U62)
+        if self.mode is not None:
+            _check_range("shard_announce.mode", self.mode, 0, 0o7777)
+        if self.mtime_ns is not None:
+            _check_range("shard_announce.mtime_ns", self.mtime_ns, 0, 2**63 - 1)
+        link = self.symlink
+        if link is not None and (not 0 < len(link) <= MAX_LINK_TARGET or "\0" in link):
+            raise ControlProtocolError(f"shard_announce.symlink: give a target of 1..{MAX_LINK_TARGET} "
+                                       "characters, no NUL")
+        if link is not None and self.size_bytes:
+            raise ControlProtocolError("shard_announce.symlink: only a zero-size entry is a symlink")
         if not _HEX64.match(self.digest):
             raise ControlProtocolError("shard_announce.digest: must be 64 lowercase hex digits")
         if self.shape is not None and any(dim < 0 for dim in self.shape):
@@ -223,10 +247,13 @@ class ShardComplete(Message):
     TYPE: ClassVar[str] = "shard_complete"
     shard_id: int
     status: str
+    reason: str | None = None  # protocol 4: why it was not verified, for the sender's report
 
     def validate(self) -> None:
         _check_range("shard_complete.shard_id", self.shard_id, 0, MAX_U32)
         _check_choice("shard_complete.status", self.status, SHARD_STATUSES)
+        if self.reason is not None and len(self.reason) > MAX_REASON:
+            raise ControlProtocolError(f"shard_complete.reason: at most {MAX_REASON} characters")
 
 
 @dataclass(frozen=True)
@@ -319,8 +346,12 @@ def message_to_dict(msg: Message) -> dict[str, Any]:
     """The JSON object for ``msg`` (bytes as hex); validates first."""
     msg.validate()
     out: dict[str, Any] = {"type": msg.TYPE}
+    newer = SINCE_VERSION_4.get(msg.TYPE, ())
     for f in dataclasses.fields(msg):
-        out[f.name] = _to_json_value(getattr(msg, f.name))
+        value = getattr(msg, f.name)
+        if value is None and f.name in newer:
+            continue  # absent, not null: a protocol 3 peer refuses a field it does not know
+        out[f.name] = _to_json_value(value)
     return out
 
 
@@ -405,24 +436,37 @@ def decode_message(data: bytes) -> Message:
     return message_from_dict(obj)
 
 
+def for_version(msg: Message, version: int) -> Message:
+    """``msg`` as a peer speaking ``version`` may receive it: fields newer than that left out."""
+    newer = SINCE_VERSION_4.get(msg.TYPE, ()) if version < 4 else ()
+    if not any(getattr(msg, name) is not None for name in newer):
+        return msg
+    return dataclasses.replace(msg, **dict.fromkeys(newer))
+
+
+def _unsupported(version: int) -> ControlProtocolError:
+    """The refusal of a version this gateway cannot speak. Its wording is what a gateway of a
+    newer version reads to dial again at an older one (``gateway.handshake``): keep it."""
+    return ControlProtocolError(f"hello.version: {version} is not supported; this gateway speaks "
+                                f"{PROTOCOL_VERSION}")
+
+
 def answer_hello(
     hello: Hello, *, gateway: str, endpoints: list[str], ciphers: list[str], conn_id: int
 ) -> Welcome:
-    """The responder's Welcome for ``hello``: path ``i`` pairs both sides' endpoint
-    ``i`` (as many paths as the shorter list), the cipher is the initiator's most
-    preferred one that we also support. Raises ControlProtocolError if none fits."""
-    if hello.version != PROTOCOL_VERSION:
-        raise ControlProtocolError(
-            f"hello.version: {hello.version} is not supported; this gateway speaks "
-            f"{PROTOCOL_VERSION}"
-        )
+    """The responder's Welcome for ``hello``: the protocol version is the lower of both
+    sides' (an initiator older than MIN_PROTOCOL_VERSION is refused), path ``i`` pairs both
+    sides' endpoint ``i`` (as many paths as the shorter list), the cipher is the initiator's
+    most preferred one that we also support. Raises ControlProtocolError if none fits."""
+    if hello.version < MIN_PROTOCOL_VERSION:
+        raise _unsupported(hello.version)
     common = [c for c in hello.ciphers if c in ciphers and c in CIPHERS]
     if not common:
         raise ControlProtocolError(
             f"hello.ciphers: none of {hello.ciphers} is supported; use one of {ciphers}"
         )
     welcome = Welcome(
-        version=PROTOCOL_VERSION,
+        version=min(hello.version, PROTOCOL_VERSION),
         gateway=gateway,
         cipher=common[0],
         paths=[[mine, theirs] for theirs, mine in zip(endpoints, hello.endpoints, strict=False)],

@@ -19,11 +19,19 @@ point, i.e. that the client holds the key of the certificate it presented.
 It also rewrites the alert texts of the client's server check so that every
 refusal says which side's certificate was refused. These hooks reach into
 private aioquic attributes; ``install_*`` fail loudly if they are missing.
+
+aioquic reads the CA file at every verification, with pyOpenSSL: a CA file that
+became unreadable or garbage raised ``OpenSSL.crypto.Error`` out of the datagram
+handler, a traceback per dial. Both verifications (ours of the client, aioquic's of
+the server) turn it into a TLS internal_error alert that ends that handshake, and
+one ERROR line per CA file and problem, until a verification with it succeeds again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from aioquic import tls
@@ -31,9 +39,11 @@ from aioquic._buffer import Buffer
 from aioquic.quic.connection import QuicConnection
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from OpenSSL import crypto
 
 from .certs import CertificateError, certificate_name
 
+log = logging.getLogger(__name__)
 CRYPTO_ERROR_BASE = 0x100
 _CERT_ALERTS = {
     tls.AlertDescription.bad_certificate,
@@ -50,15 +60,43 @@ class AlertCertificateRequired(tls.Alert):
     description = tls.AlertDescription.certificate_required
 
 
+_broken_ca_files: dict[str, str] = {}  # CA file -> the problem already logged for it
+
+
+@contextmanager
+def ca_file_errors(cafile: str | None) -> Iterator[None]:
+    """Around a verification with ``cafile``: a CA file pyOpenSSL cannot load becomes one
+    ERROR line (once per file and problem) and an internal_error alert for this handshake."""
+    try:
+        yield
+    except crypto.Error as exc:
+        detail = _openssl_detail(exc)
+        if _broken_ca_files.get(str(cafile)) != detail:
+            _broken_ca_files[str(cafile)] = detail
+            log.error("CA file %s cannot be loaded (%s): every session handshake fails until it is "
+                      "fixed (`wanxport gateway --check CONFIG` names the problem)", cafile, detail)
+        raise tls.AlertInternalError("the gateway's CA file cannot be loaded") from None
+    _broken_ca_files.pop(str(cafile), None)
+
+
+def _openssl_detail(exc: crypto.Error) -> str:
+    """The reasons of OpenSSL's error queue (``[(library, function, reason), ...]``)."""
+    queue = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+    return "; ".join(str(entry[-1]) for entry in queue) or str(exc)
+
+
 def _check_client_certificate(context: tls.Context, cafile: str) -> None:
     cert: x509.Certificate | None = context._peer_certificate
     if cert is None:
         raise AlertCertificateRequired("client certificate required but none was sent")
     try:
-        tls.verify_certificate(
-            certificate=cert, chain=context._peer_certificate_chain, cafile=cafile
-        )
+        with ca_file_errors(cafile):
+            tls.verify_certificate(
+                certificate=cert, chain=context._peer_certificate_chain, cafile=cafile
+            )
     except tls.Alert as exc:
+        if exc.description == tls.AlertDescription.internal_error:
+            raise
         raise type(exc)(f"client certificate {certificate_name(cert)!r} refused: {exc}") from None
     try:
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
@@ -109,11 +147,13 @@ def install_server_check_wording(connection: QuicConnection) -> None:
         initialize(peer_cid)
         context = connection.tls
         _require_attr(context, "_client_handle_certificate_verify")
+        _require_attr(context, "_cafile")
         handle = context._client_handle_certificate_verify
 
         def handle_with_wording(input_buf: Buffer) -> None:
             try:
-                handle(input_buf)
+                with ca_file_errors(context._cafile):
+                    handle(input_buf)
             except tls.Alert as exc:
                 if exc.description in _CERT_ALERTS:
                     raise type(exc)(f"server certificate refused: {exc}") from None

@@ -1,9 +1,11 @@
 """``wanxport gateway CONFIG.toml``, ``wanxport gateway reload|drain CONFIG.toml`` and
 ``wanxport transfer submit|status|watch|cancel|list``.
 
-``gateway --check`` validates the file (and that the identity and CA exist)
-without binding anything: exit 0, or exit 2 with the one line naming the field.
-A config that cannot start (a port in use) is also a usage error, exit 2. The
+``gateway --check`` is ``nginx -t``: the file, then what it points at (``check.py``:
+the identity against the CA and the site, expiry, the addresses to bind), without
+binding anything: exit 0 with an ok line (and a warning line per certificate that
+expires within 14 days), or exit 2 with one line per problem. A config that cannot
+start (a port in use, another daemon on the data_dir) is also a usage error, exit 2. The
 ``transfer`` verbs talk to a running daemon through ``wanxport.client``; the
 socket is the config's ``api_socket`` (``--config``) or ``--socket`` given directly.
 ``gateway reload`` and ``gateway drain`` do through the API what SIGHUP and SIGTERM
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from wanxport.client import ApiError, GatewayClient
-from wanxport.usage import UsageError
+from wanxport.usage import USAGE_ERROR, UsageError
 
-from .config import ConfigError, check_files, describe, load_config
+from .check import check_config
+from .config import ConfigError, DaemonConfig, describe, load_config
 from .store import LIST_LIMIT, STATES
 from .watch import watch
 
@@ -43,7 +46,8 @@ def register(subparsers: Any) -> None:
                         "CONFIG.toml (or --socket): re-read its config / drain it, through its API")
     p.add_argument("verb_config", nargs="?", type=Path, metavar="CONFIG.toml", help=argparse.SUPPRESS)
     p.add_argument("--socket", type=Path, metavar="PATH", help="with reload/drain: the daemon's API socket")
-    p.add_argument("--check", action="store_true", help="validate the config and exit (0 or 2)")
+    p.add_argument("--check", action="store_true",
+                   help="check the config, its certificates and addresses, and exit (0 or 2)")
     p.add_argument("--verbose", "-v", action="store_true", help="log at INFO (default WARNING)")
     p.set_defaults(func=run_gateway)
 
@@ -82,12 +86,10 @@ def run_gateway(args: argparse.Namespace) -> int:
         return run_control(args)
     try:
         config = load_config(args.config)
-        check_files(config)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if args.check:
-        print(f"{args.config}: ok ({describe(config)})")
-        return 0
+        return _check(args.config, config)
     from wanxport.aio.loop import run
 
     from .service import DaemonError, run_daemon
@@ -98,6 +100,18 @@ def run_gateway(args: argparse.Namespace) -> int:
         return run(run_daemon(config))
     except DaemonError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _check(path: Path, config: DaemonConfig) -> int:
+    report = check_config(config)
+    for warning in report.warnings:
+        print(f"wanxport gateway: warning: {warning}", file=sys.stderr)
+    for error in report.errors:
+        print(f"wanxport gateway: {error}", file=sys.stderr)
+    if report.errors:
+        return USAGE_ERROR
+    print(f"{path}: ok ({describe(config)})")
+    return 0
 
 
 def run_control(args: argparse.Namespace) -> int:

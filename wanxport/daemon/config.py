@@ -11,6 +11,10 @@ so a config and its PKI can move together.
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from typing import Any
 from wanxport.control import RotationLimits
 from wanxport.core.cc import available_congestion_controls
 from wanxport.gateway.config import Address, GatewayOptions, format_endpoint, parse_hostport
+from wanxport.gateway.files import ReceivePolicy
 from wanxport.tomltext import TOMLDecodeError, loads_toml
 from wanxport.units import parse_size
 
@@ -25,6 +30,7 @@ DEFAULT_CHECKPOINT_BYTES = 64 << 20
 DEFAULT_DRAIN_S = 30.0
 DEFAULT_WARM_S = 300.0
 DEFAULT_STALL_S = 60.0  # a transfer with no byte acknowledged this long shows "stalled"
+DEFAULT_UMASK = 0o027  # received files: group may read, others nothing
 
 
 class ConfigError(ValueError):
@@ -53,6 +59,21 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ReceiveConfig:
+    """[receive]: how received files are left. Mode: the sender's, masked by ``umask``;
+    owner: the daemon's user; group: ``recv_group`` (resolved to ``group_id`` when loaded),
+    else the daemon's own, so that the people who should read received files can."""
+
+    umask: int = DEFAULT_UMASK
+    group: str | None = None
+    group_id: int | None = None
+
+    @property
+    def policy(self) -> ReceivePolicy:
+        return ReceivePolicy(self.umask, self.group_id)
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     site: str
     identity: Path  # PREFIX: PREFIX.pem and PREFIX.key
@@ -73,6 +94,7 @@ class DaemonConfig:
     rotation: RotationLimits = field(default_factory=RotationLimits)
     cipher: str = "aes-256-gcm"
     dscp: int | None = None  # [network] dscp: our datagrams' DiffServ code point
+    receive: ReceiveConfig = field(default_factory=ReceiveConfig)
     source: Path | None = None  # the file this came from
 
     def peer(self, name: str) -> PeerConfig | None:
@@ -98,12 +120,13 @@ class DaemonConfig:
 
 
 _TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "api_tcp", "api_clients", "metrics",
-        "peers", "limits", "transfer", "keys", "congestion", "network"}
+        "peers", "limits", "transfer", "keys", "congestion", "network", "receive"}
 _LIMITS = {"memory_budget", "concurrent_transfers", "rate_mbps"}
 _TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds", "stall_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
 _CONGESTION = {"controller"}
 _NETWORK = {"dscp"}
+_RECEIVE = {"umask", "recv_group"}
 _PEER = {"name", "paths", "rate_mbps", "dscp", "data_ports"}
 # DiffServ class names (RFC 2474, 2597, 3246, 8622) -> code points; AFxy is added below.
 DSCP_NAMES = {"DF": 0, "BE": 0, "LE": 1, "EF": 46, "VA": 44, **{f"CS{i}": 8 * i for i in range(8)},
@@ -186,17 +209,24 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         warm_s=_positive(transfer.get("warm_seconds", DEFAULT_WARM_S), "transfer.warm_seconds"),
         stall_s=_positive(transfer.get("stall_seconds", DEFAULT_STALL_S), "transfer.stall_seconds"),
         congestion_control=controller, rotation=RotationLimits(**rotation), cipher=cipher,
-        dscp=dscp, source=source)
+        dscp=dscp, receive=_receive(_table(raw.get("receive", {}), "receive")), source=source)
 
 
-def check_files(config: DaemonConfig) -> None:
-    """What --check verifies beyond the syntax: the identity and CA files are there."""
-    for path, what in ((config.identity.with_name(config.identity.name + ".pem"), "identity"),
-                       (config.identity.with_name(config.identity.name + ".key"), "identity"),
-                       (config.ca, "ca")):
-        if not path.is_file():
-            raise ConfigError(f"{what}: {path} does not exist; give an existing file "
-                              f"(`wanxport certs` writes test ones)")
+def check_receive_group(config: DaemonConfig) -> None:
+    """The daemon may give received files to ``recv_group``: root may give any group, another
+    user only one it is in (its primary or a supplementary group, as fchown(2) requires).
+    Checked for the user running this process: --check as the daemon's user, and at start."""
+    gid = config.receive.group_id
+    if gid is None or os.geteuid() == 0 or gid == os.getegid() or gid in os.getgroups():
+        return
+    uid = os.geteuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    raise ConfigError(f"receive.recv_group: {config.receive.group!r} (gid {gid}) is not a group of this "
+                      f"user ({user}, uid {uid}), so received files cannot be given to it; add the user "
+                      "to the group (in a systemd unit: SupplementaryGroups=) or name one of its groups")
 
 
 # -- helpers --------------------------------------------------------------------
@@ -315,6 +345,29 @@ def _limits(table: dict[str, Any]) -> Limits:
                           "number >= 1")
     rate = _rate(table["rate_mbps"], "limits.rate_mbps") if "rate_mbps" in table else None
     return Limits(memory, concurrent, rate)
+
+
+def _receive(table: dict[str, Any]) -> ReceiveConfig:
+    _known(table, _RECEIVE, "receive.")
+    receive = ReceiveConfig()
+    umask = receive.umask
+    if "umask" in table:
+        value = table["umask"]
+        if not isinstance(value, str) or re.fullmatch(r"0?[0-7]{1,3}", value) is None:
+            raise ConfigError(f"receive.umask: {value!r} is not valid; use an octal string 000..777 "
+                              "(e.g. \"0027\": group may read, others nothing)")
+        umask = int(value, 8)
+    if "recv_group" not in table:
+        return ReceiveConfig(umask)
+    name = table["recv_group"]
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"receive.recv_group: {name!r} is not valid; use the name of a group on this host")
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(f"receive.recv_group: no group named {name!r} on this host; "
+                          "create it (groupadd) or name an existing one") from None
+    return ReceiveConfig(umask, name, gid)
 
 
 def _dscp(value: Any, what: str) -> int:

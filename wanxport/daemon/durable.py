@@ -25,24 +25,35 @@ def _digest(body: Any) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def write_state(path: Path, body: Any) -> None:
-    """Replace ``path`` with ``body`` atomically and durably."""
+def write_state(path: Path, body: Any, *, dir_fd: int | None = None) -> None:
+    """Replace ``path`` with ``body`` atomically and durably. With ``dir_fd``, ``path`` is a
+    name in that directory, and no step follows a symlink (a received file's state)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     data = json.dumps({"sha256": _digest(body), "body": body}, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    nofollow = os.O_NOFOLLOW if dir_fd is not None else 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nofollow, 0o600, dir_fd=dir_fd)
     try:
         os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    sync_directory(path.parent)
+    os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    if dir_fd is not None:
+        os.fsync(dir_fd)
+    else:
+        sync_directory(path.parent)
 
 
-def read_state(path: Path) -> Any | None:
-    """The body stored in ``path``; None when there is no file; StateCorrupt when it is damaged."""
+def read_state(path: Path, *, dir_fd: int | None = None) -> Any | None:
+    """The body stored in ``path`` (with ``dir_fd``: that name in it, not through a symlink);
+    None when there is no file; StateCorrupt when it is damaged."""
     try:
-        data = path.read_bytes()
+        if dir_fd is None:
+            data = path.read_bytes()
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            with open(fd, "rb") as fh:
+                data = fh.read()
     except FileNotFoundError:
         return None
     try:

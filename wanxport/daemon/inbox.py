@@ -39,6 +39,16 @@ A sender that cancels a transfer ends the session with the reason ``cancelled``
 sends one transfer at a time) are then removed, partial data and state, instead of
 kept for a resume that will not come.
 
+Nothing received leaves the peer's directory: every name is reached through descriptors
+opened beneath it (``gateway.beneath``), so a destination through a symlink
+(``evil -> /outside``) is refused, its pieces drained into scratch memory and answered
+``aborted`` with the reason (``dest evil/sub/x.bin: 'evil' is a symlink; not followed``),
+which a protocol 4 sender reports as the transfer's failure. The state file, the rename
+into place and every unlink work on the destination directory's descriptor too. A
+finished file gets the sender's mode masked by the configured umask, the configured
+group and the sender's mtime (``gateway.files.ReceivePolicy``); a symlink entry is
+recreated only when its target stays inside the tree it came in.
+
 Keys and packet numbers are never written anywhere: a resumed transfer runs in a
 new session with new keys.
 """
@@ -50,6 +60,8 @@ import errno
 import json
 import logging
 import os
+import stat
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -59,18 +71,21 @@ import numpy as np
 
 from wanxport.control import ResumeHave, ResumeQuery
 from wanxport.core.digest import DIGEST_NAME, shard_digest_hex
+from wanxport.gateway.beneath import UnsafeName, entry_kind, open_file
 from wanxport.gateway.files import (
-    FileError,
     FileSink,
     MappedRange,
+    ReceivePolicy,
+    SentAttributes,
     _IncomingFile,
     describe_os_error,
     drop_cached,
 )
 from wanxport.gateway.session import GatewaySession
 
+from .config import DEFAULT_UMASK
 from .desterrors import NO_SPACE_ERRNOS, dest_error, refuses
-from .durable import StateCorrupt, read_state, sync_directory, write_state
+from .durable import StateCorrupt, read_state, write_state
 from .peers import CANCELLED
 from .receipts import Receipts
 
@@ -90,6 +105,10 @@ def safe_relative(name: object) -> str | None:
     return "/".join(parts)
 
 
+class _Exists(Exception):
+    """The destination exists and the sender did not ask to overwrite it."""
+
+
 @dataclass
 class _Partial(_IncomingFile):
     """A file being received, with the pieces already verified and recorded."""
@@ -98,40 +117,37 @@ class _Partial(_IncomingFile):
     syncing: Future[None] | None = None  # the latest record on the sync thread
 
     @property
-    def state_path(self) -> Path:
-        return self.partial.with_name(self.partial.name + ".state")
+    def state_name(self) -> str:
+        return self.partial.name + ".state"
 
 
 def partial_path(final: Path) -> Path:
     return final.with_name(f".{final.name}.partial")
 
 
-def _sync_then_record(partial: Path, state: Path, body: dict[str, Any],
+def _sync_then_record(fd: int, dir_fd: int, state: str, body: dict[str, Any],
                       ranges: list[tuple[int, int]]) -> None:
     """On the sync thread: the pieces' data (the file's mapped pages), then their record,
-    then those pieces out of the page cache (clean now, so dropping them is immediate)."""
-    fd = os.open(partial, os.O_RDONLY)
+    then those pieces out of the page cache (clean now, so dropping them is immediate).
+    ``fd`` and ``dir_fd`` are this call's own duplicates: closed here."""
     try:
         os.fsync(fd)
-        write_state(state, body)
+        write_state(Path(state), body, dir_fd=dir_fd)
         for offset, size in ranges:
             drop_cached(fd, offset, size)
     finally:
         os.close(fd)
+        os.close(dir_fd)
 
 
-def _reserve(partial: Path, offset: int, size: int) -> None:
-    """Allocate the blocks of ``partial[offset:offset+size]`` now, or raise ENOSPC now."""
+def _reserve(fd: int, offset: int, size: int) -> None:
+    """Allocate the blocks of the file's ``[offset, offset+size)`` now, or raise ENOSPC now."""
     if not size:
         return
-    fd = os.open(partial, os.O_RDWR)
-    try:
-        st = os.fstatvfs(fd)
-        if st.f_bavail * st.f_frsize < size + STATE_RESERVE_BYTES:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        os.posix_fallocate(fd, offset, size)
-    finally:
-        os.close(fd)
+    st = os.fstatvfs(fd)
+    if st.f_bavail * st.f_frsize < size + STATE_RESERVE_BYTES:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    os.posix_fallocate(fd, offset, size)
 
 
 def _describe_failure(name: str, offset: int, size: int, directory: Path, exc: OSError) -> str:
@@ -146,25 +162,33 @@ def _describe_failure(name: str, offset: int, size: int, directory: Path, exc: O
     return f"{dest_error(name, exc)} at offset {offset}; the pieces received are kept for a resume"
 
 
-def _digest_range(path: Path, offset: int, size: int) -> str:
+def _digest_range(fd: int, offset: int, size: int) -> str:
     """One piece of a file on disk, read through its own mapping, then dropped from the
-    page cache (a re-verification streams through the file, it does not cache it)."""
-    digest = shard_digest_hex(MappedRange(path, offset, size).array)
-    fd = os.open(path, os.O_RDONLY)
+    page cache (a re-verification streams through the file, it does not cache it).
+    ``fd`` is this call's own duplicate: closed here."""
     try:
+        digest = shard_digest_hex(MappedRange(fd, offset, size).array)
         drop_cached(fd, offset, size)
     finally:
         os.close(fd)
     return digest
 
 
+def _attributes_body(attributes: SentAttributes) -> dict[str, int]:
+    return {k: v for k, v in (("mode", attributes.mode), ("mtime_ns", attributes.mtime_ns)) if v is not None}
+
+
 class Inbox(FileSink):
     """One session's receiving sink, rooted at the sending peer's directory."""
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory, keep_names=False)  # a warm session lands thousands of files
-        self._refused: set[int] = set()
-        self._no_space: set[int] = set()  # pieces a full disk refused (received into scratch)
+    def __init__(self, directory: Path, policy: ReceivePolicy | None = None,
+                 skipped: Counter[str] | None = None) -> None:
+        # A warm session lands thousands of files: no per-file list (keep_names).
+        super().__init__(directory, keep_names=False, policy=policy or ReceivePolicy(DEFAULT_UMASK),
+                         skipped=skipped)
+        # Pieces refused (received into scratch memory) -> their answer: EXISTS, or "aborted"
+        # for a full disk or an unsafe destination.
+        self._answers: dict[int, str] = {}
         self._announcement: Any = None
         self.resumed_bytes = 0  # held at a resume query (not sent again)
         self.reverified_bytes = 0  # of which were hashed again because the state file was bad
@@ -184,20 +208,28 @@ class Inbox(FileSink):
             name = safe_relative(info.get("name"))
             offset, file_size = int(info["offset"]), int(info["file_size"])
             overwrite = bool(info.get("overwrite", False))
+            attributes = SentAttributes.of(info)
         except (ValueError, KeyError, TypeError, AttributeError):
             name = None
         if name is None or not (0 <= offset and offset + size <= file_size):
             log.warning("shard %d: bad file metadata %r; refused", shard_id, meta[:200])
-            return self._refuse(shard_id, size)
+            self.reasons[shard_id] = "bad file metadata (a plain relative name, offset and file_size)"
+            return self._refuse(shard_id, size, "aborted")
         self.receipts.piece(name, info)
         incoming = self.files.get(name)
         try:
             if incoming is None or incoming.size != file_size:
-                if not overwrite and (self.directory / name).exists():
-                    log.warning("refused %s: it exists and the sender did not ask to overwrite", name)
-                    return self._refuse(shard_id, size)
-                incoming = self._open(name, file_size)
-            _reserve(incoming.partial, offset, size)
+                incoming = self._open_new(name, file_size, attributes, overwrite)
+            incoming.attributes = attributes  # every piece says the same; a resumed file learns it here
+            assert incoming.fd is not None
+            _reserve(incoming.fd, offset, size)
+        except _Exists:
+            log.warning("refused %s: it exists and the sender did not ask to overwrite", name)
+            return self._refuse(shard_id, size)
+        except UnsafeName as exc:
+            self.reasons[shard_id] = f"dest {name}: {exc}"
+            log.warning("refused %s", self.reasons[shard_id])
+            return self._refuse(shard_id, size, "aborted")
         except OSError as exc:
             return self._no_room(shard_id, name, offset, size, exc)
         incoming.shards.append(shard_id)
@@ -205,16 +237,15 @@ class Inbox(FileSink):
         incoming.offsets[shard_id] = offset
         return self._map(shard_id, incoming, offset, size)
 
-    def _refuse(self, shard_id: int, size: int) -> Any:
-        self._refused.add(shard_id)
+    def _refuse(self, shard_id: int, size: int, status: str = EXISTS) -> Any:
+        self._answers[shard_id] = status
         return np.empty(size, dtype=np.uint8)
 
     def _no_room(self, shard_id: int, name: str, offset: int, size: int, exc: OSError) -> Any:
         """A piece that cannot be stored: into scratch memory, reported aborted (the
         session then ends with ``error``); the pieces already kept stay for a resume."""
         self._fail_dest(name, exc, _describe_failure(name, offset, size, self.directory, exc))
-        self._no_space.add(shard_id)
-        return np.empty(size, dtype=np.uint8)
+        return self._refuse(shard_id, size, "aborted")
 
     def _fail_dest(self, name: str, exc: OSError, error: str) -> None:
         """The first destination error ends the session with its reason (``receive_files``)."""
@@ -228,12 +259,9 @@ class Inbox(FileSink):
         return not self._by_shard
 
     def on_piece(self, shard_id: int, ok: bool, size: int) -> tuple[str, list[int]] | None:
-        if shard_id in self._refused:
-            self._refused.discard(shard_id)
-            return EXISTS, [shard_id]
-        if shard_id in self._no_space:
-            self._no_space.discard(shard_id)
-            return "aborted", [shard_id]
+        refused = self._answers.pop(shard_id, None)
+        if refused is not None:
+            return refused, [shard_id]
         name = self._by_shard.get(shard_id)
         incoming = self.files.get(name) if name is not None else None
         if ok and isinstance(incoming, _Partial) and shard_id in incoming.offsets:
@@ -257,10 +285,13 @@ class Inbox(FileSink):
         self._synced(incoming)
         for offset, size, digest in pieces:
             incoming.pieces[str(offset)] = [size, digest]
-        body = {"size": incoming.size, "digest": DIGEST_NAME, "pieces": dict(incoming.pieces)}
+        body = {"size": incoming.size, "digest": DIGEST_NAME, "pieces": dict(incoming.pieces),
+                "attributes": _attributes_body(incoming.attributes)}
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wanxport-inbox-sync")
-        incoming.syncing = self._syncer.submit(_sync_then_record, incoming.partial, incoming.state_path, body,
+        assert incoming.fd is not None and incoming.dir_fd is not None
+        incoming.syncing = self._syncer.submit(_sync_then_record, os.dup(incoming.fd),
+                                               os.dup(incoming.dir_fd), incoming.state_name, body,
                                                [(offset, size) for offset, size, _ in pieces])
 
     def _synced(self, incoming: _IncomingFile) -> None:
@@ -273,33 +304,65 @@ class Inbox(FileSink):
                             incoming.partial, exc)
             incoming.syncing = None
 
-    def _open(self, name: str, size: int) -> _IncomingFile:
+    def _open_new(self, name: str, size: int, attributes: SentAttributes, overwrite: bool) -> _IncomingFile:
         """A new partial file (a stale one of the same name is replaced: the sender did
-        not ask to resume it)."""
-        final = self.directory / name
-        final.parent.mkdir(parents=True, exist_ok=True)
-        partial = partial_path(final)
-        partial.with_name(partial.name + ".state").unlink(missing_ok=True)
-        partial.unlink(missing_ok=True)
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        os.ftruncate(fd, size)
-        incoming = _Partial(name, size, partial, fd)
+        not ask to resume it). _Exists when the destination exists and ``overwrite`` is off."""
+        dir_fd, leaf = self._directory_of(name, create=True)
+        try:
+            if not overwrite and entry_kind(dir_fd, leaf) not in (None, "symlink"):
+                raise _Exists(name)
+            self._replaceable(dir_fd, leaf)
+            partial = f".{leaf}.partial"
+            for stale in (partial + ".state", partial):
+                try:
+                    os.unlink(stale, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass
+            return self._create(name, size, attributes, dir_fd, partial)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+
+    def _create(self, name: str, size: int, attributes: SentAttributes, dir_fd: int,
+                partial: str) -> _IncomingFile:
+        """The partial file, sized but not reserved: each piece reserves its own blocks."""
+        fd = open_file(dir_fd, partial, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            os.close(fd)
+            raise
+        incoming = _Partial(name, size, (self.directory / name).with_name(partial), fd, dir_fd, attributes)
         self.files[name] = incoming
         return incoming
 
+    def _open(self, name: str, size: int, attributes: SentAttributes) -> _IncomingFile:
+        return self._open_new(name, size, attributes, overwrite=True)
+
     def _finish(self, incoming: _IncomingFile) -> None:
         self._synced(incoming)
-        super()._finish(incoming)
-        if isinstance(incoming, _Partial):
-            incoming.state_path.unlink(missing_ok=True)
-        sync_directory((self.directory / incoming.name).parent)
+        assert incoming.dir_fd is not None
+        dir_fd = os.dup(incoming.dir_fd)  # the file's own is closed once it is in place
+        try:
+            super()._finish(incoming)
+            if isinstance(incoming, _Partial):
+                try:
+                    os.unlink(incoming.state_name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
         self.receipts.landed(incoming.name, incoming.size)
 
     def _discard(self, incoming: _IncomingFile) -> None:
         self._synced(incoming)
+        if isinstance(incoming, _Partial) and incoming.dir_fd is not None:
+            try:
+                os.unlink(incoming.state_name, dir_fd=incoming.dir_fd)
+            except FileNotFoundError:
+                pass
         super()._discard(incoming)
-        if isinstance(incoming, _Partial):
-            incoming.state_path.unlink(missing_ok=True)
 
     def discard_partials(self) -> None:
         """The session ended: keep every partial file and its state for a resume, unless
@@ -310,7 +373,7 @@ class Inbox(FileSink):
         for incoming in self.files.values():
             log.info("kept %s for a resume (%d of %d bytes verified)", incoming.partial,
                      incoming.verified, incoming.size)
-            incoming.close()
+            incoming.close()  # a record still queued works on its own descriptors
         self.files.clear()
         self.receipts.ended(reason or "the session ended")
         if self._syncer is not None:
@@ -325,15 +388,20 @@ class Inbox(FileSink):
             log.info("removed %s: the sender cancelled its transfer (%d of %d bytes were held)",
                      incoming.partial, incoming.verified, incoming.size)
 
-    def write_empty(self, name: str, shard_id: int) -> None:
-        safe = safe_relative(name) or f"shard-{shard_id}"
+    def write_empty(self, name: str, shard_id: int, attributes: SentAttributes | None = None) -> str:
+        """As ``FileSink.write_empty``, below the peer's directory with relative names."""
+        attributes = attributes or SentAttributes()
+        relative = safe_relative(name) or f"shard-{shard_id}"
         try:
-            incoming = self._open(safe, 0)
-        except OSError as exc:
-            self._fail_dest(safe, exc, _describe_failure(safe, 0, 0, self.directory, exc))
-            raise FileError(self.error or str(exc)) from None
+            if attributes.symlink is not None:
+                self._link(relative, attributes.symlink)
+                return "verified"
+            incoming = self._open(relative, 0, attributes)
+        except (OSError, UnsafeName) as exc:
+            return self._refuse_empty(shard_id, relative, exc)
         incoming.shards.append(shard_id)
         self._finish(incoming)
+        return "verified"
 
     # -- resume ------------------------------------------------------------------
 
@@ -347,12 +415,22 @@ class Inbox(FileSink):
             offset = (query.first_piece + i) * query.piece_bytes
             batch.append((query.first_piece + i, offset, min(query.piece_bytes, query.file_size - offset),
                           digest))
-        final = self.directory / name
-        if name not in self.files and final.is_file():
-            return ResumeHave(query.query_id, await self._complete_already(final, query, batch))
         incoming = self.files.get(name)
         if incoming is None or incoming.size != query.file_size:
-            incoming = self._reopen(name, query.file_size)
+            try:
+                dir_fd, leaf = self._directory_of(name, create=False)
+            except FileNotFoundError:
+                return ResumeHave(query.query_id, [])
+            except (OSError, UnsafeName) as exc:
+                log.warning("resume of %s: nothing held (%s)", name, exc)
+                return ResumeHave(query.query_id, [])
+            try:
+                if incoming is None and entry_kind(dir_fd, leaf) == "file":
+                    complete = await self._complete_already(dir_fd, leaf, query, batch)
+                    return ResumeHave(query.query_id, complete)
+                incoming = self._reopen(name, dir_fd, query.file_size)
+            finally:
+                os.close(dir_fd)
         if not isinstance(incoming, _Partial) or incoming.fd is None:
             return ResumeHave(query.query_id, [])
         trusted = self._trusted_state(incoming)
@@ -365,7 +443,7 @@ class Inbox(FileSink):
             if trusted is not None:
                 ok = trusted.get(str(offset)) == [size, digest]
             else:
-                ok = await asyncio.to_thread(_digest_range, incoming.partial, offset, size) == digest
+                ok = await asyncio.to_thread(_digest_range, os.dup(incoming.fd), offset, size) == digest
                 self.reverified_bytes += size if ok else 0
             if ok:
                 held.append(index)
@@ -380,15 +458,25 @@ class Inbox(FileSink):
             self._finish(incoming)
         return ResumeHave(query.query_id, held)
 
-    def _reopen(self, name: str, size: int) -> _IncomingFile | None:
-        """The partial file a crashed session left, mapped again (None: there is none)."""
+    def _reopen(self, name: str, dir_fd: int, size: int) -> _IncomingFile | None:
+        """The partial file a crashed session left, mapped again (None: there is none).
+        The sender's mode and mtime come back from its state file."""
         partial = partial_path(self.directory / name)
         try:
-            if partial.stat().st_size != size:
-                return None
-        except FileNotFoundError:
+            fd = open_file(dir_fd, partial.name, os.O_RDWR)
+        except (FileNotFoundError, UnsafeName):
             return None
-        incoming = _Partial(name, size, partial, os.open(partial, os.O_RDWR))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            os.close(fd)
+            return None
+        incoming = _Partial(name, size, partial, fd, os.dup(dir_fd))
+        try:
+            body = read_state(Path(incoming.state_name), dir_fd=dir_fd)
+        except (StateCorrupt, OSError):
+            body = None
+        if isinstance(body, dict) and isinstance(body.get("attributes"), dict):
+            incoming.attributes = SentAttributes.of(body["attributes"])
         self.files[name] = incoming
         return incoming
 
@@ -396,27 +484,39 @@ class Inbox(FileSink):
         """The state file's pieces, or None when it cannot be trusted (its data is
         then re-verified by hashing)."""
         try:
-            body = read_state(incoming.state_path)
+            body = read_state(Path(incoming.state_name), dir_fd=incoming.dir_fd)
         except StateCorrupt as exc:
             log.warning("%s; re-verifying %s by its pieces' digests", exc, incoming.partial)
+            return None
+        except OSError as exc:
+            log.warning("%s: state file unreadable (%s); re-verifying by its pieces' digests",
+                        incoming.partial, exc)
             return None
         if not isinstance(body, dict) or body.get("size") != incoming.size:
             return None
         if body.get("digest") != DIGEST_NAME:  # written by a version with another digest
-            log.info("%s records another digest; re-verifying its pieces", incoming.state_path)
+            log.info("%s records another digest; re-verifying its pieces", incoming.partial)
             return None
         pieces = body.get("pieces")
         return pieces if isinstance(pieces, dict) else None
 
-    async def _complete_already(self, final: Path, query: ResumeQuery,
+    async def _complete_already(self, dir_fd: int, leaf: str, query: ResumeQuery,
                                 batch: list[tuple[int, int, int, str]]) -> list[int]:
         """A destination that exists: held only when this query covers the whole file and
         every piece matches (the receiver renamed it, the sender never heard)."""
-        if query.first_piece != 0 or batch[-1][1] + batch[-1][2] != query.file_size or \
-                final.stat().st_size != query.file_size:
+        if query.first_piece != 0 or batch[-1][1] + batch[-1][2] != query.file_size:
             return []
-        for _, offset, size, digest in batch:
-            if await asyncio.to_thread(_digest_range, final, offset, size) != digest:
+        try:
+            fd = open_file(dir_fd, leaf, os.O_RDONLY)
+        except (OSError, UnsafeName):
+            return []
+        try:
+            if os.fstat(fd).st_size != query.file_size:
                 return []
+            for _, offset, size, digest in batch:
+                if await asyncio.to_thread(_digest_range, os.dup(fd), offset, size) != digest:
+                    return []
+        finally:
+            os.close(fd)
         self.resumed_bytes += query.file_size
         return [index for index, _, _, _ in batch]

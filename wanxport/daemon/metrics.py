@@ -2,7 +2,8 @@
 
 ``gateway.metrics.GatewayMetrics`` exports sessions and paths (shared with
 ``send``/``recv``); this collector adds what only a long-lived gateway has: its
-transfers by state, whether it drains, and when its certificates expire
+transfers by state (a gauge of those in memory) and the transfers that ended, by final
+state (a counter since start: ``outcomes.py``), whether it drains, and when its certificates expire
 (``wanxport_certificate_expiry_timestamp_seconds``: an operator alerts on
 ``- time() < 14 days``, see ``deploy/alerts.yml``). The certificates are re-read
 at most once a minute, so a renewed file shows up without a restart.
@@ -16,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cryptography import x509
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from wanxport import __version__
 from wanxport.control import PROTOCOL_VERSION
 
-from .store import STATES
+from .store import FINAL, STATES
 
 if TYPE_CHECKING:
     from .service import GatewayDaemon
@@ -69,6 +70,13 @@ class DaemonCollector(Collector):
         for state, value in counts.items():
             transfers.add_metric([state], value)
         yield transfers
+        ended = CounterMetricFamily("wanxport_transfers_finished",
+                                    "Transfers that ended (done, failed, cancelled) since the daemon "
+                                    "started; alert on increase() of it, not on the gauge.",
+                                    labels=["state"])
+        for state in FINAL:
+            ended.add_metric([state], daemon.store.ended[state] if daemon.store is not None else 0)
+        yield ended
         draining = GaugeMetricFamily("wanxport_draining", "1 while the daemon drains (SIGTERM).")
         draining.add_metric([], 1 if daemon.draining else 0)
         yield draining
@@ -79,3 +87,9 @@ class DaemonCollector(Collector):
             if expires is not None:
                 expiry.add_metric([name], expires)
         yield expiry
+        skipped = CounterMetricFamily("wanxport_received_entries_skipped",
+                                      "Received entries not recreated, by reason (symlink-outside: a "
+                                      "symlink whose target leaves its transfer).", labels=["reason"])
+        for reason, count in sorted(daemon.received_skipped.items()):
+            skipped.add_metric([reason], count)
+        yield skipped

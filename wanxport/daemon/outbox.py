@@ -33,16 +33,19 @@ class SourceError(ValueError):
 @dataclass(frozen=True)
 class OutgoingPiece(FilePiece):
     overwrite: bool = False
+    mode: int | None = None  # the source's st_mode & 0o7777 and mtime: the receiver keeps them
+    mtime_ns: int | None = None
     # The transfer's id and the files with data this attempt sends: the receiver's one log
     # line per transfer (``receipts.py``); a receiver that does not know them ignores them.
     transfer: str | None = None
     transfer_files: int = 0
 
     def meta(self) -> dict[str, Any]:
-        meta = {**super().meta(), "overwrite": self.overwrite}
+        extra = {k: v for k, v in (("mode", self.mode), ("mtime_ns", self.mtime_ns),
+                                   ("transfer", self.transfer)) if v is not None}
         if self.transfer is not None:
-            meta.update(transfer=self.transfer, transfer_files=self.transfer_files)
-        return meta
+            extra["transfer_files"] = self.transfer_files
+        return {**super().meta(), "overwrite": self.overwrite, **extra}
 
 
 def tagged(pieces: list[OutgoingPiece], transfer: str) -> list[OutgoingPiece]:
@@ -82,14 +85,17 @@ def plan(submission: Submission, piece_bytes: int, first_shard: int = 0) -> list
     for path, rel in _files(source):
         name = safe_relative(f"{submission.dest}/{rel}" if rel else submission.dest)
         if name is None:
-            raise SourceError(f"dest {submission.dest!r}/{rel}: not a plain relative path "
+            shown = f"{submission.dest}/{rel}" if rel else submission.dest
+            raise SourceError(f"dest {shown!r}: not a plain relative path "
                               "(no '..', no names starting with '.')")
         if not os.access(path, os.R_OK):
             raise SourceError(f"source {path}: not readable (permission denied)")
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
         for offset in range(0, max(size, 1), piece_bytes):
             pieces.append(OutgoingPiece(first_shard + len(pieces), name, path, offset,
-                                        min(piece_bytes, size - offset), size, submission.overwrite))
+                                        min(piece_bytes, size - offset), size, submission.overwrite,
+                                        st.st_mode & 0o7777, st.st_mtime_ns))
     return pieces
 
 
@@ -139,6 +145,7 @@ async def send(session: GatewaySession, pieces: list[OutgoingPiece],
     try:
         result = await send_files(session, list(pieces), show_progress=False)
         verdicts = {session.verdict(p.shard_id) for p in pieces}
+        reasons = sorted({r for p in pieces if (r := session.verdict_reason(p.shard_id))})
     finally:
         session.forget(p.shard_id for p in pieces)
     if on_report is not None:
@@ -147,5 +154,7 @@ async def send(session: GatewaySession, pieces: list[OutgoingPiece],
         return None
     if EXISTS in verdicts:
         return "the destination exists at the peer (submit with overwrite to replace it)"
+    if reasons:  # the peer said why (protocol 4): "dest evil/x.bin: 'evil' is a symlink; not followed"
+        return f"the peer refused: {'; '.join(reasons)}"
     return str(result.report.get("error") or "the peer did not verify every file "
                f"({', '.join(sorted(v or 'no answer' for v in verdicts))})")

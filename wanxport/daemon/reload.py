@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from wanxport.gateway.config import format_endpoint
 
-from .config import ConfigError, DaemonConfig, PeerConfig, load_config
+from .config import ConfigError, DaemonConfig, PeerConfig, check_receive_group, load_config
 
 if TYPE_CHECKING:
     from .service import GatewayDaemon
@@ -66,6 +66,7 @@ def reload(daemon: GatewayDaemon) -> ReloadResult:
         return ReloadResult(False, error="the config was not read from a file")
     try:
         new = load_config(old.source)
+        check_receive_group(new)
     except ConfigError as exc:
         log.error("reload refused, the running config stays: %s", exc)
         return ReloadResult(False, error=str(exc))
@@ -143,6 +144,8 @@ def _settings(config: DaemonConfig) -> dict[str, str]:
            "keys.rotate_seconds": f"{config.rotation.seconds:g}",
            "congestion.controller": config.congestion_control,
            "network.dscp": str(config.dscp),
+           "receive.umask": f"{config.receive.umask:04o}",
+           "receive.recv_group": str(config.receive.group),
            "identity": str(config.identity)}
     for peer in config.peers:
         out.update(_peer_settings(peer))

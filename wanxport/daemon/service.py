@@ -50,6 +50,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -64,22 +65,25 @@ from wanxport.units import format_rate, format_size
 
 from .api import ApiServer, TlsListen
 from .cancels import UnsentCancels
-from .config import DaemonConfig, PeerConfig, describe
+from .certwatch import IdentityUnusable, check_at_start, watch_expiry
+from .config import ConfigError, DaemonConfig, PeerConfig, check_receive_group, describe
 from .desterrors import verdict
 from .durable import remove_stale_temporaries
 from .heap import trim_periodically
 from .inbox import Inbox
 from .lifecycle import TransferEvent
 from .listener import DaemonListener
+from .lock import DataDirBusy, DataDirLock
 from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import OutgoingPiece, SourceError, plan, resume, send, tagged
+from .outcomes import CountingStore
 from .pathcache import PathCache
 from .peers import ABORTED, CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
 from .ports import PeerPorts
 from .reload import ReloadResult, certificate_digest, reload
 from .routes import Routes
-from .store import Transfer, TransferStore
+from .store import Transfer
 from .tally import Tally
 
 log = logging.getLogger(__name__)
@@ -107,7 +111,7 @@ class GatewayDaemon:
         self.signals = signals  # in-process tests run two daemons on one loop: no handlers
         self.notifier = notifier or Notifier()
         self.metrics = GatewayMetrics("gateway")
-        self.store: TransferStore | None = None
+        self.store: CountingStore | None = None
         self.listener: DaemonListener | None = None
         self.metrics_server: MetricsServer | None = None
         self.api: ApiServer | None = None
@@ -120,6 +124,7 @@ class GatewayDaemon:
         self._refresh: set[str] = set()  # peers whose paths a reload changed
         self.peers = PeerSessions(config.site)  # the one session with each peer
         self.inboxes: dict[GatewaySession, Inbox] = {}  # each live session's received files
+        self.received_skipped: Counter[str] = Counter()  # entries not recreated, by reason (metrics)
         self.dialled = 0  # sessions this gateway dialled that were kept
         self._active: dict[str, tuple[asyncio.Task[str | None], GatewaySession, int]] = {}
         self._cancelled: set[str] = set()
@@ -132,22 +137,40 @@ class GatewayDaemon:
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
         self._receiving: set[asyncio.Task[None]] = set()  # one per live session
+        self.lock = DataDirLock(config.data_dir)
 
     # -- start and stop --------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            self.lock.release()  # a start that failed leaves the data_dir to the next one
+            raise
+
+    async def _start(self) -> None:
         config = self.config
         try:
-            config.received_dir.mkdir(parents=True, exist_ok=True)
+            check_at_start(config.identity, config.ca, config.site)
+            check_receive_group(config)
+        except (IdentityUnusable, ConfigError) as exc:
+            raise DaemonError(str(exc)) from None
+        try:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()  # before anything else in data_dir (or the API socket) is touched
+            config.received_dir.mkdir(exist_ok=True)
+        except DataDirBusy as exc:
+            raise DaemonError(str(exc)) from None
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
         stale = remove_stale_temporaries(config.data_dir)
         if stale:
             log.info("removed %d temporary state files a previous run left mid-write", stale)
-        self.store = TransferStore(config.data_dir / "transfers.json")
+        self.store = CountingStore(config.data_dir / "transfers.json")
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
-                                       self._peer_dir, Inbox, PeerPorts(config.dscp), self.peers, self._adopt)
+                                       self._peer_dir, self._inbox, PeerPorts(config.dscp), self.peers,
+                                       self._adopt)
         try:
             await self.listener.start()
             self.listener.peer_ports.bind(config.peers, config.listen)
@@ -174,7 +197,8 @@ class GatewayDaemon:
         self._tasks = [asyncio.create_task(self._schedule_loop()),
                        asyncio.create_task(self._watch_stalls()),
                        asyncio.create_task(self.notifier.feed_watchdog()),
-                       asyncio.create_task(trim_periodically())]
+                       asyncio.create_task(trim_periodically()),
+                       asyncio.create_task(watch_expiry(self._identity_pem))]
         if self.signals:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
@@ -186,6 +210,9 @@ class GatewayDaemon:
 
     def _on_sighup(self) -> None:
         self.reload()
+
+    def _identity_pem(self) -> Path:
+        return self.config.identity.with_name(self.config.identity.name + ".pem")
 
     def request_stop(self) -> None:
         if not self.draining:
@@ -230,6 +257,7 @@ class GatewayDaemon:
             self.listener.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        self.lock.release()  # last: the data_dir is ours until everything above let go of it
 
     def reload(self) -> ReloadResult:
         """SIGHUP or ``POST /v1/reload``: re-read the file and apply what changed
@@ -256,6 +284,9 @@ class GatewayDaemon:
         session.endpoint.session.set_rate_caps(tuple(caps))
 
     # -- receiving -------------------------------------------------------------
+
+    def _inbox(self, directory: Path) -> Inbox:
+        return Inbox(directory, self.config.receive.policy, self.received_skipped)
 
     def _peer_dir(self, peer_name: str) -> Path | None:
         peer = self.config.peer(peer_name)
@@ -392,7 +423,7 @@ class GatewayDaemon:
         assert self.listener is not None
         directory = self._peer_dir(peer.name)
         assert directory is not None
-        inbox = Inbox(directory)
+        inbox = self._inbox(directory)
         ports = self.listener.data_ports(peer.name)
         try:
             async with self.peers.admission(peer.name, dialler=self.config.site) as admission:

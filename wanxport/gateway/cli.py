@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wanxport.control import CertificateError, ControlConnectError, RotationLimits
-from wanxport.control.certs import KEY_TYPES, make_test_pki
+from wanxport.control.certs import KEY_TYPES, issue_certificates
 from wanxport.units import format_rate, format_size, parse_size
 from wanxport.usage import UsageError
 
@@ -39,12 +39,17 @@ CIPHER_CHOICES = ("aes-256-gcm", "chacha20-poly1305")
 def register(subparsers: Any) -> None:
     """Add ``certs``, ``send`` and ``recv`` to the ``wanxport`` command."""
     p = subparsers.add_parser("certs", help="write a test CA and gateway certificates",
-                              description="Write DIR/ca.pem (+ ca.key) and DIR/<name>.pem + "
-                                          "DIR/<name>.key per name, for test deployments.")
+                              description="Write DIR/<name>.pem + DIR/<name>.key per name, signed by "
+                                          "the CA in DIR/ca.pem (+ ca.key), which is created when "
+                                          "there is none; for test deployments. An existing CA and "
+                                          "existing names are kept.")
     p.add_argument("dir", metavar="DIR", type=Path)
     p.add_argument("--names", nargs="+", required=True, metavar="NAME", help="gateway names")
     p.add_argument("--key-type", choices=KEY_TYPES, default="ec", help="ec (P-256, default) or ed25519")
     p.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the CA in DIR and the named certificates (invalidates every "
+                        "certificate the old CA signed)")
     p.set_defaults(func=run_certs)
 
     p = subparsers.add_parser("recv", help="receive files from a sending gateway",
@@ -159,14 +164,21 @@ def _fail(command: str, message: str) -> int:
 
 def run_certs(args: argparse.Namespace) -> int:
     try:
-        written = make_test_pki(args.dir, args.names, days=args.days, key_type=args.key_type)
-    except ValueError as exc:
+        changes = issue_certificates(args.dir, args.names, days=args.days, key_type=args.key_type,
+                                     force=args.force)
+    except (ValueError, CertificateError) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"{args.dir}: cannot write ({exc.strerror or exc})") from None
-    for name in args.names:
-        print(f"{written[name]}.pem  {written[name]}.key")
-    print(f"{written['ca']}")
+    if changes.invalidated:
+        print(f"wanxport certs: warning: replaced the CA {changes.ca}; these certificates it signed no "
+              f"longer verify: {', '.join(map(str, changes.invalidated))} (issue them again, and give "
+              "every gateway the new ca.pem)", file=sys.stderr)
+    for prefix in changes.issued:
+        print(f"{prefix}.pem  {prefix}.key")
+    for prefix in changes.kept:
+        print(f"{prefix}.pem  kept: it exists already (--force replaces the CA and the named certificates)")
+    print(f"{changes.ca}{'' if changes.ca_created else '  (the existing CA signed the new names)'}")
     return 0
 
 

@@ -23,20 +23,32 @@ into SIGBUS and kill the gateway. A file that does not fit is refused with
 ``ENOSPC`` named (``FileSink.error``); its pieces are received into scratch
 memory (already within the receive budget) and reported aborted, and the
 receiving loop ends the session with that reason, so the sender learns it.
+
+The receiver reaches every file through descriptors opened beneath its directory
+(``beneath``: no symlink followed, no ``..``), maps pieces through the partial
+file's descriptor and renames relative to the directory's, so a symlink planted
+in the receive directory never carries a write out of it. A finished file gets
+the mode and mtime the sender gave (``SentAttributes``, protocol 4) under the
+receiver's ``ReceivePolicy`` before its rename; a partial file is 0600 until then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import mmap
 import os
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .beneath import DIR_FLAGS, UnsafeName, entry_kind, link_target_inside, open_directory, open_file, split
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +90,23 @@ def plan_files(paths: list[Path], piece_bytes: int) -> list[FilePiece]:
 
 
 class MappedRange:
-    """``size`` bytes of ``path`` from ``offset``, mapped on their own (shared, so writes
-    through ``array`` go to the file).
+    """``size`` bytes of ``source`` (a path, or an open descriptor) from ``offset``, mapped on
+    their own (shared, so writes through ``array`` go to the file).
 
-    ``evict`` takes the pages out of this process at once, whoever still holds a view
-    (the data plane, a received shard on its way to the application): a shared file
-    mapping loses nothing by it, a later access faults the same bytes back in. The
-    virtual range itself goes with the last reference."""
+    A receiver maps through the descriptor it opened beneath its directory (``beneath``), so
+    no path is resolved again. ``evict`` takes the pages out of this process at once, whoever
+    still holds a view (the data plane, a received shard on its way to the application): a
+    shared file mapping loses nothing by it, a later access faults the same bytes back in.
+    The virtual range itself goes with the last reference."""
 
-    def __init__(self, path: Path, offset: int, size: int, *, writable: bool = False) -> None:
+    def __init__(self, source: Path | int, offset: int, size: int, *, writable: bool = False) -> None:
         skew = offset % mmap.ALLOCATIONGRANULARITY
-        with open(path, "r+b" if writable else "rb") as fh:
-            self._mm = mmap.mmap(fh.fileno(), size + skew, offset=offset - skew,
-                                 access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        if isinstance(source, int):
+            self._mm = mmap.mmap(source, size + skew, offset=offset - skew, access=access)
+        else:
+            with open(source, "r+b" if writable else "rb") as fh:
+                self._mm = mmap.mmap(fh.fileno(), size + skew, offset=offset - skew, access=access)
         self.array: np.ndarray[Any, Any] = np.frombuffer(self._mm, dtype=np.uint8, count=size, offset=skew)
 
     def evict(self) -> None:
@@ -164,22 +180,72 @@ def check_output_dir(directory: Path) -> None:
         raise FileError(f"--out {directory}: not writable ({exc.strerror or exc})") from None
 
 
+@dataclass(frozen=True)
+class ReceivePolicy:
+    """What a received regular file is left with, so that the people who should read it can.
+
+    Its permission bits are the sender's (piece meta ``mode``; 0666 from a sender that
+    does not say, as a protocol 3 one) masked by ``umask``; setuid, setgid and sticky bits
+    are never kept (the file belongs to the receiving gateway's user, not the sender's).
+    ``group_id``: the file's group (``fchown``), else the process's own group.
+    """
+
+    umask: int = 0o022
+    group_id: int | None = None
+
+    def mode(self, sent: int | None) -> int:
+        return (0o666 if sent is None else sent & 0o777) & ~self.umask
+
+
+def process_umask() -> int:
+    """This process's umask (reading it means setting it: set back at once)."""
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+@dataclass(frozen=True)
+class SentAttributes:
+    """What the sender said about a file besides its bytes (protocol 4): piece meta keys
+    ``mode`` (st_mode & 0o7777), ``mtime_ns`` and, for a symlink entry, ``symlink`` (its
+    target). A value of the wrong type or range is ignored, as if not sent."""
+
+    mode: int | None = None
+    mtime_ns: int | None = None
+    symlink: str | None = None
+
+    @classmethod
+    def of(cls, info: dict[str, Any]) -> SentAttributes:
+        mode, mtime_ns, target = info.get("mode"), info.get("mtime_ns"), info.get("symlink")
+        return cls(mode if type(mode) is int and 0 <= mode <= 0o7777 else None,
+                   mtime_ns if type(mtime_ns) is int and 0 <= mtime_ns < 2**63 else None,
+                   target if isinstance(target, str) and target else None)
+
+
 @dataclass
 class _IncomingFile:
-    name: str
+    name: str  # relative to the sink's directory
     size: int
-    partial: Path
+    partial: Path  # where the partial file is, for messages only: it is reached through dir_fd
     fd: int | None  # the partial file, open for syncs and page-cache hints (None once closed)
+    dir_fd: int | None = None  # the directory it lands in, opened beneath the sink's (``beneath``)
+    attributes: SentAttributes = field(default_factory=SentAttributes)
     verified: int = 0
     shards: list[int] = field(default_factory=list)
     failed: bool = False
     offsets: dict[int, int] = field(default_factory=dict)  # shard id -> offset in the file
     behind: list[tuple[int, int]] = field(default_factory=list)  # verified, write-back started
 
+    @property
+    def leaf(self) -> str:
+        """Its final name in ``dir_fd``."""
+        return self.name.rsplit("/", 1)[-1]
+
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for fd in (self.fd, self.dir_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.dir_fd = None
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -188,23 +254,35 @@ def describe_os_error(exc: OSError) -> str:
     return f"{exc.strerror or exc} ({name})" if name else str(exc.strerror or exc)
 
 
+SYMLINK_OUTSIDE = "symlink-outside"  # a symlink entry whose target leaves the transfer: skipped
+
+
 class FileSink:
     """Receives the pieces of one session's files into partial files, then renames.
 
-    Each finished file is counted (``written_count``, ``written_bytes``) as it lands, so
-    the session's report never ``stat()``s a file the receiver may have moved or deleted
-    since. ``keep_names=False`` (the daemon's warm sessions, which last for thousands of
-    files) keeps no per-file list at all: ``written`` stays empty.
+    Every file is reached through descriptors opened beneath ``directory``
+    (``beneath``): a name that would pass through a symlink is refused, not followed.
+    Each finished file gets its mode and mtime (``SentAttributes``, under ``policy``)
+    before it is renamed into place, and is counted (``written_count``, ``written_bytes``)
+    as it lands, so the session's report never ``stat()``s a file the receiver may have
+    moved or deleted since. ``keep_names=False`` (the daemon's warm sessions, which last
+    for thousands of files) keeps no per-file list at all: ``written`` stays empty.
+    ``reasons``: why a shard was answered other than ``verified``, for the sender.
+    ``skipped``: entries not recreated, by reason (``SYMLINK_OUTSIDE``).
     """
 
-    def __init__(self, directory: Path, *, keep_names: bool = True) -> None:
+    def __init__(self, directory: Path, *, keep_names: bool = True, policy: ReceivePolicy | None = None,
+                 skipped: Counter[str] | None = None) -> None:
         self.directory = directory
+        self.policy = policy or ReceivePolicy(process_umask())
         self.files: dict[str, _IncomingFile] = {}
         self.written: list[Path] = []
         self.written_count = 0
         self.written_bytes = 0
         self._keep_names = keep_names
         self.error: str | None = None  # the first file that could not be written, and why
+        self.reasons: dict[int, str] = {}
+        self.skipped: Counter[str] = Counter() if skipped is None else skipped
         self._by_shard: dict[int, str] = {}
         self._maps: dict[int, MappedRange] = {}  # shard id -> its piece, mapped while it arrives
         self._refused: set[int] = set()  # shards of such files, received into scratch memory
@@ -215,17 +293,19 @@ class FileSink:
             info = json.loads(meta)
             name = safe_name(info.get("name"), shard_id)
             offset, file_size = int(info["offset"]), int(info["file_size"])
+            attributes = SentAttributes.of(info)
         except (ValueError, KeyError, TypeError, AttributeError):
-            name, offset, file_size = f"shard-{shard_id}", 0, size
+            name, offset, file_size, attributes = f"shard-{shard_id}", 0, size, SentAttributes()
         if not (0 <= offset and offset + size <= file_size):
             name, offset, file_size = f"shard-{shard_id}", 0, size
         incoming = self.files.get(name)
         if incoming is None or incoming.size != file_size:
             try:
-                incoming = self._open(name, file_size)
-            except OSError as exc:
+                incoming = self._open(name, file_size, attributes)
+            except (OSError, UnsafeName) as exc:
+                why = str(exc) if isinstance(exc, UnsafeName) else describe_os_error(exc)
                 self.error = self.error or (f"{name}: cannot store {file_size} bytes in {self.directory}: "
-                                            f"{describe_os_error(exc)}")
+                                            f"{why}")
                 log.error("%s", self.error)
                 self._refused.add(shard_id)
                 return np.empty(size, dtype=np.uint8)
@@ -235,7 +315,8 @@ class FileSink:
         return self._map(shard_id, incoming, offset, size)
 
     def _map(self, shard_id: int, incoming: _IncomingFile, offset: int, size: int) -> Any:
-        mapped = self._maps[shard_id] = MappedRange(incoming.partial, offset, size, writable=True)
+        assert incoming.fd is not None
+        mapped = self._maps[shard_id] = MappedRange(incoming.fd, offset, size, writable=True)
         return mapped.array
 
     def _unmap(self, shard_id: int) -> None:
@@ -249,17 +330,50 @@ class FileSink:
         removed anyway); a sink that keeps them for a resume waits for pieces in flight."""
         return True
 
-    def _open(self, name: str, size: int) -> _IncomingFile:
-        partial = self.directory / f".{name}.partial-{os.urandom(4).hex()}"
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    def _directory_of(self, name: str, *, create: bool) -> tuple[int, str]:
+        """A descriptor of the directory ``name`` lands in (opened beneath ``directory``,
+        created when ``create``), and its last component. UnsafeName names the symlink."""
+        parts, leaf = split(name)
+        if create:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        root = os.open(self.directory, DIR_FLAGS)
+        try:
+            return open_directory(root, parts, create=create), leaf
+        finally:
+            os.close(root)
+
+    def _replaceable(self, dir_fd: int, leaf: str) -> None:
+        """UnsafeName unless ``leaf`` is absent or a file (a rename replaces it)."""
+        kind = entry_kind(dir_fd, leaf)
+        if kind == "symlink":
+            raise UnsafeName(f"{leaf!r} is a symlink; not followed")
+        if kind not in (None, "file"):
+            raise UnsafeName(f"{leaf!r} is a {kind}; not replaced")
+
+    def _open(self, name: str, size: int, attributes: SentAttributes) -> _IncomingFile:
+        dir_fd, leaf = self._directory_of(name, create=True)
+        try:
+            self._replaceable(dir_fd, leaf)
+            partial = f".{leaf}.partial-{os.urandom(4).hex()}"
+            return self._create(name, size, attributes, dir_fd, partial)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+
+    def _create(self, name: str, size: int, attributes: SentAttributes, dir_fd: int,
+                partial: str) -> _IncomingFile:
+        """A new partial file ``partial`` in ``dir_fd`` of ``size`` bytes, every block reserved
+        now (or ENOSPC now, not SIGBUS later); 0600 until it is complete."""
+        fd = open_file(dir_fd, partial, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         try:
             if size:
-                os.posix_fallocate(fd, 0, size)  # every block now, or ENOSPC now (not SIGBUS later)
+                os.posix_fallocate(fd, 0, size)
         except OSError:
             os.close(fd)
-            partial.unlink(missing_ok=True)
+            os.unlink(partial, dir_fd=dir_fd)
             raise
-        incoming = _IncomingFile(name, size, partial, fd)
+        incoming = _IncomingFile(name, size, (self.directory / name).with_name(partial), fd, dir_fd,
+                                 attributes)
         self.files[name] = incoming
         return incoming
 
@@ -298,21 +412,76 @@ class FileSink:
         self._finish(incoming)
         return "verified", incoming.shards
 
-    def write_empty(self, name: str, shard_id: int) -> None:
-        incoming = self._open(safe_name(name, shard_id), 0)
+    def write_empty(self, name: str, shard_id: int, attributes: SentAttributes | None = None) -> str:
+        """A zero-size entry: an empty file, or a symlink entry. The status for the sender
+        (a refusal's reason in ``reasons``)."""
+        attributes = attributes or SentAttributes()
+        name = safe_name(name, shard_id)
+        try:
+            if attributes.symlink is not None:
+                self._link(name, attributes.symlink)
+                return "verified"
+            incoming = self._open(name, 0, attributes)
+        except (OSError, UnsafeName) as exc:
+            return self._refuse_empty(shard_id, name, exc)
         incoming.shards.append(shard_id)
         self._finish(incoming)
+        return "verified"
+
+    def _refuse_empty(self, shard_id: int, name: str, exc: OSError | UnsafeName) -> str:
+        why = str(exc) if isinstance(exc, UnsafeName) else describe_os_error(exc)
+        self.reasons[shard_id] = f"dest {name}: {why}"
+        log.warning("refused %s", self.reasons[shard_id])
+        return "aborted"
+
+    def _link(self, name: str, target: str) -> None:
+        """Recreate a symlink entry, only when its target (read lexically from the link's
+        directory) stays inside the tree it was sent in: its first directory below ours,
+        or ours for a link at the top. Else skipped: counted and logged, not an error."""
+        dir_fd, leaf = self._directory_of(name, create=True)
+        try:
+            parts = split(name)[0]
+            if not link_target_inside(parts, target, min(1, len(parts))):
+                self.skipped[SYMLINK_OUTSIDE] += 1
+                log.warning("skipped symlink %s -> %s: its target leaves the transfer's directory",
+                            name, target)
+                return
+            if entry_kind(dir_fd, leaf) == "directory":
+                raise UnsafeName(f"{leaf!r} is a directory; not replaced")
+            temporary = f".{leaf}.partial-{os.urandom(4).hex()}"
+            os.symlink(target, temporary, dir_fd=dir_fd)
+            os.replace(temporary, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self.written_count += 1
+        if self._keep_names:
+            self.written.append(self.directory / name)
+        log.info("received %s (a symlink to %s)", self.directory / name, target)
+
+    def _settle(self, incoming: _IncomingFile) -> None:
+        """The complete partial file: its pages on disk, then its mode, group and mtime
+        (last: nothing writes it afterwards)."""
+        if incoming.fd is None:
+            return
+        os.fsync(incoming.fd)  # the pieces' mapped pages, written before the rename
+        drop_cached(incoming.fd, 0, incoming.size)
+        if self.policy.group_id is not None:
+            os.fchown(incoming.fd, -1, self.policy.group_id)
+        os.fchmod(incoming.fd, self.policy.mode(incoming.attributes.mode))
+        if incoming.attributes.mtime_ns is not None:
+            os.utime(incoming.fd, ns=(time.time_ns(), incoming.attributes.mtime_ns))
 
     def _finish(self, incoming: _IncomingFile) -> None:
-        if incoming.fd is not None:
-            os.fsync(incoming.fd)  # the pieces' mapped pages, written before the rename
-            drop_cached(incoming.fd, 0, incoming.size)
-            incoming.close()
-        final = self.directory / incoming.name
-        os.replace(incoming.partial, final)
+        self._settle(incoming)
+        assert incoming.dir_fd is not None
+        os.replace(incoming.partial.name, incoming.leaf, src_dir_fd=incoming.dir_fd,
+                   dst_dir_fd=incoming.dir_fd)
+        incoming.close()
         del self.files[incoming.name]
         self.written_count += 1
         self.written_bytes += incoming.size
+        final = self.directory / incoming.name
         if self._keep_names:
             self.written.append(final)
         # A warm daemon's sessions land thousands of files: it logs whole transfers instead.
@@ -320,8 +489,10 @@ class FileSink:
         log.log(level, "received %s (%d bytes)", final, incoming.size)
 
     def _discard(self, incoming: _IncomingFile) -> None:
+        if incoming.dir_fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(incoming.partial.name, dir_fd=incoming.dir_fd)
         incoming.close()
-        incoming.partial.unlink(missing_ok=True)
         self.files.pop(incoming.name, None)
 
     def discard_partials(self) -> None:

@@ -8,6 +8,11 @@ Initiator (sender)                      Responder (receiver)
                                  <----  Keys(responder->initiator, 0)
   starts its endpoint, data flows
 
+Hello carries the initiator's protocol version, Welcome the one both then speak: the
+lower of the two, down to ``MIN_PROTOCOL_VERSION``. A responder of an older version
+refuses a newer Hello outright (naming the version it speaks); the initiator then dials
+again offering that version, so a gateway still talks to one of the previous version.
+
 The responder's endpoint is running before its Welcome leaves, so the first
 data datagram always finds an open socket. The initiator learns its own data
 endpoints (to put in Hello) before it has any key, by asking the kernel which
@@ -22,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +41,7 @@ from wanxport.aio.config import EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Allocator, Endpoint
 from wanxport.aio.port import PathPort
 from wanxport.control import (
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Bye,
     ControlChannel,
@@ -63,6 +71,10 @@ from .session import GatewaySession
 
 M = TypeVar("M", bound=Message)
 SUPPORTED_CIPHERS = ["aes-256-gcm", "chacha20-poly1305"]
+# How every version (3 included) refuses a Hello of a version it does not speak.
+_SPEAKS = re.compile(r"hello\.version: \d+ is not supported; this gateway speaks (\d+)")
+
+log = logging.getLogger(__name__)
 
 
 class SetupError(ConnectionError):
@@ -128,28 +140,46 @@ async def initiate(paths: list[Address], identity: os.PathLike[str] | str, ca: o
         raise ValueError("paths: give at least one HOST:PORT")
     cert, key = load_identity(identity)
     check_ca_file(ca)
-    channel = await ResilientControl.connect(
-        list(paths), cert=cert, key=key, ca=ca,
-        timeout_s=options.connect_timeout_s, idle_timeout_s=options.control_timeout_s,
-        resume_window_s=options.resume_window_s, dscp=options.dscp)
-    try:
-        return await _initiate_on(channel, paths, identity_name(cert), options, allocator, ports, instance,
-                                  decide, watch_receiving)
-    except BaseException:
-        channel.close()
-        raise
+    version = PROTOCOL_VERSION
+    while True:
+        channel = await ResilientControl.connect(
+            list(paths), cert=cert, key=key, ca=ca,
+            timeout_s=options.connect_timeout_s, idle_timeout_s=options.control_timeout_s,
+            resume_window_s=options.resume_window_s, dscp=options.dscp)
+        try:
+            return await _initiate_on(channel, paths, identity_name(cert), options, allocator, ports,
+                                      instance, decide, watch_receiving, version)
+        except SetupError as exc:
+            channel.close()
+            older = older_version_spoken(str(exc), version)
+            if older is None:
+                raise
+            log.info("%s speaks protocol %d, not %d: dialling again with %d", channel.peer_name, older,
+                     version, older)
+            version = older
+        except BaseException:
+            channel.close()
+            raise
+
+
+def older_version_spoken(refusal: str, offered: int) -> int | None:
+    """The version a peer's refusal of our Hello says it speaks, when it is one we speak
+    too and older than ``offered`` (then dialling again with it agrees); else None."""
+    match = _SPEAKS.search(refusal)
+    spoken = int(match.group(1)) if match else None
+    return spoken if spoken is not None and MIN_PROTOCOL_VERSION <= spoken < offered else None
 
 
 async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str, options: GatewayOptions,
                        allocator: Allocator | None, ports: list[PathPort] | None, instance: str | None,
-                       decide: Decide | None, watch_receiving: bool) -> GatewaySession:
+                       decide: Decide | None, watch_receiving: bool, version: int) -> GatewaySession:
     keys = DataKeys("initiator->responder", options.cipher, options.rotation, time.monotonic)
     if ports is not None and len(ports) < len(paths):
         raise ValueError(f"ports: {len(ports)} given for {len(paths)} paths")
     locals_ = [local_endpoint_for(p) if ports is None else _announced(ports[i].address, p)
                for i, p in enumerate(paths)]
     conn_id = int.from_bytes(os.urandom(4), "big")
-    await channel.send(Hello(PROTOCOL_VERSION, "initiator", name, [format_endpoint(a) for a in locals_],
+    await channel.send(Hello(version, "initiator", name, [format_endpoint(a) for a in locals_],
                              [options.cipher], conn_id, mtu=options.mtu, segments=options.segments,
                              instance=instance))
     await channel.send(keys.current)
@@ -158,6 +188,9 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
     _check_keys(peer_keys, "responder->initiator", options.cipher)
     if welcome.cipher != options.cipher or welcome.peer_conn_id != conn_id:
         raise SetupError("session setup: the peer's welcome does not match our hello")
+    if not MIN_PROTOCOL_VERSION <= welcome.version <= version:
+        raise SetupError(f"session setup: the peer answered protocol {welcome.version}; we offered "
+                         f"{version} and speak {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}")
     n = len(welcome.paths)
     if not 1 <= n <= len(paths):
         raise SetupError(f"session setup: the peer agreed to {n} paths, we offered {len(paths)}")
@@ -180,7 +213,8 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
     endpoint.start()
     mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
     session = GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode,
-                             stall_timeout_s=options.stall_timeout_s if watch_receiving else None)
+                             stall_timeout_s=options.stall_timeout_s if watch_receiving else None,
+                             protocol_version=welcome.version)
     session.peer_instance = welcome.instance
     if isinstance(channel, ResilientControl):
         endpoint.path_listeners.append(functools.partial(_control_off_failed_path, channel, paths[:n]))
@@ -275,7 +309,7 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         raise
     mode = "loopback" if all(is_loopback(p[0]) for p in peers) else "network"
     session = GatewaySession("responder", channel, endpoint, keys, channel.peer_name, mode=mode,
-                             stall_timeout_s=options.stall_timeout_s)
+                             stall_timeout_s=options.stall_timeout_s, protocol_version=welcome.version)
     session.peer_instance = hello.instance
     return session
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
 from wanxport.control import (
+    PROTOCOL_VERSION,
     Bye,
     ControlChannel,
     ControlClosed,
@@ -33,6 +34,7 @@ from wanxport.control import (
     ResumeQuery,
     ShardAnnounce,
     ShardComplete,
+    for_version,
 )
 from wanxport.core.digest import shard_digest_hex
 
@@ -41,6 +43,7 @@ from .rekey import DataKeys
 log = logging.getLogger(__name__)
 
 ROTATION_CHECK_S = 0.05
+META_SINCE_VERSION_4 = ("mode", "mtime_ns", "symlink")  # file piece meta keys a peer of 3 is not sent
 
 
 class SessionFailed(ConnectionError):
@@ -79,10 +82,14 @@ class GatewaySession:
     """Both roles share this class; ``role`` is "initiator" (sender) or "responder"."""
 
     def __init__(self, role: str, channel: ControlChannel, endpoint: Endpoint, keys: DataKeys,
-                 peer_name: str, *, mode: str, stall_timeout_s: float | None = None) -> None:
+                 peer_name: str, *, mode: str, stall_timeout_s: float | None = None,
+                 protocol_version: int = PROTOCOL_VERSION) -> None:
         """``stall_timeout_s`` (receiver): fail the session when shards are open and no
-        data arrived for that long (``_watch_stall``); None: wait for ever."""
+        data arrived for that long (``_watch_stall``); None: wait for ever.
+        ``protocol_version``: the version agreed with the peer at setup (``handshake``);
+        what this session sends carries nothing newer."""
         self.role = role
+        self.protocol_version = protocol_version
         self.channel = channel
         self.endpoint = endpoint
         self.keys = keys
@@ -94,6 +101,7 @@ class GatewaySession:
         self._announced: dict[int, ShardAnnounce] = {}
         self._announce_waiters: dict[int, asyncio.Future[ShardAnnounce]] = {}
         self._completions: dict[int, asyncio.Future[str]] = {}
+        self._reasons: dict[int, str] = {}  # the receiver's reason for a verdict (protocol 4)
         self._empty: asyncio.Queue[ShardAnnounce] = asyncio.Queue()
         # The responder's answer to a ResumeQuery (the daemon's inbox); without one it holds nothing.
         self.resume_handler: Callable[[ResumeQuery], Awaitable[ResumeHave]] | None = None
@@ -125,11 +133,11 @@ class GatewaySession:
         """
         self._check_alive()
         verdict = self._completion(shard_id)
-        await self.channel.send(announce)
+        await self.channel.send(for_version(announce, self.protocol_version))
         now = self.endpoint.clock()
         if self.stats.first_submit is None:
             self.stats.first_submit = now
-        acked = self.endpoint.submit(shard_id, data, json.dumps(meta or {}).encode(),
+        acked = self.endpoint.submit(shard_id, data, json.dumps(self._meta_for_peer(meta)).encode(),
                                      bytes.fromhex(announce.digest))
         del data  # the data plane holds it until acknowledged, and no longer
         try:
@@ -168,11 +176,22 @@ class GatewaySession:
         fut = self._completions.get(shard_id)
         return fut.result() if fut is not None and fut.done() and not fut.cancelled() else None
 
+    def verdict_reason(self, shard_id: int) -> str | None:
+        """Why the receiver did not verify a shard, when it said (a protocol 4 peer)."""
+        return self._reasons.get(shard_id)
+
+    def _meta_for_peer(self, meta: dict[str, Any] | None) -> dict[str, Any]:
+        """A file piece's meta without what the agreed protocol does not carry: before 4, a
+        file's mode, mtime and symlink target are not sent (the peer would not apply them)."""
+        if not meta or self.protocol_version >= 4:
+            return meta or {}
+        return {k: v for k, v in meta.items() if k not in META_SINCE_VERSION_4}
+
     async def announce_empty(self, announce: ShardAnnounce) -> bool:
         """A zero-byte shard (an empty file) exists only on the control channel."""
         self._check_alive()
         verdict = self._completion(announce.shard_id)
-        await self.channel.send(announce)
+        await self.channel.send(for_version(announce, self.protocol_version))
         return await self._until_ended(verdict) == "verified"
 
     # -- receiving (responder) -------------------------------------------------
@@ -198,17 +217,19 @@ class GatewaySession:
         """The next announced zero-byte shard (it never appears on the data plane)."""
         return await self._until_ended(asyncio.ensure_future(self._empty.get()))
 
-    async def complete(self, shard_id: int, status: str) -> None:
+    async def complete(self, shard_id: int, status: str, reason: str | None = None) -> None:
+        """The verdict on a shard, and why it is not ``verified`` (sent to a protocol 4 peer)."""
         # The shard is answered: its announcement is not needed again (a warm session
         # receives shards for months, so nothing per shard may stay behind).
         self._announced.pop(shard_id, None)
-        await self.channel.send(ShardComplete(shard_id, status))
+        await self.channel.send(for_version(ShardComplete(shard_id, status, reason), self.protocol_version))
 
     def forget(self, shard_ids: Iterable[int]) -> None:
         """The initiator read these shards' verdicts: drop them (a warm session sends
         shards for months)."""
         for shard_id in shard_ids:
             self._completions.pop(shard_id, None)
+            self._reasons.pop(shard_id, None)
 
     async def wait_ended(self) -> str:
         """Until the peer says goodbye (the reason) or the session fails (raises)."""
@@ -327,6 +348,8 @@ class GatewaySession:
             fut = self._completion(msg.shard_id)
             if not fut.done():
                 fut.set_result(msg.status)
+                if msg.reason:
+                    self._reasons[msg.shard_id] = msg.reason
         elif isinstance(msg, Keys):
             await self.channel.send(self.keys.on_keys(msg, self.endpoint))
         elif isinstance(msg, KeyUpdate):

@@ -12,7 +12,7 @@ from typing import Any
 
 from wanxport.control import ShardAnnounce
 
-from .files import FileError, FilePiece, FileReader, FileSink
+from .files import FileError, FilePiece, FileReader, FileSink, SentAttributes
 from .progress import ProgressMonitor, acked_bytes
 from .report import session_report
 from .session import GatewaySession, SessionFailed, digest_hex_async
@@ -101,8 +101,10 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
     try:
         for piece in pieces:
             announce_fields: dict[str, Any] = {"name": piece.name}
-            if piece.size == 0:
-                announce = ShardAnnounce(piece.shard_id, 0, "0" * 64, 0, **announce_fields)
+            if piece.size == 0:  # no data shard carries its meta: the announcement does
+                entry = SentAttributes.of(piece.meta())
+                announce = ShardAnnounce(piece.shard_id, 0, "0" * 64, 0, **announce_fields, mode=entry.mode,
+                                         mtime_ns=entry.mtime_ns, symlink=entry.symlink)
                 tasks.append(asyncio.create_task(session.announce_empty(announce)))
                 continue
             await window.acquire(piece.size)
@@ -162,18 +164,23 @@ async def receive_files(session: GatewaySession, sink: FileSink, *,
                 continue
             if result is not None:
                 status, shard_ids = result
+                reason = sink.reasons.pop(shard.shard_id, None)
                 if status != "verified":
-                    failures.append(f"shard {shard.shard_id}: {status}")
+                    failures.append(f"shard {shard.shard_id}: {reason or status}")
                 for shard_id in shard_ids:
-                    await session.complete(shard_id, status)
+                    await session.complete(shard_id, status, reason)
             if sink.error is not None and sink.settled():
                 raise FileError(sink.error)
 
     async def empty() -> None:
         while True:
             announce = await session.next_empty()
-            sink.write_empty(announce.name or "", announce.shard_id)
-            await session.complete(announce.shard_id, "verified")
+            status = sink.write_empty(announce.name or "", announce.shard_id,
+                                      SentAttributes(announce.mode, announce.mtime_ns, announce.symlink))
+            reason = sink.reasons.pop(announce.shard_id, None)
+            if status != "verified":
+                failures.append(f"shard {announce.shard_id}: {reason or status}")
+            await session.complete(announce.shard_id, status, reason)
 
     tasks = [asyncio.create_task(data()), asyncio.create_task(empty())]
     error: str | None = None
