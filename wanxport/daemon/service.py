@@ -67,7 +67,7 @@ from .api import ApiServer, TlsListen
 from .cancels import UnsentCancels
 from .certwatch import IdentityUnusable, check_at_start, watch_expiry
 from .config import ConfigError, DaemonConfig, PeerConfig, check_receive_group, describe
-from .desterrors import verdict
+from .desterrors import NO_SPACE, verdict
 from .durable import remove_stale_temporaries
 from .heap import trim_periodically
 from .inbox import Inbox
@@ -574,14 +574,15 @@ class GatewayDaemon:
         log.warning("transfer %s to %s failed: %s", transfer.id, transfer.submission.peer, reason)
 
     def _pause(self, transfer: Transfer, reason: str, held: int) -> None:
-        """The peer's disk is full: wait (backing off), then queue the transfer again. Its
-        bytes_done stays what the peer held when the attempt began: which of this attempt's
-        pieces the full disk kept is only known at the next resume."""
+        """The peer's disk is full (or it could not write for a reason that may pass): wait
+        (backing off), then queue the transfer again. Its bytes_done stays what the peer held
+        when the attempt began: which of this attempt's pieces it kept is only known at the
+        next resume."""
         pauses = self._disk_full[transfer.id] = self._disk_full.get(transfer.id, 0) + 1
         delay = min(DISK_FULL_RETRY_START_S * 2 ** (pauses - 1), DISK_FULL_RETRY_MAX_S)
         assert self.store is not None
         self.store.fire(transfer, E.PAUSE, bytes_done=held,
-                        reason=f"paused, the peer's disk is full; retry in {delay:.0f} s: {reason}")
+                        reason=f"paused, {_why_paused(reason)}; retry in {delay:.0f} s: {reason}")
         log.warning("transfer %s paused (%s); retry in %.0f s", transfer.id, reason, delay)
         asyncio.get_running_loop().call_later(delay, self._unpause, transfer.id)
 
@@ -677,6 +678,11 @@ class GatewayDaemon:
         self._cancelled.add(transfer.id)
         active[0].cancel()
         return True
+
+
+def _why_paused(reason: str) -> str:
+    return "the peer's disk is full" if any(tag in reason for tag in NO_SPACE) else \
+        "the peer cannot write it for now"
 
 
 def _route_changed(old: PeerConfig, new: PeerConfig | None) -> bool:
