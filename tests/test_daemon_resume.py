@@ -211,7 +211,12 @@ def test_kill_9_mid_transfer_resumes_byte_exact(pki: Path, tmp_path: Path, victi
         recorded = _recorded(received)
         procs[side] = start_daemon(b_cfg if side == "b" else a_cfg, notify[side])
         assert notify[side].next().get("READY") == "1"
-        done = GatewayClient(str(load_config(a_cfg).api_socket)).wait(transfer["id"], 120)
+        client = GatewayClient(str(load_config(a_cfg).api_socket))
+        if victim == "sender":  # the descriptors the client passed died with the sender
+            assert client.get(transfer["id"])["state"] == "needs-resubmit"
+        # The same key with fresh descriptors continues it (what `submit --wait` does).
+        done = client.wait(transfer["id"], 120,
+                           resubmit=lambda: client.submit("gw-b", str(src), key="resume-me"))
     finally:
         for proc in procs.values():
             if proc.poll() is None:

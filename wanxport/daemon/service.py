@@ -38,6 +38,7 @@ from typing import Any
 
 from wanxport.control import CertificateError, ControlConnectError
 from wanxport.gateway.config import Address
+from wanxport.gateway.files import SOURCE_CHANGED
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
@@ -52,13 +53,14 @@ from .inbox import Inbox
 from .listener import DaemonListener
 from .metrics import DaemonCollector
 from .notify import Notifier
-from .outbox import OutgoingPiece, SourceError, plan, resume, send
+from .outbox import HeldSource, OutgoingPiece, SourceError, plan, resume, send, source_ids
 from .pathcache import PathCache
 from .peers import CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
 from .ports import PeerPorts
 from .reload import reload
 from .routes import Routes
 from .store import Transfer, TransferStore
+from .submission import reopen
 from .tally import Tally
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class GatewayDaemon:
         self._cancelled: set[str] = set()
         self._skipped: dict[str, int] = {}  # transfer id -> bytes the peer held at a resume
         self._disk_full: dict[str, int] = {}  # transfer id -> pauses in a row for a full disk
+        self._sources: dict[str, HeldSource] = {}  # transfer id -> its open source, until final
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
         self._receiving: set[asyncio.Task[None]] = set()  # one per live session
@@ -114,6 +117,7 @@ class GatewayDaemon:
         if stale:
             log.info("removed %d temporary state files a previous run left mid-write", stale)
         self.store = TransferStore(config.data_dir / "transfers.json")
+        self.store.on_final = self._release_source
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
                                        self._peer_dir, Inbox, PeerPorts(config.dscp), self.peers, self._adopt)
@@ -195,6 +199,9 @@ class GatewayDaemon:
             self.listener.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        for held in self._sources.values():
+            held.close()
+        self._sources.clear()
 
     def reload(self) -> None:
         """SIGHUP: re-read the file and apply what changed (``reload.py``)."""
@@ -244,6 +251,27 @@ class GatewayDaemon:
                  result.file_count, f" ({result.error})" if result.error else "")
 
     # -- sending ---------------------------------------------------------------
+
+    def hold(self, transfer: Transfer, held: HeldSource) -> None:
+        """Keep a submission's open source until the transfer is final."""
+        old = self._sources.pop(transfer.id, None)
+        if old is not None:
+            old.close()
+        self._sources[transfer.id] = held
+
+    def _release_source(self, transfer: Transfer) -> None:
+        held = self._sources.pop(transfer.id, None)
+        if held is not None:
+            held.close()
+
+    def _source_of(self, transfer: Transfer) -> HeldSource | None:
+        """The transfer's open source; a "path" one opened again after a restart (None:
+        a passed descriptor that is gone, the transfer then needs a resubmission)."""
+        held = self._sources.get(transfer.id)
+        if held is None and transfer.source_kind == "path":
+            held = self._sources[transfer.id] = reopen(self.config, transfer.submission.source,
+                                                       transfer.api_client, transfer.follow_symlinks)
+        return held
 
     def submitted(self, peer: str) -> None:
         self._work_for(peer).set()
@@ -389,7 +417,13 @@ class GatewayDaemon:
         """Send one transfer; returns the next free shard id of the session."""
         assert self.store is not None
         try:
-            pieces = plan(transfer.submission, self.config.piece_bytes, first_shard)
+            held = self._source_of(transfer)
+            if held is None:
+                self.store.update(transfer, state="needs-resubmit",
+                                  reason="the source's descriptors are gone: submit it again with the "
+                                         "same idempotency key")
+                return first_shard
+            pieces = plan(transfer.submission, held, self.config.piece_bytes, first_shard)
         except (SourceError, OSError) as exc:
             self.store.update(transfer, state="failed", reason=str(exc))
             return first_shard
@@ -419,6 +453,13 @@ class GatewayDaemon:
             finally:
                 self._active.pop(transfer.id, None)
                 self._cancelled.discard(transfer.id)
+        if reason is not None and reason.startswith(SOURCE_CHANGED):
+            # The peer learns why over the cancel path (the session ends with the reason
+            # and is dialled again); its partial file of this version is never resumed.
+            log.warning("transfer %s failed: %s", transfer.id, reason)
+            self.store.update(transfer, state="failed", reason=reason)
+            await session.close(f"{CANCELLED}: {reason}")
+            return first_shard + len(pieces)
         if reason is None:
             stats = tally.finish(transfer.bytes_total)
             stats["skipped_bytes"] = self._skipped.pop(transfer.id, 0)
@@ -452,8 +493,11 @@ class GatewayDaemon:
 
     async def _send(self, session: GatewaySession, transfer: Transfer, pieces: list[OutgoingPiece],
                     resuming: bool) -> str | None:
+        assert self.store is not None
+        sent_ids = transfer.source_ids
+        self.store.update(transfer, source_ids=source_ids(pieces))
         if resuming:
-            pieces, held = await resume(session, pieces, self.config.piece_bytes)
+            pieces, held = await resume(session, pieces, self.config.piece_bytes, sent_ids)
             self._skipped[transfer.id] = held
             log.info("transfer %s resumes: the peer holds %d of %d bytes", transfer.id, held,
                      transfer.bytes_total)
@@ -469,7 +513,7 @@ class GatewayDaemon:
     def cancel(self, transfer: Transfer) -> bool:
         """Cancel a queued or active transfer; False when it already ended."""
         assert self.store is not None
-        if transfer.state in ("queued", "paused"):
+        if transfer.state in ("queued", "paused", "needs-resubmit"):
             self._disk_full.pop(transfer.id, None)
             self.store.update(transfer, state="cancelled", reason="cancelled by request")
             return True
