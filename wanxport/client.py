@@ -172,11 +172,16 @@ class GatewayClient:
         sock.settimeout(self.timeout_s)
         try:
             sock.connect(self.socket_path)
-            for i, batch in enumerate(batches):
-                chunk = message[i * segment:(i + 1) * segment]
-                sent = socket.send_fds(sock, [chunk], batch)
-                sock.sendall(chunk[sent:])
-            sock.sendall(message[len(batches) * segment:] if batches else message)
+            try:
+                for i, batch in enumerate(batches):
+                    chunk = message[i * segment:(i + 1) * segment]
+                    sent = socket.send_fds(sock, [chunk], batch)
+                    if chunk[sent:]:
+                        sock.sendall(chunk[sent:])
+                if not batches:
+                    sock.sendall(message)
+            except BrokenPipeError:
+                pass  # the daemon answered before reading it all (a refusal): read why
             response = http.client.HTTPResponse(sock)
             response.begin()
             raw = response.read()
