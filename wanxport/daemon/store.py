@@ -123,6 +123,7 @@ class TransferStore:
                 transfer.state = "needs-resubmit"  # its descriptors went with the old process
                 transfer.reason = ("the daemon restarted and the source's descriptors are gone: "
                                    "submit it again with the same idempotency key")
+                log.warning("transfer %s is needs-resubmit: %s", transfer.id, transfer.reason)
             elif transfer.state in ("active", "paused"):
                 transfer.state = "queued"  # the daemon stopped while it ran or waited: run it again
             self.transfers[transfer.id] = transfer
