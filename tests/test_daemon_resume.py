@@ -272,7 +272,8 @@ def test_submit_wait_resubmits_after_a_sender_restart(pki: Path, tmp_path: Path)
         for side in "ab":
             assert notify[side].next().get("READY") == "1"
         submit = cli("transfer", "--config", str(a_cfg), "submit", "gw-b", str(src), "--wait")
-        waiting = subprocess.Popen(submit, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+        waiting = subprocess.Popen(submit, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=env())
         client = GatewayClient(str(load_config(a_cfg).api_socket))
         transfer = _wait(lambda: next(iter(client.list()), None), "the submission")
         _wait(lambda: client.get(transfer["id"])["bytes_done"] >= KILL_SIZE // 4, "progress")
