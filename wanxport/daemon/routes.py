@@ -157,7 +157,8 @@ class Routes:
             store.update(transfer, bytes_total=sum(p.size for p in pieces), source_kind=held.kind,
                          requester=who, api_client=requester.certificate, follow_symlinks=follow)
         else:  # needs-resubmit: fresh descriptors continue it
-            store.update(transfer, state="queued", reason=None, requester=who)
+            store.update(transfer, state="queued", reason=None, requester=who, source_kind=held.kind,
+                         api_client=requester.certificate)
         self.daemon.hold(transfer, held)
         log.info("transfer %s %s by %s: %s -> %s:%s (%d files%s)", transfer.id,
                  "submitted" if new else "resubmitted", who, source, peer, dest,

@@ -38,7 +38,7 @@ from typing import Any
 
 from wanxport.control import CertificateError, ControlConnectError
 from wanxport.gateway.config import Address
-from wanxport.gateway.files import SOURCE_CHANGED
+from wanxport.gateway.files import SOURCE_CHANGED, SourceChanged
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
@@ -497,7 +497,10 @@ class GatewayDaemon:
         sent_ids = transfer.source_ids
         self.store.update(transfer, source_ids=source_ids(pieces))
         if resuming:
-            pieces, held = await resume(session, pieces, self.config.piece_bytes, sent_ids)
+            try:
+                pieces, held = await resume(session, pieces, self.config.piece_bytes, sent_ids)
+            except SourceChanged as exc:  # while its pieces were hashed for the receiver
+                return str(exc)
             self._skipped[transfer.id] = held
             log.info("transfer %s resumes: the peer holds %d of %d bytes", transfer.id, held,
                      transfer.bytes_total)
