@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import pwd
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,17 @@ def _act(verb: str, source: str) -> dict[str, Any]:
         return {"result": client.submit("gw-b", source)}
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         return {"error": type(exc).__name__, "status": getattr(exc, "status", None), "message": str(exc)}
+
+
+def _hang_up_with_a_descriptor(api_socket: Path, path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(api_socket))
+        socket.send_fds(sock, [b"POST /v1/transfers HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{"], [fd])
+    finally:
+        sock.close()
+        os.close(fd)
 
 
 def _open_below(directory: Path) -> list[str]:
@@ -200,6 +212,9 @@ async def test_outside_send_roots_and_no_roots_are_403_without_a_leaked_descript
         finally:
             os.close(fd)
         assert status == 422 and "2 descriptors, 1 arrived" in body["error"], body
+        # A client that passes a descriptor and hangs up before its request is complete.
+        await asyncio.to_thread(_hang_up_with_a_descriptor, a.config.api_socket, inside / "001.bin")
+        await call(client, "status")  # the daemon has read and dropped that connection by now
         assert _open_below(tmp_path) == [], "every refused descriptor was closed"
         assert any(r.levelname == "WARNING" and "refused a submission" in r.getMessage()
                    and "uid 0" in r.getMessage() for r in caplog.records)

@@ -190,8 +190,9 @@ class FileReader:
         self._free: list[np.ndarray[Any, Any]] = []
 
     def source(self, piece: FilePiece) -> SourceFile:
-        """The piece's open file: the one it carries, or ``path`` opened now (never
-        through a symlink), whose identity is then the one every later piece must see."""
+        """The piece's open file: the one it carries, or ``path`` opened now (as the
+        user of ``wanxport send``, who named it), whose identity is then the one every
+        later piece must see."""
         if piece.source is not None:
             if piece.path not in self._sources:
                 self._sources[piece.path] = piece.source
@@ -201,7 +202,7 @@ class FileReader:
         if known is not None:
             return known
         try:
-            fd = os.open(piece.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(piece.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise FileError(f"{piece.path}: cannot open ({describe_os_error(exc)})") from None
         self._owned.append(fd)
@@ -250,10 +251,10 @@ class FileReader:
             if len(buffer) >= size:
                 return self._free.pop(i)[:size]
         # Anonymous pages of our own rather than numpy's, which asks for transparent huge
-        # pages: their first use cost 2.4 CPU-s per GiB here (compaction); 4 KiB pages
-        # populated at once (they are filled next anyway) 0.45, faulted one by one 0.5-1.
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
-        return np.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=np.uint8)
+        # pages: their first use cost 2.4 CPU-s per GiB here (compaction), 4 KiB pages 0.6.
+        # Not populated here: that would stall the event loop; ``preadv`` faults them in on
+        # its worker thread.
+        return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
 
     def release(self, piece: FilePiece) -> None:
         """The piece is no longer needed: its buffer is free, its pages leave the cache."""
