@@ -173,8 +173,8 @@ async def resume(session: GatewaySession, pieces: list[OutgoingPiece], piece_byt
     try:
         for _, group in itertools.groupby(pieces, key=lambda p: p.name):
             file_pieces = list(group)
-            first = file_pieces[0]
-            if first.file_size == 0 or not _same_version(first, sent_ids):
+            head = file_pieces[0]
+            if head.file_size == 0 or not _same_version(head, sent_ids):
                 remaining += file_pieces
                 continue
             digests = []

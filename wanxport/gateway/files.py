@@ -282,9 +282,9 @@ def _read_piece_by_piece(fd: int) -> None:
 
 def _pread_into(fd: int, buffer: np.ndarray[Any, Any], offset: int) -> int:
     """Fill ``buffer`` from ``offset``; the bytes read (fewer only at the file's end)."""
-    done = 0
-    while done < len(buffer):
-        got = os.preadv(fd, [buffer[done:]], offset + done)
+    view, done = memoryview(buffer), 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
         if got == 0:
             break
         done += got
