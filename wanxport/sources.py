@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import resource
 import stat
 from dataclasses import dataclass, field
 
@@ -58,6 +59,19 @@ class OpenedSource:
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+def raise_open_file_limit() -> int:
+    """Lift this process's soft limit on open files to its hard limit (a submission holds
+    one descriptor per file of its source, in the client and then in the daemon, and the
+    usual soft limit is 1024); returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+    return hard
 
 
 def _error(path: str, exc: OSError) -> SourceOpenError:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from wanxport.client import ApiError, GatewayClient
-from wanxport.sources import SourceOpenError
+from wanxport.sources import SourceOpenError, raise_open_file_limit
 from wanxport.usage import UsageError
 
 from .config import ConfigError, check_files, describe, load_config
@@ -94,6 +94,7 @@ def run_transfer(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     else:
         socket_path = args.socket
+    raise_open_file_limit()  # submit holds every file of a directory open at once
     client = GatewayClient(str(socket_path))
     try:
         result = _verb(client, args)

@@ -44,6 +44,7 @@ from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
 from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
+from wanxport.sources import raise_open_file_limit
 
 from .api import ApiServer, TlsListen
 from .config import DaemonConfig, PeerConfig, describe
@@ -113,6 +114,8 @@ class GatewayDaemon:
             config.received_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
+        log.info("open files: up to %d (each queued or active transfer holds its source's)",
+                 raise_open_file_limit())
         stale = remove_stale_temporaries(config.data_dir)
         if stale:
             log.info("removed %d temporary state files a previous run left mid-write", stale)
