@@ -45,6 +45,7 @@ from wanxport.control.certs import certificate_name
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 << 20  # a directory of many files names each in the submission
+ACCEPT_RETRY_S = 0.1
 MAX_FDS_PER_MESSAGE = 253  # SCM_MAX_FD: the most descriptors one sendmsg may pass
 Handler = Callable[[str, str, dict[str, str], Any, "Requester"], Awaitable[tuple[int, Any]]]
 
@@ -244,7 +245,12 @@ class ApiServer:
     async def _accept_unix(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            sock, _ = await loop.sock_accept(listening)
+            try:
+                sock, _ = await loop.sock_accept(listening)
+            except OSError as exc:  # out of descriptors, say: the API stays, the client retries
+                log.warning("API: cannot accept a connection: %s", exc)
+                await asyncio.sleep(ACCEPT_RETRY_S)
+                continue
             connection = _UnixIO(sock)
             try:
                 requester = connection.peer()
