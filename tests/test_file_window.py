@@ -3,10 +3,11 @@
 A 64 MiB file crosses a loopback session with a 4 MiB receive credit and 1 MiB
 pieces, into the daemon's resumable ``Inbox`` (and 32 MiB into ``recv``'s
 ``FileSink``). At every step of the transfer
-(each piece the sender maps, each piece the receiver finishes) this
-process's resident pages of either file (``/proc/self/smaps``) stay within the
-window, and so do the file's pages in the page cache (``mincore``): a whole-file
-mapping, or a sender hashing every piece up front, reached the whole file.
+(each piece the sender reads, each piece the receiver finishes) the sender's read
+buffers and the receiver's resident pages of its file (``/proc/self/smaps``) stay
+within the window, the source is never mapped at all (a truncation would be SIGBUS),
+and both files' pages in the page cache (``mincore``) stay within the window too: a
+whole-file mapping, or a sender hashing every piece up front, reached the whole file.
 """
 
 from __future__ import annotations
