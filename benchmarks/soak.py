@@ -125,6 +125,7 @@ def write_config(path: Path, site: str, pki: Path, own: list[str], peer: str, th
     lines = [f'site = "{site}"', f'identity = "{pki / site}"', f'ca = "{pki / "ca.pem"}"',
              "listen = [" + ", ".join(f'"{a}:{PORT + k}"' for k, a in enumerate(own)) + "]",
              f'data_dir = "{path.parent / (site + "-data")}"',
+             f'send_roots = ["{path.parent}"]',  # the sources are made next to the configs
              "[limits]", f"concurrent_transfers = {in_flight}",
              "[transfer]", f"warm_seconds = {warm_s}", 'checkpoint_bytes = "8MiB"',
              "[[peers]]", f'name = "{peer}"',

@@ -20,11 +20,14 @@ def make_pki(directory: Path) -> Path:
 
 
 def write_config(path: Path, site: str, pki: Path, listen: list[int], peers: dict[str, list[int]],
-                 extra: str = "") -> Path:
-    """A daemon config for ``site`` (identity ``pki/site``) listening on loopback ``listen`` ports."""
+                 extra: str = "", send_roots: list[Path] | None = None) -> Path:
+    """A daemon config for ``site`` (identity ``pki/site``) listening on loopback ``listen`` ports,
+    sending from under ``send_roots`` (default: the config's directory, where tests put sources)."""
+    roots = [path.parent] if send_roots is None else send_roots
     lines = [f'site = "{site}"', f'identity = "{pki / site}"', f'ca = "{pki / "ca.pem"}"',
              "listen = [" + ", ".join(f'"127.0.0.1:{p}"' for p in listen) + "]",
-             f'data_dir = "{path.parent / (site + "-data")}"', extra]
+             f'data_dir = "{path.parent / (site + "-data")}"',
+             "send_roots = [" + ", ".join(f'"{r}"' for r in roots) + "]", extra]
     for name, ports in peers.items():
         lines += ["[[peers]]", f'name = "{name}"',
                   "paths = [" + ", ".join(f'"127.0.0.1:{p}"' for p in ports) + "]"]

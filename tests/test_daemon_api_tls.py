@@ -26,11 +26,18 @@ def _client(pki: Path, port: int, name: str) -> GatewayClient:
 
 
 async def test_submit_over_mtls_and_refuse_other_certificates(pki: Path, tmp_path: Path) -> None:
-    # gw-c plays the operator's client certificate; gw-b (the peer) is from the same CA but not allowed.
-    extra = 'api_tcp = "127.0.0.1:0"\napi_clients = ["gw-c"]'
+    # gw-c plays the operator's client certificate, sending from its own root; gw-a may use
+    # the API but has no roots (it may look, not send); gw-b (the peer) is from the same CA
+    # but not allowed.
+    outbox = tmp_path / "ops-outbox"
+    outbox.mkdir()
+    extra = (f'api_tcp = "127.0.0.1:0"\napi_clients = ["gw-c", "gw-a"]\n'
+             f'[api_client_roots]\ngw-c = ["{outbox}"]')
     a_cfg, b_cfg = two_sites(tmp_path, pki, extra=extra)
-    src = tmp_path / "t.bin"
+    src = outbox / "t.bin"
     payload(src, 1 << 20, 2)
+    elsewhere = tmp_path / "e.bin"
+    payload(elsewhere, 1000, 3)
     async with running(a_cfg) as a, running(b_cfg):
         assert a.api is not None and a.api.tcp_address is not None
         port = a.api.tcp_address[1]
@@ -38,6 +45,11 @@ async def test_submit_over_mtls_and_refuse_other_certificates(pki: Path, tmp_pat
         t = await call(ops, "submit", "gw-b", str(src), key="tls-1")
         assert (await call(ops, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
         assert [x["id"] for x in await call(ops, "list")] == [t["id"]]  # type: ignore[index, union-attr]
+        for client, source, why in [(ops, elsewhere, "not under send_roots"),
+                                    (_client(pki, port, "gw-a"), src, "'gw-a' has no roots")]:
+            with pytest.raises(ApiError) as refused:
+                await call(client, "submit", "gw-b", str(source))
+            assert refused.value.status == 403 and why in str(refused.value), refused.value
         with pytest.raises(ApiError) as refused:
             await call(_client(pki, port, "gw-b"), "list")
         assert refused.value.status == 403 and "'gw-b' is not allowed" in str(refused.value)

@@ -181,7 +181,7 @@ def test_transfer_cli_verbs(pki: Path, tmp_path: Path, notify: NotifyListener) -
         again = run("transfer", "--config", str(a_cfg), "submit", "gw-b", str(src), "--key", "k")
         assert json.loads(again.stdout)["id"] == transfer["id"]
         missing = run("transfer", "--config", str(a_cfg), "submit", "gw-b", str(tmp_path / "nope"))
-        assert missing.returncode == 2 and "does not exist" in missing.stderr
+        assert missing.returncode == 2 and "No such file or directory" in missing.stderr
         cancel = run("transfer", "--config", str(a_cfg), "cancel", transfer["id"])
         assert cancel.returncode == 1 and "already done" in cancel.stderr
     finally:

@@ -211,7 +211,12 @@ def test_kill_9_mid_transfer_resumes_byte_exact(pki: Path, tmp_path: Path, victi
         recorded = _recorded(received)
         procs[side] = start_daemon(b_cfg if side == "b" else a_cfg, notify[side])
         assert notify[side].next().get("READY") == "1"
-        done = GatewayClient(str(load_config(a_cfg).api_socket)).wait(transfer["id"], 120)
+        client = GatewayClient(str(load_config(a_cfg).api_socket))
+        if victim == "sender":  # the descriptors the client passed died with the sender
+            assert client.get(transfer["id"])["state"] == "needs-resubmit"
+        # The same key with fresh descriptors continues it (what `submit --wait` does).
+        done = client.wait(transfer["id"], 120,
+                           resubmit=lambda: client.submit("gw-b", str(src), key="resume-me"))
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -239,3 +244,58 @@ def test_kill_9_mid_transfer_resumes_byte_exact(pki: Path, tmp_path: Path, victi
     assert skipped >= recorded, "every recorded piece was resumed, not sent again"
     assert resent <= 6 * CHECKPOINT, result
     assert done["attempts"] == 2
+
+
+@pytest.mark.timeout(240)
+def test_submit_wait_resubmits_after_a_sender_restart(pki: Path, tmp_path: Path) -> None:
+    """``transfer submit --wait`` rides out a restart of its own daemon: the descriptors
+    it passed are gone, the transfer is needs-resubmit, and the waiting client submits it
+    again (the key it made up, fresh descriptors), which continues it to the end."""
+    import signal
+    import subprocess
+
+    from daemon_helpers import NotifyListener, log_of, start_daemon, two_sites
+    from gateway_helpers import cli, env
+
+    from wanxport.client import GatewayClient
+    from wanxport.daemon.config import load_config
+
+    a_cfg, b_cfg = two_sites(tmp_path, pki, extra=f'[transfer]\ncheckpoint_bytes = "{CHECKPOINT}"\n'
+                                                  "drain_seconds = 0.1\n[limits]\nrate_mbps = 200")
+    src = tmp_path / "ckpt.bin"
+    src.write_bytes(np.random.default_rng(8).integers(0, 256, KILL_SIZE, dtype=np.uint8).tobytes())
+    received = load_config(b_cfg).received_dir
+    notify = {side: NotifyListener(tmp_path / f"{side}.sock") for side in ("a", "b")}
+    procs = {"b": start_daemon(b_cfg, notify["b"]), "a": start_daemon(a_cfg, notify["a"])}
+    waiting = None
+    try:
+        for side in "ab":
+            assert notify[side].next().get("READY") == "1"
+        submit = cli("transfer", "--config", str(a_cfg), "submit", "gw-b", str(src), "--wait")
+        waiting = subprocess.Popen(submit, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=env())
+        client = GatewayClient(str(load_config(a_cfg).api_socket))
+        transfer = _wait(lambda: next(iter(client.list()), None), "the submission")
+        _wait(lambda: client.get(transfer["id"])["bytes_done"] >= KILL_SIZE // 4, "progress")
+        procs["a"].send_signal(signal.SIGTERM)  # a restart: the drain interrupts the transfer
+        procs["a"].wait(30)
+        assert notify["a"].next().get("STOPPING") == "1"
+        procs["a"] = start_daemon(a_cfg, notify["a"])
+        assert notify["a"].next().get("READY") == "1"
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting is not None and waiting.poll() is None:
+            waiting.kill()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
+        for listener in notify.values():
+            listener.close()
+    assert waiting.returncode == 0, err
+    done = json.loads(out)
+    assert done["state"] == "done" and done["attempts"] == 2, done
+    assert done["stats"]["skipped_bytes"] > 0, "it continued from what the receiver held"
+    log = log_of(a_cfg)
+    assert f"transfer {done['id']} is needs-resubmit" in log and f"transfer {done['id']} resubmitted" in log
+    assert (received / "gw-a" / "ckpt.bin").read_bytes() == src.read_bytes()

@@ -11,6 +11,7 @@ import pytest
 from daemon_helpers import make_pki, running, two_sites
 
 from wanxport.client import ApiError, GatewayClient
+from wanxport.sources import SourceOpenError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -87,14 +88,22 @@ async def test_bad_submissions_fail_at_once_with_the_reason(pki: Path, tmp_path:
     a_cfg, _ = two_sites(tmp_path, pki)
     async with running(a_cfg) as a:
         client = GatewayClient(str(a.config.api_socket))
-        cases = [(("gw-b", str(tmp_path / "missing")), 422, "does not exist"),
-                 (("gw-z", str(tmp_path)), 400, "not a configured peer"),
-                 (("gw-b", "relative/path"), 422, "absolute path"),
+        # The client opens the source itself: what it cannot open never reaches the daemon.
+        for source in (str(tmp_path / "missing"), "relative/path"):
+            with pytest.raises(SourceOpenError):
+                await call(client, "submit", "gw-b", source)
+        cases = [(("gw-z", str(tmp_path)), 400, "not a configured peer"),
                  (("gw-b", str(a_cfg), "../escape"), 422, "not a plain relative path")]
         for args, status, text in cases:
             with pytest.raises(ApiError) as err:
                 await call(client, "submit", *args)
             assert err.value.status == status and text in str(err.value), (args, err.value)
+        # A path alone (root may: its rights are the daemon's) is opened by the daemon.
+        for source, status, text in [(str(tmp_path / "missing"), 422, "No such file"),
+                                     ("relative/path", 400, "absolute path")]:
+            code, body = await call(client, "request", "POST", "/v1/transfers",  # type: ignore[misc]
+                                    {"peer": "gw-b", "source": source})
+            assert code == status and text in body["error"], (source, body)
         assert await call(client, "list") == []
         status_code, body = await call(client, "request", "POST", "/v1/transfers", {"peer": "gw-b", "x": 1})  # type: ignore[misc]
         assert status_code == 400 and "x: unknown field" in body["error"]

@@ -18,11 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 from wanxport.client import ApiError, GatewayClient
+from wanxport.sources import SourceOpenError, raise_open_file_limit
 from wanxport.usage import USAGE_ERROR, UsageError
 
 from .check import check_config
@@ -62,8 +65,14 @@ def register(subparsers: Any) -> None:
     submit.add_argument("source", type=Path, help="file or directory on this host")
     submit.add_argument("--dest", help="name at the peer (default: the source's name)")
     submit.add_argument("--overwrite", action="store_true", help="replace an existing destination")
-    submit.add_argument("--key", help="idempotency key: submitting it again returns the same transfer")
-    submit.add_argument("--wait", action="store_true", help="wait until the transfer is final")
+    submit.add_argument("--key", help="idempotency key: submitting it again returns the same transfer "
+                                      "(with --wait, one is made up when not given)")
+    submit.add_argument("--follow-symlinks", action="store_true",
+                        help="send what symlinks in the source point to (like rsync -L); by default "
+                             "they are sent as symlinks when they stay inside the source, else skipped")
+    submit.add_argument("--wait", action="store_true",
+                        help="wait until the transfer is final, submitting it again (same key, new "
+                             "descriptors) if the daemon restarted meanwhile")
     submit.add_argument("--progress", action="store_true",
                         help="show a live progress line until the transfer is final (as `watch`)")
     status = verbs.add_parser("status", help="one transfer's state and progress")
@@ -146,12 +155,16 @@ def _api_socket(config: Path) -> Path:
 
 def run_transfer(args: argparse.Namespace) -> int:
     socket_path = _api_socket(args.config) if args.config is not None else args.socket
+    raise_open_file_limit()  # submit holds every file of a directory open at once
     client = GatewayClient(str(socket_path))
     try:
         result = _verb(client, args)
     except ApiError as exc:
         print(f"wanxport transfer {args.verb}: {exc}", file=sys.stderr)
         return 2 if 400 <= exc.status < 500 and exc.status != 409 else FAILED
+    except SourceOpenError as exc:  # this user cannot read it: nothing was sent
+        print(f"wanxport transfer {args.verb}: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"wanxport transfer: no gateway answers on {socket_path} ({exc.strerror or exc})",
               file=sys.stderr)
@@ -164,11 +177,16 @@ def run_transfer(args: argparse.Namespace) -> int:
 
 def _verb(client: GatewayClient, args: argparse.Namespace) -> Any:
     if args.verb == "submit":
-        transfer = client.submit(args.peer, str(args.source.absolute()), args.dest,
-                                 overwrite=args.overwrite, key=args.key)
+        key = args.key or (uuid.uuid4().hex if args.wait else None)  # --wait may need to resubmit
+
+        def submit() -> dict[str, Any]:
+            return client.submit(args.peer, os.path.abspath(args.source), args.dest,
+                                 overwrite=args.overwrite, key=key, follow_symlinks=args.follow_symlinks)
+
+        transfer = submit()
         if args.progress:
             return watch(client, transfer["id"], sys.stderr)
-        return client.wait(transfer["id"]) if args.wait else transfer
+        return client.wait(transfer["id"], resubmit=submit) if args.wait else transfer
     if args.verb == "status":
         return client.wait(args.id) if args.wait else client.get(args.id)
     if args.verb == "watch":

@@ -83,6 +83,11 @@ class DaemonConfig:
     api_socket: Path
     api_tcp: Address | None = None  # the API also on TCP with mutual TLS (api.TlsListen)
     api_clients: tuple[str, ...] = ()  # certificate names allowed on api_tcp
+    # What may be sent: local submissions only from under send_roots, an api_tcp client
+    # only from under its own roots (a name without roots may look, not send).
+    send_roots: tuple[Path, ...] = ()
+    api_client_roots: tuple[tuple[str, tuple[Path, ...]], ...] = ()  # (certificate name, roots)
+    follow_symlinks: bool = False  # the default for sources the daemon walks itself
     peers: tuple[PeerConfig, ...] = ()
     metrics: Address | None = None
     limits: Limits = field(default_factory=Limits)
@@ -96,6 +101,13 @@ class DaemonConfig:
     dscp: int | None = None  # [network] dscp: our datagrams' DiffServ code point
     receive: ReceiveConfig = field(default_factory=ReceiveConfig)
     source: Path | None = None  # the file this came from
+
+    def roots_of(self, client: str | None) -> tuple[Path, ...]:
+        """Where a submitter may send from: ``send_roots`` for a local one (None), else
+        the api_tcp certificate's own roots (none: it may not send)."""
+        if client is None:
+            return self.send_roots
+        return next((roots for name, roots in self.api_client_roots if name == client), ())
 
     def peer(self, name: str) -> PeerConfig | None:
         return next((p for p in self.peers if p.name == name), None)
@@ -120,7 +132,8 @@ class DaemonConfig:
 
 
 _TOP = {"site", "identity", "ca", "listen", "data_dir", "api_socket", "api_tcp", "api_clients", "metrics",
-        "peers", "limits", "transfer", "keys", "congestion", "network", "receive"}
+        "send_roots", "api_client_roots", "follow_symlinks", "peers", "limits", "transfer", "keys",
+        "congestion", "network", "receive"}
 _LIMITS = {"memory_budget", "concurrent_transfers", "rate_mbps"}
 _TRANSFER = {"checkpoint_bytes", "drain_seconds", "cipher", "warm_seconds", "stall_seconds"}
 _KEYS = {"rotate_bytes", "rotate_seconds"}
@@ -170,6 +183,17 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
     if api_tcp is not None and not api_clients:
         raise ConfigError("api_clients: missing; api_tcp needs the certificate names allowed to use it "
                           "(the peers' certificates come from the same CA)")
+    send_roots = _roots(raw.get("send_roots", []), "send_roots")
+    client_roots = _table(raw.get("api_client_roots", {}), "api_client_roots")
+    for name in client_roots:
+        if name not in api_clients:
+            raise ConfigError(f"api_client_roots.{name}: not one of api_clients "
+                              f"({', '.join(api_clients) or 'none'})")
+    api_client_roots = tuple((name, _roots(value, f"api_client_roots.{name}"))
+                             for name, value in client_roots.items())
+    follow_symlinks = raw.get("follow_symlinks", False)
+    if not isinstance(follow_symlinks, bool):
+        raise ConfigError(f"follow_symlinks: {follow_symlinks!r} is not valid; use true or false")
     metrics = None
     if "metrics" in raw:
         metrics = _address(raw["metrics"], "metrics", allow_zero=True)
@@ -201,7 +225,8 @@ def parse_config(raw: dict[str, Any], base: Path, *, source: Path | None = None)
         identity=_path(_required(raw, "identity"), "identity", base),
         ca=_path(_required(raw, "ca"), "ca", base),
         listen=listen, data_dir=data_dir, api_socket=api_socket, api_tcp=api_tcp,
-        api_clients=api_clients, peers=peers, metrics=metrics,
+        api_clients=api_clients, send_roots=send_roots, api_client_roots=api_client_roots,
+        follow_symlinks=follow_symlinks, peers=peers, metrics=metrics,
         limits=limits,
         piece_bytes=_size(transfer.get("checkpoint_bytes", DEFAULT_CHECKPOINT_BYTES),
                           "transfer.checkpoint_bytes", minimum=1 << 16),
@@ -262,6 +287,19 @@ def _path(value: Any, what: str, base: Path) -> Path:
         raise ConfigError(f"{what}: {value!r} is not valid; use a file system path (a string)")
     path = Path(value)
     return path if path.is_absolute() else base / path
+
+
+def _roots(value: Any, what: str) -> tuple[Path, ...]:
+    """Absolute directories, resolved now (a symlink in a root's own name is the
+    operator's choice; below it, what is sent is judged by its resolved path)."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{what}: must be a list of absolute directories")
+    roots = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.startswith("/"):
+            raise ConfigError(f"{what}[{i}]: {item!r} is not valid; use an absolute directory")
+        roots.append(Path(os.path.realpath(item)))
+    return tuple(roots)
 
 
 def _address(value: Any, what: str, *, allow_zero: bool = False) -> Address:

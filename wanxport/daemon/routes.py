@@ -2,10 +2,12 @@
 
 =======  ==========================  =============================================
 POST     /v1/transfers               submit {peer, source, dest?, overwrite?,
-                                     idempotency_key?} (or an Idempotency-Key
-                                     header): 201 new, 200 the same key again,
-                                     409 the key with other parameters,
-                                     422 a source that cannot be sent (at once)
+                                     idempotency_key?, follow_symlinks?, entries?,
+                                     fds?} (or an Idempotency-Key header): 201 new,
+                                     200 the same key again, 403 a source this
+                                     submitter may not send, 409 the key with
+                                     other parameters, 422 a source that cannot
+                                     be sent (at once)
 GET      /v1/transfers               list, newest last: the newest 1,000 (``?limit=N``),
                                      across restarts (finished ones from the archive);
                                      ``?state=S`` and ``?peer=P`` filter
@@ -19,35 +21,51 @@ POST     /v1/drain                   drain and exit, as SIGTERM does: 202
 =======  ==========================  =============================================
 
 While the daemon drains, submissions get 503.
+
+What may be sent is what the submitter may read, and only from under the roots the
+config gives it (``submission.py``): a local submitter passes the source's
+descriptors (``entries`` name each file and its descriptor's index, ``fds`` counts
+them); a path alone is opened by the daemon only for root or the daemon's own
+user, and for an ``api_tcp`` certificate with roots of its own. A refusal is 403
+with the reason, logged at WARNING with who asked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from wanxport import __version__
 from wanxport.control import PROTOCOL_VERSION
 from wanxport.gateway.config import format_endpoint
+from wanxport.sources import describe_skipped
 
+from .api import Requester
+from .lifecycle import TransferEvent
 from .outbox import SourceError, default_dest, plan
 from .peers import dialled_by
 from .store import FINAL, LIST_LIMIT, STATES, Submission, SubmitConflict, Transfer
+from .submission import Refused, held_source
 
 if TYPE_CHECKING:
     from .service import GatewayDaemon
 
-_SUBMIT_FIELDS = {"peer", "source", "dest", "overwrite", "idempotency_key"}
+log = logging.getLogger(__name__)
+
+_SUBMIT_FIELDS = {"peer", "source", "dest", "overwrite", "idempotency_key", "follow_symlinks", "entries",
+                  "fds", "skipped"}
 
 
 class Routes:
     def __init__(self, daemon: GatewayDaemon) -> None:
         self.daemon = daemon
 
-    async def handle(self, method: str, target: str, headers: dict[str, str], body: Any
-                     ) -> tuple[int, Any]:
+    async def handle(self, method: str, target: str, headers: dict[str, str], body: Any,
+                     requester: Requester | None = None) -> tuple[int, Any]:
+        requester = requester or Requester()
         path = target.split("?", 1)[0].rstrip("/")
         parts = path.split("/")[1:]
         if parts[:1] != ["v1"]:
@@ -64,7 +82,7 @@ class Routes:
             return 202, {"draining": True, "active": active, "drain_seconds": self.daemon.config.drain_s}
         if rest == ["transfers"]:
             if method == "POST":
-                return self._submit(headers, body)
+                return self._submit(headers, body, requester)
             if method == "GET":
                 return self._list(target)
         if len(rest) >= 2 and rest[0] == "transfers":
@@ -115,7 +133,7 @@ class Routes:
                     "peer_instance": session.peer_instance}
         return {"data_ports": ports, "session": live}
 
-    def _submit(self, headers: dict[str, str], body: Any) -> tuple[int, Any]:
+    def _submit(self, headers: dict[str, str], body: Any, requester: Requester) -> tuple[int, Any]:
         if self.daemon.draining:
             return 503, {"error": "the gateway is draining (shutting down); submit again after restart"}
         if not isinstance(body, dict):
@@ -128,30 +146,55 @@ class Routes:
         if not isinstance(peer, str) or self.daemon.config.peer(peer) is None:
             names = ", ".join(p.name for p in self.daemon.config.peers) or "none configured"
             return 400, {"error": f"peer: {peer!r} is not a configured peer; use one of: {names}"}
-        if not isinstance(source, str) or not source:
+        if not isinstance(source, str) or not source.startswith("/"):
             return 400, {"error": "source: give the absolute path of a file or directory"}
         dest = body.get("dest", default_dest(source))
         overwrite = body.get("overwrite", False)
+        follow = body.get("follow_symlinks", self.daemon.config.follow_symlinks)
         key = body.get("idempotency_key", headers.get("idempotency-key"))
-        if not isinstance(dest, str) or not isinstance(overwrite, bool) or not (
+        flags_ok = isinstance(overwrite, bool) and isinstance(follow, bool)
+        if not isinstance(dest, str) or not flags_ok or not (
                 key is None or isinstance(key, str) and 0 < len(key) <= 200):
-            return 400, {"error": "dest must be a string, overwrite a boolean, idempotency_key "
-                                  "a string of 1..200 characters"}
+            return 400, {"error": "dest must be a string, overwrite and follow_symlinks booleans, "
+                                  "idempotency_key a string of 1..200 characters"}
         submission = Submission(peer, source, dest, overwrite)
         store = self._store()
+        existing = store.get_by_key(key) if key is not None else None
+        if existing is not None and existing.state != "needs-resubmit":
+            if existing.submission != submission:
+                return 409, {"error": str(SubmitConflict(f"idempotency key {key!r} was used for another "
+                                                         f"submission ({existing.id})"))}
+            return 200, self._view(existing)  # the same key again: its descriptors are not needed
         try:
-            existing = store.get_by_key(key) if key is not None else None
-            if existing is None:
-                pieces = plan(submission, self.daemon.config.piece_bytes)
-            transfer, new = store.submit(submission, key)
+            held = held_source(self.daemon.config, body, requester, follow)
+        except Refused as exc:
+            return self._refuse(requester, source, str(exc))
         except SourceError as exc:
             return 422, {"error": str(exc)}
-        except SubmitConflict as exc:
-            return 409, {"error": str(exc)}
+        try:
+            pieces = plan(submission, held, self.daemon.config.piece_bytes)
+            transfer, new = store.submit(submission, key)
+        except (SourceError, SubmitConflict) as exc:
+            held.close()
+            return (409 if isinstance(exc, SubmitConflict) else 422), {"error": str(exc)}
+        who = requester.describe()
         if new:
-            store.update(transfer, bytes_total=sum(p.size for p in pieces))
-            self.daemon.submitted(peer)
+            store.update(transfer, bytes_total=sum(p.size for p in pieces), source_kind=held.kind,
+                         requester=who, api_client=requester.certificate, follow_symlinks=follow)
+        else:  # needs-resubmit: fresh descriptors continue it
+            store.fire(transfer, TransferEvent.RESUBMIT, reason=None, requester=who,
+                       source_kind=held.kind, api_client=requester.certificate)
+        self.daemon.hold(transfer, held)
+        log.info("transfer %s %s by %s: %s -> %s:%s (%d files%s)", transfer.id,
+                 "submitted" if new else "resubmitted", who, source, peer, dest,
+                 sum(1 for i in held.items if i.file is not None),
+                 f"; {describe_skipped(held.skipped)}" if held.skipped else "")
+        self.daemon.submitted(peer)
         return (201 if new else 200), self._view(transfer)
+
+    def _refuse(self, requester: Requester, source: str, reason: str) -> tuple[int, Any]:
+        log.warning("refused a submission of %s from %s: %s", source, requester.describe(), reason)
+        return 403, {"error": reason}
 
     def _view(self, transfer: Transfer) -> dict[str, Any]:
         out = transfer.to_json()

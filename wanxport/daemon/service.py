@@ -56,11 +56,13 @@ from typing import Any
 
 from wanxport.control import CertificateError, ControlConnectError
 from wanxport.gateway.config import Address
+from wanxport.gateway.files import SOURCE_CHANGED, SourceChanged
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 from wanxport.gateway.progress import acked_bytes
 from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
+from wanxport.sources import raise_open_file_limit
 from wanxport.units import format_rate, format_size
 
 from .api import ApiServer, TlsListen
@@ -76,7 +78,7 @@ from .listener import DaemonListener
 from .lock import DataDirBusy, DataDirLock
 from .metrics import DaemonCollector
 from .notify import Notifier
-from .outbox import OutgoingPiece, SourceError, plan, resume, send, tagged
+from .outbox import HeldSource, OutgoingPiece, SourceError, plan, resume, send, source_ids, tagged
 from .outcomes import CountingStore
 from .pathcache import PathCache
 from .peers import ABORTED, CANCELLED, IDLE, RECONNECT, RETRY_REASONS, SHUTDOWN, PeerSessions
@@ -84,6 +86,7 @@ from .ports import PeerPorts
 from .reload import ReloadResult, certificate_digest, reload
 from .routes import Routes
 from .store import Transfer
+from .submission import reopen
 from .tally import Tally
 
 log = logging.getLogger(__name__)
@@ -134,6 +137,7 @@ class GatewayDaemon:
         self._away_warned: set[str] = set()
         self._unsent_cancels = UnsentCancels(config.piece_bytes)
         self._disk_full: dict[str, int] = {}  # transfer id -> pauses in a row for a full disk
+        self._sources: dict[str, HeldSource] = {}  # transfer id -> its open source, until final
         self._slots = asyncio.Semaphore(config.limits.concurrent_transfers)
         self._tasks: list[asyncio.Task[Any]] = []
         self._receiving: set[asyncio.Task[None]] = set()  # one per live session
@@ -163,10 +167,13 @@ class GatewayDaemon:
             raise DaemonError(str(exc)) from None
         except OSError as exc:
             raise DaemonError(f"data_dir: {config.data_dir}: cannot create ({exc.strerror or exc})") from None
+        log.info("open files: up to %d (each queued or active transfer holds its source's)",
+                 raise_open_file_limit())
         stale = remove_stale_temporaries(config.data_dir)
         if stale:
             log.info("removed %d temporary state files a previous run left mid-write", stale)
         self.store = CountingStore(config.data_dir / "transfers.json")
+        self.store.on_final = self._release_source
         self.path_cache = PathCache(config.data_dir / "path-cache.json")
         self.listener = DaemonListener(config.listen, config.identity, config.ca, config.gateway_options(),
                                        self._peer_dir, self._inbox, PeerPorts(config.dscp), self.peers,
@@ -257,6 +264,9 @@ class GatewayDaemon:
             self.listener.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        for held in self._sources.values():
+            held.close()
+        self._sources.clear()
         self.lock.release()  # last: the data_dir is ours until everything above let go of it
 
     def reload(self) -> ReloadResult:
@@ -327,6 +337,27 @@ class GatewayDaemon:
                  session.end_reason, result.file_count, f" ({result.error})" if result.error else "")
 
     # -- sending ---------------------------------------------------------------
+
+    def hold(self, transfer: Transfer, held: HeldSource) -> None:
+        """Keep a submission's open source until the transfer is final."""
+        old = self._sources.pop(transfer.id, None)
+        if old is not None:
+            old.close()
+        self._sources[transfer.id] = held
+
+    def _release_source(self, transfer: Transfer) -> None:
+        held = self._sources.pop(transfer.id, None)
+        if held is not None:
+            held.close()
+
+    def _source_of(self, transfer: Transfer) -> HeldSource | None:
+        """The transfer's open source; a "path" one opened again after a restart (None:
+        a passed descriptor that is gone, the transfer then needs a resubmission)."""
+        held = self._sources.get(transfer.id)
+        if held is None and transfer.source_kind == "path":
+            held = self._sources[transfer.id] = reopen(self.config, transfer.submission.source,
+                                                       transfer.api_client, transfer.follow_symlinks)
+        return held
 
     def submitted(self, peer: str) -> None:
         self._work_for(peer).set()
@@ -501,7 +532,13 @@ class GatewayDaemon:
         """Send one transfer; returns the next free shard id of the session."""
         assert self.store is not None
         try:
-            pieces = plan(transfer.submission, self.config.piece_bytes, first_shard)
+            held = self._source_of(transfer)
+            if held is None:
+                self.store.fire(transfer, E.RESTART_WITHOUT_SOURCE,
+                                reason="the source's descriptors are gone: submit it again with the "
+                                       "same idempotency key")
+                return first_shard
+            pieces = plan(transfer.submission, held, self.config.piece_bytes, first_shard)
         except (SourceError, OSError) as exc:
             self._fail(transfer, str(exc))
             return first_shard
@@ -540,6 +577,12 @@ class GatewayDaemon:
                 self._last_progress.pop(transfer.id, None)
                 self._cancelled.discard(transfer.id)
         skipped = self._held.pop(transfer.id, 0)
+        if reason is not None and reason.startswith(SOURCE_CHANGED):
+            # The peer learns why over the cancel path (the session ends with the reason
+            # and is dialled again); its partial file of this version is never resumed.
+            self._fail(transfer, reason, bytes_done=held_now)
+            await session.close(f"{CANCELLED}: {reason}")
+            return first_shard + len(pieces)
         if reason is None:
             self._finish(transfer, tally, skipped)
             return first_shard + len(pieces)
@@ -595,9 +638,15 @@ class GatewayDaemon:
 
     async def _send(self, session: GatewaySession, transfer: Transfer, pieces: list[OutgoingPiece],
                     resuming: bool) -> str | None:
+        assert self.store is not None
+        sent_ids = transfer.source_ids
+        self.store.update(transfer, source_ids=source_ids(pieces))
         held = 0
         if resuming:
-            pieces, held = await resume(session, pieces, self.config.piece_bytes)
+            try:
+                pieces, held = await resume(session, pieces, self.config.piece_bytes, sent_ids)
+            except SourceChanged as exc:  # while its pieces were hashed for the receiver
+                return str(exc)
             log.info("transfer %s resumes: the peer holds %d of %d bytes", transfer.id, held,
                      transfer.bytes_total)
         self._held[transfer.id] = held

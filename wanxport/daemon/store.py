@@ -8,9 +8,14 @@ one is queued, running, done or failed, and whether the daemon restarted in betw
 parameters is a conflict, never a silent second transfer. On start, a transfer that
 was active when the daemon stopped is queued again: the receiver keeps what it got.
 A paused transfer (the peer's disk was full; the daemon retries it with backoff) is
-queued again at start too: the wait it was in does not outlive the process. Every
-change of state is an event of ``lifecycle.py``'s table (``fire``), so an illegal one
-is an error, not a silent change.
+queued again at start too: the wait it was in does not outlive the process. A
+transfer whose source was a descriptor the submitter passed (``source_kind`` "fd")
+cannot be queued again by itself, since no descriptor survives the process: at
+start it becomes ``needs-resubmit`` (event restart_without_source), and a submission
+with its key and the same parameters attaches fresh descriptors and queues it again
+(event resubmit), continuing from what the receiver holds. Every change of state is
+an event of ``lifecycle.py``'s table (``fire``), so an illegal one is an error, not a
+silent change.
 
 A transfer that finishes (done, failed, cancelled) moves to ``finished.FinishedArchive``
 (one file each under ``DATA_DIR/finished/``, kept for a week): lookups by id and by key
@@ -25,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +73,11 @@ class Transfer:
     bytes_done: int = 0
     attempts: int = 0
     stats: dict[str, Any] | None = None  # tally.py: elapsed, goodput, bytes per path (when done)
+    source_kind: str = "path"  # "fd": descriptors the submitter passed; "path": the daemon opens it
+    requester: str = ""  # who submitted it (uid/pid, or the api_tcp certificate), for the logs
+    follow_symlinks: bool = False  # rsync -L, for a source the daemon walks ("path")
+    api_client: str | None = None  # the api_tcp certificate name whose roots apply ("path" only)
+    source_ids: dict[str, str] | None = None  # file name -> source identity an attempt sent
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 
@@ -98,6 +109,7 @@ class TransferStore:
         self.transfers: dict[str, Transfer] = {}
         self._by_key: dict[str, str] = {}
         self._finished: dict[str, None] = {}  # ids of finished transfers in memory, oldest first
+        self.on_final: Callable[[Transfer], None] | None = None  # e.g. close its source
         self._load()
 
     def _load(self) -> None:
@@ -112,8 +124,16 @@ class TransferStore:
             return
         for raw in body or []:
             transfer = Transfer.from_json(raw)
-            if transfer.state not in FINAL:  # the daemon stopped while it ran or waited: run it again
-                transfer.state = next_state(TransferState(transfer.state), TransferEvent.RESTART).value
+            if transfer.state not in FINAL:  # the daemon stopped while it ran or waited
+                event = (TransferEvent.RESTART_WITHOUT_SOURCE if transfer.source_kind == "fd"
+                         else TransferEvent.RESTART)
+                was = transfer.state
+                transfer.state = next_state(TransferState(was), event).value
+                if transfer.state == TransferState.NEEDS_RESUBMIT.value and was != transfer.state:
+                    # its descriptors went with the old process
+                    transfer.reason = ("the daemon restarted and the source's descriptors are gone: "
+                                       "submit it again with the same idempotency key")
+                    log.warning("transfer %s is needs-resubmit: %s", transfer.id, transfer.reason)
             self.transfers[transfer.id] = transfer
             self._by_key[transfer.key] = transfer.id
         finished = [t for t in self.transfers.values() if t.state in FINAL]
@@ -191,6 +211,8 @@ class TransferStore:
         transfer.updated = time.time()
         self._finished.pop(transfer.id, None)
         if transfer.state in FINAL:
+            if self.on_final is not None:
+                self.on_final(transfer)
             self.archive.put(transfer.to_json())  # on disk before it leaves transfers.json
             self.transfers[transfer.id] = transfer  # one read back from the archive, too
             self._by_key[transfer.key] = transfer.id

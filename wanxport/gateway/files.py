@@ -8,8 +8,10 @@ Only when every piece of a file has been verified is it renamed
 (``os.replace``, atomic) to ``DIR/<name>``, so a partial file never sits
 under its final name; on failure partial files are removed.
 
-Files may be larger than memory, so neither end maps a whole file: each piece
-is mapped on its own (``MappedRange``) while it is in flight, and its pages are
+Files may be larger than memory, so neither end holds a whole file: the sender
+reads each piece into a buffer of its own (``FileReader``; never a mapping, whose
+pages past a truncated end would be SIGBUS), the receiver maps each piece on its
+own (``MappedRange``) while it is in flight, and their pages are
 dropped from the page cache once they are no longer needed (``drop_cached``):
 the sender's after the receiver acknowledged the piece, the receiver's once
 the piece is written back. What is resident per transfer is then bounded by
@@ -34,12 +36,14 @@ receiver's ``ReceivePolicy`` before its rename; a partial file is 0600 until the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
 import logging
 import mmap
 import os
+import stat
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,6 +61,65 @@ class FileError(ValueError):
     """A file the user named cannot be sent or written (one line)."""
 
 
+Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def identity_of(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One open file being sent, with the identity it had when the send was planned.
+
+    The descriptor is whoever opened it's (the daemon's submission, or ``FileReader``
+    for a path); ``FileReader`` compares the identity before every piece it reads and
+    at the end, so a file that shrinks, grows, is rewritten or replaced fails its
+    transfer with the change named instead of reaching the peer half old, half new."""
+
+    fd: int
+    identity: Identity
+    mode: int  # st_mode & 0o7777
+    label: str  # the path, for messages
+
+    @classmethod
+    def of(cls, fd: int, label: str) -> SourceFile:
+        st = os.fstat(fd)
+        return cls(fd, identity_of(st), stat.S_IMODE(st.st_mode), label)
+
+    @property
+    def source_id(self) -> str:
+        """Hex of the identity: pieces of another version of the file never match it."""
+        return "".join(f"{part:016x}" for part in self.identity)
+
+
+SOURCE_CHANGED = "source changed during the send"
+
+
+class SourceChanged(FileError):
+    """The file being sent changed under the send (one line naming the change)."""
+
+
+def describe_change(label: str, before: Identity, now: Identity) -> str | None:
+    """What changed between two identities of a source (None: nothing)."""
+    if now == before:
+        return None
+    if now[:2] != before[:2]:
+        what = "replaced (another file at that path)"
+    elif now[2] != before[2]:
+        what = f"{format_size(before[2])} -> {format_size(now[2])}"
+    else:
+        what = "modified (mtime changed)"
+    return f"{SOURCE_CHANGED}: {label}: {what}"
+
+
+def format_size(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} bytes"
+
+
 @dataclass(frozen=True)
 class FilePiece:
     shard_id: int
@@ -65,6 +128,7 @@ class FilePiece:
     offset: int
     size: int
     file_size: int
+    source: SourceFile | None = None  # already open (else ``FileReader`` opens ``path``)
 
     def meta(self) -> dict[str, Any]:
         return {"name": self.name, "offset": self.offset, "file_size": self.file_size}
@@ -124,40 +188,134 @@ def drop_cached(fd: int, offset: int, size: int) -> None:
 
 
 class FileReader:
-    """The pieces of the files being sent, each mapped while it is in flight.
+    """The pieces of the files being sent, each read into its own buffer while in flight.
 
-    ``view`` maps one piece (hashed, then sent from the same pages, no copy into
-    Python memory); ``release`` drops its pages from the page cache once the
-    receiver acknowledged it (the mapping itself goes with the data plane's last
-    reference). A sender that releases what was acknowledged and reads ahead by
-    a bounded window keeps a file of any size within that window.
+    ``read`` copies one piece with ``preadv`` into a buffer (hashed, then sent from
+    it); ``release`` returns the buffer for the next piece and drops the piece's pages
+    from the page cache once the receiver acknowledged it. The file is never mapped:
+    a mapped page past a truncated end is SIGBUS, which would end the whole process
+    and every transfer in it, while a short ``pread`` is an error for one transfer.
+    Buffers are reused, so a sender that releases what was acknowledged and reads
+    ahead by a bounded window holds that window of memory, whatever the file's size.
     """
 
     def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
-        self._maps: dict[tuple[Path, int], MappedRange] = {}
+        self._sources: dict[Path, SourceFile] = {}  # by path: those given, and those opened here
+        self._owned: list[int] = []  # descriptors opened here (closed by ``close``)
+        self._buffers: dict[tuple[int, int], np.ndarray[Any, Any]] = {}  # (shard, offset) in flight
+        self._free: list[np.ndarray[Any, Any]] = []
 
-    def view(self, piece: FilePiece) -> memoryview:
-        if piece.size == 0:
-            return memoryview(b"")
-        mapped = self._maps[(piece.path, piece.offset)] = MappedRange(piece.path, piece.offset, piece.size)
-        return memoryview(mapped.array)
+    def source(self, piece: FilePiece) -> SourceFile:
+        """The piece's open file: the one it carries, or ``path`` opened now (as the
+        user of ``wanxport send``, who named it), whose identity is then the one every
+        later piece must see."""
+        if piece.source is not None:
+            if piece.path not in self._sources:
+                self._sources[piece.path] = piece.source
+                _read_piece_by_piece(piece.source.fd)
+            return piece.source
+        known = self._sources.get(piece.path)
+        if known is not None:
+            return known
+        try:
+            fd = os.open(piece.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise FileError(f"{piece.path}: cannot open ({describe_os_error(exc)})") from None
+        self._owned.append(fd)
+        opened = self._sources[piece.path] = SourceFile.of(fd, str(piece.path))
+        _read_piece_by_piece(fd)
+        if opened.identity[2] != piece.file_size:
+            planned = (*opened.identity[:2], piece.file_size, opened.identity[3])
+            raise SourceChanged(describe_change(opened.label, planned, opened.identity) or "")
+        return opened
+
+    def check(self, piece: FilePiece) -> None:
+        """SourceChanged when the piece's file is no longer the one planned."""
+        _check(self.source(piece))
+
+    def check_all(self) -> None:
+        """SourceChanged when any file read so far is no longer the one planned (at the
+        end of a send: a change after a file's last piece was read is one too)."""
+        for source in self._sources.values():
+            _check(source)
+
+    async def read(self, piece: FilePiece) -> np.ndarray[Any, Any]:
+        """The piece's bytes, read now (on a worker thread: a cold disk must not stall the
+        event loop), the next piece's asked for ahead; SourceChanged when the file changed
+        or ends early."""
+        self.check(piece)
+        source = self.source(piece)
+        buffer = self._buffer(piece.size)
+        try:
+            done = await asyncio.to_thread(_pread_into, source.fd, buffer, piece.offset)
+        except BaseException:
+            self._free.append(_whole(buffer))
+            raise
+        if done < piece.size:
+            self._free.append(_whole(buffer))
+            now = identity_of(os.fstat(source.fd))
+            raise SourceChanged(describe_change(source.label, source.identity, now) or
+                                f"{SOURCE_CHANGED}: {source.label}: it ends at "
+                                f"{format_size(piece.offset + done)}, planned "
+                                f"{format_size(piece.file_size)}")
+        os.posix_fadvise(source.fd, piece.offset + piece.size, piece.size, os.POSIX_FADV_WILLNEED)
+        self._buffers[(piece.shard_id, piece.offset)] = buffer
+        return buffer
+
+    def _buffer(self, size: int) -> np.ndarray[Any, Any]:
+        for i, buffer in enumerate(self._free):
+            if len(buffer) >= size:
+                return self._free.pop(i)[:size]
+        # Anonymous pages of our own rather than numpy's, which asks for transparent huge
+        # pages: their first use cost 2.4 CPU-s per GiB here (compaction), 4 KiB pages 0.6.
+        # Not populated here: that would stall the event loop; ``preadv`` faults them in on
+        # its worker thread.
+        return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
 
     def release(self, piece: FilePiece) -> None:
-        """The piece is no longer needed: out of this process, then out of the page cache."""
-        mapped = self._maps.pop((piece.path, piece.offset), None)
-        if mapped is not None:
-            mapped.evict()
-        fd = self._fds.get(piece.path)
-        if fd is None:
-            fd = self._fds[piece.path] = os.open(piece.path, os.O_RDONLY)
-        drop_cached(fd, piece.offset, piece.size)
+        """The piece is no longer needed: its buffer is free, its pages leave the cache."""
+        buffer = self._buffers.pop((piece.shard_id, piece.offset), None)
+        if buffer is not None:
+            self._free.append(_whole(buffer))
+        source = self._sources.get(piece.path) if piece.source is None else piece.source
+        if source is not None:
+            drop_cached(source.fd, piece.offset, piece.size)
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        for fd in self._owned:
             os.close(fd)
-        self._fds.clear()
-        self._maps.clear()
+        self._owned.clear()
+        self._sources.clear()
+        self._buffers.clear()
+        self._free.clear()
+
+
+def _read_piece_by_piece(fd: int) -> None:
+    """No read-ahead of the kernel's own: it grows to tens of MiB on a sequential reader,
+    all of it cached beyond the send window; ``FileReader.read`` asks for one piece ahead."""
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+
+def _pread_into(fd: int, buffer: np.ndarray[Any, Any], offset: int) -> int:
+    """Fill ``buffer`` from ``offset``; the bytes read (fewer only at the file's end)."""
+    view, done = memoryview(buffer), 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+def _whole(buffer: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The pool's buffer a piece's slice was cut from."""
+    return buffer.base if isinstance(buffer.base, np.ndarray) else buffer
+
+
+def _check(source: SourceFile) -> None:
+    change = describe_change(source.label, source.identity, identity_of(os.fstat(source.fd)))
+    if change is not None:
+        raise SourceChanged(change)
 
 
 def safe_name(name: object, shard_id: int) -> str:

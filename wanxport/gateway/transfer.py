@@ -12,7 +12,7 @@ from typing import Any
 
 from wanxport.control import ShardAnnounce
 
-from .files import FileError, FilePiece, FileReader, FileSink, SentAttributes
+from .files import FileError, FilePiece, FileReader, FileSink, SentAttributes, SourceChanged
 from .progress import ProgressMonitor, acked_bytes
 from .report import session_report
 from .session import GatewaySession, SessionFailed, digest_hex_async
@@ -111,16 +111,20 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
             first_failed = next((t for t in tasks if failed(t)), None)
             if first_failed is not None:
                 await first_failed  # the session failed: its reason, and no further reading
-            view = reader.view(piece)
-            digest = await digest_hex_async(view)
+            buffer = await reader.read(piece)
+            digest = await digest_hex_async(buffer)
             announce = ShardAnnounce(piece.shard_id, piece.size, digest, 0, **announce_fields)
-            task = asyncio.create_task(session.send_shard(piece.shard_id, view, announce, piece.meta(),
+            task = asyncio.create_task(session.send_shard(piece.shard_id, buffer, announce, piece.meta(),
                                                           on_acked=functools.partial(acked, piece)))
-            del view
+            del buffer
             task.add_done_callback(note_failure)
             tasks.append(task)
+        reader.check_all()  # every piece is read: was it all one version of each file?
         verdicts = await asyncio.gather(*tasks)
         error = None
+    except SourceChanged as exc:
+        log.warning("%s", exc)
+        verdicts, error = [], str(exc)
     except SessionFailed as exc:
         verdicts, error = [], str(exc)
     finally:
