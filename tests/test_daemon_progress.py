@@ -96,7 +96,11 @@ async def test_bytes_done_survive_an_interrupt_and_goodput_counts_only_what_was_
         assert kept >= 4 * CHECKPOINT, "bytes_done is what the peer holds, not reset by the interrupt"
         async with running(a_cfg) as a:
             client = GatewayClient(str(a.config.api_socket))
-            assert (await asyncio.to_thread(client.get, t["id"]))["bytes_done"] == kept
+            waiting = await asyncio.to_thread(client.get, t["id"])
+            # Its descriptors went with the process: kept bytes still count while it waits.
+            assert waiting["state"] == "needs-resubmit" and waiting["bytes_done"] == kept, waiting
+            again = await asyncio.to_thread(client.submit, "gw-b", str(src), key="resume-me")
+            assert again["id"] == t["id"], again
             done = await asyncio.to_thread(client.wait, t["id"], 60)
     assert done["state"] == "done" and done["attempts"] == 2, done
     assert done["bytes_done"] == done["bytes_total"] == src.stat().st_size

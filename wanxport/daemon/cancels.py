@@ -20,9 +20,7 @@ import logging
 from wanxport.control import ResumeQuery
 from wanxport.gateway.session import GatewaySession
 
-from .outbox import SourceError, plan
 from .peers import CANCELLED
-from .store import Transfer
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +29,16 @@ _NO_DIGEST = "0" * 64  # matches no piece: the query only opens the file at the 
 
 
 class UnsentCancels:
-    """Cancelled transfers whose partial files a peer may hold, by peer."""
+    """Cancelled transfers whose partial files a peer may hold, by peer: each as the
+    files (name at the peer -> size) it sends, named when it was cancelled, while its
+    source was still open."""
 
     def __init__(self, piece_bytes: int) -> None:
         self.piece_bytes = piece_bytes
-        self._pending: dict[str, list[Transfer]] = {}
+        self._pending: dict[str, list[dict[str, int]]] = {}
 
-    def add(self, transfer: Transfer) -> None:
-        self._pending.setdefault(transfer.submission.peer, []).append(transfer)
+    def add(self, peer: str, files: dict[str, int]) -> None:
+        self._pending.setdefault(peer, []).append(files)
 
     def waiting(self, peer: str) -> bool:
         return bool(self._pending.get(peer))
@@ -50,14 +50,8 @@ class UnsentCancels:
         if not pending:
             return False
         files: dict[str, int] = {}
-        for transfer in pending:
-            try:
-                pieces = plan(transfer.submission, self.piece_bytes)
-            except (SourceError, OSError) as exc:
-                log.info("transfer %s was cancelled, but its files cannot be named for %s (%s): the "
-                         "peer keeps what it received of them", transfer.id, session.peer_name, exc)
-                continue
-            files.update((p.name, p.file_size) for p in pieces if p.file_size)
+        for cancelled in pending:
+            files.update(cancelled)
         for name, size in files.items():
             await session.resume_query(ResumeQuery(next(_query_ids) & 0xFFFFFFFF, name, size,
                                                    self.piece_bytes, 0, [_NO_DIGEST]))

@@ -359,6 +359,20 @@ class GatewayDaemon:
                                                        transfer.api_client, transfer.follow_symlinks)
         return held
 
+    def _files_at_peer(self, transfer: Transfer) -> dict[str, int]:
+        """The files (name at the peer -> size) an attempt of ``transfer`` sent; empty when
+        its source is gone (a passed descriptor after a restart: the peer keeps them)."""
+        try:
+            held = self._source_of(transfer)
+            pieces = plan(transfer.submission, held, self.config.piece_bytes) if held else []
+        except (SourceError, OSError) as exc:
+            pieces = []
+            log.info("transfer %s: its files cannot be named for the peer (%s)", transfer.id, exc)
+        if not pieces:
+            log.info("transfer %s was cancelled without its source at hand: %s keeps what it "
+                     "received of it", transfer.id, transfer.submission.peer)
+        return {p.name: p.file_size for p in pieces if p.file_size}
+
     def submitted(self, peer: str) -> None:
         self._work_for(peer).set()
         self._wake.set()
@@ -715,10 +729,12 @@ class GatewayDaemon:
         assert self.store is not None
         if transfer.state in ("queued", "paused", "needs-resubmit"):
             self._disk_full.pop(transfer.id, None)
+            # Named now: the cancel closes the source, and the files are what the peer holds.
+            files = self._files_at_peer(transfer) if transfer.attempts else {}
             self.store.fire(transfer, E.CANCEL, reason="cancelled by request")
             log.info("transfer %s to %s cancelled", transfer.id, transfer.submission.peer)
-            if transfer.attempts:  # an attempt may have left partial files at the peer
-                self._unsent_cancels.add(transfer)
+            if files:  # an attempt may have left partial files at the peer
+                self._unsent_cancels.add(transfer.submission.peer, files)
                 self.submitted(transfer.submission.peer)
             return True
         active = self._active.get(transfer.id)
