@@ -134,7 +134,7 @@ async def test_symlink_entries_are_recreated_only_inside_their_tree(
     async with running(a_cfg) as a, running(b_cfg) as b:
         client = GatewayClient(str(a.config.api_socket))
         assert (await submit_and_wait(client, src, "tree"))["state"] == "done"
-        entries = [LinkEntry(10_000 + i, name, Path("/nonexistent"), 0, 0, 0, target)
+        entries = [LinkEntry(10_000 + i, name, Path("/nonexistent"), 0, 0, 0, target=target)
                    for i, (name, target) in enumerate(links.items())]
         with caplog.at_level(logging.WARNING, logger="wanxport.gateway.files"):
             sent = await send_files(a.sessions["gw-b"], list(entries), show_progress=False)

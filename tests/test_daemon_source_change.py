@@ -99,9 +99,13 @@ async def test_a_source_changed_mid_send_fails_only_its_transfer(
         assert done["state"] == "done", done
         assert (c.config.received_dir / "gw-a" / "other.bin").read_bytes() == other_data
         logs = [r.getMessage() for r in caplog.records]
-        assert any(m.startswith(f"transfer {changing['id']} failed: source changed") for m in logs), logs
-        assert any(m.startswith("session with gw-a ended (cancelled: source changed during the send")
-                   for m in logs), "the receiver logs the reason"
+        failed_line = f"transfer {changing['id']} to gw-b failed: source changed"
+        assert any(m.startswith(failed_line) for m in logs), logs
+        assert any(m.startswith(f"transfer {changing['id']} from gw-a: 0 of 1 files landed when the session "
+                                "ended (cancelled: source changed during the send") for m in logs), \
+            "the receiver logs the reason"
+        assert any(m.startswith("session with gw-a ended by gw-a (cancelled: source changed during the send")
+                   for m in logs), logs
         # The changed file again, as a new transfer: none of the old pieces is reused.
         again = await call(client, "submit", "gw-b", str(src), key="again")
         again = await call(client, "wait", again["id"], 60)

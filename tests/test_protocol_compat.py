@@ -64,9 +64,9 @@ async def send_two_files(pki: Path, tmp_path: Path) -> tuple[int, int, Path]:
     for name in ("secret.bin", "empty"):
         os.chmod(src / name, 0o600)
         os.utime(src / name, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
-    pieces = [PieceWithAttributes(0, "secret.bin", src / "secret.bin", 0, 200_000, 200_000, 0o600,
-                                  OLD_MTIME_NS),
-              PieceWithAttributes(1, "empty", src / "empty", 0, 0, 0, 0o600, OLD_MTIME_NS)]
+    pieces = [PieceWithAttributes(0, "secret.bin", src / "secret.bin", 0, 200_000, 200_000,
+                                  mode=0o600, mtime_ns=OLD_MTIME_NS),
+              PieceWithAttributes(1, "empty", src / "empty", 0, 0, 0, mode=0o600, mtime_ns=OLD_MTIME_NS)]
     sink = FileSink(out)
     listens = [("127.0.0.1", p) for p in free_path_ports(1)]
     listener = GatewayListener(listens, pki / "gw-b", pki / "ca.pem", GatewayOptions(),
