@@ -226,7 +226,9 @@ class Soak:
         return lines[-1] if lines else "no output"
 
     def reloads_applied(self, site: str) -> int:
-        return (self.work / f"{site}.log").read_text(errors="replace").count("reloaded:")
+        """The daemon's one line per reload it took (``reload: <diff>``; refusals say
+        ``reload refused``)."""
+        return (self.work / f"{site}.log").read_text(errors="replace").count("reload: ")
 
     # -- the run ----------------------------------------------------------
 

@@ -99,7 +99,7 @@ def reload(daemon: GatewayDaemon) -> ReloadResult:
             renewed = digest != daemon.identity_digest
             daemon.identity_digest = digest
         except (ValueError, OSError) as exc:
-            log.error("reload: the certificate stays: %s", exc)
+            log.error("reload keeps the running certificate: %s", exc)
             new = dataclasses.replace(new, identity=old.identity)
     changes = differences(old, new, renewed)
     result = ReloadResult(True, changes, [f"{name} (needs a restart)" for name in later])
