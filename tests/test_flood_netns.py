@@ -6,7 +6,7 @@ twice on the same emulation: unflooded, then with an attacker namespace pinned
 to one core that spoofs the sender gateway (the sender's addresses and ports)
 and floods the receiver's ports with a pool of random, truncated, oversize
 and data-plane look-alike datagrams and real QUIC Initials
-(``tests/flood_blaster.py``, the C ``sendmmsg`` loop of ``wanxport._limits``:
+(``tests/flood_blaster.py``, the C ``sendmmsg`` loop of ``wanxport_lab._limits``:
 its rate is the highest that one core reaches, measured in this run).
 
 The attacker has its own veth per path into the middle namespace, where an

@@ -1,4 +1,4 @@
-"""Loopback check of the control channel: ``python -m wanxport.control.loopback_check``.
+"""Loopback check of the control channel: ``python -m wanxport_lab.loopback_check``.
 
 Builds a throw-away PKI, runs a server on two loopback addresses and prints
 one JSON object: handshake time, message round trips per second, and how long
@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .certs import make_test_pki
-from .channel import connect_control, serve_control
-from .messages import Bye, ShardComplete
-from .resilient import ResilientControl
-from .session import ControlChannel
+from wanxport.control.certs import make_test_pki
+from wanxport.control.channel import connect_control, serve_control
+from wanxport.control.messages import Bye, ShardComplete
+from wanxport.control.resilient import ResilientControl
+from wanxport.control.session import ControlChannel
 
 
 async def _echo(channel: ControlChannel) -> None:

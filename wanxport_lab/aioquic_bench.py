@@ -123,7 +123,7 @@ def run_aioquic_bench(size: int, seed: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         pki = Path(tmp)
         make_test_pki(pki, ["a", "b"])
-        child = subprocess.Popen(module_command("wanxport.bench.aioquic_bench", str(pki)),
+        child = subprocess.Popen(module_command("wanxport_lab.aioquic_bench", str(pki)),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         try:
             assert child.stdout is not None and child.stdin is not None
