@@ -23,7 +23,7 @@ from wanxport.units import format_rate, format_size, parse_size
 from wanxport.wire import native
 from wanxport.wire.protection import CIPHERS
 
-DEFAULT_SEGMENTS = 128  # A/Bs in docs/results/cpu.md: 64 cut CPU per GB at both ends vs 32, 128 vs 64
+DEFAULT_SEGMENTS = 128  # measured A/B: 64 cut CPU per GB at both ends vs 32, and 128 vs 64
 SHARD_TARGET_BYTES = 64 << 20
 
 

@@ -37,8 +37,8 @@ DIGEST_CHUNK = 64 << 20  # the bench's shard size: the digest runs over whole sh
 HEADER_TAG = 32  # wanxport header (16) + AEAD tag (16): what a sealed datagram adds
 # Each limit is timed in slices, half of them before the transfer and half after. Back to
 # back in one quiet process, 128 MiB slices of sealing on a 2-core VM cost 0.44-0.78
-# CPU-s/GB: one slow slice moves a single pass by a third, and a ratio with it
-# (docs/results/s15.md). Slices on both sides average over the transfer's minutes.
+# CPU-s/GB: one slow slice moves a single pass by a third, and a ratio with it.
+# Slices on both sides average over the transfer's minutes.
 LIMIT_SLICES = 4
 
 
@@ -201,7 +201,7 @@ def measure_limits(names: list[str], cipher: str, mtu: int) -> dict[str, Any]:
 
 
 def compare_with_limits(report: dict[str, Any], limits: dict[str, Any]) -> None:
-    """Add the ratios the issue asks for: each end's CPU per GB against AEAD + digest,
+    """Add the ratios against the limits: each end's CPU per GB against AEAD + digest,
     goodput against the raw UDP blast. Only what both sides of a ratio were measured for."""
     report["limits"] = limits
     cpu = report.get("cpu_s_per_gb")
