@@ -18,7 +18,7 @@ child process (``wanxport_lab._limits``) that costs ~0.15 CPU-s/GB:
 
 What is NOT in it: the core (``Session``: per core packet and per ACK Python,
 on the loop's thread whatever the worker count) and the shard digest. Those
-are the serial fraction; docs/results/cpu.md ("Workers") combines both.
+are the serial fraction; the loopback bench combines both.
 CPU is this process's getrusage (all threads) over the transfer; GB = 10**9
 payload bytes. ``series`` runs the variants in turn (A B A B ...).
 """
