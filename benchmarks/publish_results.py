@@ -72,7 +72,11 @@ def _derived(report: dict[str, Any], name: str) -> Any:
         ordered = sorted(steps)
         return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
     if name == "efficiency_mean" and steps and report.get("ideal_s"):
-        return report["ideal_s"] / statistics.fmean(steps)
+        return report["ideal_s"] / float(report.get("mean_step_s") or statistics.fmean(steps))
+    if name == "efficiency_median" and report.get("steady_step_s") and report.get("ideal_s"):
+        return report["ideal_s"] / report["steady_step_s"]
+    if name == "suspect":
+        return False
     if name == "did_not_finish":
         return bool(report.get("timed_out")) or report.get("intact") is False
     if name == "repair_share" and report.get("payload_bytes"):
@@ -178,7 +182,21 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return ordered[len(ordered) // 2]
 
 
+def suspect_note(runs: list[dict[str, Any]]) -> str:
+    """Runs a baseline report marks ``suspect`` (a clean path far under its capacity) are
+    named, with the reason, beside any figure that uses them."""
+    marked = [r for r in runs if r.get("suspect")]
+    if not marked:
+        return ""
+    reasons = "; ".join(str(r.get("suspect_reason") or r.get("suspect")) for r in marked)
+    return f" (suspect: {len(marked)}/{len(runs)}, {reasons})"
+
+
 def cell_text(runs: list[dict[str, Any]]) -> str:
+    return _cell_text(runs) + suspect_note(runs)
+
+
+def _cell_text(runs: list[dict[str, Any]]) -> str:
     mid = median_run(runs)
     missed = sum(1 for r in runs if field(r, "did_not_finish"))
     rate = f"{statistics.median(r['goodput_bps'] for r in runs) / 1e6:.0f} Mb/s"
@@ -207,10 +225,11 @@ def versus(ours: list[dict[str, Any]], label: str, theirs: list[dict[str, Any]])
         rate = statistics.median(r["goodput_bps"] for r in ours) / statistics.median(
             r["goodput_bps"] for r in theirs)
         return (f"{label} did not finish in {deadline:.0f} s: **> {deadline / mine:.1f} ×** wanxport's time "
-                f"(its goodput until then {1 / rate * 100:.0f} % of wanxport's)")
+                f"(its goodput until then {1 / rate * 100:.0f} % of wanxport's){suspect_note(theirs)}")
     theirs_s = statistics.median(r["completion_s"] for r in theirs)
     note = f", {missed} of {len(theirs)} did not finish" if missed else ""
-    return f"{label} {theirs_s:.2f} s (**{theirs_s / mine:.2f} ×** wanxport's time{note})"
+    ratio = f"**{theirs_s / mine:.2f} ×** wanxport's time{note}"
+    return f"{label} {theirs_s:.2f} s ({ratio}){suspect_note(theirs)}"
 
 
 def matrix_table(figure: dict[str, Any]) -> list[str]:

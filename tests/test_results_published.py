@@ -98,3 +98,16 @@ def test_a_missing_report_is_a_one_line_error(tmp_path: Path, monkeypatch: pytes
     assert publish.main(["--check"]) == 2
     assert capsys.readouterr().err.strip() == (
         "publish_results: docs/results/data/nowhere/*.json: no such file")
+
+
+def test_a_suspect_baseline_run_is_named_with_its_reason() -> None:
+    theirs = [_run("mptcp", 15.0, 400e6), {**_run("mptcp", 16.0, 380e6), "suspect": True,
+                                            "suspect_reason": "h1 clean, 8 of 150 Mb/s"}]
+    assert publish.cell_text(theirs).endswith("(suspect: 1/2, h1 clean, 8 of 150 Mb/s)")
+
+
+def test_steps_report_both_the_median_and_the_mean_basis() -> None:
+    report = {"ideal_s": 1.0, "step_s": [3.0, 1.0, 1.0, 2.0], "steady_step_s": 1.0}
+    assert publish.field(report, "efficiency_median") == 1.0
+    assert publish.field(report, "efficiency_mean") == pytest.approx(0.75)
+    assert publish.field({**report, "mean_step_s": 2.0}, "efficiency_mean") == 0.5  # the report's own
