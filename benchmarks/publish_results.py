@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from glob import glob
@@ -77,8 +78,9 @@ def _derived(report: dict[str, Any], name: str) -> Any:
         return report["ideal_s"] / report["steady_step_s"]
     if name == "suspect":
         return False
-    if name == "did_not_finish":
-        return bool(report.get("timed_out")) or report.get("intact") is False
+    if name == "did_not_finish":  # newer reports say "finished"; older ones only timed_out
+        finished = report.get("finished", not report.get("timed_out"))
+        return not finished or report.get("intact") is False
     if name == "repair_share" and report.get("payload_bytes"):
         return report.get("repair_bytes", 0) / report["payload_bytes"]
     if name == "worst_over_ideal" and report.get("ideal_s"):
@@ -182,13 +184,24 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return ordered[len(ordered) // 2]
 
 
+def _suspect_reason(report: dict[str, Any]) -> str:
+    mark = report["suspect"]
+    return str(mark.get("reason", "")) if isinstance(mark, dict) else str(report.get("suspect_reason", mark))
+
+
+def lower_bound(value: float, digits: int = 1) -> str:
+    """``value`` rounded down, so that "> X" stays true."""
+    scale = 10 ** digits
+    return f"{math.floor(value * scale) / scale:.{digits}f}"
+
+
 def suspect_note(runs: list[dict[str, Any]]) -> str:
     """Runs a baseline report marks ``suspect`` (a clean path far under its capacity) are
     named, with the reason, beside any figure that uses them."""
     marked = [r for r in runs if r.get("suspect")]
     if not marked:
         return ""
-    reasons = "; ".join(str(r.get("suspect_reason") or r.get("suspect")) for r in marked)
+    reasons = "; ".join(_suspect_reason(r) for r in marked)
     return f" (suspect: {len(marked)}/{len(runs)}, {reasons})"
 
 
@@ -224,7 +237,8 @@ def versus(ours: list[dict[str, Any]], label: str, theirs: list[dict[str, Any]])
         deadline = mid["deadline_s"]
         rate = statistics.median(r["goodput_bps"] for r in ours) / statistics.median(
             r["goodput_bps"] for r in theirs)
-        return (f"{label} did not finish in {deadline:.0f} s: **> {deadline / mine:.1f} ×** wanxport's time "
+        bound = lower_bound(deadline / mine)
+        return (f"{label} did not finish in {deadline:.0f} s: **> {bound} ×** wanxport's time "
                 f"(its goodput until then {1 / rate * 100:.0f} % of wanxport's){suspect_note(theirs)}")
     theirs_s = statistics.median(r["completion_s"] for r in theirs)
     note = f", {missed} of {len(theirs)} did not finish" if missed else ""

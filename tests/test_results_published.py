@@ -101,8 +101,8 @@ def test_a_missing_report_is_a_one_line_error(tmp_path: Path, monkeypatch: pytes
 
 
 def test_a_suspect_baseline_run_is_named_with_its_reason() -> None:
-    theirs = [_run("mptcp", 15.0, 400e6), {**_run("mptcp", 16.0, 380e6), "suspect": True,
-                                            "suspect_reason": "h1 clean, 8 of 150 Mb/s"}]
+    theirs = [_run("mptcp", 15.0, 400e6), {**_run("mptcp", 16.0, 380e6),
+                                            "suspect": {"reason": "h1 clean, 8 of 150 Mb/s"}}]
     assert publish.cell_text(theirs).endswith("(suspect: 1/2, h1 clean, 8 of 150 Mb/s)")
 
 
@@ -111,3 +111,11 @@ def test_steps_report_both_the_median_and_the_mean_basis() -> None:
     assert publish.field(report, "efficiency_median") == 1.0
     assert publish.field(report, "efficiency_mean") == pytest.approx(0.75)
     assert publish.field({**report, "mean_step_s": 2.0}, "efficiency_mean") == 0.5  # the report's own
+
+
+def test_a_report_that_says_it_did_not_finish_is_believed_and_bounds_round_down() -> None:
+    late = {**_run("mptcp", 30.0, 100e6), "finished": False}
+    assert publish.field(late, "did_not_finish") is True
+    ours = [_run("wanxport", 13.31, 645e6)]
+    assert "**> 4.5 ×**" in publish.versus(ours, "mptcp", [_run("mptcp", 0, 73e6, finished=False)])
+    assert publish.lower_bound(4.56) == "4.5"
