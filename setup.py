@@ -1,7 +1,16 @@
-"""Native extensions; everything else lives in pyproject.toml.
+"""Native extensions and the packages; everything else lives in pyproject.toml.
 
 Each extension's C sources are every ``*.c`` file in its ``ext/`` folder, so a
 new source file needs no edit here.
+
+The repository holds two sides. The transport (``wanxport``) is what a gateway
+host runs. The lab (``emulation``: namespaces, the link-impairment engine,
+baselines, plots; ``wanxport_lab``: the benchmarks' measuring instruments) needs
+the ``emulation`` extra's dependencies and root. A default build carries both, so
+``pip install -e ".[dev,emulation]"`` (``./dev setup``) and ``pip install
+"wanxport[emulation]"`` give everything; ``WANXPORT_LAB=0`` builds the transport
+alone (a gateway host's package: no lab modules, no lab extensions), which
+``tests/test_product_boundary.py`` checks imports without the lab's dependencies.
 """
 
 import os
@@ -9,7 +18,7 @@ import sys
 import warnings
 from glob import glob
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 COMMON_FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"]
 
@@ -22,7 +31,7 @@ EXTENSIONS = [
         extra_compile_args=COMMON_FLAGS,
     ),
     Extension(
-        "wanxport._limits",
+        "wanxport_lab._limits",
         sources=sorted(glob("ext/limits/*.c")),
         libraries=["crypto"],
         extra_compile_args=COMMON_FLAGS,
@@ -46,6 +55,17 @@ EXTENSIONS = [
         extra_compile_args=COMMON_FLAGS,
     ),
 ]
+
+LAB_PACKAGES = ("emulation", "wanxport_lab")
+
+
+def _is_lab(name: str) -> bool:
+    return name.split(".")[0] in LAB_PACKAGES
+
+
+WITH_LAB = os.environ.get("WANXPORT_LAB", "1") != "0"
+PACKAGES = [name for name in find_packages(include=["wanxport*", "emulation*"])
+            if WITH_LAB or not _is_lab(name)]
 
 # The pure layers (the sans-IO core, the wire format, the simulator, the scenario
 # contract) are strictly typed Python. A regular `pip install .` compiles them with
@@ -108,4 +128,5 @@ def _compiled() -> list[Extension]:
 # Developers iterating on one extension can build only it:
 #   WANXPORT_ONLY_EXT=wanxport._native python setup.py build_ext --inplace
 _only = os.environ.get("WANXPORT_ONLY_EXT")
-setup(ext_modules=[e for e in EXTENSIONS if not _only or e.name == _only] + _compiled())
+_extensions = [e for e in EXTENSIONS if (not _only or e.name == _only) and (WITH_LAB or not _is_lab(e.name))]
+setup(packages=PACKAGES, ext_modules=_extensions + _compiled())

@@ -9,7 +9,7 @@ Each checkout needs its own ``.venv`` (``./dev setup`` there); every run is
 --json`` with the checkout as working directory, as root (namespaces).
 
     sudo .venv/bin/python benchmarks/ab_emulated.py --a /path/to/old --b . \\
-        --runs 5 hetero-8path failover-4path --out docs/results/ab.json
+        --runs 5 hetero-8path failover-4path --out results/ab.json
 
 Prints, per scenario, each side's completion times, medians and B's median
 over A's; ``--out`` keeps every report.

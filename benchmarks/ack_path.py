@@ -1,7 +1,7 @@
 """CPU of the sender's ACK handling, core only: two sessions in one process, no sockets.
 
 Why: on this 2-core host, shared with a soak and other work, the bench's CPU per
-GB moves by more than the ACK path costs (issue 17: ~0.5 of ~3.5 CPU-s/GB). This
+GB moves by more than the ACK path costs (~0.5 of ~3.5 CPU-s/GB when measured). This
 runs a transfer of the bench's shape (4 paths, MTU 1500, 128 datagrams a core
 packet, an ACK every 128 datagrams or 1 ms) and measures exactly the calls a
 sender's loop makes for its ACKs (decoding the control datagrams and handing

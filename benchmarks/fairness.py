@@ -5,7 +5,7 @@ numbers do not depend on this host's load) over two links of 100 Mb/s,
 40 ms RTT and a 50 ms drop-tail buffer, and writes one JSON report and one
 figure of per-flow throughput over time:
 
-    .venv/bin/python benchmarks/fairness.py --out docs/results/fairness
+    .venv/bin/python benchmarks/fairness.py --out results/fairness
     .venv/bin/python benchmarks/fairness.py --only vs-cubic,background --jobs 2
 
 Experiments (a flow's paths are listed by the links they cross):
@@ -192,7 +192,7 @@ def plot(reports: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/results/fairness"),
+    parser.add_argument("--out", type=Path, default=Path("results/fairness"),
                         help="directory for fairness.json and fairness.png")
     parser.add_argument("--only", default="", help="comma-separated experiment names "
                         f"({', '.join(EXPERIMENTS)}, background, disjoint)")

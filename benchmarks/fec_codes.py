@@ -1,6 +1,6 @@
 """Erasure-code candidates for the tail, measured on wanxport's block shapes.
 
-Why: issue 18 item 3 picks the code by measurement. A block is k data
+Why: the tail's erasure code is picked by measurement. A block is k data
 datagrams of ~1400 B plus m repair ones; the sender encodes one block per
 call and the receiver decodes one block with up to m symbols lost. Each
 candidate is timed on the same blocks (the same random bytes, the same lost
@@ -10,7 +10,7 @@ count). ``wanxport._fec`` (ISA-L, called from C) is measured next to the PyPI
 packages it was chosen over:
 
     pip install zfec reed-solomon-leopard pyeclib raptorq   # or: pip install -e '.[fec-bench]'
-    python benchmarks/fec_codes.py --out docs/results/fec-codes.json
+    python benchmarks/fec_codes.py --out results/fec-codes.json
 
 Candidates not installed are reported as such. Every decode is checked byte
 for byte against the original block.

@@ -1,12 +1,12 @@
 """With and without the erasure-coded tail, same scenarios and seeds, in the simulator.
 
-Why: issue 18's "must show": completion and the worst run on lossy-long-2path
+Why: what the coded tail buys: completion and the worst run on lossy-long-2path
 and hetero-8path at 16 and 64 MiB, with repair bytes as a share of payload.
 Each run is ``--steps`` exchanges on one session (warm steps), in the virtual
 payload mode (tests/test_fec.py holds it to the bytes mode's results).
 Simulator results are virtual-time and deterministic, so this needs no lock.
 
-    python benchmarks/fec_tail.py --steps 20 --out docs/results/fec-tail.json
+    python benchmarks/fec_tail.py --steps 20 --out results/fec-tail.json
     python benchmarks/fec_tail.py --steps 20 --all --jobs 2 --out all.json   # every bundled scenario
 
 A scenario with an events timeline cannot repeat steps (contract v1), so with

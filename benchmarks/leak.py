@@ -1,4 +1,4 @@
-"""Memory growth per transfer of two gateway daemons in one process (issue 15 item 8).
+"""Memory growth per transfer of two gateway daemons in one process.
 
 Runs gw-a and gw-b in-process on loopback (the daemon tests' configs), sends
 ``--warmup`` transfers, then measures the process's RssAnon across ``--transfers``

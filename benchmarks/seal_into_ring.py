@@ -37,7 +37,7 @@ def _cpu_s() -> float:
 
 
 def run(variant: str, view: memoryview, segments: int) -> dict[str, Any]:
-    from wanxport import _limits  # type: ignore[attr-defined]
+    from wanxport_lab import _limits  # type: ignore[attr-defined]
 
     size = len(view)
     segment = datagram_payload(PathConfig("p", 1500), 16)

@@ -1,4 +1,4 @@
-"""A process's anonymous memory by mapping, from ``/proc/PID/smaps`` (issue 15 item 8).
+"""A process's anonymous memory by mapping, from ``/proc/PID/smaps``.
 
 RssAnon says *that* a daemon grew; the mapping says *where*, which tracemalloc cannot
 for native memory: ``[heap]`` is glibc's main arena (malloc on the main thread, which

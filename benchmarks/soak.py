@@ -1,4 +1,4 @@
-"""A long monitored run of two gateway daemons: is anything leaking? (issue 15 item 8)
+"""A long monitored run of two gateway daemons: is anything leaking?
 
 Two ``wanxport gateway`` daemons, one in each gateway namespace of a bundled
 emulated scenario (``emulation/``: namespaces plus our impairment engine, since

@@ -5,7 +5,7 @@
 Why one end: both ends of a loopback transfer share this 2-core host, so a
 second worker at one end would take its core from the other end. Here the
 measured end runs alone in this process; the other end is a C program in a
-child process (``wanxport._limits``) that costs ~0.15 CPU-s/GB:
+child process (``wanxport_lab._limits``) that costs ~0.15 CPU-s/GB:
 
 * ``send``: the data path's sending half (``NativeDatapath.send``: seal in C,
   pacer ring, the pacer's GSO sendmmsg) is fed 64-datagram data plans over all
@@ -18,7 +18,7 @@ child process (``wanxport._limits``) that costs ~0.15 CPU-s/GB:
 
 What is NOT in it: the core (``Session``: per core packet and per ACK Python,
 on the loop's thread whatever the worker count) and the shard digest. Those
-are the serial fraction; docs/results/cpu.md ("Workers") combines both.
+are the serial fraction; the loopback bench combines both.
 CPU is this process's getrusage (all threads) over the transfer; GB = 10**9
 payload bytes. ``series`` runs the variants in turn (A B A B ...).
 """
@@ -77,7 +77,7 @@ def _child(role: str, *args: str) -> subprocess.Popen[str]:
 
 def sink_main(paths: int, timeout_s: float) -> None:
     """Bind one socket per path, print the ports, drain them in C until idle; print totals."""
-    from wanxport import _limits  # type: ignore[attr-defined]
+    from wanxport_lab import _limits  # type: ignore[attr-defined]
 
     socks = []
     for _ in range(paths):
@@ -102,7 +102,7 @@ def sink_main(paths: int, timeout_s: float) -> None:
 
 def source_main(size: int, mtu: int, ports: list[int]) -> None:
     """Seal each path's share as one burst (before the clock), then on "go" send it once."""
-    from wanxport import _limits  # type: ignore[attr-defined]
+    from wanxport_lab import _limits  # type: ignore[attr-defined]
 
     paths = len(ports)
     share = size // paths

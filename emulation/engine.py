@@ -69,7 +69,7 @@ class EngineBackend:
     """Every path through one native engine; the engine thread runs until ``stop``.
 
     The engine's default release window applies: a packet leaves at most 100 us before its
-    release time, never after (docs/results/engine.md)."""
+    release time, never after."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from emulation._engine import Engine

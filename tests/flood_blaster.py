@@ -6,7 +6,7 @@ receiver's connected path sockets. It builds a seeded pool of hostile
 datagrams (random bytes, truncated headers, oversize datagrams that are
 fragmented on the way, data-plane look-alikes and real QUIC Initials from
 aioquic), waits for ``go`` on stdin, then sends the pool in a loop with the C
-``sendmmsg`` flood (``wanxport._limits.udp_flood_send``, one thread per path,
+``sendmmsg`` flood (``wanxport_lab._limits.udp_flood_send``, one thread per path,
 the GIL released) for the given seconds: the rate one core reaches is the
 rate of the flood. Prints one JSON object: what it sent and how fast.
 
@@ -25,7 +25,7 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
-from wanxport import _limits  # type: ignore[attr-defined]
+from wanxport_lab import _limits  # type: ignore[attr-defined]
 
 POOL = 512
 

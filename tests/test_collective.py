@@ -348,7 +348,9 @@ async def test_killed_peer_process_raises_naming_it_within_the_timeout(pki: Path
         with pytest.raises(CollectiveError, match="site-1") as info:
             await group.all_reduce(np.ones(1000, dtype=np.float32), timeout=8.0)
         elapsed = time.monotonic() - started
-        assert elapsed < 8.5 and info.value.site == "site-1", (elapsed, str(info.value))
+        # The call's own timeout bounds it (a hang would last the session's 30 s); the
+        # margin is the event loop's scheduling on a busy host, not a performance figure.
+        assert elapsed < 8.0 + 2.0 and info.value.site == "site-1", (elapsed, str(info.value))
     finally:
         if peer.poll() is None:
             peer.kill()

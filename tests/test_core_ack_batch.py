@@ -1,4 +1,4 @@
-"""A path's ACKs applied as one batch (``Session.receive_packets``) or one by one (issue 17).
+"""A path's ACKs applied as one batch (``Session.receive_packets``) or one by one.
 
 The batch path merges the fresh ranges of a drain's ACKs and runs the loss
 detector, the rate sample and the controller once. For ACK streams that tell

@@ -132,7 +132,7 @@ def test_a_spurious_loss_widens_both_thresholds_and_is_counted() -> None:
 def test_a_probe_timeouts_spurious_losses_are_counted_but_widen_neither_threshold() -> None:
     """A timeout that declares the whole flight lost, which then arrives, says an end stalled
     (or a queue held the ACKs), not that the path reorders: the thresholds must stay as they
-    were, or one stall slows this path's loss detection for good (docs/results/s15.md)."""
+    were, or one stall slows this path's loss detection for good."""
     loss = new_detector()
     for _ in range(10):
         send(loss, 0.0)

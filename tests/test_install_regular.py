@@ -1,6 +1,6 @@
 """A regular (non-editable) ``pip install .``: ``wanxport bench`` run inside a checkout works.
 
-Issue 13 item 10: the bench's receiver child ran ``python -m wanxport.bench.transfer``
+Why: the bench's receiver child once ran ``python -m wanxport.bench.transfer``
 with the checkout as working directory, so it imported the source tree (which has no
 built C extensions) instead of the installed package, and the transfer failed with
 "native data path unavailable". This builds the wheel from a copy of the sources

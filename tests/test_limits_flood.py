@@ -1,4 +1,4 @@
-"""``wanxport._limits.udp_flood_send``: the flood tests/test_flood_netns.py sends at one core's rate."""
+"""``wanxport_lab._limits.udp_flood_send``: the flood tests/test_flood_netns.py sends at one core's rate."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-_limits = pytest.importorskip("wanxport._limits")
+_limits = pytest.importorskip("wanxport_lab._limits")
 
 
 def test_flood_cycles_the_pool_in_order_and_counts_what_it_sent() -> None:

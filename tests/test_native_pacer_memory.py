@@ -4,7 +4,7 @@ A ring is ``capacity * slot_size`` bytes (32 MiB with the endpoint's defaults) o
 ``malloc``: pages become resident only when a slot on them is written. A path that
 queues one datagram at a time (a receiver's acknowledgements and probes) used to
 walk the whole ring, one new page per datagram, so a warm session's RssAnon grew
-for hours (the one-hour soak's receiver: ~0.3 MiB a minute, docs/results/soak.md).
+for hours (the one-hour soak's receiver: ~0.3 MiB a minute).
 A path carrying bulk data made its ring resident streak by streak, each longer run
 without the ring emptying touching pages further on: the soak's sender crept towards
 the bound for hours. Such a ring is made resident whole, once, early.

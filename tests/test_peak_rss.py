@@ -1,4 +1,4 @@
-"""A gateway's peak memory is its own, not its parent's (issue 16's flood budget).
+"""A gateway's peak memory is its own, not its parent's (the flood test's memory budget).
 
 Linux keeps the peak RSS of the image a process replaced across ``exec`` in
 ``ru_maxrss``; a gateway spawned by a pytest that had grown to 1.3 GB once

@@ -1,4 +1,4 @@
-"""The simulator drives the core with the calls the asyncio endpoint makes (issue 13, must show).
+"""The simulator drives the core with the calls the asyncio endpoint makes .
 
 A real loopback transfer (two aio Endpoints over 127.0.0.1 sockets, 2 paths,
 a few MiB, 16 datagrams per core packet) is recorded at the session boundary

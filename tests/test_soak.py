@@ -1,4 +1,4 @@
-"""benchmarks/soak.py: the long monitored run of two daemons, in short (issue 15 item 8)."""
+"""benchmarks/soak.py: the long monitored run of two daemons, in short."""
 
 from __future__ import annotations
 

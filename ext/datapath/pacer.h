@@ -10,7 +10,7 @@
  * written once, into memory that stays in cache, and read once by the kernel,
  * instead of being sealed by the producer into a ring of many megabytes that the
  * release thread (on another core) reads back later: measured, that was half of
- * the sender's sealing cost (docs/results/cpu.md).
+ * the sender's sealing cost.
  *
  * Locking: every field is guarded by mu, except the free ring entries and raw
  * slots, which a producer fills under produce_mu before publishing them under mu.

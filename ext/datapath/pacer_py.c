@@ -63,7 +63,7 @@ static int seal_run(const WxDataRun *run, size_t first, size_t n, uint8_t *out, 
         uint64_t off = (uint64_t)i * run->segment;
         /* The next datagram's plaintext, while this one is sealed: a shard read once, and the
          * seal stalled on its loads (0.40 CPU-s/GB against the AEAD limit's 0.31; with the
-         * hint the release thread went 0.61-0.63 -> 0.53-0.56, docs/results/s18.md). */
+         * hint the release thread went 0.61-0.63 -> 0.53-0.56 CPU-s/GB). */
         if (i + 1 < first + n) wx_prefetch(run->data + off + run->segment, wx_run_chunk(run, i + 1), 0);
         rc = wx_seal_data(p, out, run->conn_id, run->path_id, run->first_pn + i, run->key_phase,
                           run->shard_id, run->offset + off, run->data + off, wx_run_chunk(run, i));

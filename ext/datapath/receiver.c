@@ -349,7 +349,7 @@ static PyObject *Receiver_get_counters(Receiver *self, void *closure) {
  * (a run's datagrams carry consecutive ranges) while that datagram is being opened.
  * A shard is too large to stay in cache, so without it each copy into the shard
  * waits for its lines to be read from memory, and the next locked instruction waits
- * for those stores to drain (docs/results/s17.md). */
+ * for those stores to drain. */
 static inline __attribute__((always_inline)) void prefetch_next(const Shard *s, uint64_t from, uint64_t len) {
     uint64_t size = (uint64_t)s->view.len;
     if (from >= size) return;

@@ -2,7 +2,7 @@
  * wanxport._fec: systematic Reed-Solomon over GF(2^8) for the erasure-coded tail,
  * one call per BLOCK (k data symbols, m repair symbols), never per datagram.
  *
- * Why ISA-L (Debian libisal-dev): docs/results/fec-codes.md measured the PyPI
+ * Why ISA-L (Debian libisal-dev): benchmarks/fec_codes.py measures the PyPI
  * candidates on our block shapes; ISA-L (what pyeclib wraps) was the fastest and
  * is the only one with a plain C API, so this module calls it directly with the
  * GIL released, and the native data path could call the same functions.

@@ -1,5 +1,5 @@
 /*
- * wanxport._limits: what this machine can do at best, measured in the same run as wanxport.
+ * wanxport_lab._limits: what this machine can do at best, measured in the same run as wanxport.
  *
  * Why: a goodput or a CPU cost means little without the machine's own
  * ceilings next to it, measured minutes apart on the same (shared, noisy)
@@ -401,7 +401,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef limits_module = {
-    PyModuleDef_HEAD_INIT, .m_name = "wanxport._limits",
+    PyModuleDef_HEAD_INIT, .m_name = "wanxport_lab._limits",
     .m_doc = "The machine's ceilings for the data path's parts (AEAD, raw UDP with GSO/GRO).",
     .m_size = -1, .m_methods = methods,
 };

@@ -77,7 +77,7 @@ class EndpointConfig:
     # Receive coalescing (aio.endpoint, "receive hold-off"): a path that becomes readable
     # is drained this long later, with every other path that became readable meanwhile,
     # in one pass through the session. At WAN rates a wake-up otherwise finds one or two
-    # datagrams (docs/results/holdoff.md): the per-wake cost (epoll, recvmmsg, the Python
+    # datagrams: the per-wake cost (epoll, recvmmsg, the Python
     # around them, a session service) then dominates the CPU per byte. The endpoint holds
     # at most the session's max_ack_delay_s (5 ms by default), the delay the protocol
     # already allows an acknowledgement, and not at all once a measured path's smoothed
@@ -88,7 +88,7 @@ class EndpointConfig:
     # aio.endpoint.HOLDOFF_YIELD_S), which keeps a datagram flood from halving the goodput
     # as it did before the yield. Off by default all the same: at 1 ms it saves 9-16 % of a
     # bulk receiver's CPU and 18 % of an all-reduce rank's, but made hetero-8path 3-9 %
-    # slower in each of 4 quiet same-run pairs (docs/results/holdoff.md).
+    # slower in each of 4 quiet same-run pairs.
     receive_holdoff_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -538,8 +538,8 @@ class Endpoint:
         busy host descheduled the process, or a path waits out the receive
         hold-off) the loss and probe timeouts would fire with acknowledgements
         unread in the sockets: a probe timeout then declares a whole window lost
-        and re-sends it though it arrived (measured: two ranks per site on two
-        cores, docs/results/holdoff.md). Draining first costs one empty
+        and re-sends it though it arrived (measured with two ranks per site on two
+        cores). Draining first costs one empty
         ``recvmmsg`` per idle path and timer.
         """
         if self._held_timer is not None:

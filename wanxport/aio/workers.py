@@ -7,8 +7,8 @@ is small. So N threads, each owning ``path_id % N == index`` of the paths with
 its own sealing key context, pacer (release thread), receiver (replay windows
 for its paths only: ``Receiver.own_paths``) and receive buffer, overlap on N
 cores, while the core (``Session``) stays on the event loop's thread where all
-its decisions are made. That Python is the serial fraction (measured in
-docs/results/cpu.md, "Workers").
+its decisions are made. That Python is the serial fraction: on two cores the
+hand-offs cost more than the extra threads free, so one worker is the default.
 
 The loop hands a worker ``(plan, overtake)`` pairs through a queue, sealed
 under the key current when the core handed them out; the worker seals and

@@ -10,17 +10,20 @@ from typing import Any
 from wanxport.aio.config import MAX_WORKERS
 from wanxport.bench.limits import (
     BASELINES,
+    LAB_HINT,
+    LAB_LIMITS,
     SLICED_LIMITS,
     combine_limits,
     compare_with_limits,
     expand_baselines,
+    lab_installed,
     measure_limits,
 )
 from wanxport.units import format_rate, format_size, parse_size
 from wanxport.wire import native
 from wanxport.wire.protection import CIPHERS
 
-DEFAULT_SEGMENTS = 128  # A/Bs in docs/results/cpu.md: 64 cut CPU per GB at both ends vs 32, 128 vs 64
+DEFAULT_SEGMENTS = 128  # measured A/B: 64 cut CPU per GB at both ends vs 32, and 128 vs 64
 SHARD_TARGET_BYTES = 64 << 20
 
 
@@ -101,6 +104,12 @@ def bench_main(args: argparse.Namespace) -> int:
         if not ok:
             return _usage_error(message)
     args.baseline = expand_baselines(args.baseline)
+    if args.transport == "aioquic" and not _lab_module("wanxport_lab.aioquic_bench"):
+        return _usage_error(f"--transport aioquic is a lab baseline ({LAB_HINT})")
+    lab_only = [name for name in args.baseline if name in LAB_LIMITS]
+    if lab_only and not lab_installed():
+        print(f"wanxport bench: skipping --baseline {', '.join(lab_only)}: {LAB_HINT}", file=sys.stderr)
+        args.baseline = [name for name in args.baseline if name not in LAB_LIMITS]
     if "iperf3" in args.baseline:
         from wanxport.bench.iperf import iperf3_available
 
@@ -118,6 +127,16 @@ def bench_main(args: argparse.Namespace) -> int:
     return 0 if report["intact"] else 1
 
 
+def _lab_module(name: str) -> bool:
+    """Whether ``name``, a module of the lab side, is installed (it is optional here)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(name) is not None
+    except ImportError:  # its package is absent
+        return False
+
+
 def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
     baseline = None
     if "iperf3" in args.baseline:
@@ -126,7 +145,7 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
         baseline = run_iperf3_udp()
     limits = measure_limits(args.baseline, args.cipher, args.mtu)
     if args.transport == "aioquic":
-        from wanxport.bench.aioquic_bench import run_aioquic_bench
+        from wanxport_lab.aioquic_bench import run_aioquic_bench
 
         report = run_aioquic_bench(size, args.seed)
     elif args.pps is not None:

@@ -5,11 +5,15 @@ host can do at best, minutes apart (the machines are shared, so a figure from
 a README is stale). Each limit is the bare work of one part of the data path:
 
 * ``aead``: AES-256-GCM (or the run's cipher) sealing of MTU-sized datagrams
-  through the same OpenSSL, in C, no I/O (``wanxport._limits.aead_seal``);
+  through the same OpenSSL, in C, no I/O (``wanxport_lab._limits.aead_seal``);
 * ``digest``: the end-to-end shard digest alone (BLAKE3, ``core.digest``), and
   SHA-256 through hashlib (OpenSSL) beside it, the digest it replaced;
 * ``raw-udp``: a raw UDP blast over loopback with GSO/GRO in C, no crypto, no
   protocol, one thread each end (``udp_blast_send`` / ``udp_blast_sink``).
+
+The aead and raw-udp limits are measuring instruments in C that ship with the lab
+side (``pip install 'wanxport[emulation]'``), not with the transport a gateway host
+installs; without it they are skipped with one line saying so (``LabMissing``).
 
 CPU is each thread's own CPU clock (user + system), so it holds on a loaded
 host where wall-clock rates do not. Costs are per GB = 10**9 payload bytes.
@@ -33,15 +37,34 @@ DIGEST_CHUNK = 64 << 20  # the bench's shard size: the digest runs over whole sh
 HEADER_TAG = 32  # wanxport header (16) + AEAD tag (16): what a sealed datagram adds
 # Each limit is timed in slices, half of them before the transfer and half after. Back to
 # back in one quiet process, 128 MiB slices of sealing on a 2-core VM cost 0.44-0.78
-# CPU-s/GB: one slow slice moves a single pass by a third, and a ratio with it
-# (docs/results/s15.md). Slices on both sides average over the transfer's minutes.
+# CPU-s/GB: one slow slice moves a single pass by a third, and a ratio with it.
+# Slices on both sides average over the transfer's minutes.
 LIMIT_SLICES = 4
 
 
-def _limits() -> Any:
-    from wanxport import _limits  # type: ignore[attr-defined]
+LAB_LIMITS = ("aead", "raw-udp")
+LAB_HINT = "install the lab side: pip install 'wanxport[emulation]'"
 
+
+class LabMissing(RuntimeError):
+    """A baseline needs a measuring instrument of the lab side, which is not installed."""
+
+
+def _limits() -> Any:
+    try:
+        from wanxport_lab import _limits  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise LabMissing(f"the aead and raw-udp baselines need wanxport_lab._limits ({LAB_HINT})") from exc
     return _limits
+
+
+def lab_installed() -> bool:
+    """Whether the lab side's measuring instruments can be imported here."""
+    try:
+        _limits()
+    except LabMissing:
+        return False
+    return True
 
 
 def aead_limit(cipher: str = "aes-256-gcm", datagram_bytes: int = 1472,
@@ -178,7 +201,7 @@ def measure_limits(names: list[str], cipher: str, mtu: int) -> dict[str, Any]:
 
 
 def compare_with_limits(report: dict[str, Any], limits: dict[str, Any]) -> None:
-    """Add the ratios the issue asks for: each end's CPU per GB against AEAD + digest,
+    """Add the ratios against the limits: each end's CPU per GB against AEAD + digest,
     goodput against the raw UDP blast. Only what both sides of a ratio were measured for."""
     report["limits"] = limits
     cpu = report.get("cpu_s_per_gb")

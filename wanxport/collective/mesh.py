@@ -38,9 +38,9 @@ CONTROL_TIMEOUT_S = 10.0
 # A group's sessions cross WAN paths (tens of ms), where a delayed ACK of a few ms costs
 # no window. At the gateway's 1 ms the emulated all-reduce sent 1.5x the acknowledgements
 # (Python work at both ends of each) and RTT samples kept more of the delay of busy
-# sites: 11.0 s -> 6.3 s per 64 MiB step in one A/B (docs/results/collective.md). 10 ms
-# and 64 datagrams per core packet (an ACK per 64 datagrams, half the per-packet Python
-# of the gateway's 32) cut a rank's CPU per step by another ~15-25 % (Session 6 there).
+# sites: 11.0 s -> 6.3 s per 64 MiB step, measured A/B. 10 ms and 64 datagrams per
+# core packet (an ACK per 64 datagrams, half the per-packet Python of the gateway's 32)
+# cut a rank's CPU per step by another ~15-25 %.
 ACK_DELAY_S = 0.010
 SEGMENTS = 64
 

@@ -1,8 +1,8 @@
 """Message buffers reused from one collective to the next: received (per link) and sent.
 
 A fresh 64 MiB ``np.empty`` per message is 16k page faults and 64 MiB of page zeroing
-by the kernel at every step (about half a receiver's CPU in ``wanxport bench``, see
-docs/results/cpu.md). Training steps repeat the same sizes, so a link keeps the buffers
+by the kernel at every step (about half a receiver's CPU in ``wanxport bench``
+measures it so). Training steps repeat the same sizes, so a link keeps the buffers
 of finished collectives and hands one of the same size to the data plane for the next
 message. A buffer goes back only when the group says the collective it belonged to is
 over (``release``): results never alias message buffers (sums, decodes and gathers

@@ -4,7 +4,7 @@ Every shard byte is hashed once at each end (the sender before it announces
 the shard, the receiver as it arrives), so the digest's cost is paid per byte
 like the AEAD. On this project's 2-core test host SHA-256 costs 1.03 CPU-s/GB
 and BLAKE3 0.31 CPU-s/GB on one thread (``wanxport bench --baseline digest``
-measures the rate in each run; docs/results/cpu.md has the A/B). BLAKE3 keeps
+measures the rate in each run). BLAKE3 keeps
 the guarantee the digest gives: a 256-bit cryptographic hash with 128-bit
 collision resistance, as SHA-256 has. The ``blake3`` package releases the GIL
 for large inputs, so hashing in worker threads runs beside the event loop.

@@ -38,7 +38,8 @@ from wanxport.wire.frames import DATA_OVERHEAD, RepairFrame
 # P(a step's tail needs a retransmission round trip anyway), split over its blocks.
 FAILURE_TARGET = 0.01
 MAX_REPAIR_PER_BLOCK = 48
-# Repair bytes at most this share of the new data sent (issue 18: <= 3 % of the payload).
+# Repair bytes at most this share of the new data sent: the tail's cover costs at most
+# 3 % of the payload on a clean run.
 REPAIR_SHARE = 0.03
 # A path's loss estimate before it has history: one loss in this many datagrams, as
 # if observed (a prior that fades as datagrams are counted).

@@ -4,7 +4,7 @@ Why a module of its own: the sender (``core.fec``), the receiver
 (``core.fec_receive``) and the tests must agree on exactly one definition of a
 block, its symbols and the code. A block covers ``length`` bytes of a shard as
 ``k`` symbols of ``symbol`` bytes (the last zero-padded); ``wanxport._fec``
-(ISA-L, chosen by measurement: docs/results/fec-codes.md) encodes and rebuilds
+(ISA-L, the fastest of the candidates on these block shapes, ``benchmarks/fec_codes.py``) encodes and rebuilds
 whole blocks in C, one call per block, never per datagram.
 """
 

@@ -4,7 +4,7 @@ The core's work is per core packet (numbering, the sent-packet record, the ACK
 that covers it, the controller's update) and costs tens of microseconds of
 Python at each end whatever the packet holds. A packet sized for a 100 Mb/s
 route is 0.2 ms of a 6 Gb/s host's traffic, so on fast paths that work, not
-the bytes, bounded the host (docs/results/s17.md). A path's packet therefore
+the bytes, bounded the host. A path's packet therefore
 grows, in powers of two of the configured one (``SessionConfig.chunk_bytes``),
 while its measured bandwidth fills it within ``budget_s``; it never grows in
 Startup, where the rate is still a guess, and it shrinks back when the

@@ -69,7 +69,7 @@ class LossDetector:
         self._recently_lost_pns: list[int] = []  # the same packet numbers, sorted (for ranges)
         # Those of them declared lost by a probe timeout (declare_all_lost), not by the thresholds.
         # hetero-8path on a saturated 2-core host: each timeout on its 20 ms path, all spurious,
-        # took the time threshold from 9/8 to 4 RTTs for the rest of the run (docs/results/s15.md).
+        # took the time threshold from 9/8 to 4 RTTs for the rest of the run.
         self._timed_out: set[int] = set()
         self.packets_sent = 0
         self.bytes_sent = 0

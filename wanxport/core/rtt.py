@@ -24,7 +24,7 @@ GRANULARITY_S = 0.001
 #: Floor of the probe timeout itself, as Linux floors its tail-loss probe (TCP_TIMEOUT_MIN).
 #: On a sub-millisecond path the RFC's timeout is a few milliseconds, shorter than the
 #: stalls of a busy host's scheduler: a loopback transfer on two cores timed out 30-80
-#: times per GiB, each declaring a healthy path's whole flight lost (docs/results/s16.md).
+#: times per GiB, each declaring a healthy path's whole flight lost.
 #: A path of 5 ms or more round trip has a longer timeout anyway.
 MIN_PTO_S = 0.010
 #: Window of ``min_recent_s``; BBR's min-RTT filter length.

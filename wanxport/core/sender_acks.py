@@ -9,7 +9,7 @@ It takes the ACKs of one path *in batches*: a drain of a sender's sockets
 holds a path's ACKs back to back (about 1.25 a drain on loopback at 128
 datagrams a core packet), and each ACK cost a translation, a loss-detector
 pass, a rate sample and a controller update (~140 us of the sender's loop,
-issue 17). Applied together, they cost one of each; what they acknowledge is
+measured on loopback). Applied together, they cost one of each; what they acknowledge is
 the same, as if only the newest had arrived carrying everything the older
 ones did (``WireNumbering.translate_fresh``).
 """

@@ -279,8 +279,7 @@ class Transmitter:
         taking it out made a coupled session take 63 % of a link it shares with one TCP
         BBR flow instead of at most 55 %, tests/test_sim_fairness.py). Growth must not add
         to it: a 1.5 MB packet on a loopback path added 1.7 ms of its own, the minimum RTT
-        read 2.5-4.9 ms instead of 0.5-1.4, and windows and socket queues grew to match
-        (docs/results/s16.md).
+        read 2.5-4.9 ms instead of 0.5-1.4, and windows and socket queues grew to match.
         """
         sizer = path.sizer
         if sizer is None or transmit.count <= 1 or path.pacing_rate_bps <= 0.0:
@@ -321,7 +320,7 @@ class Transmitter:
         # to a horizon plus a core packet at our rate on that path: the peer's RTT grew
         # with our slowness, its window then held its rate down, which delayed its
         # acknowledgements of our data in turn -- a spiral that took emulated
-        # all-reduce paths to 1-2 Mb/s and second-long RTTs (docs/results/collective.md).
+        # all-reduce paths to 1-2 Mb/s and second-long RTTs.
         # The peer's gap rule skips numbers such a packet took (``AckTracker``).
         if not overtake:
             if not_before < path.last_departure_at:

@@ -16,7 +16,7 @@ state (the gateway daemon) — in the spirit of draft-ietf-tsvwg-careful-resume:
   smoothed RTT (which already holds the queueing the path had) and beyond the
   variation the path showed (smoothed RTT + 4 x RTT variation, the span RFC
   9002's probe timeout allows), is another route whose capacity nothing here
-  measured. Two sessions sharing a bottleneck (issue 14's two ranks a site)
+  measured. Two sessions sharing a bottleneck (two all-reduce ranks a site)
   start each step into each other's queue: their first samples ran to 1.2-2.1 x
   the smoothed RTT, and without the variation term a quarter of the step
   starts "rerouted" back into Startup;
@@ -34,7 +34,7 @@ state (the gateway daemon) — in the spirit of draft-ietf-tsvwg-careful-resume:
   was late by a fraction of a round trip empties a fast path that way. On
   loopback 4 paths went idle ~250 times per GiB for a median 0.15 ms, and one
   RTT sample each, read against an RTT that the host's load moved by more than
-  20 %, "rerouted" half of them back into Startup (docs/results/s18.md).
+  20 %, "rerouted" half of them back into Startup.
 
 Time is an argument; nothing here reads a clock.
 """

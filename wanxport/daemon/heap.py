@@ -6,7 +6,7 @@ top. Free pages between live chunks stay resident, so over a warm daemon's life 
 heap's resident size ratchets up while what it holds does not grow: heaptrack on
 ``benchmarks/leak.py`` (100 transfers of 32 MiB) shows the live heap flat within
 72 KB, while ``[heap]`` in smaps grew 452 KiB; with ``malloc_trim(0)`` before each
-reading it grew 36 KiB (docs/results/soak.md, third pass). ``malloc_trim(0)`` also
+reading it grew 36 KiB. ``malloc_trim(0)`` also
 releases whole free pages inside the heap, so calling it now and then keeps the
 daemon's anonymous memory at what it uses. A minute is rare enough to cost nothing
 measurable (a walk of a heap of ~12 MiB) and often enough that the ratchet never

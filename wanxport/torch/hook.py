@@ -60,7 +60,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 #: A bucket is pipelined in chunks of about this many bytes (see the module docstring).
 #: Measured over the emulated allreduce-4route WAN, 64 MiB, 2 ranks per site: 4 MiB
 #: gave efficiency 0.72-0.79, 2 MiB 0.69-0.74, 8 MiB 0.66-0.69, 1 MiB 0.63 (more CPU per
-#: call), unchunked 0.58-0.61 (docs/results/collective.md).
+#: call), unchunked 0.58-0.61.
 DEFAULT_CHUNK_BYTES = 4 << 20
 
 

@@ -5,7 +5,7 @@ it shares: its paths are coupled, and its minimum RTT is held.
 
 Coupling. A session whose k paths all cross the same link runs k controllers, and
 k uncoupled BBR flows take k shares of that link from a neighbour
-(``2path-vs-cubic`` in docs/results/fairness.md). MPTCP's coupled controllers (RFC 6356 LIA, OLIA,
+(``benchmarks/fairness.py``, ``2path-vs-cubic``). MPTCP's coupled controllers (RFC 6356 LIA, OLIA,
 BALIA) cure this for window-growth controllers by sharing one increase
 budget among subflows; BBR has no increase rule, so the budget shared here is
 what gives BBR its share against other flows: how hard it probes (the 1.25
@@ -32,8 +32,8 @@ that sample includes the neighbour's queue: the "base" RTT jumps, the window
 (2 x bandwidth x min RTT) doubles, and since wanxport counts loss as
 congestion only above a queue measured from that base, the losses stop
 counting too: next to a CUBIC flow a session that had held half of a link
-took most of it within seconds of the expiry (``vs-cubic`` in
-docs/results/fairness.md). On shared links the lifetime minimum is
+took most of it within seconds of the expiry (``benchmarks/fairness.py``,
+``vs-cubic``). On shared links the lifetime minimum is
 kept instead. The price: after a route change to a longer RTT the session
 reads a standing queue, counts its random losses as congestion and runs
 below its share — the safe failure next to other people's traffic.

@@ -3,7 +3,7 @@
 Why: a gateway's checkpoint copies share the long-haul paths with the
 training step's exchange, which waits for its last byte. A background
 transfer must use the capacity nobody else wants and give it back within a
-round trip or two when someone does (issue 15 item 9). LEDBAT (RFC 6817) does
+round trip or two when someone does. LEDBAT (RFC 6817) does
 exactly that: it aims at a small *target queueing delay* and shrinks its
 window when the measured queueing delay exceeds it. This is LEDBAT in the
 LEDBAT++ form (draft-irtf-iccrg-ledbat-plus-plus), on round-trip times
