@@ -16,11 +16,11 @@ from wanxport.bench.limits import (
     expand_baselines,
     measure_limits,
 )
+from wanxport.presets import GATEWAY
 from wanxport.units import format_rate, format_size, parse_size
 from wanxport.wire import native
 from wanxport.wire.protection import CIPHERS
 
-DEFAULT_SEGMENTS = 128  # A/Bs in docs/results/cpu.md: 64 cut CPU per GB at both ends vs 32, 128 vs 64
 SHARD_TARGET_BYTES = 64 << 20
 
 
@@ -34,8 +34,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cipher", choices=CIPHERS, default="aes-256-gcm")
     parser.add_argument("--python-datapath", action="store_true",
                         help="use the pure-Python data path instead of the native one")
-    parser.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS,
-                        help="datagrams per core packet (segmentation below the core)")
+    parser.add_argument("--segments", type=int, default=GATEWAY.segments,
+                        help="datagrams per core packet (segmentation below the core; default: the "
+                             f"gateway preset's, {GATEWAY.segments}; another value is reported as "
+                             "an override)")
     parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
     parser.add_argument("--pacer-burst-us", type=float, default=500.0,
                         help="the native pacer sends what falls due within this window at once "
@@ -45,8 +47,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "endpoint's, 0)")
     parser.add_argument("--ack-every", type=int, default=None,
                         help="the receiver acknowledges every N datagrams (default: --segments)")
-    parser.add_argument("--ack-delay-ms", type=float, default=1.0,
-                        help="... or within this delay (default 1)")
+    parser.add_argument("--ack-delay-ms", type=float, default=GATEWAY.ack_delay_s * 1000,
+                        help=f"... or within this delay (default: the preset's, "
+                             f"{GATEWAY.ack_delay_s * 1000:g})")
     parser.add_argument("--fresh-buffers", action="store_true",
                         help="receive into untouched memory and send from untouched pacer rings (a "
                              "first step: the kernel zeroes each page on first write) instead of "
