@@ -24,6 +24,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +118,10 @@ def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
 
 
 def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
-         deadline_s: float | None, wall_start: float, fec: str = "auto") -> dict[str, Any]:
+         deadline_s: float | None, wall_start: float, fec: str = "auto", *,
+         on_go: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One run on an emulation that is up. ``on_go`` runs once every program is set up,
+    just before the transfer starts (a test's disturbance that must meet the transfer)."""
     size = scenario.transfer.size_bytes
     transfer = scenario.transfer
     ideal = ideal_time_s(scenario)
@@ -157,6 +161,8 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
             programs.append(senders[-1])
         for sender in senders:
             _setup(sender, "ready")
+        if on_go is not None:
+            on_go()
         emu.start_events()
         t_go = time.monotonic()
         for sender in senders:

@@ -133,6 +133,12 @@ def test_wanxport_uses_every_path_and_reports_a_timeline(two_paths: Scenario) ->
     assert {e["path"] for e in report["timeline"]} == {"p1", "p2"}
     assert sum(e["bytes"] for e in report["timeline"]) == sum(
         p["payload_bytes"] for p in report["paths"])
+    # The shipped API: mutual TLS over the QUIC control channel with the run's certificates
+    # (the receiver verified the sender's), the gateway preset unchanged, and one clock from
+    # the send call (its digests inside) to the last byte verified, the verdict after it.
+    assert report["control"] == "quic" and report["peers"] == ["a"]
+    assert report["preset"] == "gateway" and report["preset_overrides"] == {}
+    assert 0 < report["digest_s"] < report["completion_s"] <= report["verdict_s"]
 
 
 def test_run_cli_prints_one_report(tmp_path: Path) -> None:
