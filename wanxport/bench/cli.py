@@ -172,6 +172,10 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"({datapath} data path, {report['cipher']}): {report['completion_s']:.3f} s, "
               f"goodput {format_rate(report['goodput_bps'])}, intact {report['intact']}, "
               f"{report['datagrams_rejected']} datagrams rejected")
+        if "digest_s" in report:
+            print(f"clock from the first shard digest: digests {report['digest_s']:.3f} s of it, "
+                  f"verdict at {report['verdict_s']:.3f} s; preset {report['preset']}"
+                  + (f" with {report['preset_overrides']}" if report["preset_overrides"] else ""))
     if "cpu_s_per_gb" in report:
         cpu = report["cpu_s_per_gb"]
         print(f"CPU per GB: sender {cpu['sender']:.3f} s, receiver {cpu['receiver']:.3f} s")
