@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from wanxport.collective import join  # noqa: E402
 from wanxport.collective.mesh import default_options  # noqa: E402
 from wanxport.control.certs import make_test_pki  # noqa: E402
+from wanxport.report import step_summary  # noqa: E402
 from wanxport.units import parse_size  # noqa: E402
 
 NAMES = ["site-0", "site-1"]
@@ -95,7 +96,9 @@ async def site(index: int, pki: Path, paths: list[str], size: int, steps: int,
 
     def r(xs: list[float]) -> list[float]:
         return [round(x, 3) for x in xs]
-    return {"site": index, "pid": os.getpid(), "step_s": r(walls), "cpu_s": r(cpus),
+    # first_step_s, then mean (what a job pays), p90, worst and median of steps 2..N
+    figures = {k: v for k, v in step_summary(walls).items() if k != "step_s"}
+    return {"site": index, "pid": os.getpid(), "step_s": r(walls), **figures, "cpu_s": r(cpus),
             "runqueue_wait_s": r(waits), "loop_cpu_s": r(loop_cpu), "loop_runqueue_s": r(loop_wait),
             "loop_blocked_s": r(blocked), "load": os.getloadavg()[0]}
 

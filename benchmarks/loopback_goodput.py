@@ -2,7 +2,10 @@
 
 Runs ``wanxport bench`` (native data path, AES-256-GCM, BBR) a few times, each
 with its own iperf3 UDP baseline (1472-byte datagrams) just before it, and
-prints one line per run plus the median ratio. Usage:
+prints one line per run plus the median ratio. The clock is the report's
+(``completion_s``: from the sender's first shard digest to the last byte verified at
+the receiver); each line shows the digests' share and when the sender held the
+verdict. Usage:
 
     PYTHONPATH=. .venv/bin/python benchmarks/loopback_goodput.py [--size 1GiB] [--paths 4] [--runs 3]
 """
@@ -38,7 +41,8 @@ def main() -> int:
         ratios.append(ratio)
         lost = sum(p["packets_lost"] for p in r["paths"])
         print(f"run {run}: wanxport {r['goodput_bps'] / 1e9:.2f} Gb/s in {r['completion_s']:.2f} s "
-              f"(intact {r['intact']}, core packets lost {lost}), iperf3 -u "
+              f"(digests {r['digest_s']:.2f} s of it, verdict at {r['verdict_s']:.2f} s; "
+              f"intact {r['intact']}, core packets lost {lost}), iperf3 -u "
               f"{r['baseline_iperf3_udp_bps'] / 1e9:.2f} Gb/s received -> ratio {ratio:.2f}")
     if ratios:
         print(f"median ratio {statistics.median(ratios):.2f} over {len(ratios)} runs")

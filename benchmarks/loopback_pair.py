@@ -8,6 +8,7 @@ pair; the pair, the moving and the arguments are the same, so they live here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 from collections.abc import Iterable
@@ -16,12 +17,27 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes  # noqa: E402
+from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket  # noqa: E402
 from wanxport.aio.endpoint import Endpoint  # noqa: E402
-from wanxport.core.config import PathConfig, SessionConfig  # noqa: E402
+from wanxport.core.config import SessionConfig  # noqa: E402
+from wanxport.presets import GATEWAY, overrides, session_config  # noqa: E402
 from wanxport.units import parse_size  # noqa: E402
 
-SEGMENTS = 16  # datagrams per core packet
+# Datagrams per core packet: fewer than the gateway preset's, so a path's pacer ring sees
+# more, smaller hand-overs (what pacer_headroom watches). Each benchmark prints the
+# difference from the preset (pair_overrides).
+SEGMENTS = 16
+PAIR_PRESET = dataclasses.replace(GATEWAY, segments=SEGMENTS)
+
+
+def pair_config(**session_options: Any) -> SessionConfig:
+    """The pair's session: the gateway preset with ``SEGMENTS``, then ``session_options``."""
+    return dataclasses.replace(session_config(["p0", "p1"], PAIR_PRESET), **session_options)
+
+
+def pair_overrides(**session_options: Any) -> dict[str, Any]:
+    """How the pair's session differs from the gateway preset users run."""
+    return overrides(GATEWAY, pair_config(**session_options), session_config(["p0", "p1"], GATEWAY))
 
 
 def endpoints(**session_options: Any) -> tuple[Endpoint, Endpoint]:
@@ -29,9 +45,8 @@ def endpoints(**session_options: Any) -> tuple[Endpoint, Endpoint]:
     rng = random.Random(1)
     forward = DirectionKey("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))
     backward = DirectionKey("aes-256-gcm", rng.randbytes(32), rng.randbytes(12))
-    paths = (PathConfig("p0"), PathConfig("p1"))
-    session = SessionConfig(paths=paths, chunk_bytes=offload_chunk_bytes(paths, SEGMENTS), **session_options)
-    sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in paths)
+    session = pair_config(**session_options)
+    sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in session.paths)
     a = Endpoint(EndpointConfig(session, sockets, forward, backward, 1, 2, datapath="native"))
     b = Endpoint(EndpointConfig(session, sockets, backward, forward, 2, 1, datapath="native"))
     a.connect(b.local_addresses)

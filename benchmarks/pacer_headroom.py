@@ -22,14 +22,14 @@ import random
 import statistics
 import sys
 
-from loopback_pair import SEGMENTS, endpoints, move_shards, positive_size
+from loopback_pair import SEGMENTS, endpoints, move_shards, pair_overrides, positive_size
 
 import wanxport.aio.endpoint as endpoint_module
 
 
 async def ring_depths(size: int, headroom: float) -> list[int]:
     endpoint_module.PACER_HEADROOM = headroom  # read when an endpoint is built
-    a, b = endpoints(max_ack_delay_s=0.001)
+    a, b = endpoints()
     pacer = a.datapath.pacer
     depths: list[int] = []
     set_rate = a.datapath.set_rate
@@ -50,6 +50,7 @@ def main() -> int:
     args = parser.parse_args()
     size = positive_size(parser, args.size, args.runs, "--runs")
     configured = endpoint_module.PACER_HEADROOM
+    print(f"session: the gateway preset with {pair_overrides()}")
     print(f"ring depth (datagrams; a core packet is {SEGMENTS}) when the core hands a path more, "
           f"{args.runs} runs of {size} bytes")
     for headroom in (configured, 0.8):

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from wanxport.core import shards  # noqa: E402
-from wanxport.core.config import PathConfig, SessionConfig  # noqa: E402
+from wanxport.core.config import PathConfig, datagram_payload  # noqa: E402
 from wanxport.scenario import Scenario, load_scenario  # noqa: E402
 from wanxport.sim.runner import SimOptions, simulate  # noqa: E402
 
@@ -32,8 +32,7 @@ from wanxport.sim.runner import SimOptions, simulate  # noqa: E402
 def payload_share(scenario: Scenario, path_index: int) -> float:
     """Payload bytes per IP byte of a full DATA datagram on this path (links count IP bytes)."""
     mtu = scenario.paths[path_index].forward.mtu
-    config = SessionConfig(paths=(PathConfig("p", mtu),))
-    return config.data_payload(config.paths[0]) / mtu
+    return datagram_payload(PathConfig("p", mtu), tag_bytes=16) / mtu
 
 
 def capacity_Bps(scenario: Scenario, t_s: float) -> float:

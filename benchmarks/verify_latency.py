@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from loopback_pair import endpoints, move_shards, positive_size
+from loopback_pair import endpoints, move_shards, pair_overrides, positive_size
 
 from wanxport.core.events import ShardFilled
 
@@ -59,6 +59,7 @@ def main() -> int:
         start = time.perf_counter()
         hashlib.sha256(blob).digest()
         hashes.append(time.perf_counter() - start)
+    print(f"session: the gateway preset with {pair_overrides()}")
     print(f"{args.shards} shards of {size} bytes over loopback")
     print(f"  last byte -> verdict (incremental hashing): median {statistics.median(waits) * 1e3:.1f} ms, "
           f"max {max(waits) * 1e3:.1f} ms")

@@ -6,11 +6,13 @@ flat gloo world), says "go" to all of them at once and collects each rank's step
 times and verdicts. One run report v1 (``workload: "allreduce"``): ``step_s`` is,
 per step, the last rank's end minus the first rank's start (every step starts after
 a barrier, and ranks check their results after another, both untimed),
-``steady_step_s`` the median of steps 2..N, ``ideal_s`` the
-scenario's ``direction = "both"`` ideal for SIZE (the bytes an all-reduce between two
-sites must move each way, whatever R and the compression), ``efficiency`` =
-ideal / steady. ``correct``: every rank's every result within its check
-(allreduce_app) and all ranks' results identical at every step.
+the step figures of ``wanxport.report.step_summary`` (``mean_step_s`` over steps
+2..N, with ``first_step_s``, ``p90_step_s``, ``worst_step_s`` and the median
+``steady_step_s``), ``ideal_s`` the scenario's ``direction = "both"`` ideal for SIZE
+(the bytes an all-reduce between two sites must move each way, whatever R and the
+compression), ``efficiency`` = ideal / mean step (with one step: ideal / its time).
+``correct``: every rank's every result within its check (allreduce_app) and all ranks'
+results identical at every step.
 
 Bytes per path: wanxport's own per-path payload counters (``payload_bytes_a_to_b`` /
 ``_b_to_a``, retransmissions included), and for both comms the gateway interfaces'
@@ -29,7 +31,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ from emulation.baselines import netconfig
 from emulation.baselines.programs import Program
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
-from wanxport.report import PathReport, build_report
+from wanxport.presets import COLLECTIVE
+from wanxport.report import PathReport, build_report, step_summary
 from wanxport.scenario import Scenario, ideal_time_s
 
 log = logging.getLogger(__name__)
@@ -241,8 +243,6 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
               for k in range(n_steps)]
     identical = all(len({d["digests"][k] for d in done}) == 1 for k in range(n_steps))
     correct = not errors and n_steps == options.steps and identical and all(d["correct"] for d in done)
-    steady = statistics.median(step_s[1:]) if len(step_s) > 1 else (step_s[0] if step_s else float("nan"))
-    worst = max(step_s[1:]) if len(step_s) > 1 else steady
     wire = {side: [b - a for a, b in zip(before[side], after[side], strict=True)] for side in before}
     payload = {"a": [0] * len(emu.paths), "b": [0] * len(emu.paths)}
     retrans = [0] * len(emu.paths)
@@ -275,9 +275,10 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         wall_s=time.perf_counter() - wall_start, paths=paths, delivered_bytes=moved if correct else 0,
         workload="allreduce", comm=options.comm, ranks_per_site=ranks,
         compress=None if options.compress == "none" else options.compress, size_bytes=options.size_bytes,
-        steps=options.steps, step_s=[round(s, 4) for s in step_s],
-        first_step_s=round(step_s[0], 4) if step_s else None, steady_step_s=round(steady, 4),
-        worst_step_s=round(worst, 4), correct=correct, identical_across_ranks=identical,
+        steps=options.steps, step_s=step_s,
+        **({} if options.steps > 1 else {"steps": 1, **step_summary(step_s)}),
+        correct=correct, identical_across_ranks=identical,
+        preset=COLLECTIVE.name if options.comm == "wanxport" else None,  # wanxport.collective's default
         worst_error_ratio=max(d["worst_error_ratio"] for d in done),
         cross_site_wire_bytes=sum(wire["a"]) + sum(wire["b"]),
         rank_cpu_s=[d.get("cpu_s") for d in done], rank_step_cpu_s=[d.get("step_cpu_s") for d in done],
@@ -285,7 +286,6 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
         cc=cc if options.comm == "gloo" else "bbr", backend=emu.backend, settings=settings, errors=errors)
-    report["efficiency"] = round(ideal / steady, 4) if steady and steady == steady else None
     return report
 
 
@@ -296,14 +296,19 @@ def summary(report: dict[str, Any]) -> str:
     lines = [f"{report['scenario']}: allreduce {format_size(report['size_bytes'])} "
              f"x {report['steps']} steps, "
              f"{report['comm']} R={report['ranks_per_site']} compress={report['compress']}",
-             f"first {report['first_step_s']:.3f} s, steady {report['steady_step_s']:.3f} s, worst "
-             f"{report['worst_step_s']:.3f} s, ideal {report['ideal_s']:.3f} s -> efficiency "
-             f"{report['efficiency']}   correct {'yes' if report['correct'] else 'NO'}"]
+             f"first {_s(report['first_step_s'])}, mean {_s(report['mean_step_s'])}, p90 "
+             f"{_s(report['p90_step_s'])}, worst {_s(report['worst_step_s'])}, ideal "
+             f"{report['ideal_s']:.3f} s -> efficiency {report['efficiency']}   "
+             f"correct {'yes' if report['correct'] else 'NO'}"]
     for p in report["paths"]:
         lines.append(f"  {p['name']:<8} wire a->b {format_size(p['wire_bytes_a_to_b']):>10}  "
                      f"b->a {format_size(p['wire_bytes_b_to_a']):>10}  {p['state']}")
     lines.extend(f"  error: {e}" for e in report["errors"])
     return "\n".join(lines)
+
+
+def _s(value: float | None) -> str:
+    return f"{value:.3f} s" if value is not None else "-"
 
 
 def main_allreduce(args: Any) -> int:

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from wanxport.aio import endpoint as endpoint_module
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
+from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Endpoint
 from wanxport.aio.verify import ShardHasher
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.digest import shard_digest
 from wanxport.core.stats import PathStats
+from wanxport.presets import offload_chunk_bytes
 from wanxport.wire import native
 from wanxport.wire.datapath import PacketSealer
 from wanxport.wire.frames import ProbeFrame

@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
+from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Endpoint
 from wanxport.aio.port import PathPort
 from wanxport.aio.workers import owned_paths
 from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.presets import offload_chunk_bytes
 from wanxport.wire import native
 from wanxport.wire.header import encode_header
 

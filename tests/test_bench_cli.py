@@ -106,3 +106,32 @@ def test_the_receivers_start_limit_covers_touching_its_buffers() -> None:
     # 8 GiB took over 20 s to zero on a 2-core VM; the fixed 30 s failed such runs.
     assert child_start_timeout_s(spec(8 << 30)) >= CHILD_START_TIMEOUT_S + 40
     assert child_start_timeout_s(spec(8 << 30, fresh=True)) == CHILD_START_TIMEOUT_S
+
+
+DIGEST_DELAY_S = 0.2  # each shard digest at least this long: far above the noise of the clock
+
+
+@needs_native
+def test_the_clock_starts_before_the_shard_digests(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The API hashes a shard inside ``send``, so the bench's clock must cover its digests:
+    with digests made slow on purpose, completion holds their time and reports it."""
+    import time
+
+    from wanxport.bench import transfer
+
+    real = transfer.shard_digest
+
+    def slow_digest(data: memoryview) -> bytes:
+        time.sleep(DIGEST_DELAY_S)  # a stand-in for a slow hash, not a synchronisation
+        return real(data)
+
+    monkeypatch.setattr(transfer, "shard_digest", slow_digest)
+    status, report = run(capsys, "--paths", "1", "--size", "1MiB", "--shards", "2")
+    assert status == 0 and report["intact"] is True
+    digest_s, completion_s, verdict_s = report["digest_s"], report["completion_s"], report["verdict_s"]
+    assert isinstance(digest_s, float) and isinstance(completion_s, float) and isinstance(verdict_s, float)
+    assert digest_s >= 2 * DIGEST_DELAY_S
+    assert completion_s > digest_s  # the digests, then the transfer, on one clock
+    assert verdict_s > digest_s
+    assert report["preset"] == "gateway" and report["preset_overrides"] == {}

@@ -103,7 +103,7 @@ def test_steps_flag_overrides_the_file_and_reports_steps(scenario: Path) -> None
     report = json.loads(result.stdout)
     assert report["steps"] == 3 and len(report["step_s"]) == 3 and report["think_ms"] == 20.0
     assert report["payload_bytes"] == 3 * 128 * 1024
-    assert report["efficiency"] == pytest.approx(report["ideal_s"] / report["steady_step_s"], rel=1e-4)
+    assert report["efficiency"] == pytest.approx(report["ideal_s"] / report["mean_step_s"], rel=1e-4)
     human = wanxport("sim", str(scenario), "--size", "128KiB", "--steps", "3")
     assert human.returncode == 0 and "steps    3: first" in human.stdout
 

@@ -11,8 +11,8 @@ import pytest
 from collective_helpers import close_all, join_all, make_pki
 
 from wanxport.collective import CollectiveError, Group, error_bound, part_bounds
-from wanxport.collective.mesh import ACK_DELAY_S, SEGMENTS
 from wanxport.gateway.config import GatewayOptions
+from wanxport.presets import COLLECTIVE
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -230,8 +230,8 @@ async def test_group_sessions_acknowledge_at_the_wan_delay_on_both_sides(pki: Pa
     groups = await join_all(pki, 2)
     try:
         configs = [link.session.endpoint.config.session for g in groups for link in g.links.values()]
-        assert [c.max_ack_delay_s for c in configs] == [ACK_DELAY_S, ACK_DELAY_S]
-        assert [c.ack_threshold for c in configs] == [SEGMENTS, SEGMENTS]  # an ACK per core packet
+        assert [c.max_ack_delay_s for c in configs] == [COLLECTIVE.ack_delay_s] * 2
+        assert [c.ack_threshold for c in configs] == [COLLECTIVE.segments] * 2  # an ACK per core packet
         assert GatewayOptions().ack_delay_s == 0.001  # the gateway's own default is unchanged
     finally:
         await close_all(groups)

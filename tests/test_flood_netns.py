@@ -3,8 +3,9 @@
 Over an emulated two-path scenario capped well below one core's worth
 (``clean-2path`` at 2 x 40 Mb/s, 48 MiB: a few seconds), the same transfer runs
 twice on the same emulation: unflooded, then with an attacker namespace pinned
-to one core that spoofs the sender gateway (the sender's addresses and ports)
-and floods the receiver's ports with a pool of random, truncated, oversize
+to one core that spoofs the sender gateway's addresses and, from the moment the
+transfer starts (the gateways' QUIC session setup on those ports is done), floods
+the receiver's ports with a pool of random, truncated, oversize
 and data-plane look-alike datagrams and real QUIC Initials
 (``tests/flood_blaster.py``, the C ``sendmmsg`` loop of ``wanxport_lab._limits``:
 its rate is the highest that one core reaches, measured in this run).
@@ -31,7 +32,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -153,20 +153,6 @@ class Attacker:
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
 
-def bound_ports(ns: str) -> set[int]:
-    """UDP ports bound in a namespace now."""
-    rows = sh("ip", "netns", "exec", ns, "cat", "/proc/net/udp").splitlines()[1:]
-    return {int(row.split()[1].rsplit(":", 1)[1], 16) for row in rows}
-
-
-def go_when_listening(attacker: Attacker, ns_b: str, ports: list[int], stop: threading.Event) -> None:
-    """Release the flood once the receiver's path sockets exist (the run starts them)."""
-    while not stop.is_set() and not set(ports) <= bound_ports(ns_b):
-        stop.wait(0.02)
-    if not stop.is_set():
-        attacker.go()
-
-
 def receiver_diag(report: dict[str, Any]) -> dict[str, Any]:
     return dict(report["diagnostics"][0]["receiver"])
 
@@ -199,14 +185,9 @@ def test_flood_at_native_rate_while_transferring() -> None:
             (emu.plan.ns_b, [p.gw_ifname for p in emu.plan.paths])
         snmp0, softnet0, forwarded0 = ns_snmp(emu.plan.ns_b), softnet_dropped(), attacker.forwarded()
         links0 = sum(link_drops(ns, names) for ns, names in links)
-        stop = threading.Event()
-        trigger = threading.Thread(target=go_when_listening, args=(attacker, emu.plan.ns_b, ports, stop))
-        trigger.start()
-        try:
-            flooded = _run(emu, scenario, "wanxport", "bbr", None, time.perf_counter())
-        finally:
-            stop.set()
-            trigger.join()
+        # The flood starts as the transfer does: both gateways have set their session up
+        # (the QUIC handshake shares these ports) and the sender is about to send.
+        flooded = _run(emu, scenario, "wanxport", "bbr", None, time.perf_counter(), on_go=attacker.go)
         blast = attacker.result()
         snmp1, softnet1 = ns_snmp(emu.plan.ns_b), softnet_dropped()
         links1 = sum(link_drops(ns, names) for ns, names in links)

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
+from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Endpoint
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.events import ShardFilled
 from wanxport.core.session import Session
+from wanxport.presets import offload_chunk_bytes
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.wire import native
 

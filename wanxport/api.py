@@ -24,6 +24,7 @@ connection unless given. Authentication is mutual TLS against ``ca``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,13 +51,19 @@ class ShardFailed(Exception):
 
 @dataclass(frozen=True)
 class Shard:
-    """A received shard: ``array`` (dtype and shape as sent; uint8 for bytes) and its metadata."""
+    """A received shard: ``array`` (dtype and shape as sent; uint8 for bytes) and its metadata.
+
+    ``verified_at``: when its last byte was verified here, on ``time.monotonic`` (the
+    clock a sender on the same host reads too), so a caller can time a transfer to
+    the moment it was complete rather than to when it read the shard.
+    """
 
     shard_id: int
     array: npt.NDArray[Any]
     name: str | None
     step: int
     ok: bool
+    verified_at: float
 
     def tobytes(self) -> bytes:
         return self.array.tobytes()
@@ -146,7 +153,7 @@ class Peer:
             array = placed
         else:
             array = raw.view(np.dtype(announce.dtype)).reshape(announce.shape) if announce.dtype else raw
-        return Shard(got.shard_id, array, announce.name, announce.step, got.ok)
+        return Shard(got.shard_id, array, announce.name, announce.step, got.ok, got.at)
 
     async def receive(self) -> Shard:
         """The next shard (already verified and confirmed to the sender)."""
@@ -157,7 +164,7 @@ class Peer:
         late = self._expected.pop(item.shard_id, None)
         if late is not None and late is not item.array and late.nbytes == item.array.nbytes:
             late.reshape(-1).view(np.uint8)[:] = item.array.reshape(-1).view(np.uint8)
-            return Shard(item.shard_id, late, item.name, item.step, item.ok)
+            return dataclasses.replace(item, array=late)
         return item
 
     async def close(self) -> None:

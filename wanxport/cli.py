@@ -176,8 +176,8 @@ def _step_lines(report: dict[str, Any]) -> list[str]:
         return f"{value:.3f} s" if value is not None else "-"
 
     spread = report.get("shard_completion_s") or {}
-    return [f"steps    {report['steps']}: first {s(report['first_step_s'])}, steady "
-            f"{s(report['steady_step_s'])}, worst {s(report['worst_step_s'])}"
+    return [f"steps    {report['steps']}: first {s(report['first_step_s'])}, mean "
+            f"{s(report['mean_step_s'])}, p90 {s(report['p90_step_s'])}, worst {s(report['worst_step_s'])}"
             + (f"; shards p50 {s(spread['p50'])} p99 {s(spread['p99'])}" if spread else "")]
 
 

@@ -16,6 +16,9 @@ from typing import Any
 SCHEMA = "wanxport.report/1"
 MODES = ("sim", "emulated", "loopback", "network")
 TRANSPORTS = ("wanxport", "tcp", "tcp-parallel", "mptcp", "aioquic")
+# What a stepped run's efficiency divides by: the mean of steps 2..N ("median" in
+# reports from before December 2026, which used steady_step_s).
+EFFICIENCY_BASIS = "mean"
 
 
 @dataclass
@@ -48,8 +51,8 @@ def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int
     With ``steps`` > 1, ``payload_bytes`` and ``completion_s`` cover the whole run
     (every step and the think time between them), ``ideal_s`` is one step's ideal,
     ``step_s`` holds the steps that finished, and ``efficiency`` is
-    ``ideal_s / steady_step_s`` (None until two steps finished): a training job
-    pays the steady step every step, the first (cold) one once.
+    ``ideal_s / mean_step_s`` (None until two steps finished): a training job pays
+    every step after the first, its slow ones included, and the first (cold) one once.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
@@ -60,7 +63,7 @@ def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int
     delivered = payload_bytes if delivered_bytes is None else delivered_bytes
     goodput = delivered * 8 / completion_s if completion_s > 0 else 0.0
     stepped = step_summary(step_s or []) if steps > 1 else {}
-    denominator = stepped.get("steady_step_s") if steps > 1 else completion_s
+    denominator = stepped.get("mean_step_s") if steps > 1 else completion_s
     efficiency = (ideal_s / denominator
                   if ideal_s and denominator and denominator > 0 and math.isfinite(ideal_s) else None)
     report: dict[str, Any] = {
@@ -80,19 +83,24 @@ def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int
     if steps > 1:
         report["steps"] = steps
         report.update(stepped)
+        report["efficiency_basis"] = EFFICIENCY_BASIS
     report.update(extra)
     return report
 
 
 def step_summary(step_s: list[float]) -> dict[str, Any]:
-    """``step_s`` and its summary (DESIGN.md section 5): the first step, then the median
-    and the max of steps 2..N, the cost a training job pays every step after the first."""
+    """``step_s`` and its summary (DESIGN.md section 5): the first (cold) step, then over
+    steps 2..N the mean (what a training job pays per step, the efficiency's denominator),
+    the 90th percentile, the worst, and the median (``steady_step_s``, kept to compare
+    with reports from before the mean). None where fewer than two steps finished."""
     later = sorted(step_s[1:])
     return {
         "step_s": [_round(s) for s in step_s],
         "first_step_s": _round(step_s[0]) if step_s else None,
-        "steady_step_s": _round(_quantile(later, 0.5)) if later else None,
+        "mean_step_s": _round(math.fsum(later) / len(later)) if later else None,
+        "p90_step_s": _round(_quantile(later, 0.9)) if later else None,
         "worst_step_s": _round(later[-1]) if later else None,
+        "steady_step_s": _round(_quantile(later, 0.5)) if later else None,
     }
 
 

@@ -58,18 +58,19 @@ def paths_used(transport: str, best: int, count: int) -> list[int]:
 
 def launch(transport: str, paths: list[PathInfo], best: int, direction: Direction, *,
            seed: int, size: int, cc: str | None, buffer: int, mtu: int, shards: int = 1,
-           keys: dict[str, Any] | None = None, steps: int = 1, think_ms: float = 0.0,
+           pki: str | None = None, steps: int = 1, think_ms: float = 0.0,
            fec: str = "auto") -> Launch:
     """The receiver's and sender's specs for one direction of ``transport``.
 
     ``steps`` > 1 repeats the transfer on the same session or connections
-    (not aioquic's: the runner refuses that combination).
+    (not aioquic's: the runner refuses that combination). ``pki`` (wanxport): the
+    run's certificate directory, ``ca.pem`` and one identity per site named by the site.
     """
     stepping = {"steps": steps, "think_ms": think_ms}
     if transport == "wanxport":
         def side(sender: bool) -> dict[str, Any]:
-            return {"cc": cc, "fec": fec, "seed": seed, "size": size, "shards": shards, "keys": keys,
-                    **stepping,
+            return {"cc": cc, "fec": fec, "seed": seed, "size": size, "shards": shards, "pki": pki,
+                    "names": {"sender": direction.sender, "receiver": direction.receiver}, **stepping,
                     "paths": [{"name": p.name, "mtu": mtu, "device": p.ifname,
                                "port": WANXPORT_PORT_BASE + direction.port + k,
                                "local": direction.src(p) if sender else direction.dst(p),

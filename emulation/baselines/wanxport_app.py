@@ -1,18 +1,21 @@
-"""Sender and receiver of ``--transport wanxport``: the asyncio ``Endpoint`` in each gateway.
+"""Sender and receiver of ``--transport wanxport``: the Python API users run, in each gateway.
 
     python -m emulation.baselines.wanxport_app recv '<json spec>'   # in gateway b
     python -m emulation.baselines.wanxport_app send '<json spec>'   # in gateway a
 
-Same runner protocol as ``tcp_app``. One UDP socket per path on each side,
-bound to that path's address and pinned to its interface (SO_BINDTODEVICE),
-connected to the peer's address on the same path. The AEAD keys of the two
-directions are pre-shared: the runner draws them at random per run and passes
-them in the spec (the control channel's job in a deployment; not measured here).
+Same runner protocol as ``tcp_app``. The receiver listens with ``wanxport.api.listen``
+on each path's address and port, the sender ``connect``s to them: mutual TLS over the
+QUIC control channel with the run's certificates (``spec["pki"]``, made by the runner),
+keys from that channel, every shard's digest announced there and verified at the
+receiver before its verdict comes back. The session's tuning is the gateway preset
+(``wanxport.presets.GATEWAY``); what a run changes (the scenario's MTU and congestion
+control, a larger credit for shards over half of it, ``--fec off``) is reported as
+``preset_overrides``.
 
-The sender generates the payload before "go" (it must be in memory for the
-session to send from), gives each shard's digest (BLAKE3) to the session so the
-receiver verifies it, and samples every path's payload counter every
-``SAMPLE_S`` for the report's ``timeline`` (per-path goodput over time).
+The sender generates the payload and sets the session up before "go" (a training
+job's session persists across steps); the clock of each step starts at its
+``send`` calls, so the digests the API computes are inside it. The sender samples
+every path's payload counter every ``SAMPLE_S`` for the report's ``timeline``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import dataclasses
 import hashlib
 import resource
 import sys
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,115 +34,93 @@ import numpy as np
 
 from emulation.baselines import payload
 from emulation.baselines.tcp_app import emit, run_async_role
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
-from wanxport.aio.endpoint import Endpoint, ReceivedShard
+from wanxport.aio.endpoint import Endpoint
 from wanxport.aio.loop import run
-from wanxport.core.cc import cc_config
-from wanxport.core.config import PathConfig, SessionConfig
-from wanxport.core.digest import shard_digest
+from wanxport.api import GatewayOptions, Peer, ShardFailed, connect, listen
+from wanxport.gateway.session import digest_hex_async
+from wanxport.presets import GATEWAY, Preset, overrides
 
-SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
-# Datagrams per core packet: the core decides per core packet, the native data
-# path segments it (a lost datagram re-sends only its own bytes, and the ones
-# that arrived still count as delivered for BBR). Python's cost is per core
-# packet, and this 2-core VM runs sender, receiver and engine at once:
-# hetero-8path took 14.1-14.7 s with 8, 13.0-13.3 s with 16, 13.2 s with 32.
-SEGMENTS = 16
-ACK_THRESHOLD = 2 * SEGMENTS  # datagrams between ACKs (the core also acks on gaps and after 5 ms)
 SAMPLE_S = 0.1
 CLOSE_WAIT_S = 5.0
-PROBE_TIMEOUT_S = 5.0
+CONTROL = "quic"  # how the session was set up and keyed: the API's only way
 
 
-def _key(raw: dict[str, str]) -> DirectionKey:
-    return DirectionKey(raw["cipher"], bytes.fromhex(raw["key"]), bytes.fromhex(raw["iv"]))
+def run_preset(spec: dict[str, Any]) -> Preset:
+    """The gateway preset with what this run must change: the paths' MTU, the chosen
+    congestion control and erasure-code mode, and a credit holding two of the largest
+    shards (the sender may keep that many in flight)."""
+    largest = max(length for _, length in payload.split(spec["size"], spec["shards"]))
+    return dataclasses.replace(
+        GATEWAY, mtu=min(int(p["mtu"]) for p in spec["paths"]),
+        congestion_control=spec.get("cc") or GATEWAY.congestion_control,
+        fec=spec.get("fec") or GATEWAY.fec, credit_bytes=max(GATEWAY.credit_bytes, 2 * largest))
 
 
-def endpoint_config(spec: dict[str, Any], sender: bool) -> EndpointConfig:
-    """Both sides build the same session (same paths in the same order)."""
-    paths = tuple(PathConfig(p["name"], int(p["mtu"])) for p in spec["paths"])
-    budget = max(1 << 30, 2 * max(length for _, length in payload.split(spec["size"],
-                                                                         spec["shards"])))
-    session = SessionConfig(paths=paths, congestion_control=cc_config(spec.get("cc") or "bbr"),
-                            fec=spec.get("fec") or "auto",
-                            chunk_bytes=offload_chunk_bytes(paths, SEGMENTS),
-                            receive_budget_bytes=budget, peer_credit_bytes=budget,
-                            ack_threshold=ACK_THRESHOLD)
-    sockets = tuple(PathSocket((p["local"], p["port"]), (p["remote"], p["port"]), p["device"])
-                    for p in spec["paths"])  # one UDP port per path, the same at both ends
-    forward, backward = _key(spec["keys"]["forward"]), _key(spec["keys"]["backward"])
-    return EndpointConfig(
-        session, sockets, send_key=forward if sender else backward,
-        recv_key=backward if sender else forward,
-        local_conn_id=SENDER_CONN_ID if sender else RECEIVER_CONN_ID,
-        remote_conn_id=RECEIVER_CONN_ID if sender else SENDER_CONN_ID)
+def gateway_options(spec: dict[str, Any]) -> GatewayOptions:
+    return GatewayOptions.from_preset(run_preset(spec))
+
+
+def identity(spec: dict[str, Any], sender: bool) -> tuple[str, str]:
+    """This side's certificate prefix and the CA, from the runner's PKI directory."""
+    pki = Path(spec["pki"])
+    return str(pki / spec["names"]["sender" if sender else "receiver"]), str(pki / "ca.pem")
 
 
 # -- receiver ----------------------------------------------------------------
 
 
-def resident_destination(slices: list[tuple[int, int]], steps: int = 1
-                         ) -> Callable[[int, int, bytes], memoryview]:
-    """Shard buffers in one array whose pages are faulted in before the transfer.
-
-    Step k's shard i (id ``k * len(slices) + i``) lands in shard i's buffer, as a
-    training job's gradient buffers are reused every step.
-
-    A training job receives into gradient buffers that are already resident;
-    a fresh array would have the kernel zero 1 GiB of pages during the
-    transfer (5 % of this 2-core machine's CPU in perf). The TCP baselines
-    stream into one reused buffer, so they never pay it either.
-    """
-    total = sum(length for _, length in slices)
-    data = np.empty(total, dtype=np.uint8)
-    data.fill(0)
-    view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers
-
-    def allocate(shard_id: int, size: int, meta: bytes) -> memoryview:
-        if not 0 <= shard_id < len(slices) * steps:
-            raise ValueError(f"shard {shard_id}: the run has shards 0..{len(slices) * steps - 1}")
-        offset, length = slices[shard_id % len(slices)]  # every step reuses the same buffers
-        if length != size:
-            raise ValueError(f"shard {shard_id}: {size} bytes announced, {length} expected")
-        return view[offset:offset + length]
-
-    return allocate
-
-
 async def receive(spec: dict[str, Any]) -> None:
+    """Every step's shard i lands in shard i's slice of one resident array.
+
+    A training job receives into gradient buffers that are already resident and
+    reused every step; a fresh array would have the kernel zero 1 GiB of pages
+    during the transfer (5 % of this 2-core machine's CPU in perf). The TCP
+    baselines stream into one reused buffer, so they never pay it either.
+    """
     slices = payload.split(spec["size"], spec["shards"])
     steps = int(spec.get("steps", 1))
-    endpoint = Endpoint(endpoint_config(spec, sender=False),
-                        allocator=resident_destination(slices, steps))
-    got: dict[int, ReceivedShard] = {}
-    endpoint.start()
-    emit({"event": "listening"})
+    data = np.empty(spec["size"], dtype=np.uint8)
+    data.fill(0)
+    me, ca = identity(spec, sender=False)
+    listens = [(p["local"], int(p["port"])) for p in spec["paths"]]
     total = len(slices) * steps
-    try:
+    got: dict[int, tuple[bool, float, int]] = {}  # shard id -> (ok, verified_at, bytes)
+    async with listen(me, ca, listens, gateway_options(spec)) as server:
+        for step in range(steps):
+            for i, (offset, length) in enumerate(slices):
+                server.expect(step * len(slices) + i, data[offset:offset + length])
+        emit({"event": "listening"})
+        peer: Peer | None = None
         try:
-            while len(got) < total:
-                shard = await endpoint.receive_shard()
-                got[shard.shard_id] = shard
-        except asyncio.CancelledError:
-            pass
-        complete = len(got) == total and all(s.ok for s in got.values())
-        last = {i - (steps - 1) * len(slices): s for i, s in got.items() if i >= (steps - 1) * len(slices)}
-        emit({"event": "done", "complete": complete, "diag": diagnostics(endpoint),
-              "t_end": max(s.at for s in got.values()) if complete else None,
-              "bytes": sum(len(s.data) for s in got.values() if s.ok),
-              # Every shard's verification time (the host's monotonic clock, as the sender's).
-              "verified": [[i, s.at] for i, s in sorted(got.items()) if s.ok],
-              # The buffers hold the last step (each step overwrites them): its bytes are checked.
-              "slices": [{"peer": None, "offset": slices[i][0], "length": slices[i][1],
-                          "received": len(s.data), "sha256": hashlib.sha256(s.data).hexdigest()}
-                         for i, s in sorted(last.items())]})
-        if complete:
-            try:  # stay until the sender has our acknowledgements (it closes then)
-                await asyncio.wait_for(endpoint.wait_closed(), CLOSE_WAIT_S)
-            except TimeoutError:
+            try:
+                peer = await server.accept()
+                while len(got) < total:
+                    shard = await peer.receive()
+                    got[shard.shard_id] = (shard.ok, shard.verified_at, shard.array.nbytes)
+            except asyncio.CancelledError:
                 pass
-    finally:
-        await endpoint.close()
+            complete = len(got) == total and all(ok for ok, _, _ in got.values())
+            endpoint = peer.session.endpoint if peer is not None else None
+            emit({"event": "done", "complete": complete, "control": CONTROL,
+                  # the sender's certificate name, as mutual TLS verified it
+                  "peer": peer.peer_name if peer is not None else None,
+                  "diag": diagnostics(endpoint) if endpoint is not None else None,
+                  "t_end": max(at for _, at, _ in got.values()) if complete else None,
+                  "bytes": sum(n for ok, _, n in got.values() if ok),
+                  # Every shard's verification time (the host's monotonic clock, as the sender's).
+                  "verified": [[i, at] for i, (ok, at, _) in sorted(got.items()) if ok],
+                  # The buffers hold the last step (each step overwrites them): its bytes are checked.
+                  "slices": [{"peer": None, "offset": o, "length": n, "received": n,
+                              "sha256": hashlib.sha256(data[o:o + n].data).hexdigest()}
+                             for o, n in slices] if complete else []})
+            if complete and peer is not None:
+                try:  # stay until the sender has our verdicts (it closes then)
+                    await asyncio.wait_for(peer.session.wait_ended(), CLOSE_WAIT_S)
+                except TimeoutError:
+                    pass
+        finally:
+            if peer is not None:
+                await _close(peer)
 
 
 # -- sender ------------------------------------------------------------------
@@ -151,48 +133,74 @@ async def send(spec: dict[str, Any]) -> None:
     for chunk in payload.chunks(spec["seed"], 0, size):
         data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
         pos += len(chunk)
-    view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers
     slices = payload.split(size, spec["shards"])
-    digests = [shard_digest(view[o:o + n]) for o, n in slices]  # the session's end-to-end check
-    checks = [hashlib.sha256(view[o:o + n]).hexdigest() for o, n in slices]  # the harness's, as every app's
-    endpoint = Endpoint(endpoint_config(spec, sender=True))
-    endpoint.start()
-    heard = await endpoint.probe_paths(PROBE_TIMEOUT_S)  # the receiver is listening already
-    emit({"event": "ready", "paths_answered": sum(heard)})
+    # The harness's own check, as every app's (the session verifies its digests itself).
+    checks = [hashlib.sha256(data[o:o + n].data).hexdigest() for o, n in slices]
+    me, ca = identity(spec, sender=True)
+    remotes = [(p["remote"], int(p["port"])) for p in spec["paths"]]
+    setup_start = time.monotonic()
+    peer = await connect(me, ca, remotes, gateway_options(spec))
+    setup_s = time.monotonic() - setup_start
+    endpoint = peer.session.endpoint
+    emit({"event": "ready", "paths_agreed": len(endpoint.session.stats().paths)})
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    t0 = endpoint.clock()
-    sampler = Sampler(endpoint, t0)
+    t0 = time.monotonic()
+    sampler = Sampler(endpoint, t0, [p["name"] for p in spec["paths"]])
     sampling = asyncio.create_task(sampler.run())
     verdicts: list[bool] = []
     steps = int(spec.get("steps", 1))
     think_s = float(spec.get("think_ms", 0.0)) / 1000.0
     submitted: list[float] = []
+    verdict_at: list[float] = []
     try:
         for step in range(steps):
             # Step k+1 goes think_ms after this sender learns step k verified (DESIGN.md section 4).
             if step and think_s > 0:
                 await asyncio.sleep(think_s)
-            submitted.append(endpoint.clock())
+            submitted.append(time.monotonic())
             base = step * len(slices)
-            futures = [endpoint.submit(base + i, view[o:o + n], digest=d)
-                       for i, ((o, n), d) in enumerate(zip(slices, digests, strict=True))]
-            verdicts.extend(await asyncio.gather(*futures))
+            results = await asyncio.gather(
+                *(peer.send(data[o:o + n], shard_id=base + i, step=step) for i, (o, n) in enumerate(slices)),
+                return_exceptions=True)
+            verdict_at.append(time.monotonic())
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(result, ShardFailed):
+                    raise result
+                verdicts.append(not isinstance(result, BaseException))
     except asyncio.CancelledError:
         pass
     finally:
         sampling.cancel()
     sampler.record()
-    emit({"event": "done", "t0": t0, "finished": len(verdicts) == len(slices) * steps,
-          "verdicts": verdicts, "submitted": submitted,
+    finished = len(verdicts) == len(slices) * steps
+    emit({"event": "done", "t0": t0, "finished": finished, "control": CONTROL,
+          "verdicts": verdicts, "submitted": submitted, "verdict_at": verdict_at,
+          "setup_s": round(setup_s, 6), "digest_s": await digest_seconds(data, slices) if finished else None,
+          "preset": GATEWAY.name, "preset_overrides": overrides(GATEWAY, run_preset(spec)),
           "slices": [{"src": None, "offset": o, "length": n, "sha256": check}
                      for (o, n), check in zip(slices, checks, strict=True)],
-          "paths": [{"name": p.name, "payload_bytes": p.payload_bytes,
+          "paths": [{"name": name, "payload_bytes": p.payload_bytes,
                      "retransmitted_bytes": p.retransmitted_bytes, "srtt_s": p.srtt_s,
                      "state": p.state, "packets_lost": p.packets_lost, "hedged_bytes": p.hedged_bytes,
                      "repair_bytes": p.repair_bytes}
-                    for p in endpoint.session.stats().paths],
+                    for name, p in zip(sampler.names, endpoint.session.stats().paths, strict=True)],
           "timeline": sampler.timeline, "diag": diagnostics(endpoint)})
-    await endpoint.close()
+    await _close(peer)
+
+
+async def digest_seconds(data: np.ndarray[Any, Any], slices: list[tuple[int, int]]) -> float:
+    """One step's shard digests, computed as ``send`` computes them (each in a thread, all
+    at once), timed alone after the transfer: the digests' share of a step's clock."""
+    start = time.monotonic()
+    await asyncio.gather(*(digest_hex_async(data[o:o + n]) for o, n in slices))
+    return round(time.monotonic() - start, 6)
+
+
+async def _close(peer: Peer) -> None:
+    try:
+        await asyncio.wait_for(peer.close(), CLOSE_WAIT_S)
+    except TimeoutError:
+        peer.session.endpoint.abort()
 
 
 def peak_rss_bytes() -> int:
@@ -253,12 +261,14 @@ def udp_counters() -> dict[str, int]:
 
 
 class Sampler:
-    """Each path's payload bytes per ``SAMPLE_S``: the report's ``timeline``."""
+    """Each path's payload bytes per ``SAMPLE_S``: the report's ``timeline``, by the
+    scenario's path names (the session numbers its paths in the same order)."""
 
-    def __init__(self, endpoint: Endpoint, t0: float) -> None:
+    def __init__(self, endpoint: Endpoint, t0: float, names: list[str]) -> None:
         self.endpoint = endpoint
         self.t0 = t0
-        self.last = {p.name: 0 for p in endpoint.session.stats().paths}
+        self.names = names
+        self.last = [0] * len(names)
         self.timeline: list[dict[str, Any]] = []
 
     async def run(self) -> None:
@@ -268,11 +278,11 @@ class Sampler:
 
     def record(self) -> None:
         now = round(self.endpoint.clock() - self.t0, 4)
-        for p in self.endpoint.session.stats().paths:
-            delta = p.payload_bytes - self.last[p.name]
+        for i, p in enumerate(self.endpoint.session.stats().paths):
+            delta = p.payload_bytes - self.last[i]
             if delta:
-                self.timeline.append({"t_s": now, "path": p.name, "bytes": delta})
-                self.last[p.name] = p.payload_bytes
+                self.timeline.append({"t_s": now, "path": self.names[i], "bytes": delta})
+                self.last[i] = p.payload_bytes
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wanxport.core.config import PathConfig, SessionConfig, datagram_payload
+from wanxport.core.config import SessionConfig
 from wanxport.wire.protection import CIPHERS, IV_LEN, KEY_LEN
 
 DATAPATHS = ("auto", "native", "python")
@@ -110,13 +110,3 @@ class EndpointConfig:
             if not 0 <= getattr(self, name) < 1 << 32:
                 raise ValueError(f"{name} must fit in 32 bits")
 
-
-def offload_chunk_bytes(paths: tuple[PathConfig, ...], segments: int, tag_bytes: int = 16) -> int:
-    """``SessionConfig.chunk_bytes`` for core packets of ``segments`` datagrams each.
-
-    The smallest path MTU decides, so every path cuts a chunk into whole segments
-    (larger-MTU paths send a shorter last one).
-    """
-    if segments < 1:
-        raise ValueError("segments must be >= 1")
-    return segments * min(datagram_payload(p, tag_bytes) for p in paths)

@@ -19,11 +19,11 @@ from wanxport.bench.limits import (
     lab_installed,
     measure_limits,
 )
+from wanxport.presets import GATEWAY
 from wanxport.units import format_rate, format_size, parse_size
 from wanxport.wire import native
 from wanxport.wire.protection import CIPHERS
 
-DEFAULT_SEGMENTS = 128  # measured A/B: 64 cut CPU per GB at both ends vs 32, and 128 vs 64
 SHARD_TARGET_BYTES = 64 << 20
 
 
@@ -37,8 +37,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cipher", choices=CIPHERS, default="aes-256-gcm")
     parser.add_argument("--python-datapath", action="store_true",
                         help="use the pure-Python data path instead of the native one")
-    parser.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS,
-                        help="datagrams per core packet (segmentation below the core)")
+    parser.add_argument("--segments", type=int, default=GATEWAY.segments,
+                        help="datagrams per core packet (segmentation below the core; default: the "
+                             f"gateway preset's, {GATEWAY.segments}; another value is reported as "
+                             "an override)")
     parser.add_argument("--shards", type=int, default=None, help="shards (default: one per 64 MiB)")
     parser.add_argument("--pacer-burst-us", type=float, default=500.0,
                         help="the native pacer sends what falls due within this window at once "
@@ -48,8 +50,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "endpoint's, 0)")
     parser.add_argument("--ack-every", type=int, default=None,
                         help="the receiver acknowledges every N datagrams (default: --segments)")
-    parser.add_argument("--ack-delay-ms", type=float, default=1.0,
-                        help="... or within this delay (default 1)")
+    parser.add_argument("--ack-delay-ms", type=float, default=GATEWAY.ack_delay_s * 1000,
+                        help=f"... or within this delay (default: the preset's, "
+                             f"{GATEWAY.ack_delay_s * 1000:g})")
     parser.add_argument("--fresh-buffers", action="store_true",
                         help="receive into untouched memory and send from untouched pacer rings (a "
                              "first step: the kernel zeroes each page on first write) instead of "
@@ -188,6 +191,10 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"({datapath} data path, {report['cipher']}): {report['completion_s']:.3f} s, "
               f"goodput {format_rate(report['goodput_bps'])}, intact {report['intact']}, "
               f"{report['datagrams_rejected']} datagrams rejected")
+        if "digest_s" in report:
+            print(f"clock from the first shard digest: digests {report['digest_s']:.3f} s of it, "
+                  f"verdict at {report['verdict_s']:.3f} s; preset {report['preset']}"
+                  + (f" with {report['preset_overrides']}" if report["preset_overrides"] else ""))
     if "cpu_s_per_gb" in report:
         cpu = report["cpu_s_per_gb"]
         print(f"CPU per GB: sender {cpu['sender']:.3f} s, receiver {cpu['receiver']:.3f} s")

@@ -3,13 +3,19 @@
 The sender (this process) and the receiver (a spawned child) each run one
 ``Endpoint`` on uvloop with one UDP socket per path on 127.0.0.1. The payload
 is random; the receiver hashes what it got and the sender compares with the
-hash of what it sent. Completion runs from the first submit to the last
-shard verified at the receiver (both processes read CLOCK_MONOTONIC).
+hash of what it sent. The session is the gateway preset's (``wanxport.presets``)
+unless the spec sets other values; the report names those (``preset_overrides``).
+
+Completion runs from the moment the sender starts the shard digests — the work
+the API's ``send`` does before the first datagram — to the last shard verified at
+the receiver (both processes read CLOCK_MONOTONIC); ``verdict_s`` is when the
+sender holds every verdict, ``digest_s`` the digests' share of the clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,13 +30,15 @@ from typing import IO, Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket, offload_chunk_bytes
+from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Allocator, Endpoint, ReceivedShard
 from wanxport.aio.loop import run
 from wanxport.aio.native_path import NativeDatapath
 from wanxport.bench.child import module_command
-from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.config import SessionConfig
 from wanxport.core.digest import shard_digest
+from wanxport.presets import GATEWAY, Preset, overrides
+from wanxport.presets import session_config as preset_session_config
 from wanxport.report import PathReport, build_report
 
 SENDER_CONN_ID, RECEIVER_CONN_ID = 1, 2
@@ -55,10 +63,10 @@ class TransferSpec:
     pacer_spin_ns: int = 0
     pacer_burst_ns: int = 500_000
     fresh_buffers: bool = False  # never-touched receive buffers and pacer rings (warm_allocator)
-    fec: str = "auto"  # the erasure-coded tail (SessionConfig.fec)
+    fec: str = GATEWAY.fec  # the erasure-coded tail (SessionConfig.fec)
     workers: int = 1  # data-path worker threads at each end (EndpointConfig.workers)
-    ack_every: int | None = None  # the receiver's ack_threshold (None: one core packet's datagrams)
-    ack_delay_s: float = 0.001  # its max_ack_delay_s
+    ack_every: int | None = None  # the receiver's ack_threshold (None: the preset's)
+    ack_delay_s: float = GATEWAY.ack_delay_s  # its max_ack_delay_s
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -74,17 +82,27 @@ def random_payload(size: int, seed: int) -> bytes:
     return encryptor.update(bytes(size)) + encryptor.finalize()
 
 
+def spec_preset(spec: TransferSpec) -> Preset:
+    """The gateway preset with what the spec sets; the receive budget grows to hold
+    two of the largest shards when they exceed the preset's credit."""
+    budget = max(GATEWAY.credit_bytes, 2 * max(shard_sizes(spec.size, spec.shards)))
+    return dataclasses.replace(GATEWAY, mtu=spec.mtu, segments=spec.segments, credit_bytes=budget,
+                               ack_delay_s=spec.ack_delay_s, fec=spec.fec)
+
+
 def session_config(spec: TransferSpec) -> SessionConfig:
-    paths = tuple(PathConfig(f"lo{i}", spec.mtu) for i in range(spec.paths))
-    budget = max(1 << 30, 2 * max(shard_sizes(spec.size, spec.shards)))
-    chunk = offload_chunk_bytes(paths, spec.segments) if spec.segments > 1 else None
-    # Acknowledge about once per core packet's worth of datagrams, and within 1 ms
-    # otherwise: on loopback the default 5 ms delayed-ACK timer would *be* the
-    # round trip, and BBR's window (2 x bandwidth x min RTT) would follow it.
-    ack_every = spec.ack_every if spec.ack_every is not None else max(2, spec.segments)
-    return SessionConfig(paths=paths, chunk_bytes=chunk, receive_budget_bytes=budget,
-                         peer_credit_bytes=budget, ack_threshold=ack_every,
-                         max_ack_delay_s=spec.ack_delay_s, fec=spec.fec)
+    config = preset_session_config([f"lo{i}" for i in range(spec.paths)], spec_preset(spec))
+    if spec.ack_every is not None:
+        config = dataclasses.replace(config, ack_threshold=spec.ack_every)
+    return config
+
+
+def preset_overrides(spec: TransferSpec) -> dict[str, Any]:
+    """What this run changed from the gateway preset users run (empty: nothing)."""
+    changed = overrides(GATEWAY, spec_preset(spec))
+    if spec.ack_every is not None:
+        changed["ack_threshold"] = spec.ack_every
+    return changed
 
 
 def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, local: int,
@@ -223,10 +241,13 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
             # buffers (warm_allocator), touched before the clock starts.
             endpoint.datapath.make_rings_resident()
         cpu_start = process_cpu_s()  # the shard digests are the sender's work too
+        started = endpoint.clock()  # the user's call: the digests are inside the clock
         digest_start = time.thread_time()
         digests = [shard_digest(s) for s in shards]
+        digest_s = endpoint.clock() - started
         loop_start = time.thread_time()  # the event loop's thread: the serial part (the core)
         sent = run(_send(endpoint, shards, digests, spec.timeout_s))
+        sent.update(started=started, digest_s=digest_s)
         sent["loop_cpu_s"] = time.thread_time() - loop_start
         sent["digest_cpu_s"] = loop_start - digest_start
         sent["cpu_s"] = process_cpu_s() - cpu_start
@@ -274,11 +295,10 @@ async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[byte
                 timeout_s: float) -> dict[str, Any]:
     endpoint.start()
     try:
-        started = endpoint.clock()
         futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
                                                                                  strict=True))]
         verdicts = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
-        return {"started": started, "acked_at": endpoint.clock(), "verdicts": verdicts}
+        return {"acked_at": endpoint.clock(), "verdicts": verdicts}
     finally:
         await endpoint.close()
 
@@ -308,6 +328,8 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         payload_bytes=spec.size, completion_s=received["done_at"] - sent["started"], ideal_s=None,
         intact=intact, wall_s=wall_s, paths=paths,
         delivered_bytes=received["bytes"] if intact else 0,
+        verdict_s=round(sent["acked_at"] - sent["started"], 6), digest_s=round(sent["digest_s"], 6),
+        preset=GATEWAY.name, preset_overrides=preset_overrides(spec),
         pacer=endpoint.datapath.pacer.name if spec.datapath == "native" else None,
         cipher=spec.cipher, datapath=spec.datapath,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,

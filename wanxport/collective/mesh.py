@@ -20,6 +20,7 @@ from wanxport.gateway.config import Address, GatewayOptions, parse_hostport
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
 from wanxport.gateway.session import GatewaySession
+from wanxport.presets import COLLECTIVE
 
 from .errors import CollectiveError
 from .group import DEFAULT_TIMEOUT_S, Group
@@ -30,24 +31,13 @@ log = logging.getLogger(__name__)
 PathSpec = str | Address
 PathsArg = Sequence[PathSpec] | Mapping[int, Sequence[PathSpec]]
 RETRY_S = 0.2
-# The control channel (verdicts, announcements, keys) shares the paths a collective
-# saturates with its own data: at the gateway default of 2 s a few keepalives lost
-# in full drop-tail queues made it re-dial mid-step under load. A dead peer is
-# still caught by the collective's own timeout.
-CONTROL_TIMEOUT_S = 10.0
-# A group's sessions cross WAN paths (tens of ms), where a delayed ACK of a few ms costs
-# no window. At the gateway's 1 ms the emulated all-reduce sent 1.5x the acknowledgements
-# (Python work at both ends of each) and RTT samples kept more of the delay of busy
-# sites: 11.0 s -> 6.3 s per 64 MiB step, measured A/B. 10 ms and 64 datagrams per
-# core packet (an ACK per 64 datagrams, half the per-packet Python of the gateway's 32)
-# cut a rank's CPU per step by another ~15-25 %.
-ACK_DELAY_S = 0.010
-SEGMENTS = 64
 
 
 def default_options() -> GatewayOptions:
-    """The gateway options a group uses unless ``join`` is given others."""
-    return GatewayOptions(control_timeout_s=CONTROL_TIMEOUT_S, ack_delay_s=ACK_DELAY_S, segments=SEGMENTS)
+    """The gateway options a group uses unless ``join`` is given others: the collective
+    preset (``wanxport.presets.COLLECTIVE``: WAN-only sessions sharing saturated paths
+    with their control channel)."""
+    return GatewayOptions.from_preset(COLLECTIVE)
 
 
 def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Address]]:
@@ -112,7 +102,7 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
     ``paths``: the ``HOST:PORT`` paths of each pair's session, as a mapping
     {peer index: [...]}, or, with two sites, the one list; for a pair (i, j), i < j, they
     are site j's ports (j listens, i dials) and both sites pass the same list.
-    ``options``: gateway options (default ``default_options()``: a 10 s control timeout).
+    ``options``: gateway options (default ``default_options()``: the collective preset).
     ``timeout``: the default per-collective timeout; ``join_timeout``: for the whole setup.
     Raises CollectiveError naming a site that did not come, or came with the wrong name.
     """

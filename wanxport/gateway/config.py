@@ -12,42 +12,43 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from typing import Any
 
-from wanxport.aio.config import offload_chunk_bytes
 from wanxport.control import RotationLimits
-from wanxport.core.cc import cc_config
-from wanxport.core.config import PathConfig, SessionConfig
+from wanxport.core.config import SessionConfig
+from wanxport.presets import GATEWAY, Preset
+from wanxport.presets import session_config as preset_session_config
 
 Address = tuple[str, int]
 
 DEFAULT_CIPHER = "aes-256-gcm"
-DEFAULT_MTU = 1500
-DEFAULT_SEGMENTS = 32  # datagrams per core packet (segmentation happens below the core)
-DEFAULT_CREDIT_BYTES = 1 << 30
 DEFAULT_PIECE_BYTES = 64 << 20  # files are cut into shards of this size for pipelining
-DEFAULT_CONTROL_TIMEOUT_S = 2.0  # QUIC idle timeout: how fast a dead control path is noticed
+DEFAULT_CONTROL_TIMEOUT_S = GATEWAY.control_timeout_s
 DEFAULT_STALL_TIMEOUT_S = 60.0  # a receiver with shards open and no data arriving gives up after this
-DEFAULT_ACK_DELAY_S = 0.001  # longest a receiver holds an ACK back (session_config)
 
 
 @dataclass(frozen=True)
 class GatewayOptions:
-    """What both gateways tune; the receiver's credit travels in Welcome."""
+    """What both gateways tune; the receiver's credit travels in Welcome.
+
+    The session's tuning defaults are ``wanxport.presets.GATEWAY``'s (``from_preset``
+    takes another preset's).
+    """
 
     cipher: str = DEFAULT_CIPHER
-    mtu: int = DEFAULT_MTU
-    segments: int = DEFAULT_SEGMENTS
-    credit_bytes: int = DEFAULT_CREDIT_BYTES
+    mtu: int = GATEWAY.mtu
+    segments: int = GATEWAY.segments
+    credit_bytes: int = GATEWAY.credit_bytes
     piece_bytes: int = DEFAULT_PIECE_BYTES
     rotation: RotationLimits = field(default_factory=RotationLimits)
     control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
     connect_timeout_s: float = 10.0
     resume_window_s: float = 30.0
     datapath: str = "auto"
-    fec: str = "auto"  # the sender's erasure-coded tail (SessionConfig.fec); a receiver always decodes
+    fec: str = GATEWAY.fec  # the sender's erasure-coded tail (SessionConfig.fec); a receiver always decodes
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
-    congestion_control: str = "bbr"  # a wanxport.core.cc registered name
-    ack_delay_s: float = DEFAULT_ACK_DELAY_S  # SessionConfig.max_ack_delay_s (see session_config)
+    congestion_control: str = GATEWAY.congestion_control  # a wanxport.core.cc registered name
+    ack_delay_s: float = GATEWAY.ack_delay_s  # SessionConfig.max_ack_delay_s
     # Our sending rate cap (bits/s) per path, in path order; None or a missing entry: no cap.
     rate_caps_bps: tuple[float | None, ...] = ()
     # DiffServ code point (0..63) marked on our data and control datagrams; None: unmarked.
@@ -69,26 +70,32 @@ class GatewayOptions:
         if not 0 < self.ack_delay_s <= 0.1:
             raise ValueError(f"ack_delay_s: {self.ack_delay_s} is not valid; use 0 < s <= 0.1")
 
+    @classmethod
+    def from_preset(cls, preset: Preset, **others: Any) -> GatewayOptions:
+        """Options whose session tuning is ``preset``'s; ``others`` set the rest."""
+        return cls(mtu=preset.mtu, segments=preset.segments, credit_bytes=preset.credit_bytes,
+                   ack_delay_s=preset.ack_delay_s, congestion_control=preset.congestion_control,
+                   fec=preset.fec, control_timeout_s=preset.control_timeout_s, **others)
+
+    def preset(self) -> Preset:
+        """These options' session tuning as a preset (for reports: ``presets.overrides``)."""
+        return Preset("options", mtu=self.mtu, segments=self.segments, credit_bytes=self.credit_bytes,
+                      ack_delay_s=self.ack_delay_s, congestion_control=self.congestion_control,
+                      fec=self.fec, control_timeout_s=self.control_timeout_s)
+
 
 def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
-                   fec: str = "auto", congestion_control: str = "bbr",
-                   ack_delay_s: float = DEFAULT_ACK_DELAY_S,
+                   fec: str = GATEWAY.fec, congestion_control: str = GATEWAY.congestion_control,
+                   ack_delay_s: float = GATEWAY.ack_delay_s,
                    rate_caps_bps: tuple[float | None, ...] = ()) -> SessionConfig:
-    """The core session config both sides derive from the agreed paths, MTU and credit.
+    """The core session config both sides derive from the agreed paths, MTU and credit
+    (``wanxport.presets.session_config``, paths named ``p0``, ``p1``, ...).
 
-    Acknowledgements come about once per core packet and within ``ack_delay_s`` (1 ms
-    by default): with the core's 5 ms delayed-ACK timer a short path's window would
-    follow the timer. Over WAN paths only (tens of ms) a longer delay costs no window
-    and saves acknowledgements (wanxport.collective uses 5 ms).
     ``rate_caps_bps`` is ours alone (the pacer's ceiling per path), not agreed.
     """
-    caps = tuple(rate_caps_bps[:n_paths]) + (None,) * max(0, n_paths - len(rate_caps_bps))
-    paths = tuple(PathConfig(f"p{i}", mtu, max_rate_bps=caps[i]) for i in range(n_paths))
-    chunk = offload_chunk_bytes(paths, segments) if segments > 1 else None
-    return SessionConfig(paths=paths, congestion_control=cc_config(congestion_control),
-                         chunk_bytes=chunk, receive_budget_bytes=credit_bytes,
-                         peer_credit_bytes=credit_bytes, ack_threshold=max(2, segments),
-                         max_ack_delay_s=ack_delay_s, fec=fec)
+    preset = Preset("agreed", mtu=mtu, segments=segments, credit_bytes=credit_bytes,
+                    ack_delay_s=ack_delay_s, congestion_control=congestion_control, fec=fec)
+    return preset_session_config([f"p{i}" for i in range(n_paths)], preset, rate_caps_bps=rate_caps_bps)
 
 
 def parse_hostport(text: str, what: str) -> Address:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wanxport.core.cc import cc_config
-from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig
+from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig, datagram_payload
 from wanxport.core.digest import shard_digest
 from wanxport.core.events import ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
@@ -55,8 +55,9 @@ BYTES_MODE_LIMIT = 256 * 1024 * 1024
 # overflowed it (OverflowError, `wanxport sim` of a one-shard 256 MiB scenario).
 PAYLOAD_CHUNK = 64 * 1024 * 1024
 MAX_DATA_LENGTH = 0xFFFF  # a DATA frame's length field is 16 bits
-# Datagrams per core packet, as in the emulated app (emulation/baselines/wanxport_app.py):
-# the core decides per burst, the data path cuts it.
+TAG_BYTES = 16  # every simulated datagram is AEAD-protected, as on the wire
+# Datagrams per core packet in the simulator (the core decides per burst, the data path
+# cuts it); the sessions users run take theirs from wanxport.presets.
 DATAGRAMS_PER_PACKET = 16
 
 
@@ -158,8 +159,7 @@ class SimRun:
         if self.datagrams_per_packet < 1:
             raise ValueError("datagrams_per_packet must be at least 1")
         paths = tuple(PathConfig(p.name, p.forward.mtu) for p in scenario.paths)
-        probe = SessionConfig(paths=paths, segment_bytes=options.quantum)
-        segment = min(probe.datagram_payload(p) for p in paths)
+        segment = options.quantum or min(datagram_payload(p, TAG_BYTES) for p in paths)
         settings.setdefault("chunk_bytes", self.datagrams_per_packet * segment)
         settings.update(options.session)
         config = SessionConfig(
