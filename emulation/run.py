@@ -160,6 +160,8 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
     settings: dict[str, Any] = {"cc": cc, "buffer_bytes": buffer, "kernel": platform.release(),
                                 **netconfig.tune_buffers(emu, buffer)}
     netconfig.source_routing(emu, best)
+    if transport in TCP_BASED:
+        settings["net.ipv4.tcp_slow_start_after_idle"] = netconfig.slow_start_after_idle_off(emu)
     if transport == "mptcp":
         settings["mptcp"] = netconfig.configure_mptcp(emu, best)
     directions = [Direction("a", "b", PORTS["a"])]

@@ -6,6 +6,9 @@
   network namespace; ``net.core.[rw]mem_max`` are not writable inside one, so
   the programs use SO_SNDBUFFORCE/SO_RCVBUFFORCE, which root may).
 * The requested congestion control, when the kernel has it.
+* ``net.ipv4.tcp_slow_start_after_idle=0`` (``slow_start_after_idle_off``): a connection
+  that waits between training steps keeps its window, as an operator tuning for
+  bulk transfers would configure it.
 * For MPTCP: ``net.mptcp.enabled``, path-manager limits on both sides, one
   ``subflow`` endpoint per extra path on the client side.
 * Source-based policy routing on both gateways, so a socket bound to path k's
