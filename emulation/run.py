@@ -9,8 +9,10 @@ checks the bytes, tears everything down and returns the run report v1
 Timing: completion is from the sender's first byte (after connection setup,
 which the sender does before "go") to the moment the receiver has every byte
 and its hash; both timestamps are CLOCK_MONOTONIC, shared by all namespaces.
-A run that misses the deadline is stopped: ``intact`` false, completion the
-elapsed time, goodput what arrived divided by it.
+A run that misses the deadline is stopped: ``finished`` and ``intact`` false,
+completion the elapsed time (a lower bound on the true one), goodput what arrived
+divided by it. A baseline's deadline is at least 10 x the ideal, and its report
+carries each path's delivered rate and ``suspect`` (``baselines.delivery``).
 """
 
 from __future__ import annotations
