@@ -206,3 +206,12 @@ def test_route_capacity_is_bandwidth_less_loss_in_the_weaker_direction() -> None
     s = scenario()
     assert route_capacity_bps(s, 0) == 150e6
     assert route_capacity_bps(s, 1) == pytest.approx(99e6)
+
+
+def test_compare_refuses_a_short_baseline_deadline_before_running_anything(tmp_path: Any) -> None:
+    from emulation.compare import Column, compare
+
+    with pytest.raises(ValueError, match="a tcp-parallel baseline on mixed needs at least"):
+        compare([scenario()], [Column("wanxport"), Column("tcp-parallel", "bbr")], 1, tmp_path / "out",
+                deadline_s=30.0, with_sim=False)
+    assert not (tmp_path / "out").exists()
