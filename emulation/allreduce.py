@@ -24,6 +24,15 @@ route (``GLOO_SOCKET_IFNAME``), the namespaces' ``tcp_rmem``/``tcp_wmem`` maxima
 twice that route's bandwidth-delay product (TCP autotuning then sizes the socket buffers;
 gloo has no option for them), the host's congestion control named in ``cc`` (gloo cannot
 choose one per socket, and this kernel refuses one per namespace).
+gloo-striped, as a careful operator without a multipath transport would stripe: the same
+world once per route, each group's gloo device bound to that route's interface, the array
+split over the routes by capacity (``baselines.stripes``; ``settings.stripes``), every
+stripe in flight at once; the ``tcp_rmem``/``tcp_wmem`` maxima cover the largest route's
+bandwidth-delay product. Both gloo comms run with ``net.ipv4.tcp_slow_start_after_idle=0``
+in the namespaces (recorded in ``settings``): between steps gloo's connections idle while
+the ranks check their results and meet at a barrier, and a connection that restarted from
+its initial window after every idle spell would charge each step a slow start no careful
+operator would leave on.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from typing import Any
 from emulation.api import Emulation
 from emulation.baselines import netconfig
 from emulation.baselines.programs import Program
+from emulation.baselines.stripes import capacity_split, route_capacity_bps
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
 from wanxport.presets import COLLECTIVE
@@ -47,7 +57,8 @@ from wanxport.scenario import Scenario, ideal_time_s
 
 log = logging.getLogger(__name__)
 
-COMMS = ("wanxport", "gloo")
+COMMS = ("wanxport", "gloo", "gloo-striped")
+GLOO_COMMS = ("gloo", "gloo-striped")
 COMPRESS = ("none", "bf16", "int8")
 PORT_BASE = 7700  # rank r of site b listens on PORT_BASE + r on every path
 GLOO_PORT = 29500
@@ -74,8 +85,9 @@ def check_options(options: AllreduceOptions) -> None:
         raise ValueError(f"--comm: unknown {options.comm!r}; valid: {', '.join(COMMS)}")
     if options.compress not in COMPRESS:
         raise ValueError(f"--compress: unknown {options.compress!r}; valid: {', '.join(COMPRESS)}")
-    if options.comm == "gloo" and options.compress != "none":
-        raise ValueError("--compress: gloo has no compression; use --compress none with --comm gloo")
+    if options.comm in GLOO_COMMS and options.compress != "none":
+        raise ValueError(f"--compress: gloo has no compression; "
+                         f"use --compress none with --comm {options.comm}")
     if not 1 <= options.ranks_per_site <= 8:
         raise ValueError(f"--ranks-per-site: {options.ranks_per_site} is not valid; use 1..8")
     if options.steps < 1:
@@ -86,7 +98,7 @@ def check_options(options: AllreduceOptions) -> None:
     if options.size_bytes <= 0 or options.size_bytes % (4 * options.ranks_per_site):
         raise ValueError(f"--size: {options.size_bytes} B must be a positive multiple of "
                          f"4 x ranks-per-site (float32 elements, split evenly over the ranks)")
-    needs_torch = options.comm == "gloo" or options.ranks_per_site > 1
+    needs_torch = options.comm in GLOO_COMMS or options.ranks_per_site > 1
     if needs_torch and importlib.util.find_spec("torch") is None:
         raise ValueError("this run needs torch (gloo); install it: pip install torch==2.13.0")
 
@@ -104,7 +116,7 @@ def run_allreduce(scenario: Scenario, options: AllreduceOptions) -> dict[str, An
 
 
 def _specs(emu: Emulation, options: AllreduceOptions, best: int, pki: str,
-           ) -> list[tuple[str, dict[str, Any]]]:
+           stripes: list[tuple[int, int]] | None = None) -> list[tuple[str, dict[str, Any]]]:
     ranks = options.ranks_per_site
     common = {"ranks_per_site": ranks, "count": options.size_bytes // 4, "steps": options.steps,
               "compress": None if options.compress == "none" else options.compress, "seed": SEED,
@@ -118,7 +130,10 @@ def _specs(emu: Emulation, options: AllreduceOptions, best: int, pki: str,
                             paths=[f"{p.b_addr}:{PORT_BASE + r}" for p in emu.paths])
             else:
                 spec.update(master=emu.paths[best].a_addr, master_port=GLOO_PORT,
-                            ifname=emu.paths[best].ifname)
+                            ifname=emu.paths[best].ifname, bitwise=True)
+                if stripes is not None:
+                    spec.update(best=best, stripes=stripes,
+                                routes=[{"name": p.name, "ifname": p.ifname} for p in emu.paths])
             out.append((side, spec))
     return out
 
@@ -175,9 +190,20 @@ def _drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:
 def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_start: float) -> dict[str, Any]:
     best = netconfig.best_path(scenario)
     netconfig.source_routing(emu, best)
-    buffer = netconfig.buffer_bytes(scenario, [best])
+    striped = options.comm == "gloo-striped"
+    routes = range(len(emu.paths)) if striped else [best]
+    buffer = max(netconfig.buffer_bytes(scenario, [k]) for k in routes)
     settings: dict[str, Any] = {"buffer_bytes": buffer, **netconfig.tune_buffers(emu, buffer),
                                 "best_route": emu.paths[best].name, "load_before": os.getloadavg()}
+    if options.comm in GLOO_COMMS:
+        settings["net.ipv4.tcp_slow_start_after_idle"] = netconfig.slow_start_after_idle_off(emu)
+    stripes = None
+    if striped:
+        capacities = [route_capacity_bps(scenario, k) for k in routes]
+        stripes = capacity_split(options.size_bytes // 4, capacities)  # every rank's whole array
+        settings["stripes"] = [{"route": emu.paths[k].name, "capacity_bps": round(c),
+                                "offset": off, "elements": n}
+                               for k, c, (off, n) in zip(routes, capacities, stripes, strict=True)]
     cc = emu.run("a", ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
     ideal = ideal_time_s(scenario, options.size_bytes, "both")
     deadline_s = 60.0 + options.steps * max(30.0, 20.0 * ideal)
@@ -189,7 +215,7 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
             make_test_pki(pki, [f"{s}-r{r}" for s in "ab" for r in range(options.ranks_per_site)])
             os.chmod(pki, 0o755)
         try:
-            for side, spec in _specs(emu, options, best, pki):
+            for side, spec in _specs(emu, options, best, pki, stripes):
                 programs.append(Program(emu, side, "emulation.baselines.allreduce_app", options.comm, spec,
                                         stdin=True))
             for program in programs:
@@ -285,7 +311,7 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         chunk_bytes=done[0].get("chunk_bytes") if done else None,
         rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
-        cc=cc if options.comm == "gloo" else "bbr", backend=emu.backend, settings=settings, errors=errors)
+        cc=cc if options.comm in GLOO_COMMS else "bbr", backend=emu.backend, settings=settings, errors=errors)
     return report
 
 

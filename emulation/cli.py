@@ -68,9 +68,11 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     cmp.add_argument("--no-sim", action="store_true", help="skip the simulator column")
     cmp.add_argument("--out", required=True, help="directory for reports, figures, table")
     ar = sub.add_parser("allreduce", help="an all-reduce between the two sites, N steps, "
-                                          "wanxport or gloo; prints a run report")
+                                          "wanxport, gloo or gloo-striped; prints a run report")
     ar.add_argument("scenario")
-    ar.add_argument("--comm", choices=("wanxport", "gloo"), required=True)
+    ar.add_argument("--comm", choices=("wanxport", "gloo", "gloo-striped"), required=True,
+                    help="gloo: on the best route; gloo-striped: a gloo group per route, "
+                         "the array split by capacity")
     ar.add_argument("--ranks-per-site", type=int, default=1, metavar="R",
                     help="rank processes per site (default 1; SIZE must split evenly over them)")
     ar.add_argument("--size", type=size_argument, help="float32 array bytes (default 64MiB)")

@@ -27,7 +27,15 @@ from typing import Any
 from emulation import plots
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
-from emulation.run import TRANSPORTS, RunOptions, check_options, exit_on_sigterm, run_experiment
+from emulation.ratios import DNF, finished, speedup
+from emulation.run import (
+    TRANSPORTS,
+    RunOptions,
+    check_deadline,
+    check_options,
+    exit_on_sigterm,
+    run_experiment,
+)
 from wanxport.report import dumps, with_wall_time
 from wanxport.scenario import Scenario
 
@@ -88,6 +96,9 @@ def compare(scenarios: list[Scenario], columns: list[Column], repeat: int, out: 
     """Run the matrix; write reports, figures and results.md into ``out``; return the reports."""
     if repeat < 1:
         raise ValueError("--repeat must be at least 1")
+    for scenario in scenarios:  # refuse a too-short deadline before the matrix starts
+        for column in columns:
+            check_deadline(column.transport, deadline_s, scenario)
     reports_dir = out / "reports"
     reports_dir.mkdir(parents=True, exist_ok=True)
     reports: list[Report] = []
@@ -156,12 +167,28 @@ def _column_of(report: Report) -> str:
     return f"{report['transport']}:{cc}"
 
 
-def _cell(runs: list[Report]) -> str:
-    completion = statistics.median(r["completion_s"] for r in runs)
+def _median_run(runs: list[Report]) -> Report:
+    """The run at the median completion; a run that did not finish sorts after every one that
+    did (its true completion is later than its deadline), so the median is a bound when it is one."""
+    if all(finished(r) for r in runs):  # the usual median (of the middle two for an even count)
+        return {**runs[0], "completion_s": statistics.median(r["completion_s"] for r in runs)}
+    ordered = sorted(runs, key=lambda r: (not finished(r), r["completion_s"]))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _cell(runs: list[Report], ours: list[Report] | None = None) -> str:
+    median = _median_run(runs)
     goodput = statistics.median(r["goodput_bps"] for r in runs) / 1e6
     broken = sum(1 for r in runs if not r["intact"])
-    mark = f" ✗{broken}/{len(runs)}" if broken else ""
-    return f"{completion:.2f} s · {goodput:.0f} Mb/s{mark}"
+    unfinished = sum(1 for r in runs if not finished(r))
+    suspect = sum(1 for r in runs if r.get("suspect"))
+    marks = (f" ✗{broken}/{len(runs)}" if broken else "") + \
+        (f" ({DNF}: {unfinished}/{len(runs)})" if unfinished else "") + \
+        (f" ⚠ suspect {suspect}/{len(runs)}" if suspect else "")
+    versus = f" · wanxport {speedup(median, _median_run(ours)).text()} faster" if ours else ""
+    completion = (f"{median['completion_s']:.2f} s" if finished(median)
+                  else f"> {median['completion_s']:.2f} s")
+    return f"{completion} · {goodput:.0f} Mb/s{marks}{versus}"
 
 
 def table(reports: list[Report], columns: list[str], failures: dict[tuple[str, str], str]) -> str:
@@ -180,7 +207,9 @@ def table(reports: list[Report], columns: list[str], failures: dict[tuple[str, s
         f"Measured {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
         f"{machine()}; `python -m emulation compare`, {repeats} repeat(s), emulated paths "
         f"({', '.join(sorted({str(r.get('backend')) for r in reports if r['mode'] != 'sim'}))} "
-        f"backend). Cells: median completion · median goodput; ✗ marks runs not intact.",
+        f"backend). Cells: median completion · median goodput; ✗ marks runs not intact; '> T s' a "
+        f"median run that {DNF} (T its deadline), and a ratio against it is a bound, never a plain "
+        f"ratio; ⚠ marks runs flagged suspect (a clean path under half its capacity).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -190,10 +219,11 @@ def table(reports: list[Report], columns: list[str], failures: dict[tuple[str, s
         per_direction = first["payload_bytes"]
         row = [scenario, f"{per_direction / 2**20:.0f} MiB",
                f"{first['ideal_s']:.2f} s" if first.get("ideal_s") else "-"]
+        ours = by_cell.get((scenario, "wanxport"))
         for column in (["wanxport (sim)"] if has_sim else []) + names:
             runs = by_cell.get((scenario, column))
             if runs:
-                row.append(_cell(runs))
+                row.append(_cell(runs, ours if column not in ("wanxport", "wanxport (sim)") else None))
             else:
                 row.append(f"n/a: {failures[(scenario, column)]}" if (scenario, column) in failures
                            else "-")

@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from emulation.ratios import DNF, finished  # noqa: E402
+
 Report = dict[str, Any]
 
 
@@ -65,8 +67,12 @@ def goodput_bars(reports: list[Report], path: Path) -> None:
 
 
 def completion_distribution(reports: list[Report], path: Path) -> None:
-    """Completion time of every repeat, one panel per scenario (box plus the points)."""
+    """Completion time of every repeat, one panel per scenario (box plus the points).
+
+    A run that did not finish is drawn at its deadline as an upward triangle: its
+    completion is only known to be later."""
     data = _grouped(reports, "completion_s")
+    unfinished = _grouped([r for r in reports if not finished(r)], "completion_s")
     scenarios = sorted(data)
     fig, axes = plt.subplots(1, max(1, len(scenarios)), figsize=(4.5 * max(1, len(scenarios)), 4.0),
                              squeeze=False)
@@ -74,10 +80,16 @@ def completion_distribution(reports: list[Report], path: Path) -> None:
         labels = sorted(data[s])
         values = [data[s][lab] for lab in labels]
         ax.boxplot(values)
-        for i, vs in enumerate(values, start=1):
-            ax.plot([i] * len(vs), vs, "o", alpha=0.6, markersize=4)
+        for i, (lab, vs) in enumerate(zip(labels, values, strict=True), start=1):
+            bounds = unfinished.get(s, {}).get(lab, [])
+            done = list(vs)
+            for b in bounds:
+                done.remove(b)
+            ax.plot([i] * len(done), done, "o", alpha=0.6, markersize=4)
+            if bounds:
+                ax.plot([i] * len(bounds), bounds, "^", color="red", markersize=6)
         ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30, fontsize="small")
-        ax.set_title(s)
+        ax.set_title(f"{s}\n(▲ {DNF}: at its deadline)" if unfinished.get(s) else s)
         ax.set_ylabel("completion (s)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -9,8 +9,10 @@ checks the bytes, tears everything down and returns the run report v1
 Timing: completion is from the sender's first byte (after connection setup,
 which the sender does before "go") to the moment the receiver has every byte
 and its hash; both timestamps are CLOCK_MONOTONIC, shared by all namespaces.
-A run that misses the deadline is stopped: ``intact`` false, completion the
-elapsed time, goodput what arrived divided by it.
+A run that misses the deadline is stopped: ``finished`` and ``intact`` false,
+completion the elapsed time (a lower bound on the true one), goodput what arrived
+divided by it. A baseline's deadline is at least 10 x the ideal, and its report
+carries each path's delivered rate and ``suspect`` (``baselines.delivery``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from emulation.api import Emulation
 from emulation.baselines import netconfig, payload
+from emulation.baselines.delivery import Delivery, delivery, suspect
 from emulation.baselines.programs import Program
 from emulation.baselines.transports import (
     BASELINES,
@@ -42,6 +45,7 @@ from emulation.baselines.transports import (
 )
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
+from emulation.ratios import DNF, finished
 from wanxport.report import PathReport, build_report, spread
 from wanxport.scenario import Scenario, ideal_time_s
 
@@ -72,11 +76,41 @@ class RunOptions:
     fec: str = "auto"  # wanxport's erasure-coded tail: "auto" or "off" (SessionConfig.fec)
 
 
+DEADLINE_FLOOR_S = 60.0
+DEFAULT_DEADLINE_IDEALS = 20.0
+# A baseline stopped sooner than this many ideals tells us little: the published
+# ratio against it would be a bound set by our deadline, not by the baseline.
+BASELINE_DEADLINE_IDEALS = 10.0
+
+
+def _ideals_s(ideal_s: float, ideals: float, steps: int, think_ms: float) -> float:
+    return steps * ideals * ideal_s + (steps - 1) * think_ms / 1000.0
+
+
 def default_deadline_s(ideal_s: float, steps: int = 1, think_ms: float = 0.0) -> float:
     """max(60 s, 20 x ideal per step plus the think time between steps), as the simulator uses."""
     if not math.isfinite(ideal_s):
-        return 60.0
-    return max(60.0, steps * 20.0 * ideal_s + (steps - 1) * think_ms / 1000.0)
+        return DEADLINE_FLOOR_S
+    return max(DEADLINE_FLOOR_S, _ideals_s(ideal_s, DEFAULT_DEADLINE_IDEALS, steps, think_ms))
+
+
+def minimum_baseline_deadline_s(ideal_s: float, steps: int = 1, think_ms: float = 0.0) -> float:
+    """The shortest deadline a baseline may run under: 10 x the ideal per step plus think time."""
+    if not math.isfinite(ideal_s):
+        return 0.0
+    return _ideals_s(ideal_s, BASELINE_DEADLINE_IDEALS, steps, think_ms)
+
+
+def check_deadline(transport: str, deadline_s: float | None, scenario: Scenario) -> None:
+    """ValueError (one line) when ``deadline_s`` would stop a baseline before 10 x its ideal."""
+    if deadline_s is None or transport == "wanxport":
+        return
+    transfer = scenario.transfer
+    least = minimum_baseline_deadline_s(ideal_time_s(scenario), transfer.steps, transfer.think_ms)
+    if deadline_s < least:
+        raise ValueError(f"--deadline {deadline_s:g}: a {transport} baseline on {scenario.name} "
+                         f"needs at least {least:.1f} s ({BASELINE_DEADLINE_IDEALS:g} x the ideal "
+                         f"per step), or a run it does not finish says nothing about it")
 
 
 def check_options(options: RunOptions) -> str | None:
@@ -106,6 +140,7 @@ def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
     if scenario.transfer.steps > 1 and options.transport not in STEPPED_TRANSPORTS:
         raise ValueError(f"--steps: {options.transport} runs one transfer per connection here; "
                          f"steps > 1 needs one of {', '.join(STEPPED_TRANSPORTS)}")
+    check_deadline(options.transport, options.deadline_s, scenario)
     if options.transport in TCP_BASED:
         netconfig.require_congestion_control(cc or DEFAULT_CC)
     wall_start = time.perf_counter()
@@ -133,6 +168,8 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
     settings: dict[str, Any] = {"cc": cc, "buffer_bytes": buffer, "kernel": platform.release(),
                                 **netconfig.tune_buffers(emu, buffer)}
     netconfig.source_routing(emu, best)
+    if transport in TCP_BASED:
+        settings["net.ipv4.tcp_slow_start_after_idle"] = netconfig.slow_start_after_idle_off(emu)
     if transport == "mptcp":
         settings["mptcp"] = netconfig.configure_mptcp(emu, best)
     directions = [Direction("a", "b", PORTS["a"])]
@@ -163,6 +200,7 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
             _setup(sender, "ready")
         if on_go is not None:
             on_go()
+        counters_before = netconfig.tcp_counters(emu) if transport in TCP_BASED else None
         emu.start_events()
         t_go = time.monotonic()
         for sender in senders:
@@ -174,6 +212,11 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
                 sender.interrupt()
         sent = [_sender_report(s, t_go, complete=all(r["complete"] for r in received))
                 for s in senders]
+        if counters_before is not None:
+            after = netconfig.tcp_counters(emu)
+            settings["tcp_counters"] = {side: {k: n - counters_before[side][k] for k, n in by_name.items()}
+                                        for side, by_name in after.items()}
+            settings["tcp_mem_host"] = _read_proc("/proc/sys/net/ipv4/tcp_mem")
     finally:
         for program in programs:
             program.close()
@@ -192,6 +235,14 @@ def _make_pki() -> str:
     make_test_pki(pki, ["a", "b"])
     os.chmod(pki, 0o755)  # the gateways' programs read it from their namespaces
     return pki
+
+
+def _read_proc(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
 
 
 def _setup(program: Program, event: str) -> dict[str, Any]:
@@ -257,8 +308,12 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
     else:
         completion = stopped - t_go
     per_path = [PathStats() for _ in paths]
+    deliveries: list[list[Delivery]] = [[] for _ in paths]
     for d, s, r in zip(directions, sent, received, strict=True):
-        for total, one in zip(per_path, path_stats(transport, paths, best, d, s, r), strict=True):
+        for k, (total, one) in enumerate(zip(per_path, path_stats(transport, paths, best, d, s, r),
+                                             strict=True)):
+            if one.used and transport != "wanxport":
+                deliveries[k].append(delivery(scenario.paths[k], d.name, one.payload_bytes, one.active_s))
             total.payload_bytes += one.payload_bytes
             total.retransmitted_bytes += one.retransmitted_bytes
             total.repair_bytes += one.repair_bytes
@@ -270,21 +325,26 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
         payload_bytes=size * len(directions) * steps, completion_s=completion, ideal_s=ideal,
         intact=intact, wall_s=time.perf_counter() - wall_start,
         paths=[PathReport(p.name, st.payload_bytes, st.retransmitted_bytes, st.srtt_s,
-                          st.state or ("active" if st.used else "unused"), {"repair_bytes": st.repair_bytes})
-               for p, st in zip(paths, per_path, strict=True)],
+                          st.state or ("active" if st.used else "unused"),
+                          {"repair_bytes": st.repair_bytes, **_delivered(found)})
+               for p, st, found in zip(paths, per_path, deliveries, strict=True)],
         repair_bytes=sum(st.repair_bytes for st in per_path),
         delivered_bytes=None if intact else (0 if complete else sum(r["bytes"] for r in received)),
         steps=steps, step_s=timing[0] if timing else None,
         **({"think_ms": scenario.transfer.think_ms} if steps > 1 else {}),
         shard_completion_s=spread(timing[1]) if timing else None,
         cc=cc, direction=scenario.transfer.direction, deadline_s=deadline,
-        timed_out=not complete, backend=backend, seed=scenario.seed, settings=settings,
+        finished=complete, timed_out=not complete, backend=backend, seed=scenario.seed, settings=settings,
+        **({} if transport == "wanxport"
+           else {"suspect": suspect([x for found in deliveries for x in found])}),
         digests=digests,
         **(_session_fields(sent, received, complete) if transport == "wanxport" else {}),
         **({"timeline": sent[0].get("timeline", []),
             "diagnostics": [{"direction": d.name, "sender": s.get("diag"), "receiver": r.get("diag")}
                             for d, s, r in zip(directions, sent, received, strict=True)]}
            if transport == "wanxport" else {}),
+        **({"tcp_samples": [_samples(paths, d, s) for d, s in zip(directions, sent, strict=True)]}
+           if transport in TCP_BASED else {}),
     )
 
 
@@ -304,6 +364,24 @@ def _session_fields(sent: list[dict[str, Any]], received: list[dict[str, Any]], 
             "control": sent[0].get("control"), "peers": [r.get("peer") for r in received],
             "preset": sent[0].get("preset"),
             "preset_overrides": sent[0].get("preset_overrides")}
+
+
+def _samples(paths: list[Any], direction: Direction, sent: dict[str, Any]) -> dict[str, Any]:
+    """The sender's per-connection TCP_INFO samples, each named by the path it was bound to."""
+    by_src = {direction.src(p): p.name for p in paths}
+    return {"direction": direction.name,
+            "connections": [{"path": by_src.get(s.get("src") or ""), "active_s": s.get("active_s"),
+                             "fields": s.get("sample_fields"), "samples": s.get("samples", [])}
+                            for s in sent.get("slices", [])]}
+
+
+def _delivered(found: list[Delivery]) -> dict[str, Any]:
+    """A baseline path's delivered rate (the lowest of its directions') and each direction's."""
+    rates = [d.rate_bps for d in found if d.rate_bps is not None]
+    if not found:
+        return {}
+    return {"delivered_rate_bps": round(min(rates)) if rates else None,
+            "delivered": [d.to_dict() for d in found]}
 
 
 def step_timing(transport: str, shards: int, sent: list[dict[str, Any]], received: list[dict[str, Any]]
@@ -337,14 +415,18 @@ def summary(report: dict[str, Any]) -> str:
     from wanxport.units import format_rate, format_size
 
     ideal = f", ideal {report['ideal_s']:.2f} s" if report["ideal_s"] else ""
+    dnf = f"   {DNF} within {report.get('deadline_s', report['completion_s']):.0f} s"
     lines = [
         f"{report['scenario']}: {report['transport']}"
         f"{' (' + report['cc'] + ')' if report.get('cc') else ''} moved "
         f"{format_size(report['payload_bytes'])} in {report['completion_s']:.2f} s{ideal}",
         f"goodput {format_rate(report['goodput_bps'])}   intact "
-        f"{'yes' if report['intact'] else 'NO'}{'   (deadline)' if report.get('timed_out') else ''}"
+        f"{'yes' if report['intact'] else 'NO'}"
+        f"{'' if finished(report) else dnf}"
         f"   wall {report['wall_s']:.1f} s",
     ]
+    if report.get("suspect"):
+        lines.append(f"SUSPECT: {report['suspect']['reason']}")
     if report.get("steps", 1) > 1 and report.get("mean_step_s") is not None:
         lines.append(f"steps {report['steps']}: first {report['first_step_s']:.3f} s, mean "
                      f"{report['mean_step_s']:.3f} s, p90 {report['p90_step_s']:.3f} s, worst "

@@ -86,3 +86,58 @@ def test_two_ranks_per_site_run_the_hooks_chunked_path_over_the_emulated_wan(com
     sent = report["collective_bytes_sent"]
     raw = 2 * 2 * (options.size_bytes // 2) * 2  # 2 sites x 2 ranks, each its half, x 2 steps
     assert (sent < raw / 3.5) if compress == "int8" else (raw <= sent < raw * 1.01), (sent, raw)
+
+
+TWO_ROUTES = """
+name = "gloo-striped-2route"
+seed = 3
+[transfer]
+direction = "both"
+[[paths]]
+name = "fast"
+rtt_ms = 4.0
+bandwidth_mbps = 300.0
+[[paths]]
+name = "slow"
+rtt_ms = 8.0
+bandwidth_mbps = 100.0
+"""
+
+
+def test_the_checker_is_bitwise_for_two_ranks_when_asked() -> None:
+    import numpy as np
+
+    from emulation.baselines.allreduce_app import Checker
+
+    spec = {"ranks_per_site": 1, "count": 1000, "seed": 5, "site": 0, "rank": 0, "bitwise": True}
+    checker = Checker(spec)
+    a, b = (np.random.default_rng([5, s, 0]).standard_normal(1000, dtype=np.float32) for s in (0, 1))
+    assert checker.check(a + b)[0] is True
+    nudged = a + b
+    nudged[7] = np.nextafter(nudged[7], np.float32(np.inf))  # within the tolerance, one ulp off
+    assert checker.check(nudged)[0] is False
+    assert Checker({**spec, "bitwise": False}).check(nudged)[0] is True
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs root to create network namespaces")
+def test_gloo_striped_all_reduces_over_both_routes_bit_for_bit() -> None:
+    """One gloo group per route, the array split 3:1 by capacity: every step's result equals the
+    plain float32 sum bit for bit on both ranks, and both routes carried their stripe."""
+    pytest.importorskip("torch", reason="gloo needs the torch extra")
+    from emulation.allreduce import run_allreduce
+    from wanxport.scenario import parse_scenario
+
+    options = AllreduceOptions("gloo-striped", size_bytes=4 << 20, steps=2, timeout_s=60.0)
+    report = run_allreduce(parse_scenario(TWO_ROUTES), options)
+    assert report["errors"] == [] and report["correct"] is True, report["errors"]
+    assert report["identical_across_ranks"] is True and len(report["step_s"]) == 2
+    stripes = report["settings"]["stripes"]
+    assert [s["elements"] for s in stripes] == [786432, 262144]  # 3:1 of 1 Mi float32
+    assert report["settings"]["net.ipv4.tcp_slow_start_after_idle"] == {"a": "0", "b": "0"}
+    fast, slow = (p["wire_bytes_a_to_b"] for p in report["paths"])
+    # Each route carried at least its stripe's reduce-scatter and all-gather share (2 ranks:
+    # half its bytes each way, twice per step), so neither route idled.
+    assert fast >= 2 * 786432 * 4 // 2 * 2 and slow >= 2 * 262144 * 4 // 2 * 2, (fast, slow)

@@ -96,6 +96,18 @@ def test_tcp_parallel_splits_evenly_over_both_paths(two_paths: Scenario) -> None
     check_report(report, "tcp-parallel", {"p1", "p2"})
     assert report["cc"] == "bbr" and report["settings"]["connections"] == 2
     assert [p["payload_bytes"] for p in report["paths"]] == [SIZE // 2, SIZE // 2]
+    # Each path's delivered rate over the kernel's busy time of its connection, and the
+    # run judged (a 4 MiB transfer is too short for the clean path to be judged suspect).
+    for path in report["paths"]:
+        (one,) = path["delivered"]
+        assert one["delivered_bytes"] == SIZE // 2 and 0 < one["active_s"] <= report["completion_s"] + 0.1
+        assert path["delivered_rate_bps"] == one["rate_bps"] > 0
+    assert [p["delivered"][0]["clean"] for p in report["paths"]] == [True, False]
+    assert "suspect" in report and report["suspect"] is None
+    assert report["settings"]["net.ipv4.tcp_slow_start_after_idle"] == {"a": "0", "b": "0"}
+    (samples,) = report["tcp_samples"]
+    assert [c["path"] for c in samples["connections"]] == ["p1", "p2"]
+    assert all(c["samples"] and c["samples"][0][0] == 0.0 for c in samples["connections"])
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/sys/net/mptcp/enabled"),
@@ -117,7 +129,8 @@ def test_deadline_stops_a_stalled_run_and_reports_what_arrived() -> None:
     assert all(p.events for p in scenario.paths)
     for _ in _cleaned(scenario):
         report = run_experiment(scenario, RunOptions(transport="tcp-parallel", deadline_s=1.0))
-        assert report["intact"] is False and report["timed_out"] is True
+        assert report["intact"] is False and report["timed_out"] is True and report["finished"] is False
+        assert report["suspect"] is None  # both paths have events: neither is clean
         assert report["completion_s"] >= 1.0 and report["deadline_s"] == 1.0
         delivered = report["goodput_bps"] * report["completion_s"] / 8
         assert delivered < SIZE

@@ -2,6 +2,7 @@
 
     python -m emulation.baselines.allreduce_app wanxport '<json spec>'
     python -m emulation.baselines.allreduce_app gloo '<json spec>'
+    python -m emulation.baselines.allreduce_app gloo-striped '<json spec>'
 
 Runner protocol as the other baselines: ``{"event": "ready"}`` once set up (group
 joined / process group initialised, inputs generated), "go" on stdin, then
@@ -16,7 +17,9 @@ all-reduce alone. R > 1: each step is the DDP hook's path for the whole array
 namespace's loopback), an all-reduce of this rank's 1/R slice across sites over
 wanxport, an all-gather inside the site, pipelined in the hook's chunks. gloo: one
 flat torch.distributed world of 2R ranks (ranks contiguous per site),
-``GLOO_SOCKET_IFNAME`` the best route's interface.
+``GLOO_SOCKET_IFNAME`` the best route's interface. gloo-striped: the same world once
+per route (one ``ProcessGroupGloo`` on a device bound to that route's interface), the
+array split over the routes by capacity and every stripe all-reduced at once.
 
 Every rank's input is seeded by (seed, site, rank) and is the same at every step;
 each rank regenerates all inputs to check its result: without compression within
@@ -89,10 +92,16 @@ class Checker:
         self.exact = exact.astype(np.float32)
         self.tol = np.maximum(tol, 1e-30).astype(np.float32)
         self._scratch = np.empty(count, dtype=np.float32)
+        # Two ranks, no compression: the sum has one float32 addition per element, the same
+        # whatever the order, so a plain numpy sum is the exact expected result, bit for bit.
+        self.plain = xs[0][0] + xs[1][0] if spec.get("bitwise") and ranks == 1 and compress is None else None
 
     def check(self, result: np.ndarray) -> tuple[bool, float]:
-        """Every element within its bound, and the largest error as a fraction of the bound."""
+        """Every element within its bound (and, where ``plain`` is set, bitwise equal to it),
+        and the largest error as a fraction of the bound."""
         ok = bool(np.all(result >= self.lo) and np.all(result <= self.hi))
+        if self.plain is not None:
+            ok = ok and bool(np.array_equal(result.view(np.uint32), self.plain.view(np.uint32)))
         err = self._scratch
         np.subtract(result, self.exact, out=err)
         np.abs(err, out=err)
@@ -294,6 +303,43 @@ def gloo_rank(spec: dict[str, Any]) -> None:
     emit({**record.report(), "paths": [], "collective_bytes_sent": None})
 
 
+def gloo_striped_rank(spec: dict[str, Any]) -> None:
+    """One gloo process group per route, each on a device bound to that route's interface;
+    every step all-reduces each route's stripe of the array (``spec["stripes"]``, split by
+    capacity) on its route's group, all stripes in flight together, then waits for all."""
+    import torch.distributed as dist
+    from torch.distributed import ProcessGroupGloo
+
+    checker = Checker(spec)
+    ranks = spec["ranks_per_site"]
+    rank, world = spec["site"] * ranks + spec["rank"], 2 * ranks
+    timeout = timedelta(seconds=spec["timeout"])
+    store = dist.TCPStore(spec["master"], spec["master_port"], world, is_master=rank == 0, timeout=timeout)
+    groups = []
+    for k, route in enumerate(spec["routes"]):
+        options = ProcessGroupGloo._Options()
+        options._devices = [ProcessGroupGloo.create_device(interface=route["ifname"])]
+        options._timeout = timeout
+        groups.append(ProcessGroupGloo(dist.PrefixStore(f"route{k}", store), rank, world, options))
+    work, work_t, record = ready_for_go(spec["count"])
+    stripes = [(groups[k], work_t[offset:offset + length])
+               for k, (offset, length) in enumerate(spec["stripes"]) if length]
+    barrier = groups[spec["best"]]
+    try:
+        for _ in range(spec["steps"]):
+            work[:] = checker.own
+            barrier.barrier().wait()
+            with record.step():
+                pending = [group.allreduce([stripe]) for group, stripe in stripes]
+                for handle in pending:
+                    handle.wait()
+            barrier.barrier().wait()  # CHECK_AFTER_ALL
+            record.verdict(*checker.verdict(work))
+    except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
+        record.failed(exc)
+    emit({**record.report(), "paths": [], "collective_bytes_sent": None})
+
+
 def main(argv: list[str]) -> int:
     comm, spec = argv[0], json.loads(argv[1])
     if comm == "wanxport" and spec["ranks_per_site"] > 1:
@@ -302,6 +348,8 @@ def main(argv: list[str]) -> int:
         run(wanxport_rank(spec))
     elif comm == "gloo":
         gloo_rank(spec)
+    elif comm == "gloo-striped":
+        gloo_striped_rank(spec)
     else:
         raise SystemExit(f"unknown comm {comm!r}")
     return 0

@@ -6,6 +6,9 @@
   network namespace; ``net.core.[rw]mem_max`` are not writable inside one, so
   the programs use SO_SNDBUFFORCE/SO_RCVBUFFORCE, which root may).
 * The requested congestion control, when the kernel has it.
+* ``net.ipv4.tcp_slow_start_after_idle=0`` (``slow_start_after_idle_off``): a connection
+  that waits between training steps keeps its window, as an operator tuning for
+  bulk transfers would configure it.
 * For MPTCP: ``net.mptcp.enabled``, path-manager limits on both sides, one
   ``subflow`` endpoint per extra path on the client side.
 * Source-based policy routing on both gateways, so a socket bound to path k's
@@ -124,3 +127,34 @@ def configure_mptcp(emu: Emulation, first_path: int) -> dict[str, Any]:
             "subflow_endpoints": endpoints, "first_path": emu.paths[first_path].name,
             "scheduler": emu.run("a", ["sysctl", "-n", "net.mptcp.scheduler"],
                                     check=False).stdout.strip() or "default"}
+
+
+# TcpExt counters (per namespace) that say a TCP baseline was held back by the host, not
+# the path: memory pressure (net.ipv4.tcp_mem is one limit for the whole host), pruned or
+# dropped receive queues.
+HOST_LIMIT_COUNTERS = ("TCPMemoryPressures", "TCPMemoryPressuresChrono", "PruneCalled", "RcvPruned",
+                       "OfoPruned", "TCPRcvQDrop", "TCPBacklogDrop", "TCPOFODrop", "TCPSlowStartRetrans",
+                       "TCPLossProbes", "TCPTimeouts")
+
+
+def tcp_counters(emu: Emulation) -> dict[str, dict[str, int]]:
+    """Per gateway, the ``HOST_LIMIT_COUNTERS`` of its namespace's /proc/net/netstat now."""
+    out = {}
+    for side in ("a", "b"):
+        lines = emu.run(side, ["cat", "/proc/net/netstat"]).stdout.splitlines()
+        values: dict[str, int] = {}
+        for names, numbers in zip(lines[::2], lines[1::2], strict=False):
+            if names.startswith("TcpExt:"):
+                values = dict(zip(names.split()[1:], (int(n) for n in numbers.split()[1:]), strict=False))
+        out[side] = {k: values.get(k, 0) for k in HOST_LIMIT_COUNTERS}
+    return out
+
+
+def slow_start_after_idle_off(emu: Emulation) -> dict[str, str]:
+    """``net.ipv4.tcp_slow_start_after_idle=0`` in both gateways: a connection that waited (for
+    the next step, the next stripe) keeps its window instead of starting over from the
+    initial one. Returns the setting as read back, per side."""
+    for side in ("a", "b"):
+        _sysctl(emu, side, "net.ipv4.tcp_slow_start_after_idle", "0")
+    return {side: _read_sysctl(emu, side, "net.ipv4.tcp_slow_start_after_idle") for side in ("a", "b")}
+

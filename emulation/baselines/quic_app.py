@@ -184,10 +184,11 @@ async def send(spec: dict[str, Any]) -> None:
             finished = True
         except asyncio.CancelledError:
             pass
+        active_s = time.monotonic() - t0  # it had data to send until answered or stopped
         rtt = proto._quic._loss._rtt_smoothed
         emit({"event": "done", "t0": t0, "finished": finished,
               "slices": [{"src": None, "offset": 0, "length": spec["size"],
-                          "sha256": hasher.hexdigest(),
+                          "sha256": hasher.hexdigest(), "active_s": round(active_s, 4),
                           "info": {"rtt_us": int(rtt * 1e6), "lost_bytes": proto.lost_bytes}}]})
         proto.close()
 

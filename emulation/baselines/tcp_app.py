@@ -23,6 +23,13 @@ With ``steps`` > 1 (training steps) the same connections carry the payload
 sender sends the next step's headers and slices ``think_ms`` after it reads
 them; both report each step's times on CLOCK_MONOTONIC, shared by the
 namespaces of one host.
+
+Per connection the sender reports ``active_s``, each step from its submission to the
+receiver's byte (or to the deadline): the time an MPTCP connection had data to send
+(a TCP connection's own is the kernel's ``busy_time_us`` in its TCP_INFO, which stops
+when its slice is acknowledged), and ``samples``: its TCP_INFO (or, for MPTCP, every
+subflow's) every ``SAMPLE_S``, which shows whether a slow path was slow from the
+start, after a loss burst or after idling.
 """
 
 from __future__ import annotations
@@ -47,6 +54,12 @@ HEADER = struct.Struct("!QQ")
 RECV_CHUNK = 1 << 20
 IPPROTO_MPTCP = getattr(socket, "IPPROTO_MPTCP", 262)
 LINGER_S = 10.0
+SAMPLE_S = 0.5
+# TCP_INFO fields kept per sample: enough to tell slow start, loss recovery, a closed
+# receive window and a full send buffer apart.
+SAMPLED = ("bytes_acked", "snd_cwnd", "snd_ssthresh", "rtt_us", "ca_state", "pacing_rate_Bps",
+           "delivery_rate_Bps", "notsent_bytes", "snd_wnd", "busy_time_us", "rwnd_limited_us",
+           "sndbuf_limited_us", "total_retrans")
 
 
 class Deadline(Exception):
@@ -266,6 +279,9 @@ class Outgoing:
     hasher: Any = field(default_factory=hashlib.sha256)
     sent: int = 0
     acked: bool = False
+    active_s: float = 0.0  # seconds of the steps up to the receiver's byte (or the deadline)
+    step_start: float = 0.0
+    samples: list[list[Any]] = field(default_factory=list)
 
     def restart(self, chunks: Iterator[memoryview], header: memoryview) -> None:
         """Send the slice again (the next step), header first."""
@@ -302,6 +318,7 @@ def send(spec: dict[str, Any]) -> int:
     steps = int(spec.get("steps", 1))
     think_s = float(spec.get("think_ms", 0.0)) / 1000.0
     submitted: list[float] = []
+    sampler = Sampler(outs, spec["proto"], t0)
     finished = False
     try:
         for step in range(steps):
@@ -314,11 +331,15 @@ def send(spec: dict[str, Any]) -> int:
                                 memoryview(HEADER.pack(out.offset, out.length)))
             submitted.append(time.monotonic())
             for out in outs:
+                out.step_start = submitted[-1]
                 sel.register(out.sock, selectors.EVENT_WRITE, out)
-            _pump(sel, outs)
+            _pump(sel, outs, sampler)
         finished = True
     except Deadline:
-        pass
+        stopped = time.monotonic()
+        for out in outs:
+            if not out.acked:
+                out.active_s += stopped - out.step_start
     report: dict[str, Any] = {"event": "done", "t0": t0, "finished": finished, "submitted": submitted,
                               "slices": [_out_summary(o, spec["proto"]) for o in outs]}
     if spec["proto"] == "mptcp":
@@ -332,14 +353,45 @@ def send(spec: dict[str, Any]) -> int:
     return 0
 
 
-def _pump(sel: selectors.BaseSelector, outs: list[Outgoing]) -> None:
+class Sampler:
+    """Every connection's TCP_INFO (MPTCP: every subflow's) each ``SAMPLE_S`` while sending."""
+
+    def __init__(self, outs: list[Outgoing], proto: str, t0: float) -> None:
+        self.outs, self.proto, self.t0 = outs, proto, t0
+        self.due = t0
+
+    def timeout(self) -> float:
+        """Seconds until the next sample: the selector's timeout."""
+        now = time.monotonic()
+        if now >= self.due:
+            self.sample(now)
+        return max(0.0, self.due - time.monotonic())
+
+    def sample(self, now: float) -> None:
+        self.due = now + SAMPLE_S
+        at = round(now - self.t0, 3)
+        for out in self.outs:
+            try:
+                if self.proto == "mptcp":
+                    rows = [[sub.get("local"), *(sub.get(k) for k in SAMPLED)]
+                            for sub in tcpinfo.mptcp_subflows(out.sock)]
+                    out.samples.append([at, rows])
+                else:
+                    info = tcpinfo.tcp_info(out.sock)
+                    out.samples.append([at, *(info.get(k) for k in SAMPLED)])
+            except OSError:
+                continue
+
+
+def _pump(sel: selectors.BaseSelector, outs: list[Outgoing], sampler: Sampler) -> None:
     """Write every slice, then wait for the receiver's one-byte acknowledgement on each."""
     while not all(o.acked for o in outs):
-        for key, events in sel.select():
+        for key, events in sel.select(sampler.timeout()):
             out: Outgoing = key.data
             if events & selectors.EVENT_READ:
                 if out.sock.recv(16):
                     out.acked = True
+                    out.active_s += time.monotonic() - out.step_start
                     sel.unregister(out.sock)
                 continue
             while True:
@@ -356,7 +408,10 @@ def _pump(sel: selectors.BaseSelector, outs: list[Outgoing]) -> None:
 
 def _out_summary(out: Outgoing, proto: str) -> dict[str, Any]:
     summary: dict[str, Any] = {"src": out.src, "offset": out.offset, "length": out.length,
-                               "sha256": out.hasher.hexdigest()}
+                               "sha256": out.hasher.hexdigest(), "active_s": round(out.active_s, 4),
+                               "sample_fields": ["t_s", *SAMPLED] if proto != "mptcp"
+                               else ["t_s", ["local", *SAMPLED]],
+                               "samples": out.samples}
     try:
         summary["info"] = tcpinfo.tcp_info(out.sock) if proto != "mptcp" else {}
     except OSError:

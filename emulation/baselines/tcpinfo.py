@@ -18,16 +18,28 @@ from typing import Any
 # Offsets into struct tcp_info (include/uapi/linux/tcp.h); stable ABI, append-only.
 TCP_INFO_LEN = 232
 _FIELDS = {  # name: (offset, struct format)
+    "ca_state": (1, "B"),  # 0 open, 1 disorder, 2 CWR, 3 recovery, 4 loss (RTO)
+    "unacked": (24, "I"),
+    "lost": (32, "I"),
     "rtt_us": (68, "I"),
+    "snd_ssthresh": (76, "I"),
     "min_rtt_us": (148, "I"),
     "snd_cwnd": (80, "I"),
     "snd_mss": (16, "I"),
     "total_retrans": (100, "I"),
+    "pacing_rate_Bps": (104, "Q"),
     "bytes_acked": (120, "Q"),
     "bytes_received": (128, "Q"),
+    "notsent_bytes": (144, "I"),
     "delivery_rate_Bps": (160, "Q"),
+    # Microseconds the connection had data in flight or queued, and the parts of it
+    # limited by the peer's receive window and by our own send buffer.
+    "busy_time_us": (168, "Q"),
+    "rwnd_limited_us": (176, "Q"),
+    "sndbuf_limited_us": (184, "Q"),
     "bytes_sent": (200, "Q"),
     "bytes_retrans": (208, "Q"),
+    "snd_wnd": (228, "I"),  # the peer's advertised receive window, bytes
 }
 
 SOL_MPTCP = 284

@@ -112,6 +112,7 @@ class PathStats:
     srtt_s: float | None = None
     used: bool = False
     state: str | None = None  # the transport's own path state, when it has one
+    active_s: float = 0.0  # seconds the path's connection had payload not yet acknowledged
 
 
 def path_stats(transport: str, paths: list[PathInfo], best: int, direction: Direction,
@@ -126,21 +127,29 @@ def path_stats(transport: str, paths: list[PathInfo], best: int, direction: Dire
         return stats
     by_src = {direction.src(p): k for k, p in enumerate(paths)}
     if transport == "mptcp" and sent.get("subflows"):
+        # Every subflow could have been given data while the one MPTCP connection had some.
+        active = float(sent["slices"][0].get("active_s", 0.0)) if sent.get("slices") else 0.0
         for sub in sent["subflows"]:
             k = by_src.get(sub.get("local") or "")
             if k is not None:
-                _fill(stats[k], sub.get("bytes_acked", 0), sub)
+                _fill(stats[k], sub.get("bytes_acked", 0), sub, active)
         return stats
     # "carried": every step's bytes on that connection (one step's without it).
     received_by_offset = {s["offset"]: s.get("carried", s["received"]) for s in received.get("slices", [])}
     for s in sent.get("slices", []):
         k = by_src.get(s.get("src") or "", best)
-        _fill(stats[k], received_by_offset.get(s["offset"], 0), s.get("info", {}))
+        info = s.get("info", {})
+        # The kernel's own clock of the time the connection had data queued or in flight
+        # (tcpi_busy_time); the sender's count, to the receiver's byte, where it has none.
+        busy_us = info.get("busy_time_us")
+        _fill(stats[k], received_by_offset.get(s["offset"], 0), info,
+              busy_us / 1e6 if busy_us else float(s.get("active_s", 0.0)))
     return stats
 
 
-def _fill(stat: PathStats, carried: int, info: dict[str, Any]) -> None:
+def _fill(stat: PathStats, carried: int, info: dict[str, Any], active_s: float) -> None:
     stat.used = True
+    stat.active_s = max(stat.active_s, active_s)
     stat.payload_bytes += int(carried)
     stat.retransmitted_bytes += int(info.get("bytes_retrans", info.get("lost_bytes", 0)))
     if info.get("rtt_us"):
