@@ -262,16 +262,20 @@ def matrix_table(figure: dict[str, Any]) -> list[str]:
     return lines
 
 
-def matrix_headline(figure: dict[str, Any]) -> list[str]:
+def matrix_headline(figure: dict[str, Any], figures: dict[str, dict[str, Any]]) -> list[str]:
+    """One row per ``headline_rows`` entry: [scenario, label] and optionally a caveat,
+    {"figure": id, "text": template}, rendered from that (later) figure's reports."""
     cells = matrix(figure)
     lines = []
-    for scenario, label in figure["headline_rows"]:
+    for scenario, label, *caveat in figure["headline_rows"]:
         row = cells[scenario]
         ours = row["wanxport"]
         ideal = ours[0]["ideal_s"]
         mine = statistics.median(r["completion_s"] for r in ours)
         best = best_baseline(row)
         against = versus(ours, *best) if best else "no baseline in this run"
+        for note in caveat:
+            against += "; " + render(note["text"], figures[note["figure"]])
         lines.append(f"| {label} | {ideal:.2f} s | **{mine:.2f} s** | {against} |")
     return lines
 
@@ -362,7 +366,7 @@ def headline(index: dict[str, Any]) -> str:
     lines = [BEGIN, head["matrix_intro"].format(host=hosts[matrix_figure["host"]]["cpu"],
                                                  commit=matrix_figure["commit"], date=matrix_figure["date"]),
              "", "| scenario | ideal | wanxport | best baseline (same run) |", "|---|---|---|---|"]
-    lines += matrix_headline(matrix_figure)
+    lines += matrix_headline(matrix_figure, figures)
     lines += ["", "| training and operations | result | measured |", "|---|---|---|"]
     for row in head["rows"]:
         figure = figures[row["figure"]]
