@@ -23,13 +23,16 @@ from wanxport.gateway.session import GatewaySession
 
 from .errors import CollectiveError
 from .group import DEFAULT_TIMEOUT_S, Group
+from .link import LIVENESS_MIN_S
 from .pool import ReceivePool
+from .world import World
 
 log = logging.getLogger(__name__)
 
 PathSpec = str | Address
 PathsArg = Sequence[PathSpec] | Mapping[int, Sequence[PathSpec]]
 RETRY_S = 0.2
+JOIN_TIMEOUT_S = 60.0  # every site must be up and connected within this (join's default)
 # The control channel (verdicts, announcements, keys) shares the paths a collective
 # saturates with its own data: at the gateway default of 2 s a few keepalives lost
 # in full drop-tail queues made it re-dial mid-step under load. A dead peer is
@@ -104,7 +107,8 @@ async def accept(paths: list[Address], identity: str | os.PathLike[str], ca: str
 
 async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[str],
                ca: str | os.PathLike[str], paths: PathsArg, options: GatewayOptions | None = None,
-               timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = 60.0) -> Group:
+               timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = JOIN_TIMEOUT_S,
+               liveness_min_s: float = LIVENESS_MIN_S) -> Group:
     """Join the group as site ``site``: one persistent session with every other site.
 
     ``peers``: every site's certificate name in site-index order (this site's included).
@@ -113,12 +117,16 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
     {peer index: [...]}, or, with two sites, the one list; for a pair (i, j), i < j, they
     are site j's ports (j listens, i dials) and both sites pass the same list.
     ``options``: gateway options (default ``default_options()``: a 10 s control timeout).
-    ``timeout``: the default per-collective timeout; ``join_timeout``: for the whole setup.
+    ``timeout``: the default per-call timeout; ``join_timeout``: for the whole setup;
+    ``liveness_min_s``: the least a peer may be silent on every path before it counts
+    as dead (the bound is max(this, 4 x the largest smoothed RTT): ``link``).
     Raises CollectiveError naming a site that did not come, or came with the wrong name.
+    Returns the world's group; ``group.new_group(ranks)`` makes groups of subsets of it
+    on the same sessions.
     """
     names = list(peers)
     if len(names) < 2:
-        raise ValueError("peers: a group needs at least two sites")
+        raise ValueError("peers: a world needs at least two sites (a group of one: new_group([site]))")
     if len(set(names)) != len(names):
         raise ValueError(f"peers: site names must be unique, got {names}")
     if not 0 <= site < len(names):
@@ -127,7 +135,7 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
         raise ValueError("timeout and join_timeout must be > 0 seconds")
     per_peer = pair_paths(site, len(names), paths)
     options = options or default_options()
-    group = Group(site, names, timeout)
+    world = World(site, names, timeout, liveness_min_s)
     deadline = time.monotonic() + join_timeout
 
     async def connect_one(peer: int) -> None:
@@ -144,12 +152,15 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
                 listener.close()
             raise CollectiveError(f"site {peer}: expected certificate {names[peer]!r}, "
                                   f"got {session.peer_name!r}", names[peer])
-        group.add_link(peer, session, listener, pool)
+        world.add_link(peer, session, listener, pool)
 
     results = await asyncio.gather(*(connect_one(p) for p in per_peer), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
-        await group.close(drain_s=0.0)
+        await world.close(drain_s=0.0)
         raise failures[0]
+    group = world.new_group(range(len(names)))
+    assert group is not None
+    world.root_gid = group.gid
     log.info("site %s joined a group of %d sites", names[site], len(names))
     return group
