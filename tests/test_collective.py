@@ -241,7 +241,8 @@ async def test_group_sessions_acknowledge_at_the_wan_delay_on_both_sides(pki: Pa
 
 def per_step_state(group: Group) -> dict[str, int]:
     """Everything a group, its links and their sessions keep that could grow per collective."""
-    sizes = {"inbox": len(group._inbox), "waiters": len(group._waiters), "finished": sum(len(q.finished) for q in group._sequences.values()),
+    sizes = {"inbox": len(group._inbox), "waiters": len(group._waiters),
+             "finished": sum(len(q.finished) for q in group._sequences.values()),
              "sequences": len(group._sequences),
              "tallies": len(group._tallies), "send_sending": len(group.send_pool._sending),
              "send_over": len(group.send_pool._over)}

@@ -111,6 +111,17 @@ def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
         dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
     except ValueError as exc:
         out["max_error"] = str(exc)
+    # Site 0 passes a transposed view (refused there); site 1's matching call must fail naming
+    # site 0 and the reason, and the next call must still pair (101 at both, never 11).
+    square = torch.arange(100.0).reshape(10, 10)
+    try:
+        dist.all_reduce(square.t() if site == 0 else square)
+        out["transposed"] = "returned"
+    except Exception as exc:  # noqa: BLE001 - the test checks what it was
+        out["transposed"] = f"{type(exc).__name__}: {exc}"
+    after = torch.full((4,), 100.0 if site == 0 else 1.0)
+    dist.all_reduce(after)
+    out["after_transposed"] = after.tolist()
     # Site 1 stops calling: site 0's next collective must fail within the timeout.
     if site == 0:
         started = time.monotonic()

@@ -95,6 +95,16 @@ class SyncGroup:
     def barrier(self, timeout: float | None = None) -> None:
         self._call(self.group.barrier(timeout))
 
+    def send(self, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+        self._call(self.group.send(array, dst, tag, timeout))
+
+    def recv(self, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> Any:
+        return self._call(self.group.recv(array, src, tag, timeout))
+
+    def refuse(self, op: str, reason: str) -> ValueError:
+        """``Group.refuse`` from this thread: the refused call takes its place in the sequence."""
+        return self._call(_value(self.group.refuse, op, reason))  # type: ignore[no-any-return]
+
     def stats(self) -> list[CallStats]:
         return self._call(_value(self.group.stats))  # type: ignore[no-any-return]
 
@@ -123,8 +133,8 @@ async def _cancel_the_rest() -> None:
     await asyncio.gather(*others, return_exceptions=True)
 
 
-async def _value(fn: Any) -> Any:
-    return fn()
+async def _value(fn: Any, *args: Any) -> Any:
+    return fn(*args)
 
 
 def join_sync(site: int, peers: list[str], **kwargs: Any) -> SyncGroup:
