@@ -14,7 +14,8 @@ probes). While nothing arrives for a third of the bound the link sends a
 heartbeat (a header-only shard, which the peer's data plane acknowledges); when
 nothing arrives on any path for ``liveness_bound_s`` — max(``LIVENESS_MIN_S``,
 ``LIVENESS_RTTS`` x the largest smoothed RTT of its paths) — the peer is dead or
-cut off and the link fails naming it and the path it was last heard on.
+cut off and the link fails naming it and the path it was last heard on. Time this
+site's own loop was too busy to read its sockets does not count as the peer's silence.
 """
 
 from __future__ import annotations
@@ -159,14 +160,23 @@ class Link:
         return f"last heard on path {path} {ago:.1f} s ago"
 
     async def _watch(self) -> None:
-        """Heartbeats while quiet; the link fails once the peer is silent past the bound."""
+        """Heartbeats while quiet; the link fails once the peer is silent past the bound.
+
+        Silence counts only time this site's loop could have heard the peer: when the
+        watcher itself wakes late (the loop was busy: datagrams may sit unread in the
+        sockets), the count starts again from its wake."""
         ping: asyncio.Task[None] | None = None
         clock = self.session.endpoint.clock
+        listening_since = clock()
         while True:
             bound = self.liveness_bound_s()
+            due = clock() + bound / 6
             await asyncio.sleep(bound / 6)
+            now = clock()
+            if now - due > bound / 6:
+                listening_since = now
             _, at = self.last_heard()
-            silent = clock() - at
+            silent = now - max(at, listening_since)
             if silent >= bound:
                 self._fail(f"{self.who}: dead or cut off: nothing heard on any path for {silent:.1f} s "
                            f"(liveness bound {bound:.1f} s); {self.describe_silence()}")
