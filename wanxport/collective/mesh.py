@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
+from wanxport.control.certs import CertificateError
 from wanxport.gateway.config import Address, GatewayOptions, parse_hostport
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
@@ -53,6 +54,19 @@ def default_options() -> GatewayOptions:
     return GatewayOptions(control_timeout_s=CONTROL_TIMEOUT_S, ack_delay_s=ACK_DELAY_S, segments=SEGMENTS)
 
 
+def certificate_refused(peer: str, exc: Exception, we_dialed: bool) -> CollectiveError:
+    """A TLS refusal between this site and ``peer``, saying whose certificate was refused.
+
+    The control layer's reason names the refused side by its TLS role ("client
+    certificate ... refused" or "server certificate refused"); this site dialed as
+    the client when ``we_dialed``."""
+    text = str(exc)
+    ours = ("client certificate" in text) == we_dialed
+    if ours:
+        return CollectiveError(f"this site's own certificate or CA was refused by site {peer}: {text}", peer)
+    return CollectiveError(f"site {peer}'s certificate is refused by this site's CA: {text}", peer)
+
+
 def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Address]]:
     """Each peer index -> the paths of our session with it (ValueError, one line, if missing)."""
     if not isinstance(paths, Mapping):
@@ -76,33 +90,44 @@ def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Addre
 async def dial(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
                options: GatewayOptions | None, deadline: float, peer: str, pool: ReceivePool,
                ) -> GatewaySession:
-    """Connect, retrying while the peer is not listening yet, until ``deadline`` (monotonic)."""
+    """Connect, retrying while the peer is not listening yet, until ``deadline`` (monotonic).
+    A certificate refused either way ends it at once, saying whose."""
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             return await asyncio.wait_for(initiate(paths, identity, ca, options, allocator=pool.allocate),
                                           max(0.1, deadline - time.monotonic()))
+        except CertificateError as exc:
+            raise certificate_refused(peer, exc, we_dialed=True) from None
         except (TimeoutError, ConnectionError, OSError) as exc:
             last = exc
             await asyncio.sleep(RETRY_S)
-    raise CollectiveError(f"site {peer}: no session within the join timeout ({last})", peer)
+    raise CollectiveError(f"site {peer} never arrived: no session within the join timeout ({last})", peer)
 
 
 async def accept(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
                  options: GatewayOptions | None, deadline: float, peer: str, pool: ReceivePool,
                  ) -> tuple[GatewaySession, GatewayListener]:
-    """Listen on the pair's paths and take the one session the peer opens."""
+    """Listen on the pair's paths and take the one session the peer opens; a connection
+    refused for its certificate (ours by the peer, or the peer's by us) ends it at once."""
     listener = GatewayListener(paths, identity, ca, options, allocator=pool.allocate)
     await listener.start()
+    accepting = asyncio.ensure_future(listener.accept())
+    refused = asyncio.ensure_future(listener.rejections.get())
     try:
-        session = await asyncio.wait_for(listener.accept(), max(0.1, deadline - time.monotonic()))
-    except TimeoutError:
-        listener.close()
-        raise CollectiveError(f"site {peer}: did not connect within the join timeout", peer) from None
+        done, _ = await asyncio.wait({accepting, refused}, timeout=max(0.1, deadline - time.monotonic()),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if accepting in done:
+            return accepting.result(), listener
+        if refused in done:
+            raise certificate_refused(peer, refused.result(), we_dialed=False)
+        raise CollectiveError(f"site {peer} never arrived: it did not connect within the join timeout", peer)
     except BaseException:
         listener.close()
         raise
-    return session, listener
+    finally:
+        for task in (accepting, refused):
+            task.cancel()
 
 
 async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[str],
