@@ -24,7 +24,11 @@ from .buffers import as_array, flat_work, write_back
 from .message import HEADER_BYTES, P2P_DATA, P2P_REPLY, Call, Header, new_payload, text_payload, wire_shape
 
 if TYPE_CHECKING:
-    from .group import Group, Handle
+    import asyncio
+    from collections.abc import Coroutine
+
+    from .group import Channel, Got, Handle, Key, _Sequence
+    from .link import Link
 
 TAG_LIMIT = 1 << 63
 
@@ -32,17 +36,33 @@ TAG_LIMIT = 1 << 63
 class PointToPoint:
     """The point-to-point half of ``Group`` (a mixin: it runs on the group's plumbing)."""
 
-    async def send(self: Group, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+    if TYPE_CHECKING:  # what it uses of ``Group``
+        gid: int
+        site: int
+        size: int
+        names: list[str]
+        links: dict[int, Link]
+
+        def _check_usable(self) -> None: ...
+        def _sequence(self, channel: Channel) -> _Sequence: ...
+        def _receive(self, key: Key) -> asyncio.Future[Got]: ...
+        def _check_header(self, call: Call, peer: int, header: Header,
+                          body: npt.NDArray[np.uint8]) -> None: ...
+        def _over(self, channel: Channel, seq: int, peers: list[int]) -> None: ...
+        def _run(self, call: Call, work: Coroutine[Any, Any, Any], timeout: float | None,
+                 channel: Channel = ..., peers: list[int] | None = None) -> Coroutine[Any, Any, Any]: ...
+
+    async def send(self, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
         """Send ``array`` (numpy array or CPU tensor, any size) to member ``dst`` under ``tag``;
         returns once ``dst``'s matching ``recv`` has it."""
         await self.isend(array, dst, tag, timeout)
 
-    async def recv(self: Group, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> Any:
+    async def recv(self, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> Any:
         """Receive into ``array`` (same dtype and shape as the sender's) from member ``src``'s
         next send under ``tag``; returns ``array``."""
         return await self.irecv(array, src, tag, timeout)
 
-    def isend(self: Group, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Handle:
+    def isend(self, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Handle:
         """``send`` started now (its place in the (dst, tag) order is this call's); a handle."""
         from .group import Handle
 
@@ -53,7 +73,7 @@ class PointToPoint:
         call = self._p2p_call("send", channel, arr, dst, tag)
         return Handle(call, self._run(call, self._send(call, arr), timeout, channel, [dst]))
 
-    def irecv(self: Group, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> Handle:
+    def irecv(self, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> Handle:
         """``recv`` started now (its place in the (src, tag) order is this call's); a handle."""
         from .group import Handle
 
@@ -68,7 +88,7 @@ class PointToPoint:
 
     # -- the two ends ------------------------------------------------------------
 
-    async def _send(self: Group, call: Call, arr: npt.NDArray[Any]) -> None:
+    async def _send(self, call: Call, arr: npt.NDArray[Any]) -> None:
         from .group import _cpu
 
         payload = await _cpu(arr.nbytes, _message_of, arr)
@@ -76,7 +96,7 @@ class PointToPoint:
         peer, header, body = await self._receive((call.peer, P2P_REPLY, call.tag, call.seq, 0))
         self._check_header(call, peer, header, body)
 
-    async def _recv(self: Group, call: Call, arr: npt.NDArray[Any], original: Any) -> Any:
+    async def _recv(self, call: Call, arr: npt.NDArray[Any], original: Any) -> Any:
         from .group import _check_body, _cpu
 
         got = await self._receive((call.peer, P2P_DATA, call.tag, call.seq, 0))
@@ -98,7 +118,7 @@ class PointToPoint:
 
     # -- checks ------------------------------------------------------------------
 
-    def _check_peer(self: Group, peer: int, what: str, tag: int) -> None:
+    def _check_peer(self, peer: int, what: str, tag: int) -> None:
         """Arguments without which no other site is involved: a plain ValueError, no number taken."""
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.size \
                 or peer == self.site:
@@ -107,13 +127,13 @@ class PointToPoint:
         if isinstance(tag, bool) or not isinstance(tag, int) or not -TAG_LIMIT <= tag < TAG_LIMIT:
             raise ValueError(f"tag: {tag!r} is not a 64-bit integer")
 
-    def _p2p_call(self: Group, op: str, channel: tuple[int, int, int], arr: npt.NDArray[Any], peer: int,
+    def _p2p_call(self, op: str, channel: tuple[int, int, int], arr: npt.NDArray[Any], peer: int,
                   tag: int) -> Call:
         self._check_usable()
         return Call(self._sequence(channel).take(), op, int(arr.size), arr.dtype.str, group=self.gid, tag=tag,
                     peer=peer, shape=wire_shape(arr.shape), ndim=arr.ndim)
 
-    def _refusing_p2p(self: Group, op: str, channel: tuple[int, int, int], abort: str, peer: int) -> Any:
+    def _refusing_p2p(self, op: str, channel: tuple[int, int, int], abort: str, peer: int) -> Any:
         from .group import refusing
 
         def refuse(exc: ValueError) -> None:
