@@ -301,6 +301,9 @@ class Group(PointToPoint):
             return
         self._transition(GroupEvent.CLOSE, CollectiveError("the group is closed"))
         self.world.retire(self)
+        for peer, kind, tag, seq, _ in self._inbox:  # messages never received: their buffers go back
+            self.links[peer].pool.release((self.gid, kind, tag, seq))
+        self._inbox.clear()
 
     def closed_by_world(self) -> None:
         self._transition(GroupEvent.CLOSE, CollectiveError("the group is closed"))
