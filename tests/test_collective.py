@@ -316,6 +316,17 @@ def test_sync_group_from_threads(pki: Path) -> None:
         for t in blocking:
             t.join(30)
         assert [s.op for s in groups[0].stats()] == ["all_reduce", "barrier"]
+        pairs = [g.new_group([0, 1]) for g in groups]  # on the same loop and sessions
+        box = np.zeros(5)
+        sending = pairs[0].isend(np.arange(5.0), dst=1, tag=2)
+        assert pairs[1].irecv(box, src=0, tag=2).wait(30) is box
+        sending.wait(30)
+        assert box.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        for pair in pairs:
+            pair.close()  # the subgroup only: the world's group goes on
+        assert [s.op for s in groups[0].stats()] == ["all_reduce", "barrier"]
+        handles = [g.all_reduce_async(np.ones(2)) for g in groups]
+        assert [h.wait(30).tolist() for h in handles] == [[2.0, 2.0]] * 2
     finally:
         for g in groups:
             g.close()
