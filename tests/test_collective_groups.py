@@ -90,3 +90,40 @@ async def test_a_mismatch_or_refusal_in_one_group_leaves_the_others_working(pki:
         await asyncio.gather(*(g.barrier() for g in world))
     finally:
         await close_all(world)
+
+
+async def test_a_call_on_a_group_a_peer_has_not_created_yet_waits_for_it(pki: Path) -> None:
+    world = await join_all(pki, 2)
+    try:
+        arrived = asyncio.Event()
+        link = world[1].links[0]
+        deliver = link._deliver
+
+        def noting(*args: object) -> bool:
+            kept = deliver(*args)
+            arrived.set()
+            return kept
+
+        link._deliver = noting
+        early = world[0].new_group([0, 1])
+        first = np.full(3, 4.0)
+        started = asyncio.ensure_future(early.all_reduce(first))
+        await arrived.wait()  # its message reached site 1, which has no such group yet
+        assert early.gid in world[1].world._early and not started.done()
+        late = world[1].new_group([0, 1])
+        second = np.full(3, 5.0)
+        await asyncio.gather(started, late.all_reduce(second))
+        assert first.tolist() == second.tolist() == [9.0] * 3
+    finally:
+        await close_all(world)
+
+
+def test_the_state_table_answers_every_pair_and_only_closing_ends_it() -> None:
+    from wanxport.collective.state import TRANSITIONS, GroupEvent, advance
+
+    assert set(TRANSITIONS) == {(s, e) for s in GroupState for e in GroupEvent}
+    assert advance(GroupState.OPEN, GroupEvent.MEMBER_LOST) is GroupState.MEMBER_GONE
+    assert advance(GroupState.MEMBER_GONE, GroupEvent.POISON) is GroupState.POISONED
+    assert advance(GroupState.POISONED, GroupEvent.MEMBER_LOST) is GroupState.POISONED
+    assert all(advance(GroupState.CLOSED, e) is GroupState.CLOSED for e in GroupEvent)
+    assert all(advance(s, GroupEvent.CLOSE) is GroupState.CLOSED for s in GroupState)
