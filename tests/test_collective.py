@@ -241,7 +241,9 @@ async def test_group_sessions_acknowledge_at_the_wan_delay_on_both_sides(pki: Pa
 
 def per_step_state(group: Group) -> dict[str, int]:
     """Everything a group, its links and their sessions keep that could grow per collective."""
-    sizes = {"inbox": len(group._inbox), "waiters": len(group._waiters), "finished": len(group._finished),
+    sizes = {"inbox": len(group._inbox), "waiters": len(group._waiters),
+             "finished": sum(len(q.finished) for q in group._sequences.values()),
+             "sequences": len(group._sequences),
              "tallies": len(group._tallies), "send_sending": len(group.send_pool._sending),
              "send_over": len(group.send_pool._over)}
     for link in group.links.values():
@@ -314,6 +316,17 @@ def test_sync_group_from_threads(pki: Path) -> None:
         for t in blocking:
             t.join(30)
         assert [s.op for s in groups[0].stats()] == ["all_reduce", "barrier"]
+        pairs = [g.new_group([0, 1]) for g in groups]  # on the same loop and sessions
+        box = np.zeros(5)
+        sending = pairs[0].isend(np.arange(5.0), dst=1, tag=2)
+        assert pairs[1].irecv(box, src=0, tag=2).wait(30) is box
+        sending.wait(30)
+        assert box.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        for pair in pairs:
+            pair.close()  # the subgroup only: the world's group goes on
+        assert [s.op for s in groups[0].stats()] == ["all_reduce", "barrier"]
+        handles = [g.all_reduce_async(np.ones(2)) for g in groups]
+        assert [h.wait(30).tolist() for h in handles] == [[2.0, 2.0]] * 2
     finally:
         for g in groups:
             g.close()

@@ -67,6 +67,13 @@ def test_unsupported_reduce_op_is_a_clear_error(sites: list[dict[str, object]]) 
     assert "SUM or AVG" in str(sites[0]["max_error"])
 
 
+def test_a_call_refused_at_one_site_fails_at_both_and_the_next_pairs(sites: list[dict[str, object]]) -> None:
+    here, there = str(sites[0]["transposed"]), str(sites[1]["transposed"])
+    assert here.startswith("ValueError") and "contiguous" in here, here
+    assert there.startswith("CollectiveError") and "site-0" in there and "contiguous" in there, there
+    assert sites[0]["after_transposed"] == sites[1]["after_transposed"] == [101.0] * 4
+
+
 def test_a_stalled_site_makes_the_call_raise_within_the_timeout(sites: list[dict[str, object]]) -> None:
     stalled = str(sites[0]["stalled"])
     assert stalled.startswith("CollectiveError") and "site-1" in stalled, stalled

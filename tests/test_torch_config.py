@@ -99,3 +99,15 @@ def test_cuda_tensor_is_staged_in_chunks_and_reduced_in_place() -> None:
     staged_all_reduce(tensor, start, chunk_bytes=4096)
     assert seen == [1024] * 9 + [784]
     assert torch.equal(tensor.cpu(), torch.arange(10_000, dtype=torch.float32) * 2)
+
+
+def test_a_site_that_never_publishes_itself_is_named_by_rank(tmp_path: Path) -> None:
+    from wanxport.control.certs import make_test_pki
+    from wanxport.torch.rendezvous import join_through_store
+
+    make_test_pki(tmp_path / "pki", ["site-0", "site-1", "site-2"])
+    config = wt.SiteConfig.make(tmp_path / "pki" / "site-0", tmp_path / "pki" / "ca.pem", ["127.0.0.1:1"])
+    store = dist.FileStore(str(tmp_path / "store"), 3)
+    store.set("wanxport/site/1", '{"name": "site-1", "paths": ["127.0.0.1:2"]}')  # site 2 never comes
+    with pytest.raises(wt.CollectiveError, match=r"site rank\(s\) \[2\] never arrived"):
+        join_through_store(store, 0, 3, config, timeout=1.0)

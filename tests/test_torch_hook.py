@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch", reason="wanxport.torch needs the torch extra (pip install 'wanxport[torch]')")
 
 from gateway_helpers import free_path_ports  # noqa: E402
-from torch_helpers import chunked_worker, hook_failure_worker, read, run_ranks  # noqa: E402
+from torch_helpers import chunked_worker, hook_failure_worker, read, refused_hook_worker, run_ranks  # noqa: E402
 
 from wanxport.control.certs import make_test_pki  # noqa: E402
 
@@ -66,3 +66,15 @@ def test_a_tensor_larger_than_a_chunk_is_reduced_in_chunks_in_place(tmp_path: Pa
         assert all(r[f"same_tensor_{mean}"] for r in got), "the future's value is not the caller's tensor"
         assert max(r[f"max_err_{mean}"] for r in got) < 1e-5, got
         assert len({r[f"digest_{mean}"] for r in got}) == 1, "ranks disagree bit for bit"
+
+
+def test_a_tensor_refused_at_one_site_fails_at_the_other_and_the_next_pairs(tmp_path: Path) -> None:
+    make_test_pki(tmp_path / "pki", ["site-0", "site-1"])
+    first_port = free_path_ports(2)[0]
+    codes = run_ranks(refused_hook_worker, 2, (tmp_path, first_port, 20.0), deadline_s=150)
+    assert codes == [0, 0], codes
+    here, there = (read(tmp_path / f"site-{s}.json") for s in range(2))
+    assert here["refused"].startswith("ValueError") and "contiguous" in here["refused"], here
+    assert there["refused"].startswith("CollectiveError") and "site-0" in there["refused"], there
+    assert "contiguous" in there["refused"], there
+    assert here["after"] == there["after"] == [101.0] * 4

@@ -111,6 +111,17 @@ def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
         dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
     except ValueError as exc:
         out["max_error"] = str(exc)
+    # Site 0 passes a transposed view (refused there); site 1's matching call must fail naming
+    # site 0 and the reason, and the next call must still pair (101 at both, never 11).
+    square = torch.arange(100.0).reshape(10, 10)
+    try:
+        dist.all_reduce(square.t() if site == 0 else square)
+        out["transposed"] = "returned"
+    except Exception as exc:  # noqa: BLE001 - the test checks what it was
+        out["transposed"] = f"{type(exc).__name__}: {exc}"
+    after = torch.full((4,), 100.0 if site == 0 else 1.0)
+    dist.all_reduce(after)
+    out["after_transposed"] = after.tolist()
     # Site 1 stops calling: site 0's next collective must fail within the timeout.
     if site == 0:
         started = time.monotonic()
@@ -209,3 +220,35 @@ def chunked_worker(global_rank: int, work: Path, first_port: int, timeout: float
     group.close()
     dist.destroy_process_group()
     write(work / f"rank-{global_rank}.json", out)
+
+
+def refused_hook_worker(site: int, work: Path, first_port: int, timeout: float) -> None:
+    """2 sites x 1 rank: site 0 hands ``allreduce_tensor`` a strided view (refused), site 1 a
+    good tensor; then both a good one. Records what each call gave."""
+    import torch
+    import torch.distributed as dist
+
+    from wanxport.collective import join_sync
+    from wanxport.torch import HookState, allreduce_tensor
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 1), rank=0,
+                            world_size=1, timeout=timedelta(seconds=timeout))
+    pki = work / "pki"
+    group = join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
+                      paths=[f"127.0.0.1:{first_port + i}" for i in range(2)], timeout=timeout)
+    state = HookState(group, timeout=timeout)
+    out: dict[str, Any] = {}
+    try:
+        first = torch.arange(16.0)[::2] if site == 0 else torch.ones(8)
+        allreduce_tensor(state, first, name="t").wait()
+        out["refused"] = "returned"
+    except Exception as exc:  # noqa: BLE001 - the test checks what it was
+        out["refused"] = f"{type(exc).__name__}: {exc}"
+    state = HookState(group, timeout=timeout)  # a failed state refuses later buckets: a fresh one
+    after = torch.full((4,), 100.0 if site == 0 else 1.0)
+    allreduce_tensor(state, after, name="u").wait()
+    out["after"] = after.tolist()
+    write(work / f"site-{site}.json", out)
+    state.close()
+    group.close()
+    dist.destroy_process_group()

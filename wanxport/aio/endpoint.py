@@ -140,6 +140,9 @@ class Endpoint:
         self._held_timer: asyncio.TimerHandle | None = None
         self._closed: asyncio.Future[SessionClosed] | None = None
         self._heard: list[bool] | None = None  # probe_paths() in progress
+        # When each path last brought a datagram of this session (clock(); -inf before the
+        # first): a session's liveness, read by whoever bounds how long a silent peer may be.
+        self.last_heard = [float("-inf")] * len(config.sockets)
         self._all_heard: asyncio.Future[None] | None = None
         self.malformed_controls = 0
         self.receive_passes = 0  # drains of one or more paths handed to the session together
@@ -456,8 +459,10 @@ class Endpoint:
     def _absorb(self, path_id: int, received: Received, now: float, grown: set[int]) -> None:
         """Hand what a path received to the session; add to ``grown`` the shards it may have grown."""
         session = self.session
-        if self._heard is not None and (received.runs or received.controls):
-            self._note_heard(path_id)
+        if received.runs or received.controls:
+            self.last_heard[path_id] = now
+            if self._heard is not None:
+                self._note_heard(path_id)
         if received.runs:
             self.data_records += received.datagrams
             self.data_runs += len(received.runs)

@@ -8,6 +8,8 @@
     await group.all_reduce(grads, op="mean", compress="int8", name="bucket0")
     handle = group.all_reduce_async(bucket1)     # overlaps with what follows
     await handle
+    await group.send(activations, dst=1, tag=7)     # point-to-point (``recv`` at site 1)
+    pair = group.new_group([0, 1])                  # a subgroup on the same sessions
     await group.close()
 
 ``join_sync`` gives the same group to non-async code. See docs/notes/collective.md.
@@ -16,8 +18,12 @@
 from .codec import CODECS, INT8_BLOCK, error_bound
 from .errors import CollectiveError
 from .group import DEFAULT_TIMEOUT_S, CallStats, Group, Handle, part_bounds
-from .mesh import join
+from .link import LIVENESS_MIN_S
+from .mesh import JOIN_TIMEOUT_S, join
+from .state import GroupEvent, GroupState
 from .sync import SyncGroup, SyncHandle, join_sync
+from .world import World
 
-__all__ = ["CODECS", "DEFAULT_TIMEOUT_S", "INT8_BLOCK", "CallStats", "CollectiveError", "Group", "Handle",
-           "SyncGroup", "SyncHandle", "error_bound", "join", "join_sync", "part_bounds"]
+__all__ = ["CODECS", "DEFAULT_TIMEOUT_S", "INT8_BLOCK", "JOIN_TIMEOUT_S", "LIVENESS_MIN_S", "CallStats",
+           "CollectiveError", "Group", "GroupEvent", "GroupState", "Handle", "SyncGroup", "SyncHandle",
+           "World", "error_bound", "join", "join_sync", "part_bounds"]

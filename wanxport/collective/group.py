@@ -1,10 +1,15 @@
-"""A group of sites and its collectives: all-reduce, reduce-scatter, all-gather, broadcast, barrier.
+"""A group of sites and its calls: all-reduce, reduce-scatter, all-gather, broadcast, barrier,
+and point-to-point (``p2p``).
 
 Every collective is a fixed sequence of phases; in each phase every site sends one
 message to every peer (a header-only one when it has no data for it) and waits for
 one from every peer. So every site sees every peer's header in every phase and a
 mismatched call is caught everywhere (``message.mismatch``), and a missing message
-is a peer that died or stalled: ``CollectiveError`` within the call's timeout.
+is a peer that died (its session's liveness says so within seconds: ``link``) or
+stalled (``CollectiveError`` at the call's timeout). A call refused at its own site
+still takes its sequence number and tells every peer why, so calls never shift
+how they pair: a silent wrong result cannot happen. The group's state (open, a
+member gone, poisoned, closed) is an explicit machine (``state``).
 
 Schedules: with two sites an all-reduce is one exchange of the whole array each way
 (the least there is: S bytes each way, one round of latency). With n > 2 sites it is
@@ -25,23 +30,39 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from wanxport.core.stats import PathStats
-from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession
 
 from . import codec
 from .buffers import as_array, flat_work, write_back
 from .errors import CollectiveError
 from .link import Link
-from .message import HEADER_BYTES, Call, Header, body_of, fill_payload, mismatch, new_payload, payload_of
-from .pool import ReceivePool, SendPool
+from .message import (
+    ABORTS,
+    COLLECTIVE,
+    HEADER_BYTES,
+    Call,
+    Header,
+    body_of,
+    fill_payload,
+    mismatch,
+    new_payload,
+    payload_of,
+    text_payload,
+    wire_shape,
+)
+from .p2p import PointToPoint
+from .pool import SendPool, slot_of
+from .state import GroupEvent, GroupState, advance
+
+if TYPE_CHECKING:
+    from .world import World
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +71,9 @@ REDUCE_OPS = ("sum", "mean")
 STATS_KEPT = 10_000
 ABORT_REASON_BYTES = 1024  # an abort message's body: why the call was refused, UTF-8
 Got = tuple[int, Header, npt.NDArray[np.uint8]]
+Channel = tuple[int, int, int]  # (kind, tag, peer rank): one sequence of calls
+Key = tuple[int, int, int, int, int]  # (peer rank, kind, tag, seq, phase): one expected message
+COLLECTIVES: Channel = (COLLECTIVE, 0, -1)
 
 
 @dataclass(frozen=True)
@@ -112,23 +136,58 @@ class Handle:
         return self._task.__await__()
 
 
-class Group:
-    """This site's view of a group of ``len(names)`` sites; made by ``join``."""
+class _Sequence:
+    """One sequence of calls: the next number to take, and which numbers are over here."""
 
-    def __init__(self, site: int, names: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.site = site
-        self.names = list(names)
-        self.size = len(self.names)
+    def __init__(self) -> None:
+        self.next = 0
+        self.low = 0  # every number below this is over
+        self.finished: set[int] = set()
+
+    def take(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+    def over(self, seq: int) -> None:
+        self.finished.add(seq)
+        while self.low in self.finished:
+            self.finished.discard(self.low)
+            self.low += 1
+
+    def is_over(self, seq: int) -> bool:
+        return seq < self.low or seq in self.finished
+
+
+class Group(PointToPoint):
+    """This site's view of a group of sites; made by ``join`` (the world) or ``new_group``.
+
+    ``site`` is this site's rank in the group and ``names`` the members' names in rank
+    order (ranks follow world ranks, ascending). ``links`` maps each other member's rank
+    to the world's session with it. ``state`` is a ``GroupState``: calls run while it
+    is OPEN; ``error`` says why it is not.
+    """
+
+    def __init__(self, world: World, gid: int, members: Sequence[int], timeout_s: float = DEFAULT_TIMEOUT_S,
+                 ) -> None:
+        self.world = world
+        self.gid = gid
+        self.members = list(members)
+        self.rank_of = {m: r for r, m in enumerate(self.members)}
+        self.site = self.rank_of[world.site]
+        self.names = [world.names[m] for m in self.members]
+        self.size = len(self.members)
         self.timeout_s = timeout_s
-        self.links: dict[int, Link] = {}
-        self.broken: CollectiveError | None = None
+        self.links: dict[int, Link] = {self.rank_of[m]: world.links[m] for m in self.members
+                                       if m != world.site}
+        self.state = GroupState.OPEN
+        self.error: CollectiveError | None = None
+        self.gone: dict[int, CollectiveError] = {}  # rank -> why that member is gone
         self.feedback = codec.ErrorFeedback()
-        self.stale_messages = 0  # messages of collectives already over here (dropped)
-        self._seq = 0
-        self._inbox: dict[tuple[int, int, int], Got] = {}
-        self._waiters: dict[tuple[int, int, int], asyncio.Future[Got]] = {}
-        self._finished: set[int] = set()
-        self._low = 0  # every seq below this is over
+        self.stale_messages = 0  # messages of calls already over here (dropped)
+        self._collectives = _Sequence()
+        self._sequences: dict[Channel, _Sequence] = {COLLECTIVES: self._collectives}
+        self._inbox: dict[Key, Got] = {}
+        self._waiters: dict[Key, asyncio.Future[Got]] = {}
         self._stats: deque[CallStats] = deque(maxlen=STATS_KEPT)
         self._tallies: dict[int, _Tally] = {}
         self.send_pool = SendPool()
@@ -137,11 +196,14 @@ class Group:
     def name(self) -> str:
         return self.names[self.site]
 
-    def add_link(self, peer: int, session: GatewaySession, listener: GatewayListener | None,
-                 pool: ReceivePool | None = None) -> None:
-        """``pool``: the one whose ``allocate`` the session was set up with (buffers reused)."""
-        self.links[peer] = Link(peer, self.names[peer], session, self._deliver, self._link_failed, listener,
-                                pool)
+    @property
+    def broken(self) -> CollectiveError | None:
+        """Why calls fail at once here (None while the group is open)."""
+        return self.error if self.state is not GroupState.OPEN else None
+
+    def new_group(self, members: Sequence[int], timeout_s: float | None = None) -> Group | None:
+        """A group of the world ranks ``members`` on the same sessions (``World.new_group``)."""
+        return self.world.new_group(members, timeout_s)
 
     # -- collectives -----------------------------------------------------------
 
@@ -208,10 +270,18 @@ class Group:
         call = self._call("barrier", np.empty(0, dtype=np.uint8))
         await self._run(call, self._header_only(call), timeout)
 
+    def refuse(self, op: str, reason: str) -> ValueError:
+        """A collective ``op`` refused by its caller before it reached the group (a wrapper's
+        own check): it takes its place in the sequence and every member's matching call fails
+        with ``reason``, so later calls still pair. Returns the ValueError to raise."""
+        error = ValueError(reason)
+        self._refuse_collective(op, error)
+        return error
+
     # -- figures ---------------------------------------------------------------
 
     def stats(self) -> list[CallStats]:
-        """The collectives this site ran, oldest first (the last ``STATS_KEPT``)."""
+        """The calls this site ran, oldest first (the last ``STATS_KEPT``)."""
         return list(self._stats)
 
     def path_stats(self) -> dict[str, tuple[PathStats, ...]]:
@@ -224,14 +294,37 @@ class Group:
     # -- lifecycle -------------------------------------------------------------
 
     async def close(self, drain_s: float = 5.0) -> None:
-        """Let our last messages land (bounded), then end every session. Idempotent."""
-        if self.broken is None:
-            await asyncio.gather(*(link.drain(drain_s) for link in self.links.values()))
-            self.broken = CollectiveError("the group is closed")
-        links, self.links = list(self.links.values()), {}
-        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+        """Close this group. The world's group closes the world too (every group, every
+        session); another group only leaves the sessions to the others. Idempotent."""
+        if self.gid == self.world.root_gid:
+            await self.world.close(drain_s)
+            return
+        self._transition(GroupEvent.CLOSE, CollectiveError("the group is closed"))
+        self.world.retire(self)
+        for peer, kind, tag, seq, _ in self._inbox:  # messages never received: their buffers go back
+            self.links[peer].pool.release((self.gid, kind, tag, seq))
+        self._inbox.clear()
+
+    def closed_by_world(self) -> None:
+        self._transition(GroupEvent.CLOSE, CollectiveError("the group is closed"))
+
+    def member_lost(self, error: CollectiveError) -> None:
+        """A member's session ended or went silent: every pending and later call fails with
+        ``error`` (it names the site, its rank and where it was last heard)."""
+        rank = self.world.names.index(error.site) if error.site in self.world.names else None
+        if rank is not None:
+            self.gone.setdefault(self.rank_of.get(rank, -1), error)
+        self._transition(GroupEvent.MEMBER_LOST, error)
+
+    def _poison(self, error: CollectiveError) -> None:
+        self._transition(GroupEvent.POISON, error)
+
+    def _transition(self, event: GroupEvent, error: CollectiveError) -> None:
+        self.state = advance(self.state, event)
+        if self.error is None:
+            self.error = error
         for fut in self._waiters.values():
-            _fail(fut, self.broken)
+            _fail(fut, self.error)
         self._waiters.clear()
 
     async def __aenter__(self) -> Group:
@@ -379,25 +472,20 @@ class Group:
 
     # -- plumbing --------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _refusing(self, op: str) -> Iterator[None]:
+    def _refusing(self, op: str) -> contextlib.AbstractContextManager[None]:
         """A call whose own arguments are invalid raises ValueError here, but it still takes
         its place in the sequence and tells every peer why (an ``abort`` message), so the
-        peers' matching calls fail at once naming this site instead of waiting out their
-        timeout for a message that would never come."""
-        try:
-            yield
-        except ValueError as exc:
-            self._check_usable()
-            call = Call(self._seq, "abort", 0, "")
-            self._seq += 1
-            reason = f"{op}: {exc}".encode()[:ABORT_REASON_BYTES]
-            message = new_payload(len(reason))
-            body_of(message)[:] = np.frombuffer(reason, dtype=np.uint8)
-            for link in self.links.values():
-                link.send(Header(call, 0, 0, len(reason)), message)
-            self._over(call.seq)  # the peers' messages for it are dropped as they come
-            raise
+        peers' matching calls fail at once naming this site instead of pairing with the
+        next call or waiting out their timeout."""
+        return refusing(lambda exc: self._refuse_collective(op, exc))
+
+    def _refuse_collective(self, op: str, exc: ValueError) -> None:
+        self._check_usable()
+        call = Call(self._collectives.take(), "abort", 0, "", group=self.gid)
+        message = text_payload(f"{op}: {exc}", ABORT_REASON_BYTES)
+        for link in self.links.values():
+            link.send(Header(call, 0, 0, message.nbytes - HEADER_BYTES), message)
+        self._over(COLLECTIVES, call.seq, list(self.links))  # the peers' messages for it: dropped
 
     async def _exchange(self, call: Call, phase: int,
                         sends: dict[int, tuple[int, int, npt.NDArray[np.uint8] | None]]) -> dict[int, Got]:
@@ -407,38 +495,47 @@ class Group:
             message = payload if payload is not None and elements > 0 else new_payload(0)
             task = self.links[peer].send(Header(call, phase, offset, elements), message)
             if message.nbytes > HEADER_BYTES:
-                self.send_pool.sending(call.seq, message, task)
+                self.send_pool.sending(slot_of(call), message, task)
             if tally is not None:
                 tally.sent += message.nbytes
-        futures = [self._receive(peer, call.seq, phase) for peer in self.links]
+        futures = [self._receive((peer, COLLECTIVE, 0, call.seq, phase)) for peer in self.links]
         got: dict[int, Got] = {}
         for next_done in asyncio.as_completed(futures):
             peer, header, body = await next_done
-            if header.call.op == "abort":
-                reason = body.tobytes().decode("utf-8", "replace")
-                raise CollectiveError(f"{call.op} #{call.seq}: site {self.names[peer]} called with bad "
-                                      f"arguments ({reason})", self.names[peer])
-            problem = mismatch(call, header.call)
-            if problem is not None:
-                raise CollectiveError(f"{call.op} #{call.seq}: site {self.names[peer]} called a different "
-                                      f"collective: {problem}", self.names[peer])
+            self._check_header(call, peer, header, body)
             if tally is not None:
-                tally.received += 64 + body.nbytes
+                tally.received += HEADER_BYTES + body.nbytes
             _check_body(call, header, body, self.names[peer])
             got[peer] = (peer, header, body)
         return got
 
+    def _check_header(self, call: Call, peer: int, header: Header, body: npt.NDArray[np.uint8]) -> None:
+        """CollectiveError naming ``peer`` when its message refuses or differs from our ``call``."""
+        site = self.names[peer]
+        if header.call.op in ABORTS:
+            reason = body.tobytes().decode("utf-8", "replace")
+            raise CollectiveError(f"{call.op} #{call.seq}: site {site} (rank {peer}) refused its call "
+                                  f"with bad arguments ({reason})", site)
+        problem = mismatch(call, header.call)
+        if problem is not None:
+            what = "collective" if call.kind == COLLECTIVE else "transfer"
+            raise CollectiveError(f"{call.op} #{call.seq}: site {site} (rank {peer}) called a different "
+                                  f"{what}: {problem}", site)
+
     def _call(self, op: str, arr: npt.NDArray[Any], compress: str | None = None, reduce: str = "none",
               root: int = -1) -> Call:
         self._check_usable()
-        call = Call(self._seq, op, int(arr.size), arr.dtype.str, compress, reduce, root)
-        self._seq += 1
-        return call
+        return Call(self._collectives.take(), op, int(arr.size), arr.dtype.str, compress, reduce, root,
+                    group=self.gid, shape=wire_shape(arr.shape), ndim=arr.ndim)
 
-    async def _run(self, call: Call, work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
+    async def _run(self, call: Call, work: Coroutine[Any, Any, Any], timeout: float | None,
+                   channel: Channel = COLLECTIVES, peers: list[int] | None = None) -> Any:
+        """Run a call's ``work`` within its timeout; its sequence number is over afterwards."""
         limit = self.timeout_s if timeout is None else timeout
         started = time.monotonic()
-        tally = self._tallies[call.seq] = _Tally()
+        tally = _Tally()
+        if channel == COLLECTIVES:
+            self._tallies[call.seq] = tally
         ok = False
         try:
             self._check_usable()
@@ -446,70 +543,71 @@ class Group:
             ok = True
             return result
         except TimeoutError:
-            missing = sorted({self.names[p] for (p, seq, _) in self._waiters if seq == call.seq})
-            who = ", ".join(missing) or "(none missing: local work was too slow)"
+            missing = sorted({k[0] for k in self._waiters if k[1:4] == (*channel[:2], call.seq)})
+            who = ", ".join(f"{self.names[p]} (rank {p})" for p in missing) or \
+                "(none missing: local work was too slow)"
             error = CollectiveError(f"{call.op} #{call.seq}: no message from site {who} within {limit:g} s "
-                                    f"(dead or stalled); the group is broken, join again",
-                                    missing[0] if missing else None)
-            self._break(error)
+                                    f"(stalled; its session is alive); the group is poisoned, join again",
+                                    self.names[missing[0]] if missing else None)
+            self._poison(error)
             raise error from None
         finally:
-            self._tallies.pop(call.seq, None)
-            self._over(call.seq)
+            if channel == COLLECTIVES:
+                self._tallies.pop(call.seq, None)
+            self._over(channel, call.seq, list(self.links) if peers is None else peers)
             self._stats.append(CallStats(call.seq, call.op, call.count, call.compress, started,
                                          time.monotonic() - started, tally.sent, tally.received, ok))
 
     def _check_usable(self) -> None:
-        if self.broken is not None:
-            raise CollectiveError(f"group unusable: {self.broken}", self.broken.site)
+        if self.state is not GroupState.OPEN:
+            assert self.error is not None
+            raise CollectiveError(f"group unusable ({self.state}): {self.error}", self.error.site)
 
-    def _receive(self, peer: int, seq: int, phase: int) -> asyncio.Future[Got]:
-        key = (peer, seq, phase)
+    def _receive(self, key: Key) -> asyncio.Future[Got]:
         fut: asyncio.Future[Got] = asyncio.get_running_loop().create_future()
         if key in self._inbox:
             fut.set_result(self._inbox.pop(key))
-        elif self.broken is not None:
-            _fail(fut, self.broken)
+        elif self.state is not GroupState.OPEN:
+            assert self.error is not None
+            _fail(fut, self.error)
         else:
             self._waiters[key] = fut
         return fut
 
-    def _deliver(self, link: Link, header: Header, body: npt.NDArray[np.uint8]) -> bool:
-        seq = header.call.seq
-        if seq < self._low or seq in self._finished:
+    def _sequence(self, channel: Channel) -> _Sequence:
+        sequence = self._sequences.get(channel)
+        if sequence is None:
+            sequence = self._sequences[channel] = _Sequence()
+        return sequence
+
+    def deliver(self, peer: int, header: Header, body: npt.NDArray[np.uint8]) -> bool:
+        """A message from member ``peer`` (its rank here); False: dropped (its call is over here)."""
+        call = header.call
+        channel = COLLECTIVES if call.kind == COLLECTIVE else (call.kind, call.tag, peer)
+        if self._sequence(channel).is_over(call.seq):
             self.stale_messages += 1
             return False
-        key = (link.index, seq, header.phase)
+        key = (peer, call.kind, call.tag, call.seq, header.phase)
         fut = self._waiters.pop(key, None)
         if fut is not None and not fut.done():
-            fut.set_result((link.index, header, body))
+            fut.set_result((peer, header, body))
         else:
-            self._inbox[key] = (link.index, header, body)
+            self._inbox[key] = (peer, header, body)
         return True
 
-    def _over(self, seq: int) -> None:
-        self._finished.add(seq)
-        while self._low in self._finished:
-            self._finished.discard(self._low)
-            self._low += 1
-        for key in [k for k in self._inbox if k[1] == seq]:
+    def _over(self, channel: Channel, seq: int, peers: list[int]) -> None:
+        """Call ``seq`` of ``channel`` is over here: its messages from ``peers`` are dropped
+        (now and as they come) and their buffers go back to the pools."""
+        self._sequence(channel).over(seq)
+        ident = (channel[0], channel[1], seq)
+        for key in [k for k in self._inbox if k[1:4] == ident and k[0] in peers]:
             del self._inbox[key]
-        for key in [k for k in self._waiters if k[1] == seq]:
+        for key in [k for k in self._waiters if k[1:4] == ident and k[0] in peers]:
             self._waiters.pop(key).cancel()
-        for link in self.links.values():
-            link.pool.release(seq)
-        self.send_pool.release(seq)
-
-    def _link_failed(self, link: Link, error: CollectiveError) -> None:
-        self._break(error)
-
-    def _break(self, error: CollectiveError) -> None:
-        if self.broken is None:
-            self.broken = error
-        for fut in self._waiters.values():
-            _fail(fut, error)
-        self._waiters.clear()
-
+        slot = (self.gid, *ident)
+        for peer in peers:
+            self.links[peer].pool.release(slot)
+        self.send_pool.release(slot)
 
 
 def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
@@ -562,3 +660,14 @@ async def _cpu(nbytes: int, fn: Any, *args: Any) -> Any:
     if nbytes > 1 << 18:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
+
+
+@contextlib.contextmanager
+def refusing(refuse: Callable[[ValueError], None]) -> Iterator[None]:
+    """Within the block a ValueError (the caller's bad argument) is first ``refuse``d: the
+    call takes its number and the other end hears why. Then it propagates."""
+    try:
+        yield
+    except ValueError as exc:
+        refuse(exc)
+        raise

@@ -5,7 +5,17 @@ and control channel carry shards in both directions, so a pair of sites needs ex
 one session: path state (RTT, bandwidth, window) is shared by the two directions and
 carries from one collective to the next. The link sends collective messages as
 shards (header + body) and runs a reader that confirms each arriving shard to the
-sender and hands it to the group, keyed by the header's (sequence, phase).
+sender and hands it to the world, which routes it to its group by the header's
+group id: every group of the same sites shares this one session.
+
+Liveness is the link's own, apart from any call's timeout: each path's endpoint
+notes when it last brought a datagram of the session (data, acknowledgements,
+probes). While nothing arrives for a third of the bound the link sends a
+heartbeat (a header-only shard, which the peer's data plane acknowledges); when
+nothing arrives on any path for ``liveness_bound_s`` — max(``LIVENESS_MIN_S``,
+``LIVENESS_RTTS`` x the largest smoothed RTT of its paths) — the peer is dead or
+cut off and the link fails naming it and the path it was last heard on. Time this
+site's own loop was too busy to read its sockets does not count as the peer's silence.
 """
 
 from __future__ import annotations
@@ -24,10 +34,14 @@ from wanxport.gateway.listener import GatewayListener
 from wanxport.gateway.session import GatewaySession, SessionFailed, digest_hex_async
 
 from .errors import CollectiveError
-from .message import HEADER_BYTES, Header, pack, unpack
-from .pool import ReceivePool
+from .message import HEADER_BYTES, Call, Header, new_payload, pack, unpack
+from .pool import ReceivePool, slot_of
 
 log = logging.getLogger(__name__)
+
+LIVENESS_MIN_S = 3.0  # a peer silent on every path this long (at least) is dead or cut off
+LIVENESS_RTTS = 4  # ... or this many of its paths' largest smoothed RTT, when that is longer
+PING = Header(Call(0, "ping", 0, ""), 0, 0, 0)
 
 Deliver = Callable[["Link", Header, npt.NDArray[np.uint8]], bool]  # False: dropped
 Failed = Callable[["Link", CollectiveError], None]
@@ -38,10 +52,12 @@ class Link:
     accepted the session, because the session's data endpoint shares its ports."""
 
     def __init__(self, index: int, name: str, session: GatewaySession, deliver: Deliver, failed: Failed,
-                 listener: GatewayListener | None = None, pool: ReceivePool | None = None) -> None:
+                 listener: GatewayListener | None = None, pool: ReceivePool | None = None,
+                 liveness_min_s: float = LIVENESS_MIN_S) -> None:
         self.index = index
         self.pool = pool if pool is not None else ReceivePool()  # its allocate() is the session's
         self.name = name
+        self.who = f"site {name} (rank {index})"
         self.session = session
         self.listener = listener
         self.bytes_sent = 0
@@ -52,7 +68,11 @@ class Link:
         self._next_shard = 0
         self._sends: set[asyncio.Task[None]] = set()
         self._closing = False
+        self.liveness_min_s = liveness_min_s
+        self.heartbeats = 0
+        self._born = session.endpoint.clock()
         self._reader = asyncio.create_task(self._read())
+        self._watcher = asyncio.create_task(self._watch())
 
     def send(self, header: Header, payload: npt.NDArray[np.uint8]) -> asyncio.Task[None]:
         """Queue one message (``payload`` from ``message.new_payload``; its header is written
@@ -78,13 +98,13 @@ class Link:
                 # so the session must not keep one verdict per message.
                 self.session.forget((shard_id,))
         except SessionFailed as exc:
-            self._fail(f"site {self.name}: session lost while sending ({exc})")
+            self._fail(f"{self.who}: session lost while sending ({exc}); {self.describe_silence()}")
             return
         except Exception as exc:  # noqa: BLE001 - any send failure ends the link the same way
-            self._fail(f"site {self.name}: send failed ({type(exc).__name__}: {exc})")
+            self._fail(f"{self.who}: send failed ({type(exc).__name__}: {exc})")
             return
         if not ok:
-            self._fail(f"site {self.name}: did not verify collective message {seq}")
+            self._fail(f"{self.who}: did not verify collective message {seq}")
             return
         self.bytes_sent += payload.nbytes
 
@@ -94,29 +114,76 @@ class Link:
                 got = await self.session.receive()
                 await self.session.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
                 if not got.ok:
-                    raise CollectiveError(f"site {self.name}: a collective message failed its check",
+                    raise CollectiveError(f"{self.who}: a collective message failed its check",
                                           self.name)
                 data = np.frombuffer(got.data, dtype=np.uint8)
                 self.bytes_received += data.nbytes
                 header = unpack(got.data, self.name)
-                self.pool.hold(got.shard_id, header.call.seq)
-                if not self._deliver(self, header, data[HEADER_BYTES:]):
-                    self.pool.release(header.call.seq)
+                slot = slot_of(header.call)
+                self.pool.hold(got.shard_id, slot)
+                if header.call.op == "ping" or not self._deliver(self, header, data[HEADER_BYTES:]):
+                    self.pool.release(slot)
         except asyncio.CancelledError:
             raise
         except CollectiveError as exc:
             self._fail(str(exc))
         except SessionFailed as exc:
             if not self._closing:
-                self._fail(f"site {self.name}: session ended ({exc})")
+                self._fail(f"{self.who}: session ended ({exc}); "
+                           f"{self.describe_silence()}")
         except Exception as exc:  # noqa: BLE001 - whatever ends the reader ends the link
-            self._fail(f"site {self.name}: {type(exc).__name__}: {exc}")
+            self._fail(f"{self.who}: {type(exc).__name__}: {exc}")
 
     def _fail(self, message: str) -> None:
         if self.failure is None and not self._closing:
             self.failure = CollectiveError(message, self.name)
+            self._watcher.cancel()
             log.warning("%s", message)
             self._failed(self, self.failure)
+
+    def liveness_bound_s(self) -> float:
+        """How long the peer may be silent on every path before it counts as dead or cut off."""
+        rtts = [p.srtt_s for p in self.path_stats() if p.srtt_s is not None]
+        return max(self.liveness_min_s, LIVENESS_RTTS * max(rtts, default=0.0))
+
+    def last_heard(self) -> tuple[str, float]:
+        """The path the peer was last heard on (its name) and the endpoint clock then."""
+        heard = self.session.endpoint.last_heard
+        best = max(range(len(heard)), key=heard.__getitem__)
+        names = [p.name for p in self.path_stats()]
+        return (names[best] if best < len(names) else str(best)), max(heard[best], self._born)
+
+    def describe_silence(self) -> str:
+        """Where and when the peer was last heard from, for an error that names it."""
+        path, at = self.last_heard()
+        ago = self.session.endpoint.clock() - at
+        return f"last heard on path {path} {ago:.1f} s ago"
+
+    async def _watch(self) -> None:
+        """Heartbeats while quiet; the link fails once the peer is silent past the bound.
+
+        Silence counts only time this site's loop could have heard the peer: when the
+        watcher itself wakes late (the loop was busy: datagrams may sit unread in the
+        sockets), the count starts again from its wake."""
+        ping: asyncio.Task[None] | None = None
+        clock = self.session.endpoint.clock
+        listening_since = clock()
+        while True:
+            bound = self.liveness_bound_s()
+            due = clock() + bound / 6
+            await asyncio.sleep(bound / 6)
+            now = clock()
+            if now - due > bound / 6:
+                listening_since = now
+            _, at = self.last_heard()
+            silent = now - max(at, listening_since)
+            if silent >= bound:
+                self._fail(f"{self.who}: dead or cut off: nothing heard on any path for {silent:.1f} s "
+                           f"(liveness bound {bound:.1f} s); {self.describe_silence()}")
+                return
+            if silent >= bound / 3 and (ping is None or ping.done()):
+                self.heartbeats += 1
+                ping = self.send(PING, new_payload(0))
 
     def path_stats(self) -> tuple[PathStats, ...]:
         """This session's paths now (payload bytes sent by us on each, RTT, state)."""
@@ -130,9 +197,10 @@ class Link:
     async def close(self) -> None:
         self._closing = True
         self._reader.cancel()
+        self._watcher.cancel()
         for task in list(self._sends):
             task.cancel()
-        await asyncio.gather(self._reader, *self._sends, return_exceptions=True)
+        await asyncio.gather(self._reader, self._watcher, *self._sends, return_exceptions=True)
         try:
             await self.session.close()
         finally:

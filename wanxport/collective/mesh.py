@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
+from wanxport.control.certs import CertificateError
 from wanxport.gateway.config import Address, GatewayOptions, parse_hostport
 from wanxport.gateway.handshake import initiate
 from wanxport.gateway.listener import GatewayListener
@@ -24,13 +25,16 @@ from wanxport.presets import COLLECTIVE
 
 from .errors import CollectiveError
 from .group import DEFAULT_TIMEOUT_S, Group
+from .link import LIVENESS_MIN_S
 from .pool import ReceivePool
+from .world import World
 
 log = logging.getLogger(__name__)
 
 PathSpec = str | Address
 PathsArg = Sequence[PathSpec] | Mapping[int, Sequence[PathSpec]]
 RETRY_S = 0.2
+JOIN_TIMEOUT_S = 60.0  # every site must be up and connected within this (join's default)
 
 
 def default_options() -> GatewayOptions:
@@ -38,6 +42,19 @@ def default_options() -> GatewayOptions:
     preset (``wanxport.presets.COLLECTIVE``: WAN-only sessions sharing saturated paths
     with their control channel)."""
     return GatewayOptions.from_preset(COLLECTIVE)
+
+
+def certificate_refused(peer: str, exc: Exception, we_dialed: bool) -> CollectiveError:
+    """A TLS refusal between this site and ``peer``, saying whose certificate was refused.
+
+    The control layer's reason names the refused side by its TLS role ("client
+    certificate ... refused" or "server certificate refused"); this site dialed as
+    the client when ``we_dialed``."""
+    text = str(exc)
+    ours = ("client certificate" in text) == we_dialed
+    if ours:
+        return CollectiveError(f"this site's own certificate or CA was refused by site {peer}: {text}", peer)
+    return CollectiveError(f"site {peer}'s certificate is refused by this site's CA: {text}", peer)
 
 
 def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Address]]:
@@ -63,38 +80,50 @@ def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Addre
 async def dial(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
                options: GatewayOptions | None, deadline: float, peer: str, pool: ReceivePool,
                ) -> GatewaySession:
-    """Connect, retrying while the peer is not listening yet, until ``deadline`` (monotonic)."""
+    """Connect, retrying while the peer is not listening yet, until ``deadline`` (monotonic).
+    A certificate refused either way ends it at once, saying whose."""
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             return await asyncio.wait_for(initiate(paths, identity, ca, options, allocator=pool.allocate),
                                           max(0.1, deadline - time.monotonic()))
+        except CertificateError as exc:
+            raise certificate_refused(peer, exc, we_dialed=True) from None
         except (TimeoutError, ConnectionError, OSError) as exc:
             last = exc
             await asyncio.sleep(RETRY_S)
-    raise CollectiveError(f"site {peer}: no session within the join timeout ({last})", peer)
+    raise CollectiveError(f"site {peer} never arrived: no session within the join timeout ({last})", peer)
 
 
 async def accept(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
                  options: GatewayOptions | None, deadline: float, peer: str, pool: ReceivePool,
                  ) -> tuple[GatewaySession, GatewayListener]:
-    """Listen on the pair's paths and take the one session the peer opens."""
+    """Listen on the pair's paths and take the one session the peer opens; a connection
+    refused for its certificate (ours by the peer, or the peer's by us) ends it at once."""
     listener = GatewayListener(paths, identity, ca, options, allocator=pool.allocate)
     await listener.start()
+    accepting = asyncio.ensure_future(listener.accept())
+    refused = asyncio.ensure_future(listener.rejections.get())
     try:
-        session = await asyncio.wait_for(listener.accept(), max(0.1, deadline - time.monotonic()))
-    except TimeoutError:
-        listener.close()
-        raise CollectiveError(f"site {peer}: did not connect within the join timeout", peer) from None
+        done, _ = await asyncio.wait({accepting, refused}, timeout=max(0.1, deadline - time.monotonic()),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if accepting in done:
+            return accepting.result(), listener
+        if refused in done:
+            raise certificate_refused(peer, refused.result(), we_dialed=False)
+        raise CollectiveError(f"site {peer} never arrived: it did not connect within the join timeout", peer)
     except BaseException:
         listener.close()
         raise
-    return session, listener
+    finally:
+        for task in (accepting, refused):
+            task.cancel()
 
 
 async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[str],
                ca: str | os.PathLike[str], paths: PathsArg, options: GatewayOptions | None = None,
-               timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = 60.0) -> Group:
+               timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = JOIN_TIMEOUT_S,
+               liveness_min_s: float = LIVENESS_MIN_S) -> Group:
     """Join the group as site ``site``: one persistent session with every other site.
 
     ``peers``: every site's certificate name in site-index order (this site's included).
@@ -103,12 +132,16 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
     {peer index: [...]}, or, with two sites, the one list; for a pair (i, j), i < j, they
     are site j's ports (j listens, i dials) and both sites pass the same list.
     ``options``: gateway options (default ``default_options()``: the collective preset).
-    ``timeout``: the default per-collective timeout; ``join_timeout``: for the whole setup.
+    ``timeout``: the default per-call timeout; ``join_timeout``: for the whole setup;
+    ``liveness_min_s``: the least a peer may be silent on every path before it counts
+    as dead (the bound is max(this, 4 x the largest smoothed RTT): ``link``).
     Raises CollectiveError naming a site that did not come, or came with the wrong name.
+    Returns the world's group; ``group.new_group(ranks)`` makes groups of subsets of it
+    on the same sessions.
     """
     names = list(peers)
     if len(names) < 2:
-        raise ValueError("peers: a group needs at least two sites")
+        raise ValueError("peers: a world needs at least two sites (a group of one: new_group([site]))")
     if len(set(names)) != len(names):
         raise ValueError(f"peers: site names must be unique, got {names}")
     if not 0 <= site < len(names):
@@ -117,7 +150,7 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
         raise ValueError("timeout and join_timeout must be > 0 seconds")
     per_peer = pair_paths(site, len(names), paths)
     options = options or default_options()
-    group = Group(site, names, timeout)
+    world = World(site, names, timeout, liveness_min_s)
     deadline = time.monotonic() + join_timeout
 
     async def connect_one(peer: int) -> None:
@@ -134,12 +167,15 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
                 listener.close()
             raise CollectiveError(f"site {peer}: expected certificate {names[peer]!r}, "
                                   f"got {session.peer_name!r}", names[peer])
-        group.add_link(peer, session, listener, pool)
+        world.add_link(peer, session, listener, pool)
 
     results = await asyncio.gather(*(connect_one(p) for p in per_peer), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
-        await group.close(drain_s=0.0)
+        await world.close(drain_s=0.0)
         raise failures[0]
+    group = world.new_group(range(len(names)))
+    assert group is not None
+    world.root_gid = group.gid
     log.info("site %s joined a group of %d sites", names[site], len(names))
     return group

@@ -17,16 +17,24 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .message import Call
+
 KEEP_PER_SIZE = 4  # free buffers kept per size (bounds the memory a link holds)
 
 Buffer = npt.NDArray[np.uint8]
+Slot = tuple[int, int, int, int]  # (group id, sequence kind, tag, sequence number): one call's messages
+
+
+def slot_of(call: Call) -> Slot:
+    """The call a message belongs to, as every group sharing a session tells them apart."""
+    return (call.group, call.kind, call.tag, call.seq)
 
 
 class ReceivePool:
     def __init__(self) -> None:
         self._free: dict[int, list[Buffer]] = {}
         self._by_shard: dict[int, Buffer] = {}
-        self._held: dict[int, list[Buffer]] = {}  # by collective sequence number
+        self._held: dict[Slot, list[Buffer]] = {}
         self.reused = 0
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
@@ -40,15 +48,15 @@ class ReceivePool:
         self._by_shard[shard_id] = buffer
         return buffer
 
-    def hold(self, shard_id: int, seq: int) -> None:
-        """Shard ``shard_id`` arrived and belongs to collective ``seq``."""
+    def hold(self, shard_id: int, slot: Slot) -> None:
+        """Shard ``shard_id`` arrived and belongs to the call ``slot``."""
         buffer = self._by_shard.pop(shard_id, None)
         if buffer is not None:
-            self._held.setdefault(seq, []).append(buffer)
+            self._held.setdefault(slot, []).append(buffer)
 
-    def release(self, seq: int) -> None:
-        """Collective ``seq`` is over here: its buffers may take the next messages."""
-        for buffer in self._held.pop(seq, []):
+    def release(self, slot: Slot) -> None:
+        """The call ``slot`` is over here: its buffers may take the next messages."""
+        for buffer in self._held.pop(slot, []):
             free = self._free.setdefault(buffer.nbytes, [])
             if len(free) < KEEP_PER_SIZE:
                 free.append(buffer)
@@ -67,7 +75,7 @@ class SendPool:
 
     def __init__(self) -> None:
         self._free: dict[int, list[Buffer]] = {}
-        self._sending: dict[int, dict[int, tuple[Buffer, list[asyncio.Task[None]]]]] = {}  # seq -> id
+        self._sending: dict[Slot, dict[int, tuple[Buffer, list[asyncio.Task[None]]]]] = {}  # -> id
         self._over: list[tuple[Buffer, list[asyncio.Task[None]]]] = []
         self.reused = 0
 
@@ -80,14 +88,14 @@ class SendPool:
             return free.pop()
         return np.empty(size, dtype=np.uint8)
 
-    def sending(self, seq: int, buffer: Buffer, task: asyncio.Task[None]) -> None:
-        """``task`` sends ``buffer`` for collective ``seq`` (one call per link that sends it)."""
-        entry = self._sending.setdefault(seq, {}).setdefault(id(buffer), (buffer, []))
+    def sending(self, slot: Slot, buffer: Buffer, task: asyncio.Task[None]) -> None:
+        """``task`` sends ``buffer`` for the call ``slot`` (one call per link that sends it)."""
+        entry = self._sending.setdefault(slot, {}).setdefault(id(buffer), (buffer, []))
         entry[1].append(task)
 
-    def release(self, seq: int) -> None:
-        """Collective ``seq`` is over here; its buffers return once their sends end."""
-        self._over.extend(self._sending.pop(seq, {}).values())
+    def release(self, slot: Slot) -> None:
+        """The call ``slot`` is over here; its buffers return once their sends end."""
+        self._over.extend(self._sending.pop(slot, {}).values())
 
     def _reclaim(self) -> None:
         pending = []

@@ -40,12 +40,15 @@ class SyncHandle:
 
 
 class SyncGroup:
-    """A ``Group`` driven from ordinary threads; ``close()`` ends the group and its loop."""
+    """A ``Group`` driven from ordinary threads. ``close()`` on the world's group ends every
+    group and the loop; on a group from ``new_group`` it closes that group only."""
 
-    def __init__(self, group: Group, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    def __init__(self, group: Group, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 owns_loop: bool = True) -> None:
         self.group = group
         self.loop = loop
         self._thread = thread
+        self._owns_loop = owns_loop
 
     @property
     def site(self) -> int:
@@ -64,8 +67,13 @@ class SyncGroup:
 
     def all_reduce_async(self, array: Any, op: str = "sum", compress: str | None = None,
                          timeout: float | None = None, name: str | None = None) -> SyncHandle:
+        return self._start(lambda: self.group.all_reduce_async(array, op, compress, timeout, name))
+
+    def _start(self, begin: Any) -> SyncHandle:
+        """``begin()`` (a call that returns a ``Handle``) run on the loop now, so its sequence
+        number is taken in this thread's call order; its handle wrapped for threads."""
         async def start() -> tuple[Handle, asyncio.Task[Any]]:
-            handle = self.group.all_reduce_async(array, op, compress, timeout, name)
+            handle = begin()
             return handle, asyncio.ensure_future(handle.wait())
 
         handle, task = self._call(start())
@@ -95,10 +103,34 @@ class SyncGroup:
     def barrier(self, timeout: float | None = None) -> None:
         self._call(self.group.barrier(timeout))
 
+    def send(self, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+        self._call(self.group.send(array, dst, tag, timeout))
+
+    def recv(self, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> Any:
+        return self._call(self.group.recv(array, src, tag, timeout))
+
+    def isend(self, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> SyncHandle:
+        return self._start(lambda: self.group.isend(array, dst, tag, timeout))
+
+    def irecv(self, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> SyncHandle:
+        return self._start(lambda: self.group.irecv(array, src, tag, timeout))
+
+    def new_group(self, members: list[int], timeout_s: float | None = None) -> SyncGroup | None:
+        """``Group.new_group`` on the same loop and sessions (None where this site is no member)."""
+        group = self._call(_value(self.group.new_group, members, timeout_s))
+        return None if group is None else SyncGroup(group, self.loop, self._thread, owns_loop=False)
+
+    def refuse(self, op: str, reason: str) -> ValueError:
+        """``Group.refuse`` from this thread: the refused call takes its place in the sequence."""
+        return self._call(_value(self.group.refuse, op, reason))  # type: ignore[no-any-return]
+
     def stats(self) -> list[CallStats]:
         return self._call(_value(self.group.stats))  # type: ignore[no-any-return]
 
     def close(self) -> None:
+        if not self._owns_loop:
+            self._call(self.group.close())
+            return
         try:
             self._call(self.group.close())
         finally:
@@ -123,8 +155,8 @@ async def _cancel_the_rest() -> None:
     await asyncio.gather(*others, return_exceptions=True)
 
 
-async def _value(fn: Any) -> Any:
-    return fn()
+async def _value(fn: Any, *args: Any) -> Any:
+    return fn(*args)
 
 
 def join_sync(site: int, peers: list[str], **kwargs: Any) -> SyncGroup:

@@ -22,8 +22,8 @@ import torch
 from wanxport.collective import SyncGroup
 from wanxport.torch import staging
 
-__all__ = ["all_gather_start", "all_reduce_start", "barrier_start", "broadcast_start", "close",
-           "cross_site_bytes", "reduce_scatter_start", "size"]
+__all__ = ["all_gather_start", "all_reduce_start", "barrier_start", "broadcast_start", "check_gather",
+           "check_scatter", "close", "cross_site_bytes", "reduce_scatter_start", "size"]
 
 
 def size(group: SyncGroup) -> int:
@@ -73,9 +73,7 @@ def broadcast_start(group: SyncGroup, tensor: torch.Tensor, *, root: int,
 def all_gather_start(group: SyncGroup, tensor: torch.Tensor, outputs: list[torch.Tensor], *,
                      timeout: float | None) -> Future[Any]:
     """Site k's ``tensor`` into ``outputs[k]`` at every site (each the input's size and dtype)."""
-    if len(outputs) != group.size or any(o.numel() != tensor.numel() or o.dtype != tensor.dtype
-                                         for o in outputs):
-        raise ValueError(f"all_gather: need {group.size} outputs of {tensor.numel()} {tensor.dtype} elements")
+    check_gather(group, tensor, outputs)
 
     async def gather() -> None:
         gathered = await group.group.all_gather(tensor, None, timeout)
@@ -89,15 +87,27 @@ def reduce_scatter_start(group: SyncGroup, flat: torch.Tensor, output: torch.Ten
                          timeout: float | None) -> Future[Any]:
     """Part k of 1-D ``flat`` (``group.size`` equal parts), reduced over the sites, into site k's ``output``.
     ``flat`` is the caller's to lose: the collective reduces in it."""
-    if flat.numel() != output.numel() * group.size or flat.dtype != output.dtype:
-        raise ValueError(f"reduce_scatter: the input must be {group.size} x the output's "
-                         f"{output.numel()} {output.dtype} elements, got {flat.numel()} {flat.dtype}")
+    check_scatter(group, flat, output)
 
     async def scatter() -> None:
         part = await group.group.reduce_scatter(flat, op, None, timeout)
         output.detach().numpy().reshape(-1)[:] = part
 
     return _submit(group, scatter())
+
+
+def check_gather(group: SyncGroup, tensor: torch.Tensor, outputs: list[torch.Tensor]) -> None:
+    """ValueError unless ``outputs`` are ``group.size`` tensors of the input's size and dtype."""
+    if len(outputs) != group.size or any(o.numel() != tensor.numel() or o.dtype != tensor.dtype
+                                         for o in outputs):
+        raise ValueError(f"all_gather: need {group.size} outputs of {tensor.numel()} {tensor.dtype} elements")
+
+
+def check_scatter(group: SyncGroup, flat: torch.Tensor, output: torch.Tensor) -> None:
+    """ValueError unless 1-D ``flat`` is ``group.size`` times ``output`` (same dtype)."""
+    if flat.numel() != output.numel() * group.size or flat.dtype != output.dtype:
+        raise ValueError(f"reduce_scatter: the input must be {group.size} x the output's "
+                         f"{output.numel()} {output.dtype} elements, got {flat.numel()} {flat.dtype}")
 
 
 def barrier_start(group: SyncGroup, *, timeout: float | None) -> Future[Any]:

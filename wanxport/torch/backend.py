@@ -19,6 +19,12 @@ overlaps several. Each call is bounded by the process group's timeout: a dead or
 stalled site makes ``Work.wait()`` raise ``CollectiveError`` naming it, never hang.
 ``ReduceOp.SUM`` and ``AVG`` only (the collective's ``sum`` and ``mean``); others raise
 ``ValueError``. Cross-site compression: ``with wanxport.torch.compression("int8"):``.
+
+A call this backend refuses at one site (a non-contiguous or CUDA tensor, an
+unsupported reduce op, outputs of the wrong size) raises ``ValueError`` there, but
+first takes its place in the group's sequence and tells the other sites why
+(``Group.refuse``): their matching call fails with ``CollectiveError`` naming this
+site and the reason, and the next call pairs as it should.
 """
 
 from __future__ import annotations
@@ -130,49 +136,84 @@ class WanxportProcessGroup(dist.ProcessGroup):
         pending.add_done_callback(done)
         return _Work(pending, result)
 
+    def _checked(self, op: str, check: Callable[[], Any]) -> Any:
+        """``check()``'s value; a ValueError it raises is first refused in the group (the
+        call takes its sequence number and the other sites hear why), then raised."""
+        try:
+            return check()
+        except ValueError as exc:
+            raise self.group.refuse(op, str(exc)) from None
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         (tensor,) = tensors
-        _cpu(tensor, "all_reduce")
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def check() -> str:
+            _cpu(tensor, "all_reduce")
+            return _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        op = self._checked("all_reduce", check)
         codec = getattr(_local, "codec", None)
         return self._work(lambda: _bridge.all_reduce_start(self.group, tensor, op=op, compress=codec,
                                                            timeout=self.timeout), tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         (tensor,) = tensors
-        _cpu(tensor, "broadcast")
+        self._checked("broadcast", lambda: _cpu(tensor, "broadcast"))
         return self._work(lambda: _bridge.broadcast_start(self.group, tensor, root=opts.rootRank,
                                                           timeout=self.timeout), tensors)
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> dist.Work:
         (outputs,), (tensor,) = output_lists, inputs
-        _cpu(tensor, "all_gather")
-        for out in outputs:
-            _cpu(out, "all_gather output")
+
+        def check() -> None:
+            for t in (tensor, *outputs):
+                _cpu(t, "all_gather")
+            _bridge.check_gather(self.group, tensor, list(outputs))
+
+        self._checked("all_gather", check)
         return self._work(lambda: _bridge.all_gather_start(self.group, tensor, list(outputs),
                                                            timeout=self.timeout), output_lists)
 
     def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
-        _cpu(tensor, "all_gather_single")
-        outputs = list(_cpu(output, "all_gather_single output").view(self.size(), -1))
+        def check() -> list[torch.Tensor]:
+            _cpu(tensor, "all_gather_single")
+            if output.numel() != tensor.numel() * self.size():
+                raise ValueError(f"all_gather_single: the output needs {self.size()} x {tensor.numel()} "
+                                 f"elements, got {output.numel()}")
+            outputs = list(_cpu(output, "all_gather_single output").view(self.size(), -1))
+            _bridge.check_gather(self.group, tensor, outputs)
+            return outputs
+
+        outputs = self._checked("all_gather", check)
         return self._work(lambda: _bridge.all_gather_start(self.group, tensor, outputs,
                                                            timeout=self.timeout), output)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
         (output,), (inputs,) = outputs, input_lists
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        flat = torch.cat([_cpu(t, "reduce_scatter input").reshape(-1) for t in inputs])
-        _cpu(output, "reduce_scatter")
+
+        def check() -> tuple[str, torch.Tensor]:
+            op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+            flat = torch.cat([_cpu(t, "reduce_scatter input").reshape(-1) for t in inputs])
+            _cpu(output, "reduce_scatter")
+            _bridge.check_scatter(self.group, flat, output)
+            return op, flat
+
+        op, flat = self._checked("reduce_scatter", check)
         return self._work(lambda: _bridge.reduce_scatter_start(self.group, flat, output, op=op,
                                                                timeout=self.timeout), outputs)
 
     def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor,
                              opts: Any = None) -> dist.Work:
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        flat = _cpu(tensor, "reduce_scatter_single input").reshape(-1).clone()  # the input stays as given
-        _cpu(output, "reduce_scatter_single")
+        def check() -> tuple[str, torch.Tensor]:
+            op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+            flat = _cpu(tensor, "reduce_scatter_single input").reshape(-1).clone()  # the input stays as given
+            _cpu(output, "reduce_scatter_single")
+            _bridge.check_scatter(self.group, flat, output)
+            return op, flat
+
+        op, flat = self._checked("reduce_scatter", check)
         return self._work(lambda: _bridge.reduce_scatter_start(self.group, flat, output, op=op,
                                                                timeout=self.timeout), output)
 

@@ -146,9 +146,10 @@ def allreduce_tensor(state: HookState, tensor: torch.Tensor, *, name: str, mean:
     if state._failed is not None:
         result.set_exception(CollectiveError(f"an earlier bucket failed: {state._failed}"))
         return result
-    if tensor.dim() != 1 or not tensor.is_contiguous():
-        raise ValueError("allreduce_tensor: need a contiguous 1-D tensor")
     ranks = state._site_ranks
+    if tensor.dim() != 1 or not tensor.is_contiguous():
+        _refuse(state, "allreduce_tensor: need a contiguous 1-D tensor", tensor.numel(),
+                tensor.element_size())
     divisor = state.world_size if mean else 1
     if ranks == 1:
         state._finish.submit(_finish_single, state, f"{name}/{tensor.numel()}", tensor, result, divisor)
@@ -164,6 +165,19 @@ def allreduce_tensor(state: HookState, tensor: torch.Tensor, *, name: str, mean:
         exchange = state._start.submit(_start_exchange, state, f"{name}/{index}/{width}", work, piece)
         state._finish.submit(_finish_chunk, state, call, part, piece, exchange)
     return result
+
+
+def _refuse(state: HookState, reason: str, numel: int, itemsize: int) -> None:
+    """Raise ValueError for a call this rank refuses, after refusing in its wanxport group the
+    cross-site calls it would have made (one per chunk), each on the thread that would have
+    started it, so they keep their places and the other sites' matching calls fail with
+    ``reason`` instead of pairing with this rank's next ones."""
+    ranks = state._site_ranks
+    calls = 1 if ranks == 1 else len(chunk_bounds(numel, ranks, state.chunk_bytes, itemsize))
+    pool = state._finish if ranks == 1 else state._start
+    for _ in range(calls):
+        pool.submit(state.group.refuse, "all_reduce", reason)
+    raise ValueError(reason)
 
 
 def chunk_bounds(numel: int, ranks: int, chunk_bytes: int, itemsize: int) -> list[tuple[int, int, int]]:

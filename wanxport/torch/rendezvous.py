@@ -6,6 +6,10 @@ the ``wanxport.collective`` group. For a pair of sites (i, j), i < j, site j lis
 and site i dials on site j's addresses with the port raised by i (``PORT + i``): each
 pair gets its own ports, so with n sites a site uses ports PORT .. PORT+n-2 of each
 path. The store is only used once, at setup; collectives never touch it.
+
+Setup is bounded by ``JOIN_TIMEOUT_S`` (or the process group's timeout when shorter),
+not torch's 30-minute default: a site that never publishes itself is named (its rank)
+at every site that waited for it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from cryptography import x509
 
-from wanxport.collective import SyncGroup, join_sync
+from wanxport.collective import JOIN_TIMEOUT_S, CollectiveError, SyncGroup, join_sync
 from wanxport.control.certs import certificate_name, load_identity
 from wanxport.torch.config import ConfigError, SiteConfig
 
@@ -54,15 +58,23 @@ def _pair_paths(rank: int, published: list[dict[str, Any]]) -> dict[int, list[st
 
 
 def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, timeout: float) -> SyncGroup:
-    """Publish this site, read every other's, join the group (``timeout`` bounds each step)."""
+    """Publish this site, read every other's, join the group (``timeout``: each call's; the
+    setup's is the shorter of it and ``JOIN_TIMEOUT_S``)."""
     if size < 2:
         raise ValueError("the wanxport process group needs at least two sites (world_size >= 2)")
     name = _identity_name(config)
     store.set(KEY.format(rank), json.dumps({"name": name, "paths": list(config.paths)}))
     keys = [KEY.format(r) for r in range(size)]
-    store.wait(keys, timedelta(seconds=timeout))
+    join_timeout = min(timeout, JOIN_TIMEOUT_S)
+    try:
+        store.wait(keys, timedelta(seconds=join_timeout))
+    except Exception as exc:  # noqa: BLE001 - the store's timeout error names no one; this does
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise CollectiveError(f"site rank(s) {missing} never arrived: not in the store within "
+                              f"{join_timeout:g} s ({type(exc).__name__})") from None
     published = [json.loads(store.get(k)) for k in keys]
     names = [info["name"] for info in published]
     paths = _pair_paths(rank, published)
     return join_sync(rank, names, identity=config.identity, ca=config.ca,
-                     paths=paths if size > 2 else paths[1 - rank], timeout=timeout, join_timeout=timeout)
+                     paths=paths if size > 2 else paths[1 - rank], timeout=timeout,
+                     join_timeout=join_timeout)
