@@ -18,7 +18,9 @@ transfer is byte-exact, that the receiver stays within its receive budget +
 64 MiB, and that the datagrams accounted for add up: every one that reached
 a socket is counted by reason, the kernel's full-buffer drops as
 ``rejected_kernel_overflow`` exactly as the namespace's ``RcvbufErrors`` saw
-them, and nothing is missing beyond what the kernel dropped before the socket.
+them, and nothing is missing beyond what the kernel dropped before the socket
+(give or take the gateways' own control datagrams, which share a counter with the
+flood's QUIC look-alikes).
 Both goodputs and their ratio are printed as one JSON line, not asserted: a rate
 depends on what else the host runs, and the suite must stay green on a busy host
 (the ratio is a benchmark figure, docs/results/security.md).
@@ -218,6 +220,7 @@ def test_flood_at_native_rate_while_transferring() -> None:
         "receiver_cpu_s": {"unflooded": base_diag["cpu_s"], "flooded": diag["cpu_s"]},
         "completion_s": {"unflooded": base["completion_s"], "flooded": flooded["completion_s"]},
         "rejects": {k: v for k, v in counters.items() if v and not k.startswith(("accepted", "opened"))},
+        "unflooded_passed_quic": base_diag["receiver"].get("passed_quic", 0),
     }
     print(json.dumps(summary))
     assert flooded["intact"], "the flooded transfer is byte-exact"
@@ -230,5 +233,9 @@ def test_flood_at_native_rate_while_transferring() -> None:
     assert overflowed == snmp["Udp.RcvbufErrors"], summary
     # Every forwarded datagram is counted by a reason, or as a kernel overflow, or was
     # dropped by the kernel before any socket; none is counted twice.
-    assert counted <= forwarded, summary
-    assert forwarded - counted - overflowed <= before_socket, summary
+    # The gateways' own QUIC control datagrams are counted as ``passed_quic`` too; the
+    # unflooded run's count stands in for them, so the flooded run's may differ from it
+    # by up to that many (keepalives and ACKs vary with the run's length).
+    control = base_diag["receiver"].get("passed_quic", 0)
+    assert counted <= forwarded + control, summary
+    assert forwarded - counted - overflowed <= before_socket + control, summary
