@@ -40,8 +40,9 @@ async def test_one_line_per_transfer_submitted_and_finished_at_both_ends(
         t = await asyncio.to_thread(client.submit, "gw-b", str(src), "run/ckpt")
         done = await asyncio.to_thread(client.wait, t["id"], 60)
         assert done["state"] == "done", done
-    sent = messages(caplog, "wanxport.daemon.store") + messages(caplog, "wanxport.daemon.service")
-    assert sum(f"transfer {t['id']} submitted: {src} to gw-b as run/ckpt" in m for m in sent) == 1, sent
+    sent = messages(caplog, "wanxport.daemon.routes") + messages(caplog, "wanxport.daemon.service")
+    assert sum(m.startswith(f"transfer {t['id']} submitted by uid ") and f": {src} -> gw-b:run/ckpt (" in m
+               for m in sent) == 1, sent
     finished = [m for m in sent if m.startswith(f"transfer {t['id']} to gw-b done: 488.28 KiB in ")]
     assert len(finished) == 1 and finished[0].endswith("b/s)"), sent
     received = [m for m in messages(caplog, "wanxport.daemon.receipts") if t["id"] in m]

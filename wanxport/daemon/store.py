@@ -173,8 +173,6 @@ class TransferStore:
         self.transfers[transfer_id] = transfer
         self._by_key[transfer.key] = transfer_id
         self.save()
-        log.info("transfer %s submitted: %s to %s as %s", transfer_id, submission.source, submission.peer,
-                 submission.dest)
         return transfer, True
 
     def get_by_key(self, key: str) -> Transfer | None:
