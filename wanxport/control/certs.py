@@ -179,12 +179,7 @@ def make_test_pki(
     Returns ``{"ca": ca.pem, "ca_key": ca.key, <name>: DIR/<name>}``; the
     per-name value is the identity prefix that ``load_identity`` accepts.
     """
-    if days < 1:
-        raise ValueError(f"days: {days} is not valid; use a whole number >= 1")
-    for name in names:
-        _check_name(name)
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _pki_directory(directory, names, days)
     ca_cert, ca_key = _make_ca(out, "ca", "wanxport test CA", key_type, days)
     now = dt.datetime.now(dt.UTC)
     result: dict[str, Path] = {"ca": out / "ca.pem", "ca_key": out / "ca.key"}
@@ -194,6 +189,17 @@ def make_test_pki(
             now - dt.timedelta(minutes=5), now + dt.timedelta(days=days),
         )
     return result
+
+
+def _pki_directory(directory: str | os.PathLike[str], names: list[str], days: int) -> Path:
+    """``directory``, created if need be, once the names and the validity are usable."""
+    if days < 1:
+        raise ValueError(f"days: {days} is not valid; use a whole number >= 1")
+    for name in names:
+        _check_name(name)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 @dataclass
@@ -224,12 +230,7 @@ def issue_certificates(
     there: one is created, as ``make_test_pki`` does. CertificateError (one line) when the
     CA there cannot sign (its key is missing or unreadable).
     """
-    if days < 1:
-        raise ValueError(f"days: {days} is not valid; use a whole number >= 1")
-    for name in names:
-        _check_name(name)
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _pki_directory(directory, names, days)
     changes = PkiChanges(ca=out / "ca.pem")
     has_ca = (out / "ca.pem").exists() or (out / "ca.key").exists()
     if has_ca and not force:
