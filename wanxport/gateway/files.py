@@ -268,9 +268,13 @@ class FileReader:
                 return self._free.pop(i)[:size]
         # Anonymous pages of our own rather than numpy's, which asks for transparent huge
         # pages: their first use cost 2.4 CPU-s per GiB here (compaction), 4 KiB pages 0.6.
-        # Not populated here: that would stall the event loop; ``preadv`` faults them in on
-        # its worker thread.
-        return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+        # Private, not ``mmap``'s default of shared: a shared anonymous page lives in shmem,
+        # whose first touch costs two to three times a private one's (page-cache insertion
+        # and accounting on top of the zeroing) and whose unmapping removes it from that
+        # cache again. Not populated here: that would stall the event loop; ``preadv``
+        # faults them in on its worker thread.
+        return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
+                             dtype=np.uint8)
 
     def release(self, piece: FilePiece) -> None:
         """The piece is no longer needed: its buffer is free, its pages leave the cache."""
