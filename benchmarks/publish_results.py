@@ -262,20 +262,30 @@ def matrix_table(figure: dict[str, Any]) -> list[str]:
     return lines
 
 
-def matrix_headline(figure: dict[str, Any], figures: dict[str, dict[str, Any]]) -> list[str]:
-    """One row per ``headline_rows`` entry: [scenario, label] and optionally a caveat,
-    {"figure": id, "text": template}, rendered from that (later) figure's reports."""
-    cells = matrix(figure)
+def matrix_headline(figure: dict[str, Any], figures: dict[str, dict[str, Any]],
+                    hosts: dict[str, dict[str, str]]) -> list[str]:
+    """One row per ``headline_rows`` entry: [scenario, label], then optionally
+    {"matrix": id} (the row comes from that later matrix figure, which the row names
+    with its commit, host and date) and caveats {"figure": id, "text": template}
+    rendered from that figure's reports."""
     lines = []
-    for scenario, label, *caveat in figure["headline_rows"]:
-        row = cells[scenario]
+    for scenario, label, *extras in figure["headline_rows"]:
+        source = figure
+        for extra in extras:
+            if "matrix" in extra:
+                source = figures[extra["matrix"]]
+        row = matrix(source)[scenario]
         ours = row["wanxport"]
         ideal = ours[0]["ideal_s"]
         mine = statistics.median(r["completion_s"] for r in ours)
         best = best_baseline(row)
         against = versus(ours, *best) if best else "no baseline in this run"
-        for note in caveat:
-            against += "; " + render(note["text"], figures[note["figure"]])
+        for note in extras:
+            if "text" in note:
+                against += "; " + render(note["text"], figures[note["figure"]])
+        if source is not figure:
+            label += (f" (commit `{source['commit']}`, {hosts[source['host']]['cpu']}, "
+                      f"{source['date']})")
         lines.append(f"| {label} | {ideal:.2f} s | **{mine:.2f} s** | {against} |")
     return lines
 
@@ -366,7 +376,7 @@ def headline(index: dict[str, Any]) -> str:
     lines = [BEGIN, head["matrix_intro"].format(host=hosts[matrix_figure["host"]]["cpu"],
                                                  commit=matrix_figure["commit"], date=matrix_figure["date"]),
              "", "| scenario | ideal | wanxport | best baseline (same run) |", "|---|---|---|---|"]
-    lines += matrix_headline(matrix_figure, figures)
+    lines += matrix_headline(matrix_figure, figures, hosts)
     lines += ["", "| training and operations | result | measured |", "|---|---|---|"]
     for row in head["rows"]:
         figure = figures[row["figure"]]
