@@ -21,12 +21,11 @@ def make_pki(directory: Path, n: int = 3) -> Path:
 
 
 def mesh_paths(n: int, paths_per_pair: int = 2) -> dict[tuple[int, int], list[str]]:
-    """Loopback paths of every pair (i, j), i < j: consecutive free ports."""
-    out = {}
-    for i in range(n):
-        for j in range(i + 1, n):
-            out[(i, j)] = [f"127.0.0.1:{p}" for p in free_path_ports(paths_per_pair)]
-    return out
+    """Loopback paths of every pair (i, j), i < j: consecutive free ports, drawn in one go
+    (pairs drawn one by one could be handed overlapping ranges)."""
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    ports = iter(free_path_ports(len(pairs) * paths_per_pair))
+    return {pair: [f"127.0.0.1:{next(ports)}" for _ in range(paths_per_pair)] for pair in pairs}
 
 
 def paths_of(site: int, n: int, pairs: dict[tuple[int, int], list[str]]) -> dict[int, list[str]]:
