@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +181,24 @@ def speak_3_only(monkeypatch: pytest.MonkeyPatch, side: str) -> list[int]:
     if side == "initiator":
         monkeypatch.setattr(handshake, "PROTOCOL_VERSION", 3)
     return offered
+
+
+@contextmanager
+def loopback_netns(prefix: str) -> Iterator[str]:
+    """A new network namespace with only ``lo`` up, named ``<prefix>-<random>``; removed,
+    with every process still in it, however the test ends. Skips the test (with the
+    reason) without root, iproute2 or nftables."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    if shutil.which("ip") is None or shutil.which("nft") is None:
+        pytest.skip("needs iproute2 and nftables")
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield name
+    finally:
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            subprocess.run(["kill", "-9", pid], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)

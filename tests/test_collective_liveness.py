@@ -7,18 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from collective_helpers import make_pki, mesh_paths, paths_of, site_names
+from gateway_helpers import loopback_netns
 
 from wanxport.collective import LIVENESS_MIN_S, CollectiveError, GroupState, join
 from wanxport.control.certs import make_test_pki
@@ -69,29 +68,10 @@ async def test_a_killed_site_fails_every_pending_call_on_its_groups_naming_it(pk
         await asyncio.gather(*(g.close(drain_s=0.0) for g in groups))
 
 
-def _can_netns() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root for network namespaces"
-    if shutil.which("ip") is None or shutil.which("nft") is None:
-        return "needs iproute2 and nftables"
-    return None
-
-
 @pytest.fixture
 def netns() -> Iterator[str]:
-    reason = _can_netns()
-    if reason:
-        pytest.skip(reason)
-    name = f"wxcl-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    with loopback_netns("wxcl") as name:
         yield name
-    finally:
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            subprocess.run(["kill", "-9", pid], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 @pytest.mark.netns

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gateway_helpers import run, start, stop
+from gateway_helpers import loopback_netns, run, start, stop
 
 from wanxport.control.certs import make_test_pki
 
@@ -26,30 +24,10 @@ pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 PORTS = [7400, 7401, 7402]  # consecutive: one UDP port per path
 
 
-def _can_netns() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root for network namespaces"
-    if shutil.which("ip") is None or shutil.which("nft") is None:
-        return "needs iproute2 and nftables"
-    return None
-
-
 @pytest.fixture
 def netns() -> Iterator[str]:
-    reason = _can_netns()
-    if reason:
-        pytest.skip(reason)
-    name = f"wxgw-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    with loopback_netns("wxgw") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "pids", name], capture_output=True)
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            subprocess.run(["kill", "-9", pid], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def blackhole(ns: str, port: int, after_bytes: int | None) -> None:
