@@ -215,3 +215,16 @@ def test_compare_refuses_a_short_baseline_deadline_before_running_anything(tmp_p
         compare([scenario()], [Column("wanxport"), Column("tcp-parallel", "bbr")], 1, tmp_path / "out",
                 deadline_s=30.0, with_sim=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_mptcp_subflow_is_judged_over_its_own_busy_time() -> None:
+    from emulation.api import PathInfo
+    from emulation.baselines.transports import Direction, path_stats
+
+    paths = [PathInfo("clean", "10.0.1.1", "10.0.1.2", "v1"), PathInfo("lossy", "10.0.2.1", "10.0.2.2", "v2")]
+    sent = {"slices": [{"active_s": 100.0}],
+            "subflows": [{"local": "10.0.1.1", "bytes_acked": 900_000_000, "busy_time_us": 60_000_000},
+                         {"local": "10.0.2.1", "bytes_acked": 5_000_000}]}
+    clean, lossy = path_stats("mptcp", paths, 0, Direction("a", "b", 5000), sent, {})
+    assert (clean.payload_bytes, clean.active_s) == (900_000_000, 60.0)  # 120 Mb/s while it had data
+    assert lossy.active_s == 100.0  # no busy time reported: the connection's time

@@ -127,12 +127,17 @@ def path_stats(transport: str, paths: list[PathInfo], best: int, direction: Dire
         return stats
     by_src = {direction.src(p): k for k, p in enumerate(paths)}
     if transport == "mptcp" and sent.get("subflows"):
-        # Every subflow could have been given data while the one MPTCP connection had some.
+        # A subflow has data only when MPTCP's scheduler gives it some: while the one
+        # connection waits on its slower subflows (its send buffer full of data in flight
+        # there), a clean fast subflow sits empty. Charging it the connection's whole
+        # active time would blame the path for the scheduler's choice, so each subflow is
+        # judged over its own tcpi_busy_time (the connection's time where the kernel has none).
         active = float(sent["slices"][0].get("active_s", 0.0)) if sent.get("slices") else 0.0
         for sub in sent["subflows"]:
             k = by_src.get(sub.get("local") or "")
             if k is not None:
-                _fill(stats[k], sub.get("bytes_acked", 0), sub, active)
+                busy_us = sub.get("busy_time_us")
+                _fill(stats[k], sub.get("bytes_acked", 0), sub, busy_us / 1e6 if busy_us else active)
         return stats
     # "carried": every step's bytes on that connection (one step's without it).
     received_by_offset = {s["offset"]: s.get("carried", s["received"]) for s in received.get("slices", [])}
