@@ -5,7 +5,12 @@ because the simulator, the emulation and every report builder depend on it.
 """
 
 from wanxport.scenario.flow import capacities_Bps, egress_ingress_Bps, max_flow_Bps, path_rate_Bps
-from wanxport.scenario.ideal import allreduce_ideal_time_s, ideal_time_s, pair_ideal_time_s
+from wanxport.scenario.ideal import (
+    allreduce_ideal_time_s,
+    ideal_time_s,
+    pair_ideal_time_s,
+    relayed_ideal_time_s,
+)
 from wanxport.scenario.model import (
     BurstLoss,
     LinkParams,
@@ -36,5 +41,6 @@ __all__ = [
     "pair_ideal_time_s",
     "parse_scenario",
     "path_rate_Bps",
+    "relayed_ideal_time_s",
     "resolve",
 ]

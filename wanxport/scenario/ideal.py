@@ -97,6 +97,20 @@ def pair_ideal_time_s(scenario: Scenario, src: str, dst: str, size_bytes: int, r
     return _earliest(sources, size_bytes)
 
 
+def relayed_ideal_time_s(scenario: Scenario, src: str, dst: str, size_bytes: int,
+                         direction: str = "a->b") -> float:
+    """The network's bound for a transfer between two sites, relaying allowed (``pair_ideal_time_s``).
+
+    ``direction`` as for ``ideal_time_s``, with ``src`` as the first site:
+    "both" is the larger of the two ways.
+    """
+    forward = pair_ideal_time_s(scenario, src, dst, size_bytes, relay=True)
+    if direction == "a->b":
+        return forward
+    backward = pair_ideal_time_s(scenario, dst, src, size_bytes, relay=True)
+    return backward if direction == "b->a" else max(forward, backward)
+
+
 def ideal_time_s(scenario: Scenario, size_bytes: int | None = None, direction: str | None = None) -> float:
     """Ideal seconds of the scenario's transfer; ``math.inf`` if the bytes can never all arrive.
 
