@@ -97,6 +97,7 @@ def test_the_sim_command_takes_a_pair() -> None:
     assert report["between"] == ["asia", "west"] and report["intact"]
     assert [p["name"] for p in report["paths"]] == ["west-asia"]
     no_path = f"--between: {path}: no direct path between eu and asia"
-    for args, message in [(("--between", "eu,asia"), no_path), (("--between", "eu"), "expected two site names FROM,TO")]:
+    bad_pair = "expected two site names FROM,TO"
+    for args, message in [(("--between", "eu,asia"), no_path), (("--between", "eu"), bad_pair)]:
         refused = sim(*args)
         assert refused.returncode == 2 and message in refused.stderr and refused.stdout == ""
