@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from emulation.api import Emulation
+from emulation.naming import scenario_prefix
 from emulation.run import RunOptions, run_experiment
 from emulation.topology import existing_namespaces
 from wanxport.scenario import ScenarioError, parse_scenario
@@ -67,7 +68,9 @@ def assert_nothing_left(emu: Emulation) -> None:
 
 @pytest.fixture
 def emu(request: pytest.FixtureRequest) -> Iterator[Emulation]:
-    emulation = Emulation(parse_scenario(FOUR.format(name=f"t-{request.node.name[:16]}")), backend="engine")
+    # The pid keeps the namespaces apart from another checkout's run of these tests on the host.
+    name = f"t-{request.node.name[:16]}-{os.getpid()}"
+    emulation = Emulation(parse_scenario(FOUR.format(name=name)), backend="engine")
     try:
         yield emulation
     finally:
@@ -108,7 +111,7 @@ def test_a_pair_view_orients_the_pair_paths_away_from_its_first_site(emu: Emulat
 
 
 def test_a_transfer_between_two_of_four_sites_is_intact_and_reports_the_engine_lag() -> None:
-    scenario = parse_scenario(FOUR.format(name="t-mesh-run"))
+    scenario = parse_scenario(FOUR.format(name=f"t-mesh-run-{os.getpid()}"))
     report = run_experiment(scenario, RunOptions(transport="wanxport", backend="engine", between=("x", "u")))
     assert report["intact"] and report["between"] == ["x", "u"]
     assert [p["name"] for p in report["paths"]] == ["ux", "ux2"]
@@ -117,4 +120,4 @@ def test_a_transfer_between_two_of_four_sites_is_intact_and_reports_the_engine_l
     assert report["ideal_relayed_s"] == pytest.approx(report["ideal_s"], rel=1e-5)
     assert isinstance(report["lag_max_s"], float) and report["lag_max_s"] >= 0.0
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "t-mesh-run" not in left
+    assert scenario_prefix(scenario.name) not in left
