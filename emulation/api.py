@@ -247,12 +247,17 @@ class Emulation:
         return PairView(self, src, dst)
 
     def lag_max_s(self) -> float | None:
-        """The longest any frame has waited for the engine to read it, over every path and
-        direction (None under netem: the kernel's qdiscs keep no such figure)."""
+        """The longest any frame has waited for the engine to read it since the engine started,
+        over every path and direction. None under netem (the kernel's qdiscs keep no such
+        figure) or when the daemon does not answer: a diagnostic must not fail the run."""
         if self.backend != "engine":
             return None
-        return max((c["rx_lag_max_s"] for dirs in self.counters().values() for c in dirs.values()),
-                   default=0.0)
+        try:
+            counters = self.counters()
+        except EmulationError as exc:
+            log.warning("no engine lag: %s", exc)
+            return None
+        return max((c["rx_lag_max_s"] for dirs in counters.values() for c in dirs.values()), default=0.0)
 
     def stats_path(self) -> str:
         """Where the daemon writes its per-path counters (on SIGUSR2 and at exit)."""
