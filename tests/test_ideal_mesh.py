@@ -156,3 +156,10 @@ def test_max_flow_equals_the_min_cut(scenario: Scenario, data: st.DataObject) ->
     direct = caps.get((src, dst), 0.0)
     assert max_flow_Bps(scenario, src, dst, direct=False) == pytest.approx(
         max_flow_Bps(scenario, src, dst) - direct, rel=1e-9, abs=1e-6)
+    # Relaying never makes the bound worse; with no other site it adds nothing.
+    size = 10 * MB
+    relayed = pair_ideal_time_s(scenario, src, dst, size, relay=True)
+    alone = pair_ideal_time_s(scenario, src, dst, size)
+    assert relayed <= alone
+    if len(scenario.sites) == 2:
+        assert relayed == alone
