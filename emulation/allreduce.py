@@ -106,11 +106,15 @@ def check_options(options: AllreduceOptions) -> None:
 def run_allreduce(scenario: Scenario, options: AllreduceOptions) -> dict[str, Any]:
     """Run the benchmark over ``scenario``; return the run report v1."""
     check_options(options)
+    if len(scenario.sites) != 2:
+        raise ValueError(f"{scenario.name}: {len(scenario.sites)} sites; this all-reduce runs between two")
     wall_start = time.perf_counter()
     emu = Emulation(scenario, backend=options.backend)
     emu.up()
     try:
-        return _run(emu, scenario, options, wall_start)
+        report = _run(emu, scenario, options, wall_start)
+        report["lag_max_s"] = emu.lag_max_s()  # the engine's worst read delay over the run (None: netem)
+        return report
     finally:
         emu.down()
 
