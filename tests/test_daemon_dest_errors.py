@@ -64,7 +64,7 @@ async def send_one(tmp_path: Path, pki: Path, size: int) -> tuple[Transfer, list
     try:
         async with running(a_cfg) as a, running(b_cfg):
             assert a.store is not None
-            transfer, _ = a.store.submit(Submission("gw-b", str(tmp_path / "x.bin"), "x.bin"), "k")
+            transfer, _ = a.store.record_submission(Submission("gw-b", str(tmp_path / "x.bin"), "x.bin"), "k")
             a.submitted("gw-b")
             await final(transfer)
             records = list(handler.records)

@@ -17,7 +17,7 @@ from emulation._engine import Engine
 
 from emulation.params import engine_params
 from wanxport.scenario import BurstLoss, LinkParams
-from wanxport.sim.network import EventLoop, Link
+from wanxport.sim.network import EventLoop, PathDirection
 
 Fate = tuple[str, float | None]  # ("ok", arrival time) or (drop reason, None)
 
@@ -72,7 +72,7 @@ def run_simulator(
 ) -> list[Fate]:
     loop = EventLoop()
     arrivals: dict[int, float] = {}
-    link = Link(params[0][1], draws, lambda packet, now: arrivals.setdefault(packet, now), loop)  # type: ignore[arg-type]
+    link = PathDirection(params[0][1], draws, lambda packet, now: arrivals.setdefault(packet, now), loop)  # type: ignore[arg-type]
     fates: list[Fate] = []
 
     def offer(index: int, size: int) -> None:

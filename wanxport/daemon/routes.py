@@ -173,7 +173,7 @@ class Routes:
             return 422, {"error": str(exc)}
         try:
             pieces = plan(submission, held, self.daemon.config.piece_bytes)
-            transfer, new = store.submit(submission, key)
+            transfer, new = store.record_submission(submission, key)
         except (SourceError, SubmitConflict) as exc:
             held.close()
             return (409 if isinstance(exc, SubmitConflict) else 422), {"error": str(exc)}

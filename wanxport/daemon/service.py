@@ -71,11 +71,11 @@ from .certwatch import IdentityUnusable, check_at_start, watch_expiry
 from .config import ConfigError, DaemonConfig, PeerConfig, check_receive_group, describe
 from .desterrors import NO_SPACE, verdict
 from .durable import remove_stale_temporaries
-from .heap import trim_periodically
 from .inbox import Inbox
 from .lifecycle import TransferEvent
 from .listener import DaemonListener
 from .lock import DataDirBusy, DataDirLock
+from .memtrim import trim_periodically
 from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import HeldSource, OutgoingPiece, SourceError, plan, resume, send, source_ids, tagged

@@ -1,4 +1,4 @@
-"""The ideal completion time of a transfer (DESIGN.md section 4).
+"""The ideal completion time of a transfer (docs/design.md section 4).
 
 Every run report divides this bound by the measured completion time, so it
 must be computed exactly as the contract says, the same for the simulator and

@@ -1,4 +1,4 @@
-"""The scenario parser, contract v1 (DESIGN.md section 4): TOML text to a validated ``Scenario``.
+"""The scenario parser, contract v1 (docs/design.md section 4): TOML text to a validated ``Scenario``.
 
 Every error is one ``ScenarioError`` line, ``<file>: <field path>: <problem>; <valid>``,
 so a user can fix the file without reading code.

@@ -42,7 +42,9 @@ from typing import Protocol
 from wanxport.scenario import LinkParams, Scenario
 from wanxport.sim.eventloop import EventLoop
 
-__all__ = ["Draws", "EventLoop", "Link", "LinksFactory", "Network", "PacketPort", "PathLinks", "link_rng"]
+__all__ = [
+    "Draws", "EventLoop", "LinksFactory", "Network", "PacketPort", "PathDirection", "PathLinks", "link_rng",
+]
 
 Deliver = Callable[[object, float], None]
 
@@ -80,7 +82,7 @@ class _Admitted:
         self.handles: list[int] = []  # reorder links: the copies' arrival events
 
 
-class Link:
+class PathDirection:
     """One direction of one path. ``deliver(packet, now)`` is called on arrival."""
 
     __slots__ = (
@@ -335,7 +337,7 @@ class Link:
 
 
 class PacketPort(Protocol):
-    """Where a side puts a path's datagrams: a ``Link``, or a port onto a shared one."""
+    """Where a side puts a path's datagrams: a ``PathDirection``, or a port onto a shared one."""
 
     def send(self, packet: object, size_bytes: int) -> None: ...
 
@@ -380,8 +382,8 @@ class Network:
         self.scenario = scenario
         self.loop = loop
         self.seed = scenario.seed if seed is None else seed
-        self.forward: tuple[Link, ...] = tuple(
-            Link(
+        self.forward: tuple[PathDirection, ...] = tuple(
+            PathDirection(
                 spec.forward,
                 link_rng(self.seed, i, "a->b"),
                 partial(deliver_b, i),
@@ -391,8 +393,8 @@ class Network:
             )
             for i, spec in enumerate(scenario.paths)
         )
-        self.reverse: tuple[Link, ...] = tuple(
-            Link(
+        self.reverse: tuple[PathDirection, ...] = tuple(
+            PathDirection(
                 spec.reverse,
                 link_rng(self.seed, i, "b->a"),
                 partial(deliver_a, i),
