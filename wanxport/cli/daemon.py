@@ -99,8 +99,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     if args.check:
         return _check(args.config, config)
     from wanxport.aio.loop import run
-
-    from .service import DaemonError, run_daemon
+    from wanxport.daemon.service import DaemonError, run_daemon
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
