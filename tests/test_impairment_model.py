@@ -2,7 +2,7 @@
 
 Both take a seeded trace of packets (offer time, size) and the random draws those
 packets use (uniforms for loss and the Gilbert-Elliott chain, standard normals for
-jitter), replayed in the order docs/emulation.md "One impairment model" fixes.
+jitter), replayed in the order docs/notes/emulation.md "One impairment model" fixes.
 Every packet must get the same fate from both: dropped for the same reason, or
 delivered at the same time.
 """

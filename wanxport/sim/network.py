@@ -1,7 +1,7 @@
 """Seeded discrete-event model of a scenario's WAN (docs/design.md section 4 semantics).
 
 One direction of one path decides each packet as the lab's impairment engine
-(``ext/impair/engine.c``) does, after netem; docs/emulation.md "One impairment
+(``ext/impair/engine.c``) does, after netem; docs/notes/emulation.md "One impairment
 model" is the shared specification, checked by feeding both the same trace of
 packets and random draws. In order:
 
