@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from daemon_helpers import make_pki, start_daemon, two_sites
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 from wanxport.units import parse_size
 

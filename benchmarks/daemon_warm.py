@@ -36,7 +36,7 @@ from pathlib import Path
 
 from daemon_helpers import make_pki, two_sites
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 from wanxport.daemon.service import GatewayDaemon
 from wanxport.units import parse_size

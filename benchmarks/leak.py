@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from daemon_helpers import make_pki, two_sites  # noqa: E402
 from smaps import anon_by_mapping, by_kind, diff  # noqa: E402
 
-from wanxport.client import GatewayClient  # noqa: E402
+from wanxport.daemon.client import GatewayClient  # noqa: E402
 from wanxport.daemon.config import load_config  # noqa: E402
 from wanxport.daemon.service import GatewayDaemon  # noqa: E402
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from daemon_helpers import NotifyListener, make_pki, start_daemon, write_config
 from gateway_helpers import free_path_ports
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 
 REJECTED = re.compile(r'^wanxport_datagrams_rejected_total\{reason="([^"]+)"\} (\S+)$', re.MULTILINE)

@@ -4,7 +4,7 @@ Two ``wanxport gateway`` daemons, one in each gateway namespace of a bundled
 emulated scenario (``emulation/``: namespaces plus our impairment engine, since
 this kernel has no netem), with every path's rate capped (``--rate-mbps``) so
 the host sustains it with room to spare. Transfers move a->b continuously
-through the transfer API (``wanxport.client``): ``--in-flight`` submissions are
+through the transfer API (``wanxport.daemon.client``): ``--in-flight`` submissions are
 kept queued or active, each received file's SHA-256 is compared with its
 source's, then the file is deleted (so the disk stays bounded). Every
 ``--flap-every`` seconds one path goes down for ``--down-s`` seconds (events on
@@ -53,8 +53,8 @@ from typing import Any
 
 from emulation.api import Emulation
 from emulation.bundled import resolve_scenario
-from wanxport.client import FINAL_STATES, GatewayClient
 from wanxport.control.certs import make_test_pki
+from wanxport.daemon.client import FINAL_STATES, GatewayClient
 from wanxport.scenario import Scenario
 from wanxport.scenario.model import PathEvent
 

@@ -364,7 +364,7 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
 
 def _session_fields(sent: list[dict[str, Any]], received: list[dict[str, Any]], complete: bool
                     ) -> dict[str, Any]:
-    """What the wanxport gateways add (DESIGN.md section 5): ``verdict_s``, when the last
+    """What the wanxport gateways add (docs/design.md section 5): ``verdict_s``, when the last
     sender held every verdict; ``digest_s``, one step's shard digests (inside the clock);
     ``setup_s``, the session setup before the clock; how the session was set up and keyed
     (``control``) and the senders' certificate names as each receiver verified them

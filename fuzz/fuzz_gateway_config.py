@@ -27,7 +27,7 @@ def load() -> harness.Check:
     import io
 
     from wanxport.cli import build_parser
-    from wanxport.gateway import cli
+    from wanxport.cli import gateway as cli
     from wanxport.usage import USAGE_ERROR, UsageError
 
     parser = build_parser()

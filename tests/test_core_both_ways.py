@@ -10,7 +10,7 @@ import pytest
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.session import Session
 from wanxport.scenario import parse_scenario
-from wanxport.sim.network import Link
+from wanxport.sim.network import PathDirection
 from wanxport.sim.runner import SimOptions, SimRun
 from wanxport.wire.frames import AckFrame, DataFrame, ShardOpenFrame
 
@@ -43,15 +43,15 @@ def test_both_directions_spend_little_on_acknowledgements(monkeypatch: pytest.Mo
     """
     run = SimRun(parse_scenario(BOTH_WAYS), SimOptions(payload_mode="virtual"))
     sent: Counter[str] = Counter()
-    original = Link.send
+    original = PathDirection.send
 
-    def counting_send(link: Link, packet: Any, size: int) -> None:
+    def counting_send(link: PathDirection, packet: Any, size: int) -> None:
         frames = packet.frames  # a virtual datagram: None for DATA
         kind = "data" if frames is None or any(isinstance(f, DataFrame) for f in frames) else "control"
         sent[kind] += size
         original(link, packet, size)
 
-    monkeypatch.setattr(Link, "send", counting_send)
+    monkeypatch.setattr(PathDirection, "send", counting_send)
     report = run.run()
     assert report["intact"]
     assert sent["control"] < 0.05 * sent["data"], sent

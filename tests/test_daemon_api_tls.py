@@ -9,7 +9,7 @@ import pytest
 from daemon_helpers import make_pki, two_sites
 from test_daemon_transfers import call, payload, running
 
-from wanxport.client import ApiError, GatewayClient
+from wanxport.daemon.client import ApiError, GatewayClient
 from wanxport.daemon.config import ConfigError, load_config
 
 pytestmark = pytest.mark.timeout(120)

@@ -5,7 +5,7 @@ A read-only file system (a tmpfs this test mounts read-only at the receiver's
 creation made to raise EACCES in process, since root is never denied) end the
 transfer ``failed`` with the errno named at the sender and logged at the receiver,
 within two attempts, never as "shutting down". A full disk still pauses
-(``test_daemon_full_disk.py``); ``desterrors.verdict`` says which is which.
+(``test_daemon_full_disk.py``); ``desterrors.classify`` says which is which.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from daemon_helpers import make_pki, running, two_sites
 
-from wanxport.daemon.desterrors import verdict
+from wanxport.daemon.desterrors import DestErrorKind, classify
 from wanxport.daemon.inbox import Inbox
 from wanxport.daemon.store import Submission, Transfer
 
@@ -64,7 +64,7 @@ async def send_one(tmp_path: Path, pki: Path, size: int) -> tuple[Transfer, list
     try:
         async with running(a_cfg) as a, running(b_cfg):
             assert a.store is not None
-            transfer, _ = a.store.submit(Submission("gw-b", str(tmp_path / "x.bin"), "x.bin"), "k")
+            transfer, _ = a.store.record_submission(Submission("gw-b", str(tmp_path / "x.bin"), "x.bin"), "k")
             a.submitted("gw-b")
             await final(transfer)
             records = list(handler.records)
@@ -116,11 +116,18 @@ async def test_permission_denied_fails_with_eacces(tmp_path: Path, pki: Path, mo
 
 
 def test_which_destination_errors_wait_and_which_fail() -> None:
-    assert verdict("dest a: Read-only file system (EROFS)") == "fail"
-    assert verdict("the peer ended the session (dest d/a: Operation not permitted (EPERM))") == "fail"
-    assert verdict("dest a: no room for 5 bytes at offset 0 in /r: No space left on device (ENOSPC); kept") \
-        == "pause"
-    assert verdict("a: no room ... Disk quota exceeded (EDQUOT)") == "pause"  # an older receiver's wording
-    assert verdict("dest a: Input/output error (EIO) at offset 0") == "pause"  # may pass: waited out
-    assert verdict("the peer did not verify every file (integrity-failure)") is None
-    assert verdict("sendmsg: Operation not permitted (EPERM)") is None  # not a destination's error
+    def kind(reason: str) -> tuple[DestErrorKind, str, str] | None:
+        dest = classify(reason)
+        return None if dest is None else (dest.kind, dest.errno_name, dest.verdict)
+
+    assert kind("dest a: Read-only file system (EROFS)") == (DestErrorKind.REFUSED, "EROFS", "fail")
+    assert kind("the peer ended the session (dest d/a: Operation not permitted (EPERM))") \
+        == (DestErrorKind.REFUSED, "EPERM", "fail")
+    assert kind("dest a: no room for 5 bytes at offset 0 in /r: No space left on device (ENOSPC); kept") \
+        == (DestErrorKind.NO_SPACE, "ENOSPC", "pause")
+    assert kind("a: no room ... Disk quota exceeded (EDQUOT)") \
+        == (DestErrorKind.NO_SPACE, "EDQUOT", "pause")  # an older receiver's wording
+    assert kind("dest a: Input/output error (EIO) at offset 0") \
+        == (DestErrorKind.PASSING, "EIO", "pause")  # may pass: waited out
+    assert kind("the peer did not verify every file (integrity-failure)") is None
+    assert kind("sendmsg: Operation not permitted (EPERM)") is None  # not a destination's error

@@ -73,7 +73,8 @@ async def test_full_disk_pauses_keeps_the_partial_and_resumes_once_space_returns
     async with running(a_cfg) as a, running(b_cfg) as b:
         assert b.config.received_dir == small_received
         assert a.store is not None
-        transfer, _ = a.store.submit(Submission("gw-b", str(tmp_path / "big.bin"), "big.bin"), "full-disk")
+        submission = Submission("gw-b", str(tmp_path / "big.bin"), "big.bin")
+        transfer, _ = a.store.record_submission(submission, "full-disk")
         a.submitted("gw-b")
         await until(transfer, ("paused", "done", "failed"))
         assert transfer.state == "paused", transfer

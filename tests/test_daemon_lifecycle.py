@@ -56,7 +56,7 @@ def test_the_table_says_what_each_state_can_do() -> None:
 
 def test_the_store_moves_only_by_the_table(tmp_path: Path) -> None:
     store = TransferStore(tmp_path / "transfers.json")
-    transfer, _ = store.submit(Submission("gw-b", "/src/x", "x"), key="x")
+    transfer, _ = store.record_submission(Submission("gw-b", "/src/x", "x"), key="x")
     with pytest.raises(IllegalTransition):
         store.fire(transfer, E.FINISH)  # not being sent
     store.fire(transfer, E.START)
@@ -72,7 +72,7 @@ def test_the_store_moves_only_by_the_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize("state", ["active", "stalled", "paused", "queued"])
 def test_a_restart_queues_what_was_unfinished(tmp_path: Path, state: str) -> None:
     path = tmp_path / "transfers.json"
-    transfer, _ = TransferStore(path).submit(Submission("gw-b", "/src/x", "x"), key="x")
+    transfer, _ = TransferStore(path).record_submission(Submission("gw-b", "/src/x", "x"), key="x")
     write_state(path, [{**transfer.to_json(), "state": state, "bytes_done": 123}])
     reopened = TransferStore(path).get(transfer.id)
     assert reopened is not None and reopened.state == "queued" and reopened.bytes_done == 123
@@ -84,11 +84,12 @@ def test_history_lists_finished_transfers_across_restarts_newest_kept(tmp_path: 
     store = TransferStore(path, keep_finished=3)
     ids = []
     for i in range(12):
-        transfer, _ = store.submit(Submission("gw-b" if i % 2 else "gw-c", f"/src/{i}", f"f{i}"), key=f"k{i}")
+        submission = Submission("gw-b" if i % 2 else "gw-c", f"/src/{i}", f"f{i}")
+        transfer, _ = store.record_submission(submission, key=f"k{i}")
         store.fire(transfer, E.START)
         store.fire(transfer, E.FINISH if i % 3 else E.FAIL, reason=None if i % 3 else "no")
         ids.append(transfer.id)
-    waiting, _ = TransferStore(path).submit(Submission("gw-b", "/src/q", "q"), key="q")
+    waiting, _ = TransferStore(path).record_submission(Submission("gw-b", "/src/q", "q"), key="q")
     reopened = TransferStore(path, keep_finished=3)
     assert reopened.transfers.keys() == {waiting.id}, "memory holds only the unfinished"
     assert [t.id for t in reopened.history()] == [*ids, waiting.id], "oldest first, all of them"
@@ -103,7 +104,7 @@ async def test_transfer_list_shows_history_after_a_restart_and_filters(tmp_path:
 
     from daemon_helpers import make_pki, running, two_sites
 
-    from wanxport.client import ApiError, GatewayClient
+    from wanxport.daemon.client import ApiError, GatewayClient
 
     a_cfg, b_cfg = two_sites(tmp_path, make_pki(tmp_path / "pki"))
     (tmp_path / "x.bin").write_bytes(b"x" * 1000)

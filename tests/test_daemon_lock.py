@@ -10,7 +10,7 @@ import pytest
 from daemon_helpers import NotifyListener, make_pki, running, start_daemon, two_sites, write_config
 from gateway_helpers import free_path_ports, run
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 from wanxport.daemon.service import DaemonError
 

@@ -12,8 +12,8 @@ import pytest
 from daemon_helpers import make_pki, running, two_sites
 
 from wanxport.aio.ratelog import RateLimitedLog
-from wanxport.client import GatewayClient
 from wanxport.daemon import service
+from wanxport.daemon.client import GatewayClient
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ from daemon_helpers import make_pki, two_sites
 from gateway_helpers import ROOT
 from test_daemon_transfers import call, payload, running
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 
 pytestmark = pytest.mark.timeout(180)
 PROMTOOL = shutil.which("promtool")

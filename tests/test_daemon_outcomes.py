@@ -11,8 +11,8 @@ from wanxport.daemon.store import Submission
 
 def test_each_transfer_is_counted_once_when_it_ends(tmp_path: Path) -> None:
     store = CountingStore(tmp_path / "transfers.json")
-    done, failed, cancelled, running = (store.submit(Submission("gw-b", f"/src/{i}", f"f{i}"), None)[0]
-                                        for i in range(4))
+    done, failed, cancelled, running = (
+        store.record_submission(Submission("gw-b", f"/src/{i}", f"f{i}"), None)[0] for i in range(4))
     store.update(done, state="active")
     store.update(done, state="done")
     store.update(failed, state="active")
@@ -26,7 +26,7 @@ def test_each_transfer_is_counted_once_when_it_ends(tmp_path: Path) -> None:
 
 def test_a_restart_starts_the_counter_over(tmp_path: Path) -> None:
     store = CountingStore(tmp_path / "transfers.json")
-    transfer, _ = store.submit(Submission("gw-b", "/src/a", "a"), None)
+    transfer, _ = store.record_submission(Submission("gw-b", "/src/a", "a"), None)
     store.update(transfer, state="failed", reason="no")
     again = CountingStore(tmp_path / "transfers.json")
     assert again.ended == {"done": 0, "failed": 0, "cancelled": 0}

@@ -19,7 +19,7 @@ from daemon_helpers import NotifyListener, make_pki, start_daemon, write_config
 from gateway_helpers import free_path_ports
 from test_daemon_transfers import call, payload
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 from wanxport.daemon.peers import DUPLICATE
 from wanxport.daemon.service import DaemonError, GatewayDaemon

@@ -10,7 +10,7 @@ from daemon_helpers import make_pki, write_config
 from gateway_helpers import free_path_ports
 from test_daemon_transfers import call, payload, running
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.gateway.session import GatewaySession
 
 pytestmark = pytest.mark.timeout(120)

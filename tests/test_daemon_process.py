@@ -14,7 +14,7 @@ import pytest
 from daemon_helpers import NotifyListener, log_of, make_pki, start_daemon, two_sites
 from gateway_helpers import free_path_ports
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 from wanxport.daemon.durable import read_state
 

@@ -19,7 +19,7 @@ import pytest
 from daemon_helpers import make_pki, running, two_sites
 from gateway_helpers import cli, env
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.service import GatewayDaemon
 from wanxport.daemon.watch import RateMeter, progress_line, watch
 

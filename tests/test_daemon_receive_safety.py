@@ -15,7 +15,7 @@ import pytest
 from daemon_helpers import make_pki, running, two_sites
 from gateway_helpers import speak_3_only
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.metrics import DaemonCollector
 from wanxport.gateway.files import FilePiece
 from wanxport.gateway.transfer import send_files

@@ -16,7 +16,7 @@ import pytest
 from daemon_helpers import make_pki, running, two_sites, write_config
 from gateway_helpers import cli, env, free_path_ports
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 from wanxport.daemon.service import GatewayDaemon
 

@@ -185,7 +185,7 @@ def test_kill_9_mid_transfer_resumes_byte_exact(pki: Path, tmp_path: Path, victi
 
     from daemon_helpers import NotifyListener, start_daemon, two_sites
 
-    from wanxport.client import GatewayClient
+    from wanxport.daemon.client import GatewayClient
     from wanxport.daemon.config import load_config
 
     rng = random.Random(f"kill-{victim}")
@@ -257,7 +257,7 @@ def test_submit_wait_resubmits_after_a_sender_restart(pki: Path, tmp_path: Path)
     from daemon_helpers import NotifyListener, log_of, start_daemon, two_sites
     from gateway_helpers import cli, env
 
-    from wanxport.client import GatewayClient
+    from wanxport.daemon.client import GatewayClient
     from wanxport.daemon.config import load_config
 
     a_cfg, b_cfg = two_sites(tmp_path, pki, extra=f'[transfer]\ncheckpoint_bytes = "{CHECKPOINT}"\n'

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from daemon_helpers import make_pki, running, two_sites
 
-from wanxport.client import ApiError, GatewayClient
+from wanxport.daemon.client import ApiError, GatewayClient
 from wanxport.sources import SourceOpenError
 
 pytestmark = pytest.mark.timeout(120)

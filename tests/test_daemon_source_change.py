@@ -21,7 +21,7 @@ import pytest
 from daemon_helpers import make_pki, running, write_config
 from gateway_helpers import free_path_ports
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 
 pytestmark = pytest.mark.timeout(120)
 MIB = 1 << 20

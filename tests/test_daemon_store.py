@@ -17,7 +17,7 @@ from wanxport.daemon.store import Submission, TransferStore
 def _finish(store: TransferStore, n: int, start: int = 0) -> list[str]:
     ids = []
     for i in range(start, start + n):
-        transfer, new = store.submit(Submission("gw-b", f"/src/{i}", f"f{i}"), key=f"k{i}")
+        transfer, new = store.record_submission(Submission("gw-b", f"/src/{i}", f"f{i}"), key=f"k{i}")
         assert new
         store.update(transfer, state="active")
         store.update(transfer, state="done" if i % 3 else "failed")
@@ -27,7 +27,7 @@ def _finish(store: TransferStore, n: int, start: int = 0) -> list[str]:
 
 def test_memory_keeps_the_most_recent_finished_and_the_archive_the_rest(tmp_path: Path) -> None:
     store = TransferStore(tmp_path / "transfers.json", keep_finished=5)
-    waiting, _ = store.submit(Submission("gw-b", "/src/q", "q"), key="queued")
+    waiting, _ = store.record_submission(Submission("gw-b", "/src/q", "q"), key="queued")
     ids = _finish(store, 50)
     assert set(store.transfers) == {waiting.id, *ids[-5:]}  # the queued one is never dropped
     assert len(store._by_key) == 6 and len(store._finished) == 5
@@ -35,7 +35,7 @@ def test_memory_keeps_the_most_recent_finished_and_the_archive_the_rest(tmp_path
     assert old is not None and (old.key, old.state, old.submission.source) == ("k0", "failed", "/src/0")
     assert store.get_by_key("k1") is not None and store.get_by_key("k1").id == ids[1]  # type: ignore[union-attr]
     # An old key still returns its transfer (no second transfer); another submission conflicts.
-    assert not store.submit(Submission("gw-b", "/src/0", "f0"), key="k0")[1]
+    assert not store.record_submission(Submission("gw-b", "/src/0", "f0"), key="k0")[1]
     assert store.get("../transfers") is None and store.get("0" * 16) is None
     # transfers.json holds only what is unfinished: its size does not grow with history.
     assert [t["id"] for t in read_state(tmp_path / "transfers.json")] == [waiting.id]
@@ -44,7 +44,7 @@ def test_memory_keeps_the_most_recent_finished_and_the_archive_the_rest(tmp_path
 def test_a_restart_finds_finished_transfers_on_disk_and_keeps_none_in_memory(tmp_path: Path) -> None:
     path = tmp_path / "transfers.json"
     ids = _finish(TransferStore(path), 30)
-    queued, _ = TransferStore(path).submit(Submission("gw-b", "/src/q", "q"), key="q")
+    queued, _ = TransferStore(path).record_submission(Submission("gw-b", "/src/q", "q"), key="q")
     reopened = TransferStore(path, keep_finished=4)
     assert set(reopened.transfers) == {queued.id}
     assert reopened.get(ids[7]) is not None and reopened.get_by_key("k29").id == ids[29]  # type: ignore[union-attr]
@@ -53,7 +53,7 @@ def test_a_restart_finds_finished_transfers_on_disk_and_keeps_none_in_memory(tmp
 def test_finished_records_left_in_the_queue_file_by_a_crash_move_to_the_archive(tmp_path: Path) -> None:
     path = tmp_path / "transfers.json"
     store = TransferStore(path)
-    transfer, _ = store.submit(Submission("gw-b", "/src/x", "x"), key="x")
+    transfer, _ = store.record_submission(Submission("gw-b", "/src/x", "x"), key="x")
     from wanxport.daemon.durable import write_state
     write_state(path, [{**transfer.to_json(), "state": "done"}])  # killed between the two writes
     reopened = TransferStore(path)

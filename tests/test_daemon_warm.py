@@ -11,8 +11,8 @@ import pytest
 from daemon_helpers import make_pki, two_sites
 from test_daemon_transfers import call, payload, running
 
-from wanxport.client import GatewayClient
 from wanxport.core.warm import PathMemory
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 from wanxport.daemon.durable import write_state
 from wanxport.daemon.pathcache import PathCache

@@ -25,7 +25,7 @@ import pytest
 from daemon_helpers import NotifyListener, make_pki, two_sites
 from gateway_helpers import ROOT, env
 
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import load_config
 
 pytestmark = pytest.mark.timeout(120)

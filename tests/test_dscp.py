@@ -18,7 +18,7 @@ from test_daemon_transfers import call, payload, running
 from wanxport.aio.config import PathSocket
 from wanxport.aio.port import PathPort
 from wanxport.aio.sockets import open_path_socket, set_dscp
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 from wanxport.daemon.config import ConfigError, load_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,7 +103,7 @@ import asyncio, sys
 from pathlib import Path
 from test_daemon_transfers import call, payload, running
 from daemon_helpers import two_sites
-from wanxport.client import GatewayClient
+from wanxport.daemon.client import GatewayClient
 
 async def main(tmp, pki):
     a_cfg, b_cfg = two_sites(tmp, pki, extra='[network]\\ndscp = "AF41"')

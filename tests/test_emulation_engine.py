@@ -45,10 +45,10 @@ def test_back_to_back_packets_are_spaced_by_the_rate() -> None:
 
 
 def test_drop_tail_queue_holds_queue_bytes() -> None:
-    eng = make(queue_bytes=12_500.0)  # ten 1250-byte packets
-    reasons = [eng.admit(0, 0.0, 1250)[1] for _ in range(12)]
-    assert reasons.count("ok") == 10
-    assert reasons[10:] == ["queue", "queue"]
+    eng = make(queue_bytes=12_500.0)  # ten 1250-byte packets, besides the one in service
+    reasons = [eng.admit(0, 0.0, 1250)[1] for _ in range(13)]
+    assert reasons.count("ok") == 11
+    assert reasons[11:] == ["queue", "queue"]
     # Once the queue drains, packets are admitted again.
     assert eng.admit(0, 1.0, 1250)[1] == "ok"
 

@@ -1,4 +1,4 @@
-"""The N-site bounds of DESIGN.md section 4: a pair's transfer (direct and relayed) and the all-reduce."""
+"""The N-site bounds of docs/design.md §4: a pair's transfer (direct and relayed) and the all-reduce."""
 
 import itertools
 import math

@@ -1,6 +1,6 @@
 """No module over 500 lines in the pure layers (wanxport/core, wanxport/wire, wanxport/scenario).
 
-DESIGN.md section 2: compose the session from parts, a module each; no module
+docs/design.md section 2: compose the session from parts, a module each; no module
 should need more than a few hundred lines. The check lists every offender with
 its length, so a failure says what to split.
 """

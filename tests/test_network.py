@@ -5,19 +5,20 @@ import math
 import pytest
 
 from wanxport.scenario import BurstLoss, LinkParams, Scenario, parse_scenario
-from wanxport.sim.network import EventLoop, Link, Network, link_rng
+from wanxport.sim.network import EventLoop, Network, PathDirection, link_rng
 
 Trace = list[tuple[float, object]]
 
 
-def make_link(params: LinkParams, seed: int = 1, **extra: float) -> tuple[EventLoop, Link, Trace]:
+def make_link(params: LinkParams, seed: int = 1, **extra: float) -> tuple[EventLoop, PathDirection, Trace]:
     loop = EventLoop()
     trace: Trace = []
-    link = Link(params, link_rng(seed, 0, "a->b"), lambda p, now: trace.append((now, p)), loop, **extra)
+    link = PathDirection(params, link_rng(seed, 0, "a->b"), lambda p, now: trace.append((now, p)), loop,
+                         **extra)
     return loop, link, trace
 
 
-def pace(loop: EventLoop, link: Link, count: int, size: int, interval: float) -> None:
+def pace(loop: EventLoop, link: PathDirection, count: int, size: int, interval: float) -> None:
     """Offer ``count`` packets numbered 0.. every ``interval`` seconds from now."""
     start = loop.now
     for n in range(count):

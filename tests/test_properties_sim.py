@@ -1,4 +1,4 @@
-"""Simulator properties over random small scenarios (DESIGN.md sections 3-5).
+"""Simulator properties over random small scenarios (docs/design.md sections 3-5).
 
 For each generated scenario (1-4 paths, delay, rate, loss, jitter with and
 without reordering, bursty loss, links going down and up, duplicated and

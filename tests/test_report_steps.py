@@ -1,4 +1,4 @@
-"""Step figures of a run report (DESIGN.md section 5): what a training job pays per step."""
+"""Step figures of a run report (docs/design.md section 5): what a training job pays per step."""
 
 from __future__ import annotations
 

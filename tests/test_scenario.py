@@ -1,4 +1,4 @@
-"""Scenario parser: contract v1 (DESIGN.md section 4) and its one-line errors."""
+"""Scenario parser: contract v1 (docs/design.md section 4) and its one-line errors."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Scenario contract v2 (DESIGN.md section 4): named sites, paths between two of them, one-line errors."""
+"""Scenario contract v2 (docs/design.md §4): named sites, paths between two of them, one-line errors."""
 
 import pytest
 from hypothesis import given, settings

@@ -1,5 +1,5 @@
 """The simulator between N sites: a transfer between any directly linked pair, and flows of
-different pairs sharing one network (DESIGN.md section 4, contract v2)."""
+different pairs sharing one network (docs/design.md section 4, contract v2)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from wanxport.core import session as session_module
 from wanxport.core.sender_acks import SenderAcks
 from wanxport.core.session import Session
 from wanxport.scenario import parse_scenario
-from wanxport.sim.network import Link
+from wanxport.sim.network import PathDirection
 from wanxport.sim.runner import SimOptions, SimRun
 
 LOSSY = """
@@ -63,12 +63,12 @@ def counted_run(monkeypatch: pytest.MonkeyPatch, options: SimOptions) -> tuple[d
             calls["partly_confirmed"] += 1
         confirm(self, path, pn, start, end, now)
     monkeypatch.setattr(SenderAcks, "_confirm_part", confirming)
-    send = Link.send
+    send = PathDirection.send
 
-    def sending(link: Link, packet: object, size: int) -> None:
+    def sending(link: PathDirection, packet: object, size: int) -> None:
         sizes.append(size)
         send(link, packet, size)
-    monkeypatch.setattr(Link, "send", sending)
+    monkeypatch.setattr(PathDirection, "send", sending)
     report = SimRun(parse_scenario(LOSSY), options).run()
     return report, calls, sizes
 

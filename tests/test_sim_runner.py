@@ -1,4 +1,4 @@
-"""The simulator runner: report contract (DESIGN.md section 5), determinism, outcomes."""
+"""The simulator runner: report contract (docs/design.md section 5), determinism, outcomes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training steps in the simulator: the step contract (DESIGN.md sections 4-5) and warm steps."""
+"""Training steps in the simulator: the step contract (docs/design.md sections 4-5) and warm steps."""
 
 from __future__ import annotations
 

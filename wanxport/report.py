@@ -1,4 +1,4 @@
-"""Run reports, contract v1 (DESIGN.md section 5): one JSON object per run.
+"""Run reports, contract v1 (docs/design.md section 5): one JSON object per run.
 
 Every runner (simulator, loopback bench, emulation, baselines) builds its
 report here so the required fields keep one meaning everywhere.
@@ -89,7 +89,7 @@ def build_report(*, scenario: str, mode: str, transport: str, payload_bytes: int
 
 
 def step_summary(step_s: list[float]) -> dict[str, Any]:
-    """``step_s`` and its summary (DESIGN.md section 5): the first (cold) step, then over
+    """``step_s`` and its summary (docs/design.md section 5): the first (cold) step, then over
     steps 2..N the mean (what a training job pays per step, the efficiency's denominator),
     the 90th percentile, the worst, and the median (``steady_step_s``, kept to compare
     with reports from before the mean). None where fewer than two steps finished."""
@@ -127,7 +127,7 @@ def _quantile(ordered: list[float], q: float) -> float:
 def with_wall_time(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Call ``run`` and set its report's ``wall_s`` to the real seconds the call took.
 
-    The simulator runs on virtual time only (DESIGN.md section 2), so the real
+    The simulator runs on virtual time only (docs/design.md section 2), so the real
     time a run took is measured here, by whoever starts it.
     """
     start = time.perf_counter()

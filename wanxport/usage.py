@@ -1,12 +1,12 @@
 """Mistakes a user can fix on the command line: ``UsageError`` and its exit status.
 
-The ``wanxport`` command (``wanxport/cli.py``, the top layer) catches it and
-prints one line; the layers that contribute subcommands (``gateway.cli``)
-raise it. It lives down here, importing nothing, so that they can raise it
-without importing the command that imports them.
+The ``wanxport`` command (the ``wanxport.cli`` package, the top layer) catches
+it and prints one line; the subcommands and the layers beneath them raise it.
+It lives down here, importing nothing, so that any layer can raise it without
+importing the command that imports it.
 """
 
-USAGE_ERROR = 2  # exit status of a usage error (DESIGN.md section 6)
+USAGE_ERROR = 2  # exit status of a usage error (docs/design.md section 6)
 
 
 class UsageError(Exception):

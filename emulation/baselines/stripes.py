@@ -17,7 +17,7 @@ from wanxport.scenario import Scenario
 
 def route_capacity_bps(scenario: Scenario, index: int) -> float:
     """What route ``index`` delivers per second at t = 0, the lesser of its two directions:
-    bandwidth x (1 - loss), nothing while down (DESIGN.md section 4's rate)."""
+    bandwidth x (1 - loss), nothing while down (docs/design.md section 4's rate)."""
     rates = []
     for direction in ("a->b", "b->a"):
         params = scenario.paths[index].params_at(0.0, direction)

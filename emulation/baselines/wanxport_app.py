@@ -154,7 +154,7 @@ async def send(spec: dict[str, Any]) -> None:
     verdict_at: list[float] = []
     try:
         for step in range(steps):
-            # Step k+1 goes think_ms after this sender learns step k verified (DESIGN.md section 4).
+            # Step k+1 goes think_ms after this sender learns step k verified (docs/design.md section 4).
             if step and think_s > 0:
                 await asyncio.sleep(think_s)
             submitted.append(time.monotonic())

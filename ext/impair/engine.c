@@ -6,7 +6,8 @@
  * sockets bound to the two veth ends of an emulated path, or any datagram
  * sockets in tests).  Each direction of a path has its own parameters and
  * state: loss (i.i.d. or Gilbert-Elliott), a down flag (blackhole), a
- * bottleneck of `rate_bps` with a drop-tail queue of `queue_bytes`, one-way
+ * bottleneck of `rate_bps` with a drop-tail queue of `queue_bytes` (the
+ * packet being serialised not counted), one-way
  * delay with normal jitter, and optional reordering.  Every admitted packet
  * gets a release time; one thread keeps all packets of all paths in a binary
  * heap ordered by (release time, arrival sequence) and sends each when due.
@@ -41,8 +42,8 @@
 #define BATCH 64
 #define MAX_DIRS 2048
 
-enum { ADMIT_OK = 0, DROP_LOSS, DROP_QUEUE, DROP_DOWN };
-static const char *const DROP_NAMES[] = {"ok", "loss", "queue", "down"};
+enum { ADMIT_OK = 0, DROP_LOSS, DROP_QUEUE, DROP_DOWN, DROP_NOMEM };
+static const char *const DROP_NAMES[] = {"ok", "loss", "queue", "down", "nomem"};
 
 typedef struct {
     double rate_bps;    /* bottleneck rate; <= 0 means unlimited */
@@ -63,9 +64,31 @@ typedef struct {
     double rx_lag_max_s; /* the longest a stamped packet waited for the engine to read it */
 } imp_counters;
 
+/* Draws replayed from a caller's tape instead of the generator (the shared-trace
+   test feeds the simulator and the engine the same draws). */
+typedef struct {
+    double *uniforms, *normals;
+    size_t n_uniforms, n_normals, next_uniform, next_normal;
+    int exhausted; /* a draw was asked for past the tape's end */
+} imp_tape;
+
+/* The bottleneck's queue: packets admitted whose serialisation has not begun,
+   oldest first (a ring that grows as needed). */
+typedef struct {
+    double start, len;
+} imp_slot;
+
+typedef struct {
+    imp_slot *slots;
+    size_t head, count, cap;
+    double bytes; /* the queue's bytes; the packet in service is not among them */
+} imp_queue;
+
 typedef struct {
     imp_params p;
     uint64_t rng;
+    imp_tape tape;
+    imp_queue q;
     int ge_bad;
     int have_spare;
     double spare_normal;
@@ -85,6 +108,13 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 static double rng_uniform(imp_dir *d) {
+    imp_tape *t = &d->tape;
+    if (t->uniforms) {
+        if (t->next_uniform < t->n_uniforms)
+            return t->uniforms[t->next_uniform++];
+        t->exhausted = 1;
+        return 1.0; /* no loss, no transition: the caller reports the short tape */
+    }
     uint64_t x = d->rng;
     x ^= x >> 12;
     x ^= x << 25;
@@ -95,6 +125,13 @@ static double rng_uniform(imp_dir *d) {
 
 /* Box-Muller; the second value of each pair is kept for the next call. */
 static double rng_normal(imp_dir *d) {
+    imp_tape *t = &d->tape;
+    if (t->normals) {
+        if (t->next_normal < t->n_normals)
+            return t->normals[t->next_normal++];
+        t->exhausted = 1;
+        return 0.0;
+    }
     if (d->have_spare) {
         d->have_spare = 0;
         return d->spare_normal;
@@ -136,8 +173,43 @@ static int lose_packet(imp_dir *d) {
     return lost;
 }
 
+/* Packets whose serialisation has begun by `now` leave the queue. */
+static void queue_advance(imp_queue *q, double now) {
+    while (q->count && q->slots[q->head].start <= now) {
+        q->bytes -= q->slots[q->head].len;
+        q->head = (q->head + 1) % q->cap;
+        q->count--;
+    }
+    if (!q->count)
+        q->bytes = 0.0; /* no rounding residue once empty */
+}
+
+static int queue_push(imp_queue *q, double start, double len) {
+    if (q->count == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 256;
+        imp_slot *slots = malloc(cap * sizeof(imp_slot));
+        if (!slots)
+            return -1;
+        for (size_t i = 0; i < q->count; i++)
+            slots[i] = q->slots[(q->head + i) % q->cap];
+        free(q->slots);
+        q->slots = slots;
+        q->head = 0;
+        q->cap = cap;
+    }
+    q->slots[(q->head + q->count) % q->cap] = (imp_slot){start, len};
+    q->count++;
+    q->bytes += len;
+    return 0;
+}
+
 /* Decide the fate of a packet of `len` bytes arriving at `now` (seconds);
-   on ADMIT_OK, *departure is its release time. */
+   on ADMIT_OK, *departure is its release time.  The order of the decisions and
+   of the draws is the shared impairment specification (docs/notes/emulation.md,
+   "One impairment model"), which the simulator's link follows too: down, loss
+   (netem draws it at enqueue, so a lost packet takes no queue space), the
+   drop-tail queue (the packet in service not counted), serialisation, delay
+   with jitter, the no-overtaking clamp. */
 static int imp_admit(imp_dir *d, double now, double len, double *departure) {
     const imp_params *p = &d->p;
     if (p->down)
@@ -146,10 +218,14 @@ static int imp_admit(imp_dir *d, double now, double len, double *departure) {
         return DROP_LOSS;
     double done = now;
     if (p->rate_bps > 0.0) {
-        double backlog = d->tx_free_at > now ? (d->tx_free_at - now) * p->rate_bps / 8.0 : 0.0;
-        if (backlog > 0.0 && backlog + len > p->queue_bytes + 0.5) /* 0.5: float rounding */
+        imp_queue *q = &d->q;
+        queue_advance(q, now);
+        int busy = q->count || now < d->tx_free_at;
+        if (busy && q->bytes + len > p->queue_bytes + 0.5) /* 0.5: float rounding */
             return DROP_QUEUE;
-        double start = d->tx_free_at > now ? d->tx_free_at : now;
+        double start = busy ? d->tx_free_at : now;
+        if (start > now && queue_push(q, start, len) < 0)
+            return DROP_NOMEM;
         done = start + len * 8.0 / p->rate_bps;
         d->tx_free_at = done;
     }
@@ -389,7 +465,17 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+static void tape_clear(imp_tape *t) {
+    free(t->uniforms);
+    free(t->normals);
+    memset(t, 0, sizeof(*t));
+}
+
 static void Engine_dealloc(Engine *e) {
+    for (int i = 0; i < e->ndirs; i++) {
+        tape_clear(&e->dirs[i].tape);
+        free(e->dirs[i].q.slots);
+    }
     while (e->heap_len)
         pkt_put(e, heap_pop(e));
     free(e->heap);
@@ -471,10 +557,64 @@ static PyObject *Engine_admit(Engine *e, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "admit() is for virtual time; the engine is running");
         return NULL;
     }
-    int r = imp_admit(&e->dirs[idx], now, len, &dep);
+    imp_dir *d = &e->dirs[idx];
+    int r = imp_admit(d, now, len, &dep);
+    if (d->tape.exhausted) {
+        PyErr_SetString(PyExc_ValueError, "the draw tape ran out");
+        return NULL;
+    }
     if (r != ADMIT_OK)
         return Py_BuildValue("(Os)", Py_None, DROP_NAMES[r]);
     return Py_BuildValue("(ds)", dep, DROP_NAMES[r]);
+}
+
+/* Copy a sequence of floats into a fresh array; NULL with an exception on error. */
+static double *floats_from(PyObject *seq, size_t *n) {
+    PyObject *fast = PySequence_Fast(seq, "draws must be a sequence of floats");
+    if (!fast)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+    double *out = malloc(sizeof(double) * (size_t)(len ? len : 1));
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        out[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+        if (out[i] == -1.0 && PyErr_Occurred()) {
+            free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    *n = (size_t)len;
+    return out;
+}
+
+static PyObject *Engine_replay_draws(Engine *e, PyObject *args) {
+    int idx;
+    PyObject *uniforms, *normals;
+    if (!PyArg_ParseTuple(args, "iOO", &idx, &uniforms, &normals) || check_index(e, idx) < 0)
+        return NULL;
+    if (atomic_load(&e->running)) {
+        PyErr_SetString(PyExc_RuntimeError, "replay_draws() is for virtual time; the engine is running");
+        return NULL;
+    }
+    imp_tape t;
+    memset(&t, 0, sizeof(t));
+    t.uniforms = floats_from(uniforms, &t.n_uniforms);
+    if (!t.uniforms)
+        return NULL;
+    t.normals = floats_from(normals, &t.n_normals);
+    if (!t.normals) {
+        free(t.uniforms);
+        return NULL;
+    }
+    tape_clear(&e->dirs[idx].tape);
+    e->dirs[idx].tape = t;
+    Py_RETURN_NONE;
 }
 
 static PyObject *Engine_stats(Engine *e, PyObject *args) {
@@ -624,6 +764,8 @@ static int rx_batch(Engine *e, int dir) {
                 d->c.drop_loss++;
             else if (r == DROP_QUEUE)
                 d->c.drop_queue++;
+            else if (r == DROP_NOMEM)
+                d->c.drop_nomem++;
             else
                 d->c.drop_down++;
             pkt_put(e, k);
@@ -828,6 +970,10 @@ static PyMethodDef Engine_methods[] = {
      "set_params(index, **params): replace a direction's parameters (thread-safe)."},
     {"admit", (PyCFunction)Engine_admit, METH_VARARGS,
      "admit(index, now_s, length) -> (release_s | None, reason): one decision in virtual time."},
+    {"replay_draws", (PyCFunction)Engine_replay_draws, METH_VARARGS,
+     "replay_draws(index, uniforms, normals): the direction's later decisions take their uniform "
+     "and normal draws from these sequences, in order, instead of the generator (virtual time; "
+     "admit() raises ValueError once a needed draw is past the end)."},
     {"stats", (PyCFunction)Engine_stats, METH_VARARGS, "stats(index) -> dict of counters."},
     {"run", (PyCFunction)(void (*)(void))Engine_run, METH_VARARGS | METH_KEYWORDS,
      "run(*, timerfd=False, release_window_s=100e-6): forward until stop(); releases the GIL. "

@@ -1,1 +1,1 @@
-"""wanxport.aio layer (see DESIGN.md section 2)."""
+"""wanxport.aio layer (see docs/design.md section 2)."""

@@ -1,4 +1,4 @@
-"""Collectives between sites over persistent wanxport sessions (DESIGN.md section 8).
+"""Collectives between sites over persistent wanxport sessions (docs/design.md section 8).
 
 ::
 

@@ -42,7 +42,7 @@ from wanxport.core.stats import PathStats
 from . import codec
 from .buffers import as_array, flat_work, write_back
 from .errors import CollectiveError
-from .link import Link
+from .link import SiteLink
 from .message import (
     ABORTS,
     COLLECTIVE,
@@ -177,7 +177,7 @@ class Group(PointToPoint):
         self.names = [world.names[m] for m in self.members]
         self.size = len(self.members)
         self.timeout_s = timeout_s
-        self.links: dict[int, Link] = {self.rank_of[m]: world.links[m] for m in self.members
+        self.links: dict[int, SiteLink] = {self.rank_of[m]: world.links[m] for m in self.members
                                        if m != world.site}
         self.state = GroupState.OPEN
         self.error: CollectiveError | None = None

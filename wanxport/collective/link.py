@@ -43,11 +43,11 @@ LIVENESS_MIN_S = 3.0  # a peer silent on every path this long (at least) is dead
 LIVENESS_RTTS = 4  # ... or this many of its paths' largest smoothed RTT, when that is longer
 PING = Header(Call(0, "ping", 0, ""), 0, 0, 0)
 
-Deliver = Callable[["Link", Header, npt.NDArray[np.uint8]], bool]  # False: dropped
-Failed = Callable[["Link", CollectiveError], None]
+Deliver = Callable[["SiteLink", Header, npt.NDArray[np.uint8]], bool]  # False: dropped
+Failed = Callable[["SiteLink", CollectiveError], None]
 
 
-class Link:
+class SiteLink:
     """The session with site ``index`` (named ``name``); ``listener`` is kept open when we
     accepted the session, because the session's data endpoint shares its ports."""
 

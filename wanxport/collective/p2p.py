@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine
 
     from .group import Channel, Got, Handle, Key, _Sequence
-    from .link import Link
+    from .link import SiteLink
 
 TAG_LIMIT = 1 << 63
 
@@ -41,7 +41,7 @@ class PointToPoint:
         site: int
         size: int
         names: list[str]
-        links: dict[int, Link]
+        links: dict[int, SiteLink]
 
         def _check_usable(self) -> None: ...
         def _sequence(self, channel: Channel) -> _Sequence: ...

@@ -34,7 +34,7 @@ from wanxport.gateway.listener import GatewayListener
 from wanxport.gateway.session import GatewaySession
 
 from .errors import CollectiveError
-from .link import LIVENESS_MIN_S, Link
+from .link import LIVENESS_MIN_S, SiteLink
 from .message import Header
 from .pool import ReceivePool
 
@@ -61,7 +61,7 @@ class World:
         self.names = list(names)
         self.timeout_s = timeout_s
         self.liveness_min_s = liveness_min_s
-        self.links: dict[int, Link] = {}
+        self.links: dict[int, SiteLink] = {}
         self.groups: dict[int, Group] = {}
         self.root_gid: int | None = None  # the whole world's group (``join`` returns it)
         self.gone: dict[int, CollectiveError] = {}  # world rank -> why it is gone
@@ -75,8 +75,8 @@ class World:
     def add_link(self, peer: int, session: GatewaySession, listener: GatewayListener | None,
                  pool: ReceivePool | None = None) -> None:
         """``pool``: the one whose ``allocate`` the session was set up with (buffers reused)."""
-        self.links[peer] = Link(peer, self.names[peer], session, self._deliver, self._link_failed, listener,
-                                pool, self.liveness_min_s)
+        self.links[peer] = SiteLink(peer, self.names[peer], session, self._deliver, self._link_failed,
+                                    listener, pool, self.liveness_min_s)
 
     def new_group(self, members: Iterable[int], timeout_s: float | None = None) -> Group | None:
         """A group of the world ranks ``members`` (this site among them), on the world's sessions;
@@ -121,7 +121,7 @@ class World:
         links, self.links = list(self.links.values()), {}
         await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
 
-    def _deliver(self, link: Link, header: Header, body: npt.NDArray[np.uint8]) -> bool:
+    def _deliver(self, link: SiteLink, header: Header, body: npt.NDArray[np.uint8]) -> bool:
         gid = header.call.group
         group = self.groups.get(gid)
         if group is not None:
@@ -136,7 +136,7 @@ class World:
         self._early_count += 1
         return True
 
-    def _link_failed(self, link: Link, error: CollectiveError) -> None:
+    def _link_failed(self, link: SiteLink, error: CollectiveError) -> None:
         self.gone.setdefault(link.index, error)
         for group in list(self.groups.values()):
             if link.index in group.rank_of:

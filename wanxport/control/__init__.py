@@ -1,4 +1,4 @@
-"""wanxport.control layer (see DESIGN.md section 2): the authenticated control channel.
+"""wanxport.control layer (see docs/design.md section 2): the authenticated control channel.
 
 QUIC + TLS 1.3 with certificates on both sides (aioquic), over which two
 gateways agree on paths, ciphers, keys and shards. See docs/notes/control.md.

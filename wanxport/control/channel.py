@@ -28,7 +28,7 @@ from .certs import CertificateError
 from .framing import Attach, Attached
 from .link import (
     ControlConnectError,
-    Link,
+    ControlConnection,
     SessionRefused,
     dial,
     make_configuration,
@@ -112,7 +112,8 @@ async def serve_control(
     return server
 
 
-async def _dial_one(address: Address, attach: Attach, options: DialOptions) -> tuple[Link, Attached]:
+async def _dial_one(address: Address, attach: Attach,
+                    options: DialOptions) -> tuple[ControlConnection, Attached]:
     config = make_configuration(
         is_client=True,
         cert=options.cert,
@@ -134,14 +135,14 @@ def _describe(exc: BaseException) -> str:
 
 async def dial_any(
     addresses: list[Address], attach: Attach, options: DialOptions
-) -> tuple[Link, Attached]:
+) -> tuple[ControlConnection, Attached]:
     """Happy-eyeballs dial: first completed handshake + attach wins."""
     if not addresses:
         raise ValueError("addresses: give at least one (host, port)")
-    pending: dict[asyncio.Task[tuple[Link, Attached]], Address] = {}
+    pending: dict[asyncio.Task[tuple[ControlConnection, Attached]], Address] = {}
     errors: list[tuple[Address, BaseException]] = []
     next_index = 0
-    winner: tuple[Link, Attached] | None = None
+    winner: tuple[ControlConnection, Attached] | None = None
     try:
         async with asyncio.timeout(options.timeout_s):
             while winner is None:

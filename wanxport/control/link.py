@@ -116,15 +116,15 @@ class _Void:
         """Nothing to close."""
 
 
-def _ignore_frame(link: Link, frame: Frame) -> None:
+def _ignore_frame(link: ControlConnection, frame: Frame) -> None:
     """Default frame sink of a link nobody owns any more."""
 
 
-def _ignore_lost(link: Link, exc: Exception, resumable: bool) -> None:
+def _ignore_lost(link: ControlConnection, exc: Exception, resumable: bool) -> None:
     """Default end sink of a link nobody owns any more."""
 
 
-class Link(QuicConnectionProtocol):
+class ControlConnection(QuicConnectionProtocol):
     """A QUIC connection with one control stream and keepalive."""
 
     def __init__(
@@ -139,9 +139,9 @@ class Link(QuicConnectionProtocol):
         self.where = where
         self.address: tuple[str, int] | None = None  # the control address dialled (client links)
         self.peer_name = ""
-        self.on_ready: Callable[[Link], None] = lambda link: None
-        self.on_frame: Callable[[Link, Frame], None] = _ignore_frame
-        self.on_lost: Callable[[Link, Exception, bool], None] = _ignore_lost
+        self.on_ready: Callable[[ControlConnection], None] = lambda link: None
+        self.on_frame: Callable[[ControlConnection, Frame], None] = _ignore_frame
+        self.on_lost: Callable[[ControlConnection, Exception, bool], None] = _ignore_lost
         self.owns_transport = False
         self.ended = False
         # Frames that arrived after the attach answer but before the session took
@@ -297,7 +297,7 @@ async def dial(
     config: QuicConfiguration,
     keepalive_s: float,
     dscp: int | None = None,
-) -> tuple[Link, Attached]:
+) -> tuple[ControlConnection, Attached]:
     """Connect, authenticate, and attach to a session; no timeout of its own."""
     loop = asyncio.get_running_loop()
     where = f"control connection to {host}:{port}"
@@ -308,11 +308,11 @@ async def dial(
     addr = cast(tuple[str, int], infos[0][4])  # AF_INET/AF_INET6 only for SOCK_DGRAM
     quic = QuicConnection(configuration=config)
     install_server_check_wording(quic)
-    link = Link(quic, where=where, keepalive_s=keepalive_s)
+    link = ControlConnection(quic, where=where, keepalive_s=keepalive_s)
     link.address = (host, port)
     result: asyncio.Future[Attached] = loop.create_future()
 
-    def on_frame(link: Link, frame: Frame) -> None:
+    def on_frame(link: ControlConnection, frame: Frame) -> None:
         if result.done():
             link.backlog.append(frame)
             return
@@ -323,7 +323,7 @@ async def dial(
         else:
             link.abort(ControlProtocolError(f"{where}: unexpected {type(frame).__name__} frame"))
 
-    def on_lost(link: Link, exc: Exception, resumable: bool) -> None:
+    def on_lost(link: ControlConnection, exc: Exception, resumable: bool) -> None:
         if not result.done():
             result.set_exception(exc)
 

@@ -40,7 +40,7 @@ from .admission import Admission, AdmissionLimits, Verdict
 from .certs import CertificateError
 from .drops import QuicDropCounter
 from .framing import Attach, Attached, Frame, Refused
-from .link import APP_REFUSED, ControlConnectionLost, Link
+from .link import APP_REFUSED, ControlConnection, ControlConnectionLost
 from .messages import ControlProtocolError
 from .session import ControlChannel
 from .tlsauth import install_client_auth
@@ -69,7 +69,7 @@ class _PortServer(QuicServer):
     discarded at once instead of living until its idle timeout.
     """
 
-    def __init__(self, *, drops: QuicDropCounter, create_protocol: Callable[..., Link],
+    def __init__(self, *, drops: QuicDropCounter, create_protocol: Callable[..., ControlConnection],
                  configuration: QuicConfiguration, admission: Admission,
                  half_open: Callable[[], int]) -> None:
         super().__init__(configuration=configuration, create_protocol=self._create, retry=True)
@@ -78,17 +78,17 @@ class _PortServer(QuicServer):
         self._count_half_open = half_open  # the server's, over all of its ports
         self._retry_handler = self._retry  # aioquic's stateless token handler; used per Initial
         self._make_link = create_protocol
-        self._created: Link | None = None
+        self._created: ControlConnection | None = None
         self._source: NetworkAddress | None = None  # the datagram being handled came from here
 
     @property
     def half_open(self) -> int:
         """This port's connections whose handshake started and neither completed nor ended."""
         links = {id(p): p for p in self._protocols.values()}.values()
-        return sum(1 for link in links if isinstance(link, Link) and not link.handshake_done
+        return sum(1 for link in links if isinstance(link, ControlConnection) and not link.handshake_done
                    and not link.ended)
 
-    def _create(self, quic: QuicConnection, stream_handler: Any = None) -> Link:
+    def _create(self, quic: QuicConnection, stream_handler: Any = None) -> ControlConnection:
         self._created = self._make_link(quic, stream_handler, self._source)
         return self._created
 
@@ -145,7 +145,7 @@ class _ServerChannel(ControlChannel):
         self._server = server
         self._expiry: asyncio.TimerHandle | None = None
 
-    def _attach(self, link: Link, peer_ack: int) -> None:
+    def _attach(self, link: ControlConnection, peer_ack: int) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -213,13 +213,13 @@ class ControlServer:
         """Accept control connections on a path's shared port; returns its address."""
         address = port.address
         def create_protocol(quic: QuicConnection, stream_handler: Any = None,
-                            source: NetworkAddress | None = None) -> Link:
+                            source: NetworkAddress | None = None) -> ControlConnection:
             # Every refusal logged for this connection names where it came from.
             where = f"control listener {address[0]}:{address[1]}"
             if source is not None:
                 where += f" (from {format_source(source)})"
             install_client_auth(quic, self._ca)
-            link = Link(quic, where=where, keepalive_s=self._keepalive_s)
+            link = ControlConnection(quic, where=where, keepalive_s=self._keepalive_s)
             link.on_frame = self._on_setup_frame
             link.on_lost = self._on_setup_lost
             return link
@@ -263,7 +263,7 @@ class ControlServer:
 
     # -- session setup -----------------------------------------------------------
 
-    def _on_setup_frame(self, link: Link, frame: Frame) -> None:
+    def _on_setup_frame(self, link: ControlConnection, frame: Frame) -> None:
         if not isinstance(frame, Attach):
             link.abort(ControlProtocolError(f"{link.where}: expected attach, got a "
                                             f"{type(frame).__name__} frame"))
@@ -289,12 +289,12 @@ class ControlServer:
             channel._attach(link, frame.ack)
             log.info("control session from %r resumed", link.peer_name)
 
-    def _refuse(self, link: Link, reason: str) -> None:
+    def _refuse(self, link: ControlConnection, reason: str) -> None:
         log.warning("%s: refused session from %r: %s", link.where, link.peer_name, reason)
         link.send_frame(Refused(reason))
         link.shutdown(APP_REFUSED, reason)
 
-    def _on_setup_lost(self, link: Link, exc: Exception, resumable: bool) -> None:
+    def _on_setup_lost(self, link: ControlConnection, exc: Exception, resumable: bool) -> None:
         if isinstance(exc, CertificateError):
             self.rejected_total += 1
             self.rejections.append(exc)

@@ -2,7 +2,7 @@
 
 ``ControlChannel`` is what ``connect_control`` returns and what the server
 hands to ``on_session``. It outlives the QUIC connection underneath (a
-``Link``): messages are numbered by ``ReliableState`` and kept until the peer
+``ControlConnection``): messages are numbered by ``ReliableState`` and kept until the peer
 has *consumed* them, so when a link is replaced (``ResilientControl`` on the
 client, a re-attach on the server) the unacknowledged tail is re-sent and
 duplicates are dropped. Acknowledging on consumption rather than on arrival
@@ -21,7 +21,7 @@ import os
 from collections import deque
 
 from .framing import Ack, Frame, MsgFrame
-from .link import APP_BYE, APP_SUPERSEDED, ControlClosed, ControlConnectionLost, Link
+from .link import APP_BYE, APP_SUPERSEDED, ControlClosed, ControlConnection, ControlConnectionLost
 from .messages import ControlProtocolError, Message, message_from_dict, message_to_dict
 from .reliable import ReliableState
 
@@ -36,7 +36,7 @@ class ControlChannel:
         self.peer_name = peer_name
         self.malformed_total = 0
         self._state = ReliableState(window)
-        self._link: Link | None = None
+        self._link: ControlConnection | None = None
         self._inbox: deque[Message] = deque()
         self._changed = asyncio.Event()
         self._end: Exception | None = None
@@ -120,7 +120,7 @@ class ControlChannel:
 
     # -- link management (used by connect functions, server, resilient) -------
 
-    def _attach(self, link: Link, peer_ack: int) -> None:
+    def _attach(self, link: ControlConnection, peer_ack: int) -> None:
         """Carry on over ``link``: re-send what the peer has not consumed."""
         old, self._link = self._link, link
         if old is not None and old is not link:
@@ -172,7 +172,7 @@ class ControlChannel:
             self._state.ack_sent = self._state.consumed
             self._link.send_frame(Ack(self._state.consumed))
 
-    def _on_frame(self, link: Link, frame: Frame) -> None:
+    def _on_frame(self, link: ControlConnection, frame: Frame) -> None:
         try:
             if isinstance(frame, MsgFrame):
                 if self._state.on_msg(frame):
@@ -197,7 +197,7 @@ class ControlChannel:
             return
         self._inbox.append(msg)
 
-    def _on_lost(self, link: Link, exc: Exception, resumable: bool) -> None:
+    def _on_lost(self, link: ControlConnection, exc: Exception, resumable: bool) -> None:
         if link is not self._link:
             return
         self._link = None

@@ -1,1 +1,1 @@
-"""wanxport.core layer (see DESIGN.md section 2)."""
+"""wanxport.core layer (see docs/design.md section 2)."""

@@ -1,4 +1,4 @@
-"""Shards: the unit of transfer (DESIGN.md section 3, "Shards, not streams").
+"""Shards: the unit of transfer (docs/design.md section 3, "Shards, not streams").
 
 A shard has an id, a size, a digest (``core.digest``: BLAKE3) and free-form metadata (dtype,
 shape, step, file name). The sender keeps a reference to the caller's buffer

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import errno
 import re
+from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
 from wanxport.gateway.files import describe_os_error
@@ -29,8 +31,29 @@ Verdict = Literal["pause", "fail"]
 
 REFUSING = frozenset({"EROFS", "EACCES", "EPERM", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "ELOOP"})
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-NO_SPACE = ("(ENOSPC)", "(EDQUOT)")  # anywhere in a reason: what receivers have always said
+# Anywhere in a reason, also without "dest ": what receivers have always said.
+_NO_SPACE = re.compile(r"\((ENOSPC|EDQUOT)\)")
 _DEST_ERRNO = re.compile(r"\bdest .*?\((E[A-Z0-9]+)\)")
+
+
+class DestErrorKind(Enum):
+    """Why a receiver could not write, as far as the sender's next step goes."""
+
+    NO_SPACE = "no-space"  # a full disk or quota: paused until space comes back
+    PASSING = "passing"  # an error that may pass (EIO, EMFILE, unknown): paused
+    REFUSED = "refused"  # the receiver's configuration refuses the write: failed
+
+
+@dataclass(frozen=True)
+class DestError:
+    """A destination error read back from the reason a receiver ended its session with."""
+
+    kind: DestErrorKind
+    errno_name: str
+
+    @property
+    def verdict(self) -> Verdict:
+        return "fail" if self.kind is DestErrorKind.REFUSED else "pause"
 
 
 def dest_error(name: str, exc: OSError) -> str:
@@ -43,13 +66,14 @@ def refuses(exc: OSError) -> bool:
     return errno.errorcode.get(exc.errno or 0, "") in REFUSING
 
 
-def verdict(reason: str) -> Verdict | None:
-    """For a transfer that ended with ``reason``: "pause" for a full disk or quota, or a
-    destination error of a passing kind; "fail" for a refusing one; None when the reason
-    is no destination error (the caller's other rules apply)."""
-    if any(name in reason for name in NO_SPACE):
-        return "pause"
+def classify(reason: str) -> DestError | None:
+    """The destination error ``reason`` names, or None when it names none (the caller's
+    other rules apply)."""
+    no_space = _NO_SPACE.search(reason)
+    if no_space is not None:
+        return DestError(DestErrorKind.NO_SPACE, no_space.group(1))
     match = _DEST_ERRNO.search(reason)
     if match is None:
         return None
-    return "fail" if match.group(1) in REFUSING else "pause"
+    name = match.group(1)
+    return DestError(DestErrorKind.REFUSED if name in REFUSING else DestErrorKind.PASSING, name)

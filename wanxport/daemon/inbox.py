@@ -64,7 +64,7 @@ import stat
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,12 +74,13 @@ from wanxport.core.digest import DIGEST_NAME, shard_digest_hex
 from wanxport.gateway.beneath import UnsafeName, entry_kind, open_file
 from wanxport.gateway.files import (
     FileSink,
+    IncomingFile,
     MappedRange,
     ReceivePolicy,
     SentAttributes,
-    _IncomingFile,
     describe_os_error,
     drop_cached,
+    safe_relative,
 )
 from wanxport.gateway.session import GatewaySession
 
@@ -95,22 +96,12 @@ EXISTS = "exists"
 STATE_RESERVE_BYTES = 1 << 20  # left free by data pieces: room for the state files
 
 
-def safe_relative(name: object) -> str | None:
-    """A relative POSIX path of plain components (no '..', no hidden names), or None."""
-    if not isinstance(name, str) or not name or "\0" in name or name.startswith("/"):
-        return None
-    parts = PurePosixPath(name).parts
-    if not parts or any(p in (".", "..") or p.startswith(".") for p in parts):
-        return None
-    return "/".join(parts)
-
-
 class _Exists(Exception):
     """The destination exists and the sender did not ask to overwrite it."""
 
 
 @dataclass
-class _Partial(_IncomingFile):
+class _Partial(IncomingFile):
     """A file being received, with the pieces already verified and recorded."""
 
     pieces: dict[str, list[Any]] = field(default_factory=dict)  # str(offset) -> [size, digest]
@@ -270,7 +261,7 @@ class Inbox(FileSink):
                 self._record(incoming, [(incoming.offsets.pop(shard_id), size, announce.digest)])
         return super().on_piece(shard_id, ok, size)
 
-    def _written(self, incoming: _IncomingFile, shard_id: int, size: int) -> None:
+    def _written(self, incoming: IncomingFile, shard_id: int, size: int) -> None:
         """Nothing yet: a piece leaves the page cache once its record is durable (``_record``)."""
 
     def _record(self, incoming: _Partial, pieces: list[tuple[int, int, str]]) -> None:
@@ -294,7 +285,7 @@ class Inbox(FileSink):
                                                os.dup(incoming.dir_fd), incoming.state_name, body,
                                                [(offset, size) for offset, size, _ in pieces])
 
-    def _synced(self, incoming: _IncomingFile) -> None:
+    def _synced(self, incoming: IncomingFile) -> None:
         """Until the file's last state write is done (before it is renamed or removed)."""
         if isinstance(incoming, _Partial) and incoming.syncing is not None:
             try:
@@ -304,7 +295,7 @@ class Inbox(FileSink):
                             incoming.partial, exc)
             incoming.syncing = None
 
-    def _open_new(self, name: str, size: int, attributes: SentAttributes, overwrite: bool) -> _IncomingFile:
+    def _open_new(self, name: str, size: int, attributes: SentAttributes, overwrite: bool) -> IncomingFile:
         """A new partial file (a stale one of the same name is replaced: the sender did
         not ask to resume it). _Exists when the destination exists and ``overwrite`` is off."""
         dir_fd, leaf = self._directory_of(name, create=True)
@@ -324,7 +315,7 @@ class Inbox(FileSink):
             raise
 
     def _create(self, name: str, size: int, attributes: SentAttributes, dir_fd: int,
-                partial: str) -> _IncomingFile:
+                partial: str) -> IncomingFile:
         """The partial file, sized but not reserved: each piece reserves its own blocks."""
         fd = open_file(dir_fd, partial, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         try:
@@ -336,10 +327,10 @@ class Inbox(FileSink):
         self.files[name] = incoming
         return incoming
 
-    def _open(self, name: str, size: int, attributes: SentAttributes) -> _IncomingFile:
+    def _open(self, name: str, size: int, attributes: SentAttributes) -> IncomingFile:
         return self._open_new(name, size, attributes, overwrite=True)
 
-    def _finish(self, incoming: _IncomingFile) -> None:
+    def _finish(self, incoming: IncomingFile) -> None:
         self._synced(incoming)
         assert incoming.dir_fd is not None
         dir_fd = os.dup(incoming.dir_fd)  # the file's own is closed once it is in place
@@ -355,7 +346,7 @@ class Inbox(FileSink):
             os.close(dir_fd)
         self.receipts.landed(incoming.name, incoming.size)
 
-    def _discard(self, incoming: _IncomingFile) -> None:
+    def _discard(self, incoming: IncomingFile) -> None:
         self._synced(incoming)
         if isinstance(incoming, _Partial) and incoming.dir_fd is not None:
             try:
@@ -458,7 +449,7 @@ class Inbox(FileSink):
             self._finish(incoming)
         return ResumeHave(query.query_id, held)
 
-    def _reopen(self, name: str, dir_fd: int, size: int) -> _IncomingFile | None:
+    def _reopen(self, name: str, dir_fd: int, size: int) -> IncomingFile | None:
         """The partial file a crashed session left, mapped again (None: there is none).
         The sender's mode and mtime come back from its state file."""
         partial = partial_path(self.directory / name)

@@ -19,10 +19,11 @@ from pathlib import Path
 from wanxport.aio.port import PathPort
 from wanxport.control import ControlChannel, load_identity
 from wanxport.gateway.config import Address, GatewayOptions, format_endpoint
-from wanxport.gateway.handshake import SetupError, _refuse, identity_name, respond
+from wanxport.gateway.handshake import SetupError, identity_name, refuse_session, respond
 from wanxport.gateway.listener import GatewayListener, open_port
 from wanxport.gateway.session import GatewaySession
 
+from .config import PeerConfig
 from .inbox import Inbox
 from .peers import PeerSessions
 from .ports import PeerPorts
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 # The peer's certificate name -> the directory its files go to, or None to refuse it.
 PeerCheck = Callable[[str], Path | None]
+
+
+class ListenChangeRefused(Exception):
+    """New data ports or paths could not be bound; the running ones stay."""
 
 
 class DaemonListener(GatewayListener):
@@ -68,7 +73,7 @@ class DaemonListener(GatewayListener):
         if directory is None:
             self.setup_failures += 1
             log.warning("refused a session from %r (%s): not a configured peer", peer, via)
-            await _refuse(channel, f"{peer!r} is not a configured peer")
+            await refuse_session(channel, f"{peer!r} is not a configured peer")
             return
         inbox = self._on_inbox(directory)
         try:
@@ -87,6 +92,20 @@ class DaemonListener(GatewayListener):
             log.warning("incoming session from %s (%s) failed: %s", peer, via, exc)
 
     # -- reload ---------------------------------------------------------------
+
+    def change_listen(self, peers: Sequence[PeerConfig], listens: Sequence[Address]) -> None:
+        """Take up new peers' data ports and paths, all or nothing: ``ListenChangeRefused``
+        (saying which part failed) leaves every port as it was."""
+        try:
+            plan = self.peer_ports.prepare(peers, listens)
+        except OSError as exc:
+            raise ListenChangeRefused(f"peers' data ports: {exc}") from exc
+        try:
+            self.change_paths(listens)
+        except OSError as exc:
+            self.peer_ports.abort(plan)
+            raise ListenChangeRefused(f"listen: {exc}") from exc
+        self.peer_ports.commit(plan)
 
     def change_paths(self, listens: Sequence[Address]) -> None:
         """Listen on exactly ``listens`` (in this order) from now on; OSError, with

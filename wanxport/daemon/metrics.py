@@ -12,9 +12,9 @@ at most once a minute, so a renewed file shows up without a restart.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cryptography import x509
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -23,10 +23,9 @@ from prometheus_client.registry import Collector
 from wanxport import __version__
 from wanxport.control import PROTOCOL_VERSION
 
+from .config import DaemonConfig
+from .outcomes import CountingStore
 from .store import FINAL, STATES
-
-if TYPE_CHECKING:
-    from .service import GatewayDaemon
 
 CERT_REREAD_S = 60.0
 
@@ -40,8 +39,24 @@ def certificate_expiry(path: Path) -> float | None:
     return cert.not_valid_after_utc.timestamp()
 
 
+class MetricsSource(Protocol):
+    """What the collector reads of the daemon."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def store(self) -> CountingStore | None: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def received_skipped(self) -> Mapping[str, int]: ...
+
+
 class DaemonCollector(Collector):
-    def __init__(self, daemon: GatewayDaemon) -> None:
+    def __init__(self, daemon: MetricsSource) -> None:
         self.daemon = daemon
         self._certs: dict[str, float | None] = {}
         self._read_at = -CERT_REREAD_S

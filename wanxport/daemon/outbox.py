@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from wanxport.control import RESUME_BATCH, ResumeQuery
-from wanxport.gateway.files import FilePiece, FileReader, SourceFile
+from wanxport.gateway.files import FilePiece, FileReader, SourceFile, file_pieces, safe_relative
 from wanxport.gateway.session import GatewaySession, digest_hex_async
 from wanxport.gateway.transfer import send_files
 from wanxport.sources import OpenedSource, inside_tree
 
-from .inbox import EXISTS, safe_relative
+from .inbox import EXISTS
 from .store import Submission
 
 log = logging.getLogger(__name__)
@@ -143,15 +143,9 @@ def plan(submission: Submission, source: HeldSource, piece_bytes: int, first_sha
             raise SourceError(f"dest {shown!r}: not a plain relative path "
                               "(no '..', no names starting with '.')")
         path = Path(f"{source.label}/{rel}" if rel else source.label)
-        if item.file is None:
-            pieces.append(OutgoingPiece(first_shard + len(pieces), name, path, 0, 0, 0,
-                                        overwrite=submission.overwrite, symlink=item.symlink))
-            continue
-        size = item.file.identity[2]
-        for offset in range(0, max(size, 1), piece_bytes):
-            pieces.append(OutgoingPiece(first_shard + len(pieces), name, path, offset,
-                                        min(piece_bytes, size - offset), size, item.file,
-                                        overwrite=submission.overwrite))
+        size = item.file.identity[2] if item.file is not None else 0  # a symlink entry: size 0
+        pieces += file_pieces(first_shard + len(pieces), name, path, size, piece_bytes, OutgoingPiece,
+                              source=item.file, overwrite=submission.overwrite, symlink=item.symlink)
     return pieces
 
 

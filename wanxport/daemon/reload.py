@@ -24,16 +24,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from wanxport.gateway.config import format_endpoint
+from wanxport.gateway.config import Address, GatewayOptions, format_endpoint
 
 from .config import ConfigError, DaemonConfig, PeerConfig, check_receive_group, load_config
-
-if TYPE_CHECKING:
-    from .service import GatewayDaemon
+from .listener import ListenChangeRefused
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,27 @@ def certificate_digest(identity: Path) -> str | None:
         return None
 
 
-def reload(daemon: GatewayDaemon) -> ReloadResult:
+class ReloadableListener(Protocol):
+    """What a reload changes on the listener: its ports and paths, its options, its identity."""
+
+    options: GatewayOptions
+
+    def change_listen(self, peers: Sequence[PeerConfig], listens: Sequence[Address]) -> None: ...
+
+    def reload_identity(self, identity: Path) -> None: ...
+
+
+class Reloadable(Protocol):
+    """What a reload reads and replaces of the daemon."""
+
+    config: DaemonConfig
+    identity_digest: str | None
+
+    @property
+    def listener(self) -> ReloadableListener | None: ...
+
+
+def reload(daemon: Reloadable) -> ReloadResult:
     """Re-read ``daemon.config.source`` and take what can be taken live."""
     old = daemon.config
     if old.source is None:
@@ -81,17 +100,10 @@ def reload(daemon: GatewayDaemon) -> ReloadResult:
     renewed = False
     if listener is not None:
         try:
-            plan = listener.peer_ports.prepare(new.peers, new.listen)
-        except OSError as exc:
-            log.error("reload refused, the running config stays: peers' data ports: %s", exc)
-            return ReloadResult(False, error=f"peers' data ports: {exc}")
-        try:
-            listener.change_paths(new.listen)
-        except OSError as exc:
-            listener.peer_ports.abort(plan)
-            log.error("reload refused, the running config stays: listen: %s", exc)
-            return ReloadResult(False, error=f"listen: {exc}")
-        listener.peer_ports.commit(plan)
+            listener.change_listen(new.peers, new.listen)
+        except ListenChangeRefused as exc:
+            log.error("reload refused, the running config stays: %s", exc)
+            return ReloadResult(False, error=str(exc))
         listener.options = new.gateway_options()  # what sessions the peers dial get from now on
         digest = certificate_digest(new.identity)
         try:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from wanxport import __version__
@@ -44,14 +44,14 @@ from wanxport.gateway.config import format_endpoint
 from wanxport.sources import describe_skipped
 
 from .api import Requester
+from .config import DaemonConfig
 from .lifecycle import TransferEvent
+from .listener import DaemonListener
 from .outbox import SourceError, default_dest, plan
-from .peers import dialled_by
-from .store import FINAL, LIST_LIMIT, STATES, Submission, SubmitConflict, Transfer
-from .submission import Refused, held_source
-
-if TYPE_CHECKING:
-    from .service import GatewayDaemon
+from .peers import PeerSessions, dialled_by
+from .reload import ReloadResult
+from .store import FINAL, LIST_LIMIT, STATES, Submission, SubmitConflict, Transfer, TransferStore
+from .submission import HeldSource, Refused, held_source
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,42 @@ _SUBMIT_FIELDS = {"peer", "source", "dest", "overwrite", "idempotency_key", "fol
                   "fds", "skipped"}
 
 
+class TransferDesk(Protocol):
+    """What the routes need of the daemon: its state to show, and the verbs they forward."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def store(self) -> TransferStore | None: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def active_count(self) -> int: ...
+
+    @property
+    def peers(self) -> PeerSessions: ...
+
+    @property
+    def listener(self) -> DaemonListener | None: ...
+
+    def reload(self) -> ReloadResult: ...
+
+    def request_stop(self) -> None: ...
+
+    def cancel(self, transfer: Transfer) -> bool: ...
+
+    def hold(self, transfer: Transfer, held: HeldSource) -> None: ...
+
+    def submitted(self, peer: str) -> None: ...
+
+    def progress(self, transfer: Transfer) -> int: ...
+
+
 class Routes:
-    def __init__(self, daemon: GatewayDaemon) -> None:
+    def __init__(self, daemon: TransferDesk) -> None:
         self.daemon = daemon
 
     async def handle(self, method: str, target: str, headers: dict[str, str], body: Any,
@@ -108,7 +142,7 @@ class Routes:
         transfers = self._store().history(int(limit), state, peer)
         return 200, {"transfers": [self._view(t) for t in transfers]}
 
-    def _store(self) -> Any:
+    def _store(self) -> TransferStore:
         assert self.daemon.store is not None
         return self.daemon.store
 
@@ -173,7 +207,7 @@ class Routes:
             return 422, {"error": str(exc)}
         try:
             pieces = plan(submission, held, self.daemon.config.piece_bytes)
-            transfer, new = store.submit(submission, key)
+            transfer, new = store.record_submission(submission, key)
         except (SourceError, SubmitConflict) as exc:
             held.close()
             return (409 if isinstance(exc, SubmitConflict) else 422), {"error": str(exc)}

@@ -69,13 +69,13 @@ from .api import ApiServer, TlsListen
 from .cancels import UnsentCancels
 from .certwatch import IdentityUnusable, check_at_start, watch_expiry
 from .config import ConfigError, DaemonConfig, PeerConfig, check_receive_group, describe
-from .desterrors import NO_SPACE, verdict
+from .desterrors import DestError, DestErrorKind, classify
 from .durable import remove_stale_temporaries
-from .heap import trim_periodically
 from .inbox import Inbox
 from .lifecycle import TransferEvent
 from .listener import DaemonListener
 from .lock import DataDirBusy, DataDirLock
+from .memtrim import trim_periodically
 from .metrics import DaemonCollector
 from .notify import Notifier
 from .outbox import HeldSource, OutgoingPiece, SourceError, plan, resume, send, source_ids, tagged
@@ -600,9 +600,10 @@ class GatewayDaemon:
         if reason is None:
             self._finish(transfer, tally, skipped)
             return first_shard + len(pieces)
-        kind = verdict(reason)
-        if kind == "pause" and not self.draining:
-            self._pause(transfer, reason, skipped)
+        dest = classify(reason)
+        kind = dest.verdict if dest is not None else None
+        if dest is not None and kind == "pause" and not self.draining:
+            self._pause(transfer, reason, dest, skipped)
             return first_shard + len(pieces)
         if kind != "fail" and (session.failure is not None or self.draining or _retry(session)):
             self.store.fire(transfer, E.RETRY, reason=f"session lost, will retry: {reason}",
@@ -630,7 +631,7 @@ class GatewayDaemon:
         self.store.fire(transfer, E.FAIL, reason=reason, **changes)
         log.warning("transfer %s to %s failed: %s", transfer.id, transfer.submission.peer, reason)
 
-    def _pause(self, transfer: Transfer, reason: str, held: int) -> None:
+    def _pause(self, transfer: Transfer, reason: str, dest: DestError, held: int) -> None:
         """The peer's disk is full (or it could not write for a reason that may pass): wait
         (backing off), then queue the transfer again. Its bytes_done stays what the peer held
         when the attempt began: which of this attempt's pieces it kept is only known at the
@@ -639,7 +640,7 @@ class GatewayDaemon:
         delay = min(DISK_FULL_RETRY_START_S * 2 ** (pauses - 1), DISK_FULL_RETRY_MAX_S)
         assert self.store is not None
         self.store.fire(transfer, E.PAUSE, bytes_done=held,
-                        reason=f"paused, {_why_paused(reason)}; retry in {delay:.0f} s: {reason}")
+                        reason=f"paused, {_why_paused(dest)}; retry in {delay:.0f} s: {reason}")
         log.warning("transfer %s paused (%s); retry in %.0f s", transfer.id, reason, delay)
         asyncio.get_running_loop().call_later(delay, self._unpause, transfer.id)
 
@@ -745,8 +746,8 @@ class GatewayDaemon:
         return True
 
 
-def _why_paused(reason: str) -> str:
-    return "the peer's disk is full" if any(tag in reason for tag in NO_SPACE) else \
+def _why_paused(dest: DestError) -> str:
+    return "the peer's disk is full" if dest.kind is DestErrorKind.NO_SPACE else \
         "the peer cannot write it for now"
 
 

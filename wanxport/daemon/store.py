@@ -160,7 +160,7 @@ class TransferStore:
         """``transfers.json``: the unfinished transfers only (the archive has the rest)."""
         write_state(self.path, [t.to_json() for t in self.transfers.values() if t.state not in FINAL])
 
-    def submit(self, submission: Submission, key: str | None) -> tuple[Transfer, bool]:
+    def record_submission(self, submission: Submission, key: str | None) -> tuple[Transfer, bool]:
         """(the transfer, True when it is new). SubmitConflict on a reused key."""
         existing = self.get_by_key(key) if key is not None else None
         if existing is not None:

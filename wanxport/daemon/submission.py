@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from wanxport.gateway.files import safe_relative
 from wanxport.sources import OpenedSource, SourceEntry, SourceOpenError, inside_tree, open_source
 
 from .api import Requester
 from .config import DaemonConfig
-from .inbox import safe_relative
 from .outbox import HeldSource, SourceError, outside_roots
 
 

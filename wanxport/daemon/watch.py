@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from wanxport.client import FINAL_STATES, GatewayClient
+from wanxport.daemon.client import FINAL_STATES, GatewayClient
 
 RATE_WINDOW_S = 5.0  # the rate is bytes_done's slope over about this long
 

@@ -1,1 +1,1 @@
-"""wanxport.gateway layer (see DESIGN.md section 2)."""
+"""wanxport.gateway layer (see docs/design.md section 2)."""

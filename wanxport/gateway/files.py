@@ -46,9 +46,10 @@ import os
 import stat
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -134,8 +135,20 @@ class FilePiece:
         return {"name": self.name, "offset": self.offset, "file_size": self.file_size}
 
 
+Piece = TypeVar("Piece", bound=FilePiece)
+
+
+def file_pieces(shard_id: int, name: str, path: Path, size: int, piece_bytes: int,
+                kind: Callable[..., Piece], **fields: Any) -> list[Piece]:
+    """The pieces of one file of ``size`` bytes, shard ids from ``shard_id``; an empty file
+    is one zero-size piece. The one planner of both senders: ``kind`` and ``fields`` give
+    the piece its sender's type and fields (the daemon's ``OutgoingPiece``)."""
+    return [kind(shard_id + index, name, path, offset, min(piece_bytes, size - offset), size, **fields)
+            for index, offset in enumerate(range(0, max(size, 1), piece_bytes))]
+
+
 def plan_files(paths: list[Path], piece_bytes: int) -> list[FilePiece]:
-    """Pieces of every file in order; an empty file is one zero-size piece."""
+    """Pieces of every file in order (``file_pieces``)."""
     pieces: list[FilePiece] = []
     names: set[str] = set()
     for path in paths:
@@ -147,9 +160,7 @@ def plan_files(paths: list[Path], piece_bytes: int) -> list[FilePiece]:
         if name in names:
             raise FileError(f"{path}: another file is also named {name!r}; names must be unique")
         names.add(name)
-        size = path.stat().st_size
-        for offset in range(0, max(size, 1), piece_bytes):
-            pieces.append(FilePiece(len(pieces), name, path, offset, min(piece_bytes, size - offset), size))
+        pieces += file_pieces(len(pieces), name, path, path.stat().st_size, piece_bytes, FilePiece)
     return pieces
 
 
@@ -322,11 +333,24 @@ def _check(source: SourceFile) -> None:
         raise SourceChanged(change)
 
 
+def safe_relative(name: object) -> str | None:
+    """A relative POSIX path of plain components (no '..', no hidden names), or None.
+
+    The one check of a name a peer or a submitter gives for a file it writes: the
+    one-shot receiver takes plain names only (``safe_name``), the daemon relative paths."""
+    if not isinstance(name, str) or not name or "\0" in name or name.startswith("/"):
+        return None
+    parts = PurePosixPath(name).parts
+    if not parts or any(p in (".", "..") or p.startswith(".") for p in parts):
+        return None
+    return "/".join(parts)
+
+
 def safe_name(name: object, shard_id: int) -> str:
     """A plain file name inside the output directory, never a path out of it."""
-    if (isinstance(name, str) and name and name == os.path.basename(name) and name not in (".", "..")
-            and "\0" not in name and not name.startswith(".")):
-        return name
+    plain = safe_relative(name) if isinstance(name, str) and "/" not in name else None
+    if plain is not None:
+        return plain
     log.warning("shard %d: file name %r is not a plain name; using shard-%d", shard_id, name, shard_id)
     return f"shard-{shard_id}"
 
@@ -385,7 +409,11 @@ class SentAttributes:
 
 
 @dataclass
-class _IncomingFile:
+class IncomingFile:
+    """A file being received: where its partial lies, which shards it is made of and how far
+    it is verified. A sink subclasses it for what it keeps besides (the daemon's resumable
+    partials)."""
+
     name: str  # relative to the sink's directory
     size: int
     partial: Path  # where the partial file is, for messages only: it is reached through dir_fd
@@ -437,7 +465,7 @@ class FileSink:
                  skipped: Counter[str] | None = None) -> None:
         self.directory = directory
         self.policy = policy or ReceivePolicy(process_umask())
-        self.files: dict[str, _IncomingFile] = {}
+        self.files: dict[str, IncomingFile] = {}
         self.written: list[Path] = []
         self.written_count = 0
         self.written_bytes = 0
@@ -476,7 +504,7 @@ class FileSink:
         incoming.offsets[shard_id] = offset
         return self._map(shard_id, incoming, offset, size)
 
-    def _map(self, shard_id: int, incoming: _IncomingFile, offset: int, size: int) -> Any:
+    def _map(self, shard_id: int, incoming: IncomingFile, offset: int, size: int) -> Any:
         assert incoming.fd is not None
         mapped = self._maps[shard_id] = MappedRange(incoming.fd, offset, size, writable=True)
         return mapped.array
@@ -512,7 +540,7 @@ class FileSink:
         if kind not in (None, "file"):
             raise UnsafeName(f"{leaf!r} is a {kind}; not replaced")
 
-    def _open(self, name: str, size: int, attributes: SentAttributes) -> _IncomingFile:
+    def _open(self, name: str, size: int, attributes: SentAttributes) -> IncomingFile:
         dir_fd, leaf = self._directory_of(name, create=True)
         try:
             self._replaceable(dir_fd, leaf)
@@ -523,7 +551,7 @@ class FileSink:
             raise
 
     def _create(self, name: str, size: int, attributes: SentAttributes, dir_fd: int,
-                partial: str) -> _IncomingFile:
+                partial: str) -> IncomingFile:
         """A new partial file ``partial`` in ``dir_fd`` of ``size`` bytes, every block reserved
         now (or ENOSPC now, not SIGBUS later); 0600 until it is complete."""
         fd = open_file(dir_fd, partial, os.O_RDWR | os.O_CREAT | os.O_EXCL)
@@ -534,12 +562,12 @@ class FileSink:
             os.close(fd)
             os.unlink(partial, dir_fd=dir_fd)
             raise
-        incoming = _IncomingFile(name, size, (self.directory / name).with_name(partial), fd, dir_fd,
+        incoming = IncomingFile(name, size, (self.directory / name).with_name(partial), fd, dir_fd,
                                  attributes)
         self.files[name] = incoming
         return incoming
 
-    def _written(self, incoming: _IncomingFile, shard_id: int, size: int) -> None:
+    def _written(self, incoming: IncomingFile, shard_id: int, size: int) -> None:
         """A verified piece: start its write-back now and drop it from the page cache
         once written (the pieces behind it, advised again one piece later)."""
         offset = incoming.offsets.pop(shard_id, None)
@@ -621,7 +649,7 @@ class FileSink:
             self.written.append(self.directory / name)
         log.info("received %s (a symlink to %s)", self.directory / name, target)
 
-    def _settle(self, incoming: _IncomingFile) -> None:
+    def _settle(self, incoming: IncomingFile) -> None:
         """The complete partial file: its pages on disk, then its mode, group and mtime
         (last: nothing writes it afterwards)."""
         if incoming.fd is None:
@@ -634,7 +662,7 @@ class FileSink:
         if incoming.attributes.mtime_ns is not None:
             os.utime(incoming.fd, ns=(time.time_ns(), incoming.attributes.mtime_ns))
 
-    def _finish(self, incoming: _IncomingFile) -> None:
+    def _finish(self, incoming: IncomingFile) -> None:
         self._settle(incoming)
         assert incoming.dir_fd is not None
         os.replace(incoming.partial.name, incoming.leaf, src_dir_fd=incoming.dir_fd,
@@ -650,7 +678,7 @@ class FileSink:
         level = logging.INFO if self._keep_names else logging.DEBUG
         log.log(level, "received %s (%d bytes)", final, incoming.size)
 
-    def _discard(self, incoming: _IncomingFile) -> None:
+    def _discard(self, incoming: IncomingFile) -> None:
         if incoming.dir_fd is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(incoming.partial.name, dir_fd=incoming.dir_fd)

@@ -198,7 +198,7 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
         try:
             await decide(welcome.instance)
         except SetupError as exc:
-            await _refuse(channel, str(exc))
+            await refuse_session(channel, str(exc))
             raise
     credit = welcome.credit_bytes or options.credit_bytes
     remotes = _data_remotes(paths[:n], welcome)
@@ -274,14 +274,14 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
         welcome = answer_hello(hello, gateway=name, endpoints=[format_endpoint(a) for a in listens],
                                ciphers=SUPPORTED_CIPHERS, conn_id=int.from_bytes(os.urandom(4), "big"))
     except ControlProtocolError as exc:
-        await _refuse(channel, str(exc))
+        await refuse_session(channel, str(exc))
         raise SetupError(f"session setup: {exc}") from None
     _check_keys(peer_keys, "initiator->responder", welcome.cipher)
     if decide is not None:
         try:
             await decide(hello.instance)
         except SetupError as exc:
-            await _refuse(channel, str(exc))
+            await refuse_session(channel, str(exc))
             raise
     mtu = hello.mtu or options.mtu
     segments = hello.segments or options.segments
@@ -298,7 +298,7 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
     try:
         endpoint = Endpoint(cfg, allocator=allocator, ports=None if ports is None else ports[:n])
     except OSError as exc:
-        await _refuse(channel, f"data port busy ({exc.strerror or exc})")
+        await refuse_session(channel, f"data port busy ({exc.strerror or exc})")
         raise SetupError(f"session setup: cannot open the data ports: {exc.strerror or exc}") from None
     endpoint.start()
     try:
@@ -314,7 +314,8 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
     return session
 
 
-async def _refuse(channel: ControlChannel, reason: str) -> None:
+async def refuse_session(channel: ControlChannel, reason: str) -> None:
+    """Tell the peer why its session is refused (a Bye with the reason), then close the channel."""
     try:
         await channel.send(Bye(reason))
         await channel.aclose(timeout_s=1.0)

@@ -20,7 +20,7 @@ from wanxport.control import ControlChannel, ControlServer, load_identity, serve
 from wanxport.control.certs import check_ca_file
 
 from .config import Address, GatewayOptions
-from .handshake import SetupError, _refuse, identity_name, respond
+from .handshake import SetupError, identity_name, refuse_session, respond
 from .session import GatewaySession
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class GatewayListener:
     async def _on_session(self, channel: ControlChannel) -> None:
         if self._busy:
             self.busy_refusals += 1
-            await _refuse(channel, "receiver busy with another session")
+            await refuse_session(channel, "receiver busy with another session")
             return
         self._busy = True
         try:

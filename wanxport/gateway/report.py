@@ -1,4 +1,4 @@
-"""Run report v1 (DESIGN.md section 5) for one gateway session."""
+"""Run report v1 (docs/design.md section 5) for one gateway session."""
 
 from __future__ import annotations
 

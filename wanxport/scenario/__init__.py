@@ -1,4 +1,4 @@
-"""The scenario contract (DESIGN.md section 4): model, parser, ideal bounds, mesh capacity, name resolution.
+"""The scenario contract (docs/design.md §4): model, parser, ideal bounds, mesh capacity, name resolution.
 
 A foundation layer: it imports no other wanxport layer (only ``wanxport.units``),
 because the simulator, the emulation and every report builder depend on it.

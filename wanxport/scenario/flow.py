@@ -5,7 +5,7 @@ through a third site adds whatever the cut between the two allows. The ideal
 bounds (``wanxport.scenario.ideal``) and anything that plans routes through
 the mesh need the same numbers, computed the same way: a path's rate in one
 direction is bandwidth x (1 - loss) of the parameters in force, 0 while down
-(DESIGN.md section 4).
+(docs/design.md section 4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ideal completion times of DESIGN.md section 4: a transfer, and an all-reduce among the sites.
+"""The ideal completion times of docs/design.md section 4: a transfer, and an all-reduce among the sites.
 
 Every run report divides a bound by the measured completion time, so each is
 computed exactly as the contract says, the same for the simulator and for

@@ -1,4 +1,4 @@
-"""Scenario files, contracts v1 and v2 (DESIGN.md section 4): the data model.
+"""Scenario files, contracts v1 and v2 (docs/design.md section 4): the data model.
 
 A scenario describes an emulated WAN. The same object drives the simulator
 (``wanxport sim``) and the real emulation (``python -m emulation``), so the two
@@ -39,7 +39,7 @@ class BurstLoss:
 
     @property
     def stationary_loss(self) -> float:
-        """Long-run loss rate (p*loss_bad + r*loss_good) / (p + r), per DESIGN.md section 4."""
+        """Long-run loss rate (p*loss_bad + r*loss_good) / (p + r), per docs/design.md section 4."""
         if self.p + self.r == 0:
             return self.loss_good
         return (self.p * self.loss_bad + self.r * self.loss_good) / (self.p + self.r)

@@ -1,4 +1,4 @@
-"""The scenario parser, contracts v1 and v2 (DESIGN.md section 4): TOML text to a validated ``Scenario``.
+"""The scenario parser, contracts v1 and v2 (docs/design.md section 4): TOML text to a validated ``Scenario``.
 
 Every error is one ``ScenarioError`` line, ``<file>: <field path>: <problem>; <valid>``,
 so a user can fix the file without reading code. A file without ``[[sites]]``

@@ -1,4 +1,4 @@
-"""Contract v2's sites (DESIGN.md section 4): the ``[[sites]]`` tables and how paths join them.
+"""Contract v2's sites (docs/design.md section 4): the ``[[sites]]`` tables and how paths join them.
 
 Why a module of its own: whether a path's ends, a transfer's ends and the
 site list agree can only be checked once the whole file is read (``[[sites]]``

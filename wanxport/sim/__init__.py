@@ -1,1 +1,1 @@
-"""wanxport.sim layer (see DESIGN.md section 2)."""
+"""wanxport.sim layer (see docs/design.md section 2)."""

@@ -1,29 +1,34 @@
-"""Seeded discrete-event model of a scenario's WAN (DESIGN.md section 4 semantics).
+"""Seeded discrete-event model of a scenario's WAN (docs/design.md section 4 semantics).
 
-The same scenario files drive netem and the C impairment engine, so one
-direction of one path behaves like this, in order:
+One direction of one path decides each packet as the lab's impairment engine
+(``ext/impair/engine.c``) does, after netem; docs/notes/emulation.md "One impairment
+model" is the shared specification, checked by feeding both the same trace of
+packets and random draws. In order:
 
 1. ``down``: the packet is dropped (``dropped_down``).
-2. Bottleneck: FIFO serialization at ``bandwidth_mbps`` behind a drop-tail
-   queue holding at most ``queue_ms`` worth of bytes at the current rate; the
-   packet being serialized does not count against the queue. A packet that does
-   not fit is dropped (``dropped_queue``).
-3. Random loss of the serialized packet (a lost packet used its bandwidth,
-   which is why the ideal bound multiplies rate by ``1 - loss``): i.i.d.
-   ``loss``, or Gilbert-Elliott ``burst_loss`` stepped once per packet (loss
-   drawn with the current state's probability, then the state transition).
-4. Propagation: ``rtt_ms/2 + normal(0, jitter_ms)`` clipped at 0. With
-   ``reorder = false`` a packet never arrives before the previous one on the
-   same link (it waits); with ``reorder = true`` jitter may reorder.
+2. Random loss, drawn as the packet is offered (as netem draws it at enqueue,
+   so a lost packet takes no queue space and no bandwidth): i.i.d. ``loss``,
+   or Gilbert-Elliott ``burst_loss`` stepped once per offered packet (loss
+   drawn with the probability of the state the packet found, then the state
+   transition). A uniform draw is taken only for a non-zero probability.
+3. Bottleneck: FIFO serialization at ``bandwidth_mbps`` behind a drop-tail
+   queue holding at most ``queue_ms`` worth of bytes at the current rate (half
+   a byte of rounding allowed); the packet being serialized does not count
+   against the queue. A packet that does not fit is dropped (``dropped_queue``).
+4. Propagation: ``rtt_ms/2 + normal(0, jitter_ms)`` clipped at 0, one normal
+   draw when jitter is on. With ``reorder = false`` a packet never arrives
+   before the previous one on the same link (it waits); with
+   ``reorder = true`` jitter may reorder.
 
-A packet's fate (loss, delay) is drawn when the link admits it, in FIFO order,
-as netem and the C engine do; its serialization slot is scheduled then too, so
-a queued packet costs no event of its own until it arrives. A rate change
+A packet's fate is drawn when the link admits it, in FIFO order; its
+serialization slot is scheduled then too, so a queued packet costs no event of
+its own until it arrives. Timeline changes go beyond the engine: a rate change
 applies from the next packet to start serialization (queued packets are
-re-timed); loss and delay changes apply to packets admitted after them. A link
-going down drops what is queued and what is being serialized; packets already
-propagating still arrive. Packet sizes are not checked against ``mtu``: the
-simulator may move aggregate "packets" for speed, and loss applies per packet.
+re-timed); loss and delay changes apply to packets admitted after them; a link
+going down drops what is queued and what is being serialized, while packets
+already propagating still arrive. Packet sizes are not checked against ``mtu``:
+the simulator may move aggregate "packets" for speed, and loss applies per
+packet.
 """
 
 from __future__ import annotations
@@ -37,9 +42,21 @@ from typing import Protocol
 from wanxport.scenario import LinkParams, Scenario
 from wanxport.sim.eventloop import EventLoop
 
-__all__ = ["EventLoop", "Link", "LinksFactory", "Network", "PacketPort", "PathLinks", "link_rng"]
+__all__ = [
+    "Draws", "EventLoop", "LinksFactory", "Network", "PacketPort", "PathDirection", "PathLinks", "link_rng",
+]
 
 Deliver = Callable[[object, float], None]
+
+
+class Draws(Protocol):
+    """Where a link takes its random draws: a seeded ``random.Random``, or a replayed trace."""
+
+    def random(self) -> float: ...
+
+    def gauss(self, mu: float = ..., sigma: float = ...) -> float: ...
+
+    def randrange(self, start: int, stop: int | None = ..., step: int = ...) -> int: ...
 
 
 def link_rng(seed: int, path_index: int, direction: str) -> random.Random:
@@ -61,11 +78,11 @@ class _Admitted:
         self.size = size
         self.start = start
         self.end = end
-        self.delays: list[float] = []  # one-way delay of each copy (none: lost)
+        self.delays: list[float] = []  # one-way delay of each copy
         self.handles: list[int] = []  # reorder links: the copies' arrival events
 
 
-class Link:
+class PathDirection:
     """One direction of one path. ``deliver(packet, now)`` is called on arrival."""
 
     __slots__ = (
@@ -101,7 +118,7 @@ class Link:
     def __init__(
         self,
         params: LinkParams,
-        rng: random.Random,
+        rng: Draws,
         deliver: Deliver,
         loop: EventLoop,
         duplicate: float = 0.0,
@@ -153,10 +170,13 @@ class Link:
         if self.params.down:
             self.dropped_down += 1
             return
+        if self._lost():
+            self.dropped_loss += 1
+            return
         now = self._loop.now
         self._advance(now)
         if self._waiting or now < self._busy_until:
-            if self._queued_bytes + size_bytes > self._capacity_bytes:
+            if self._queued_bytes + size_bytes > self._capacity_bytes + 0.5:
                 self.dropped_queue += 1
                 return
             start = self._busy_until
@@ -183,12 +203,9 @@ class Link:
             self._serving = entry
 
     def _admit(self, packet: object, size_bytes: int, start: float) -> _Admitted:
-        """Serialize from ``start``; draw the packet's fate (loss, delay) now, in FIFO order."""
+        """Serialize from ``start``; draw the packet's delay now, in FIFO order."""
         end = start + size_bytes * self._s_per_byte
         self._busy_until = end
-        if self._lost():
-            self.dropped_loss += 1
-            return _Admitted(packet, size_bytes, start, end)
         rng = self._rng
         if self._corrupt and isinstance(packet, bytes | bytearray) and packet:
             if rng.random() < self._corrupt:
@@ -265,7 +282,7 @@ class Link:
         victims = list(self._waiting)
         if self._serving is not None and self._serving.end > now:
             victims.insert(0, self._serving)
-        self.dropped_down += sum(1 for entry in victims if entry.delays)
+        self.dropped_down += len(victims)
         self._withdraw(victims)
         self._waiting.clear()
         self._queued_bytes = 0
@@ -320,7 +337,7 @@ class Link:
 
 
 class PacketPort(Protocol):
-    """Where a side puts a path's datagrams: a ``Link``, or a port onto a shared one."""
+    """Where a side puts a path's datagrams: a ``PathDirection``, or a port onto a shared one."""
 
     def send(self, packet: object, size_bytes: int) -> None: ...
 
@@ -365,8 +382,8 @@ class Network:
         self.scenario = scenario
         self.loop = loop
         self.seed = scenario.seed if seed is None else seed
-        self.forward: tuple[Link, ...] = tuple(
-            Link(
+        self.forward: tuple[PathDirection, ...] = tuple(
+            PathDirection(
                 spec.forward,
                 link_rng(self.seed, i, "a->b"),
                 partial(deliver_b, i),
@@ -376,8 +393,8 @@ class Network:
             )
             for i, spec in enumerate(scenario.paths)
         )
-        self.reverse: tuple[Link, ...] = tuple(
-            Link(
+        self.reverse: tuple[PathDirection, ...] = tuple(
+            PathDirection(
                 spec.reverse,
                 link_rng(self.seed, i, "b->a"),
                 partial(deliver_a, i),

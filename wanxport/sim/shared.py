@@ -5,8 +5,8 @@ and a TCP flow, filling the same queue — and the single-run ``Network`` gives
 every path its own links. Here a scenario's paths are read as bottleneck
 links; each flow attaches its paths to them (a path crosses exactly one
 bottleneck link each way, and several paths, of one flow or of many, may
-cross the same one). Every direction of a link is one ``network.Link``, so
-the semantics are exactly the single-run simulator's (DESIGN.md section 4):
+cross the same one). Every direction of a link is one ``network.PathDirection``, so
+the semantics are exactly the single-run simulator's (docs/design.md section 4):
 serialization at the link's rate, ``queue_ms`` of drop-tail buffer shared by
 everything queued, random loss and propagation per packet. The flows'
 datagrams are wrapped with their destination on the way in and unwrapped on
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from wanxport.scenario import Scenario
 from wanxport.sim.eventloop import EventLoop
-from wanxport.sim.network import Link, link_rng
+from wanxport.sim.network import PathDirection, link_rng
 
 __all__ = ["FlowLinks", "SharedLinks"]
 
@@ -51,7 +51,7 @@ class _Port:
 
     __slots__ = ("_link", "_deliver", "_path_index")
 
-    def __init__(self, link: Link, deliver: Deliver, path_index: int) -> None:
+    def __init__(self, link: PathDirection, deliver: Deliver, path_index: int) -> None:
         self._link = link
         self._deliver = deliver
         self._path_index = path_index
@@ -83,9 +83,9 @@ class SharedLinks:
                              f"have events")
         self.scenario = scenario
         self.seed = scenario.seed if seed is None else seed
-        self.forward = tuple(Link(spec.forward, link_rng(self.seed, i, "a->b"), _arrive, loop)
+        self.forward = tuple(PathDirection(spec.forward, link_rng(self.seed, i, "a->b"), _arrive, loop)
                              for i, spec in enumerate(scenario.paths))
-        self.reverse = tuple(Link(spec.reverse, link_rng(self.seed, i, "b->a"), _arrive, loop)
+        self.reverse = tuple(PathDirection(spec.reverse, link_rng(self.seed, i, "b->a"), _arrive, loop)
                              for i, spec in enumerate(scenario.paths))
         self._index = {spec.name: i for i, spec in enumerate(scenario.paths)}
 

@@ -2,7 +2,7 @@
 
 Why a module of its own: a training job does not send one big file, it
 exchanges ``size`` bytes every step, ``steps`` times, on the same session
-(DESIGN.md sections 4-5). The bookkeeping that turns session events into
+(docs/design.md sections 4-5). The bookkeeping that turns session events into
 steps (shard ids per step, each side's readiness for the next step, step and
 shard durations) is the same whatever carries the bytes, so it lives apart
 from the simulator's packet plumbing and is a plain state machine: the caller

@@ -2,7 +2,7 @@
 
 Each site runs its own ``torch.distributed`` world (as ``torchrun`` per site would) and
 wraps its model in DDP over it; ``ddp.register_comm_hook(state, allreduce_hook)`` then
-reduces each gradient bucket in three steps (DESIGN.md section 8)::
+reduces each gradient bucket in three steps (docs/design.md section 8)::
 
     reduce-scatter inside the site  ->  rank r <-> rank r at every other site  ->  all-gather
     (the site's gloo/NCCL group)        (this rank's own wanxport group)           inside the site

@@ -1,1 +1,1 @@
-"""wanxport.wire layer (see DESIGN.md section 2)."""
+"""wanxport.wire layer (see docs/design.md section 2)."""

@@ -25,7 +25,7 @@ class PathOrder(ABC):
 
 
 class ExpectedArrivalOrder(PathOrder):
-    """The path that would deliver first goes first (DESIGN.md section 3)."""
+    """The path that would deliver first goes first (docs/design.md section 3)."""
 
     def order(self, candidates: list[Path], now: float) -> list[Path]:
         return sorted(candidates, key=lambda p: expected_arrival(p, now))

@@ -1,4 +1,4 @@
-"""The daemon hands the C heap's free pages back once a minute (``daemon/heap.py``)."""
+"""The daemon hands the C heap's free pages back once a minute (``daemon/memtrim.py``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from wanxport.daemon import heap
-from wanxport.daemon.heap import malloc_trim, trim_periodically
+from wanxport.daemon import memtrim
+from wanxport.daemon.memtrim import malloc_trim, trim_periodically
 
 
 def rss_anon_kib() -> int:
@@ -41,7 +41,7 @@ def test_malloc_trim_returns_free_pages_between_live_chunks() -> None:
 def test_the_trim_runs_every_period_until_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     settles: list[int] = []
-    monkeypatch.setattr(heap, "settle_interned_strings", lambda: settles.append(len(calls)))
+    monkeypatch.setattr(memtrim, "settle_interned_strings", lambda: settles.append(len(calls)))
 
     class Enough(Exception):
         pass
@@ -61,7 +61,7 @@ def test_the_trim_runs_every_period_until_cancelled(monkeypatch: pytest.MonkeyPa
 CHURN = textwrap.dedent("""
     import sys, tracemalloc
     import wanxport.daemon.service  # what the daemon imports (and interns) at start
-    from wanxport.daemon.heap import settle_interned_strings
+    from wanxport.daemon.memtrim import settle_interned_strings
     tracemalloc.start()
     if sys.argv[1] == "settle":
         settle_interned_strings()

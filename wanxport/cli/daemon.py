@@ -6,7 +6,7 @@ the identity against the CA and the site, expiry, the addresses to bind), withou
 binding anything: exit 0 with an ok line (and a warning line per certificate that
 expires within 14 days), or exit 2 with one line per problem. A config that cannot
 start (a port in use, another daemon on the data_dir) is also a usage error, exit 2. The
-``transfer`` verbs talk to a running daemon through ``wanxport.client``; the
+``transfer`` verbs talk to a running daemon through ``wanxport.daemon.client``; the
 socket is the config's ``api_socket`` (``--config``) or ``--socket`` given directly.
 ``gateway reload`` and ``gateway drain`` do through the API what SIGHUP and SIGTERM
 do (for an operator who is not the daemon's user, or not on a host with systemctl),
@@ -24,14 +24,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from wanxport.client import ApiError, GatewayClient
+from wanxport.daemon.check import check_config
+from wanxport.daemon.client import ApiError, GatewayClient
+from wanxport.daemon.config import ConfigError, DaemonConfig, describe, load_config
+from wanxport.daemon.store import LIST_LIMIT, STATES
+from wanxport.daemon.watch import watch
 from wanxport.sources import SourceOpenError, raise_open_file_limit
 from wanxport.usage import USAGE_ERROR, UsageError
-
-from .check import check_config
-from .config import ConfigError, DaemonConfig, describe, load_config
-from .store import LIST_LIMIT, STATES
-from .watch import watch
 
 FAILED = 1
 CONTROL_VERBS = ("reload", "drain")  # `wanxport gateway VERB CONFIG.toml`: through the API
@@ -100,8 +99,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     if args.check:
         return _check(args.config, config)
     from wanxport.aio.loop import run
-
-    from .service import DaemonError, run_daemon
+    from wanxport.daemon.service import DaemonError, run_daemon
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -179,14 +177,14 @@ def _verb(client: GatewayClient, args: argparse.Namespace) -> Any:
     if args.verb == "submit":
         key = args.key or (uuid.uuid4().hex if args.wait else None)  # --wait may need to resubmit
 
-        def submit() -> dict[str, Any]:
+        def submit_transfer() -> dict[str, Any]:
             return client.submit(args.peer, os.path.abspath(args.source), args.dest,
                                  overwrite=args.overwrite, key=key, follow_symlinks=args.follow_symlinks)
 
-        transfer = submit()
+        transfer = submit_transfer()
         if args.progress:
             return watch(client, transfer["id"], sys.stderr)
-        return client.wait(transfer["id"], resubmit=submit) if args.wait else transfer
+        return client.wait(transfer["id"], resubmit=submit_transfer) if args.wait else transfer
     if args.verb == "status":
         return client.wait(args.id) if args.wait else client.get(args.id)
     if args.verb == "watch":

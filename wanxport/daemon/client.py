@@ -2,7 +2,7 @@
 
 ::
 
-    from wanxport.client import GatewayClient
+    from wanxport.daemon.client import GatewayClient
     gw = GatewayClient("/var/lib/wanxport/api.sock")
     t = gw.submit("site-b", "/data/ckpt/step-1000", key="ckpt-1000")   # same key: same transfer
     t = gw.wait(t["id"])                                               # until done/failed/cancelled

@@ -21,16 +21,15 @@ from typing import Any
 
 from wanxport.control import CertificateError, ControlConnectError, RotationLimits
 from wanxport.control.certs import KEY_TYPES, issue_certificates
+from wanxport.gateway.config import DEFAULT_CONTROL_TIMEOUT_S, GatewayOptions, parse_hostport
+from wanxport.gateway.files import FileError, FileSink, check_output_dir, plan_files
+from wanxport.gateway.handshake import SetupError, initiate
+from wanxport.gateway.listener import GatewayListener
+from wanxport.gateway.metrics import GatewayMetrics, MetricsServer, parse_metrics_address
+from wanxport.gateway.session import SessionFailed
+from wanxport.gateway.transfer import receive_files, send_files
 from wanxport.units import format_rate, format_size, parse_size
 from wanxport.usage import UsageError
-
-from .config import DEFAULT_CONTROL_TIMEOUT_S, GatewayOptions, parse_hostport
-from .files import FileError, FileSink, check_output_dir, plan_files
-from .handshake import SetupError, initiate
-from .listener import GatewayListener
-from .metrics import GatewayMetrics, MetricsServer, parse_metrics_address
-from .session import SessionFailed
-from .transfer import receive_files, send_files
 
 FAILED = 1
 CIPHER_CHOICES = ("aes-256-gcm", "chacha20-poly1305")
