@@ -77,9 +77,9 @@ def microbatch(step: int, k: int, rows: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def first_stage(stage: nn.Module, comm: PointToPoint, step: int, microbatches: int, rows: int,
-                hidden: int) -> list[torch.Tensor]:
+                hidden: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Site A's part of one step; leaves the gradients in ``stage``. Returns the activations
-    it sent (for the caller's checks)."""
+    it sent and the gradients it received (for the caller's checks)."""
     outputs, sends = [], []
     for k in range(microbatches):
         x, _ = microbatch(step, k, rows)
@@ -93,13 +93,13 @@ def first_stage(stage: nn.Module, comm: PointToPoint, step: int, microbatches: i
         y.backward(grad)
     for send in sends:
         send.wait()
-    return [y.detach() for y in outputs]
+    return [y.detach() for y in outputs], grads
 
 
 def last_stage(stage: nn.Module, comm: PointToPoint, step: int, microbatches: int, rows: int,
-               hidden: int) -> tuple[float, list[torch.Tensor]]:
-    """Site B's part of one step; leaves the gradients in ``stage``. Returns the step's loss
-    and the activation gradients it sent."""
+               hidden: int) -> tuple[float, list[torch.Tensor], list[torch.Tensor]]:
+    """Site B's part of one step; leaves the gradients in ``stage``. Returns the step's loss,
+    the activations it received and the activation gradients it sent."""
     activations = [torch.empty(rows, hidden) for _ in range(microbatches)]
     receives = [comm.irecv(a, src=0, tag=ACTIVATION_TAG) for a in activations]
     loss, sends, sent = 0.0, [], []
@@ -115,7 +115,7 @@ def last_stage(stage: nn.Module, comm: PointToPoint, step: int, microbatches: in
         sends.append(comm.isend(activation.grad, dst=0, tag=GRADIENT_TAG))
     for send in sends:
         send.wait()
-    return loss, sent
+    return loss, [a.detach() for a in activations], sent
 
 
 def train_stage(site: int, comm: PointToPoint, steps: int, microbatches: int, rows: int,
