@@ -178,7 +178,6 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         workload="allreduce", comm=options.comm, ranks_per_site=ranks,
         compress=None if options.compress == "none" else options.compress, size_bytes=options.size_bytes,
         steps=options.steps, step_s=step_s,
-        **({} if options.steps > 1 else step_summary(step_s)),
         correct=correct, identical_across_ranks=identical,
         preset=COLLECTIVE.name if options.comm == "wanxport" else None,  # wanxport.collective's default
         worst_error_ratio=max(d["worst_error_ratio"] for d in done),
@@ -188,6 +187,8 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
         cc=cc if options.comm in GLOO_COMMS else "bbr", backend=emu.backend, settings=settings, errors=errors)
+    if options.steps == 1:  # build_report summarises steps only from two on
+        report.update(steps=1, **step_summary(step_s))
     return report
 
 

@@ -162,19 +162,22 @@ def _report(scenario: Scenario, options: PipelineOptions, emu: Emulation, done: 
                and finite and swept)
     paths = path_reports(emu, options.comm == "wanxport", done, ["a", "b"], wire)
     moved = 2 * options.microbatches * options.activation_bytes * n_steps
-    return build_report(
+    report = build_report(
         scenario=scenario.name, mode="emulated",
         transport="wanxport" if options.comm == "wanxport" else "tcp",
         payload_bytes=moved, completion_s=sum(step_s), ideal_s=ideal, intact=correct,
         wall_s=time.perf_counter() - wall_start, paths=paths, delivered_bytes=moved if correct else 0,
         workload="pipeline", comm=options.comm, sites=2, ranks_per_site=1, compress=None,
         microbatches=options.microbatches, activation_bytes=options.activation_bytes, hidden=HIDDEN,
-        steps=options.steps, step_s=step_s, **({} if options.steps > 1 else step_summary(step_s)),
+        steps=options.steps, step_s=step_s,
         ideal_kind="pipeline-step", correct=correct, messages_matched=matched,
         losses=[round(x, 6) for x in b["losses"]], latency=latency,
         rank_cpu_s=[d.get("cpu_s") for d in done], rank_step_cpu_s=[d.get("step_cpu_s") for d in done],
         rank_diag=[d.get("diag") for d in done], cross_site_wire_bytes=sum(wire["a"]) + sum(wire["b"]),
         cc=cc if options.comm == "gloo" else "bbr", backend=emu.backend, settings=settings, errors=errors)
+    if options.steps == 1:  # build_report summarises steps only from two on
+        report.update(steps=1, **step_summary(step_s))
+    return report
 
 
 def summary(report: dict[str, Any]) -> str:
