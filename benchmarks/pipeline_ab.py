@@ -19,6 +19,7 @@ from pathlib import Path
 
 from emulation.bundled import resolve_scenario
 from emulation.pipeline import PipelineOptions, run_pipeline
+from emulation.run import exit_on_sigterm
 from wanxport.units import format_size, parse_size
 
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # a stopped run tears its namespaces down
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     for rnd in range(args.rounds):

@@ -59,6 +59,16 @@ class TorchPointToPoint:
         self.dist.destroy_process_group()
 
 
+def closed_sessions(group: Any) -> str:
+    """Each link's session close (code, reason, when), as the transport recorded it."""
+    out = []
+    for link in group.group.links.values():
+        closed = link.session.endpoint.session.closed
+        out.append(f"{link.name}: " + ("open" if closed is None else
+                                       f"closed code {closed.code} {closed.error!r} at {closed.at:.3f}"))
+    return ", ".join(out) or "no links"
+
+
 def digest(tensors: list[Any]) -> str:
     h = hashlib.sha256()
     for t in tensors:
@@ -141,6 +151,8 @@ def main(argv: list[str]) -> int:
             comm.barrier()
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which fails the run
         record.failed(exc)
+        if comm_name == "wanxport":  # why the sessions ended, where they did: what the error lacks
+            record.error = f"{record.error}; {closed_sessions(comm)}"
     extra: dict[str, Any] = {"paths": []}
     if comm_name == "wanxport":
         import asyncio
