@@ -18,7 +18,8 @@ is finite, and what each site sent is, digest for digest, what the other receive
 ``--latency-sweep`` adds, after the steps and on the same group, ``messages`` messages of
 each size from 64 KiB to 16 MiB from a to b, one after another; ``latency`` holds per
 size the median, p90, min and max of b's ``recv`` returning minus a's send call (one
-kernel's CLOCK_MONOTONIC), and the bound: the scenario's a->b ideal for that size
+kernel's CLOCK_MONOTONIC), with wanxport the payload bytes a's session put on each path
+while that size ran (``payload_bytes_per_path``), and the bound: the scenario's a->b ideal for that size
 (``ideal_time_s``: one-way delay + size / capacity of the path set, each path counted
 from its own delay).
 
@@ -126,9 +127,10 @@ def _run(emu: Emulation, scenario: Scenario, options: PipelineOptions, wall_star
     return _report(scenario, options, emu, done, meter.wire, ideal, cc, settings, wall_start)
 
 
-def latency_rows(scenario: Scenario, sweep_a: dict[str, Any],
-                 sweep_b: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per size: a message's latency (b's return minus a's call) summarised, against the bound."""
+def latency_rows(scenario: Scenario, sweep_a: dict[str, Any], sweep_b: dict[str, Any],
+                 names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per size: a message's latency (b's return minus a's call) summarised, against the bound;
+    with wanxport also the payload bytes a's session put on each path (``names``) meanwhile."""
     rows = []
     for size, sent in sweep_a["stamps"].items():
         latencies = sorted(r - s for s, r in zip(sent, sweep_b["stamps"][size], strict=True))
@@ -139,6 +141,9 @@ def latency_rows(scenario: Scenario, sweep_a: dict[str, Any],
                      "p90_s": round(p90, 6), "min_s": round(latencies[0], 6),
                      "max_s": round(latencies[-1], 6),
                      "bound_s": round(bound, 6), "median_over_bound": round(median / bound, 3)})
+        carried = sweep_a.get("payload_bytes_per_path", {}).get(size)
+        if carried is not None and names is not None:  # wanxport: which paths carried this size
+            rows[-1]["payload_bytes_per_path"] = dict(zip(names, carried, strict=True))
     return rows
 
 
@@ -156,7 +161,7 @@ def _report(scenario: Scenario, options: PipelineOptions, emu: Emulation, done: 
     finite = all(math.isfinite(loss) for loss in b["losses"])
     latency = None
     if options.latency_sweep and a.get("sweep") and b.get("sweep"):
-        latency = latency_rows(scenario, a["sweep"], b["sweep"])
+        latency = latency_rows(scenario, a["sweep"], b["sweep"], [p.name for p in emu.paths])
     swept = not options.latency_sweep or (latency is not None and bool(b["sweep"]["intact"]))
     correct = (not errors and n_steps == options.steps and len(a["digests"]) == n_steps and matched
                and finite and swept)

@@ -54,6 +54,10 @@ def test_latency_is_the_receivers_return_minus_the_senders_call() -> None:
     assert row["median_s"] == pytest.approx(0.2) and row["min_s"] == pytest.approx(0.15)
     assert row["max_s"] == pytest.approx(0.3) and row["messages"] == 3
     assert row["bound_s"] == pytest.approx(0.01 + 0.1)  # 10 ms one way + 1 MB at 10 MB/s
+    assert "payload_bytes_per_path" not in row  # gloo: the sender counts nothing per path
+    sent["payload_bytes_per_path"] = {"1000000": [3000000]}
+    (row,) = latency_rows(scenario, sent, got, ["r"])
+    assert row["payload_bytes_per_path"] == {"r": 3000000}
 
 
 def _stage(digests: list[dict[str, str]], losses: list[float]) -> dict[str, Any]:
@@ -103,3 +107,5 @@ def test_a_short_pipeline_runs_over_the_emulated_wan(comm: str) -> None:
         assert sorted(wire)[0] < (64 << 10) < sorted(wire)[-1]  # one route carried it all
     else:  # wanxport's own counters: at least every activation's bytes went a -> b
         assert sum(p["payload_bytes_a_to_b"] for p in report["paths"]) >= 2 * 2 * (64 << 10)
+        for row in report["latency"]:  # and each size's messages, path by path
+            assert sum(row["payload_bytes_per_path"].values()) >= 2 * row["size_bytes"]

@@ -85,13 +85,16 @@ def message(size_bytes: int, index: int) -> Any:
 
 def latency_sweep(comm: Any, site: int, sizes: list[int], messages: int) -> dict[str, Any]:
     """Site a: each message's ``isend`` call time; site b: each ``recv``'s return, and whether
-    the checked messages arrived intact."""
+    the checked messages arrived intact. wanxport: each size's payload bytes per path, as this
+    site's session counted them (which paths carried the size's messages)."""
     import torch
 
     answer = torch.zeros(1)
     stamps: dict[str, list[float]] = {}
+    per_path: dict[str, list[int]] = {}
     intact = True
     for size in sizes:
+        before = sent_per_path(comm)
         times = stamps[str(size)] = []
         reused = message(size, 0)  # one buffer for the unchecked ones: no generation between sends
         box = torch.empty(size // 4)
@@ -108,7 +111,22 @@ def latency_sweep(comm: Any, site: int, sizes: list[int], messages: int) -> dict
                 comm.isend(answer, dst=0, tag=ANSWER_TAG).wait()
                 if checked:
                     intact = intact and bool(torch.equal(box, message(size, i)))
-    return {"stamps": stamps, "intact": intact}
+        if before is not None:
+            per_path[str(size)] = [b - a for a, b in zip(before, sent_per_path(comm), strict=True)]
+    return {"stamps": stamps, "intact": intact, "payload_bytes_per_path": per_path}
+
+
+def sent_per_path(comm: Any) -> list[int] | None:
+    """Payload bytes this site's wanxport session has sent on each path so far (None for gloo)."""
+    if not hasattr(comm, "group"):
+        return None
+
+    import asyncio
+
+    async def read() -> list[int]:
+        return [p.payload_bytes for stats in comm.group.path_stats().values() for p in stats]
+
+    return asyncio.run_coroutine_threadsafe(read(), comm.loop).result()
 
 
 def main(argv: list[str]) -> int:
