@@ -39,20 +39,17 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from emulation.api import Emulation
-from emulation.baselines import netconfig
-from emulation.baselines.programs import Program
 from emulation.baselines.stripes import capacity_split, route_capacity_bps
 from emulation.bundled import resolve_scenario
-from emulation.errors import EmulationError
+from emulation.ranks import host_congestion_control, make_rank_pki, path_reports, prepare_network, run_ranks
 from wanxport.presets import COLLECTIVE
-from wanxport.report import PathReport, build_report, step_summary
+from wanxport.report import build_report, step_summary
 from wanxport.scenario import Scenario, ideal_time_s
 
 log = logging.getLogger(__name__)
@@ -63,7 +60,6 @@ COMPRESS = ("none", "bf16", "int8")
 PORT_BASE = 7700  # rank r of site b listens on PORT_BASE + r on every path
 GLOO_PORT = 29500
 INTRA_PORT = 29600  # each site's own TCPStore (its namespace's loopback)
-SETUP_TIMEOUT_S = 180.0
 SEED = 1234
 
 
@@ -142,130 +138,31 @@ def _specs(emu: Emulation, options: AllreduceOptions, best: int, pki: str,
     return out
 
 
-TX_BYTES, TX_PACKETS = 8, 9  # columns of /proc/net/dev after the interface name
-
-
-def _tx_counter(emu: Emulation, column: int) -> dict[str, list[int]]:
-    """Per side, a transmit counter (bytes or packets) of each path's gateway interface."""
-    out = {}
-    for side in ("a", "b"):
-        table = {}
-        for line in emu.run(side, ["cat", "/proc/net/dev"]).stdout.splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            table[name.strip()] = int(rest.split()[column])
-        out[side] = [table.get(p.ifname, 0) for p in emu.paths]
-    return out
-
-
-def _sent_datagrams(emu: Emulation) -> int:
-    """Frames both sites' path interfaces have transmitted so far: what the engine must
-    forward, the denominator of its CPU per datagram."""
-    return sum(sum(counts) for counts in _tx_counter(emu, TX_PACKETS).values())
-
-
-def _engine_cpu_s(emu: Emulation) -> float | None:
-    """CPU-s the impairment engine (every thread) has used so far; None without one (netem).
-    On a 2-core host the engine forwards every datagram next to the ranks: its CPU is part
-    of what a step costs here and nothing a real WAN would charge."""
-    try:
-        with open(f"{emu.plan.state_dir}/engine.pid") as fh:
-            pid = int(fh.read().strip())
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-    except (OSError, ValueError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:
-    """The engine's drops so far by path, direction and cause (queue: the bottleneck's
-    drop-tail buffer overflowed; loss: the scenario's random loss); empty under netem. A
-    step's retransmissions beyond the random loss are these queue drops: what its
-    congestion control cost. ``stamped`` frames entered the queue at their kernel
-    arrival time; ``lag_max_s`` is the longest one waited for the engine to read it."""
-    if emu.backend != "engine":
-        return {}
-    return {path: {d: {"queue": c["drop_queue"], "loss": c["drop_loss"], "forwarded": c["tx_packets"],
-                       "stamped": c["rx_stamped"], "lag_max_s": round(c["rx_lag_max_s"], 6)}
-                   for d, c in dirs.items()}
-            for path, dirs in emu.counters().items()}
-
-
 def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_start: float) -> dict[str, Any]:
-    best = netconfig.best_path(scenario)
-    netconfig.source_routing(emu, best)
     striped = options.comm == "gloo-striped"
-    routes = range(len(emu.paths)) if striped else [best]
-    buffer = max(netconfig.buffer_bytes(scenario, [k]) for k in routes)
-    settings: dict[str, Any] = {"buffer_bytes": buffer, **netconfig.tune_buffers(emu, buffer),
-                                "best_route": emu.paths[best].name, "load_before": os.getloadavg()}
-    if options.comm in GLOO_COMMS:
-        settings["net.ipv4.tcp_slow_start_after_idle"] = netconfig.slow_start_after_idle_off(emu)
+    routes = list(range(len(emu.paths))) if striped else None
+    best, settings = prepare_network(emu, scenario, options.comm in GLOO_COMMS, routes)
     stripes = None
     if striped:
-        capacities = [route_capacity_bps(scenario, k) for k in routes]
+        capacities = [route_capacity_bps(scenario, k) for k in range(len(emu.paths))]
         stripes = capacity_split(options.size_bytes // 4, capacities)  # every rank's whole array
         settings["stripes"] = [{"route": emu.paths[k].name, "capacity_bps": round(c),
                                 "offset": off, "elements": n}
-                               for k, c, (off, n) in zip(routes, capacities, stripes, strict=True)]
-    cc = emu.run("a", ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+                               for k, (c, (off, n)) in enumerate(zip(capacities, stripes, strict=True))]
+    cc = host_congestion_control(emu)
     ideal = ideal_time_s(scenario, options.size_bytes, "both")
     deadline_s = 60.0 + options.steps * max(30.0, 20.0 * ideal)
-    programs: list[Program] = []
     with tempfile.TemporaryDirectory(prefix="wx-allreduce-") as pki:
         if options.comm == "wanxport":
-            from wanxport.control.certs import make_test_pki
-
-            make_test_pki(pki, [f"{s}-r{r}" for s in "ab" for r in range(options.ranks_per_site)])
-            os.chmod(pki, 0o755)
-        try:
-            for side, spec in _specs(emu, options, best, pki, stripes):
-                programs.append(Program(emu, side, "emulation.baselines.allreduce_app", options.comm, spec,
-                                        stdin=True))
-            for program in programs:
-                if program.expect("ready", SETUP_TIMEOUT_S) is None:
-                    raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
-            before = _tx_counter(emu, TX_BYTES)
-            datagrams_before = _sent_datagrams(emu)
-            drops_before = _drops(emu)
-            engine_before, go_at = _engine_cpu_s(emu), time.monotonic()
-            emu.start_events()
-            for program in programs:
-                program.tell("go")
-            stop_at = time.monotonic() + deadline_s
-            done = []
-            for program in programs:
-                report = program.expect("done", max(1.0, stop_at - time.monotonic()))
-                if report is None:
-                    raise EmulationError(f"{program.label}: no result within the {deadline_s:.0f} s deadline")
-                done.append(report)
-            after = _tx_counter(emu, TX_BYTES)
-            engine_after = _engine_cpu_s(emu)
-            drops_after = _drops(emu)
-            if drops_before and drops_after:
-                settings["engine_drops"] = {
-                    path: {d: {cause: n if cause == "lag_max_s" else n - drops_before[path][d][cause]
-                               for cause, n in by_cause.items()}
-                           for d, by_cause in dirs.items()}
-                    for path, dirs in drops_after.items()}
-            settings["run_wall_s"] = round(time.monotonic() - go_at, 2)  # "go" to the last "done"
-            if engine_before is not None and engine_after is not None:
-                settings["engine_cpu_s"] = round(engine_after - engine_before, 2)  # over run_wall_s
-                datagrams = _sent_datagrams(emu) - datagrams_before
-                settings["engine_datagrams"] = datagrams
-                if datagrams:
-                    settings["engine_us_per_datagram"] = round(
-                        1e6 * (engine_after - engine_before) / datagrams, 2)
-        finally:
-            for program in programs:
-                program.close()
-    settings["load_after"] = os.getloadavg()
-    return _report(scenario, options, emu, done, before, after, ideal, cc, settings, wall_start)
+            make_rank_pki(pki, [f"{s}-r{r}" for s in "ab" for r in range(options.ranks_per_site)])
+        done, meter = run_ranks(emu, "emulation.baselines.allreduce_app", options.comm,
+                                _specs(emu, options, best, pki, stripes), deadline_s, settings)
+    return _report(scenario, options, emu, done, meter.wire, ideal, cc, settings, wall_start)
 
 
 def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done: list[dict[str, Any]],
-            before: dict[str, list[int]], after: dict[str, list[int]], ideal: float, cc: str,
-            settings: dict[str, Any], wall_start: float) -> dict[str, Any]:
+            wire: dict[str, list[int]], ideal: float, cc: str, settings: dict[str, Any],
+            wall_start: float) -> dict[str, Any]:
     ranks = options.ranks_per_site
     errors = [d["error"] for d in done if d.get("error")]
     n_steps = min(len(d["steps"]) for d in done)
@@ -273,29 +170,8 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
               for k in range(n_steps)]
     identical = all(len({d["digests"][k] for d in done}) == 1 for k in range(n_steps))
     correct = not errors and n_steps == options.steps and identical and all(d["correct"] for d in done)
-    wire = {side: [b - a for a, b in zip(before[side], after[side], strict=True)] for side in before}
-    payload = {"a": [0] * len(emu.paths), "b": [0] * len(emu.paths)}
-    retrans = [0] * len(emu.paths)
-    srtt: list[float | None] = [None] * len(emu.paths)
-    states: list[str | None] = [None] * len(emu.paths)
-    for k, d in enumerate(done):
-        side = "a" if k < ranks else "b"
-        for i, (sent, retransmitted, rtt, state) in enumerate(d["paths"]):
-            payload[side][i] += sent
-            retrans[i] += retransmitted
-            srtt[i] = srtt[i] if srtt[i] is not None else rtt
-            states[i] = states[i] or state
-    paths = []
-    for i, p in enumerate(emu.paths):
-        if options.comm == "wanxport":
-            total, state = payload["a"][i] + payload["b"][i], states[i] or "unused"
-            extra = {"payload_bytes_a_to_b": payload["a"][i], "payload_bytes_b_to_a": payload["b"][i]}
-        else:
-            total = wire["a"][i] + wire["b"][i]
-            state = "active" if total > (1 << 20) else "unused"
-            extra = {}
-        extra.update(wire_bytes_a_to_b=wire["a"][i], wire_bytes_b_to_a=wire["b"][i])
-        paths.append(PathReport(p.name, total, retrans[i], srtt[i], state, extra))
+    sides = ["a" if k < ranks else "b" for k in range(len(done))]
+    paths = path_reports(emu, options.comm == "wanxport", done, sides, wire)
     collective = [d["collective_bytes_sent"] for d in done if d.get("collective_bytes_sent") is not None]
     moved = 2 * options.size_bytes * n_steps
     report = build_report(
@@ -306,7 +182,6 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         workload="allreduce", comm=options.comm, ranks_per_site=ranks,
         compress=None if options.compress == "none" else options.compress, size_bytes=options.size_bytes,
         steps=options.steps, step_s=step_s,
-        **({} if options.steps > 1 else {"steps": 1, **step_summary(step_s)}),
         correct=correct, identical_across_ranks=identical,
         preset=COLLECTIVE.name if options.comm == "wanxport" else None,  # wanxport.collective's default
         worst_error_ratio=max(d["worst_error_ratio"] for d in done),
@@ -316,6 +191,8 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
         cc=cc if options.comm in GLOO_COMMS else "bbr", backend=emu.backend, settings=settings, errors=errors)
+    if options.steps == 1:  # build_report summarises steps only from two on
+        report.update(steps=1, **step_summary(step_s))
     return report
 
 

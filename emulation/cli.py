@@ -1,4 +1,4 @@
-"""``python -m emulation up|down|start|validate SCENARIO``.
+"""``python -m emulation up|down|start|validate SCENARIO`` (and run, compare, allreduce, pipeline).
 
 Exit status: 0 success, 1 the environment cannot do it (one line saying why),
 2 bad usage or a bad scenario (one line naming the field).
@@ -88,9 +88,29 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
                     help="R > 1: the DDP hook's pipeline chunk (default the hook's, 4MiB)")
     ar.add_argument("--backend", choices=("netem", "engine"))
     ar.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
+    _add_pipeline_parser(sub)
     ren = sub.add_parser("render", help="figures and table again from a compare directory's reports")
     ren.add_argument("out", metavar="DIR", help="a compare --out directory")
     ren.add_argument("--transports", help="columns in this order (default: as found)")
+
+
+def _add_pipeline_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``pipeline``: two pipeline stages at the two sites (emulation/pipeline.py)."""
+    pp = sub.add_parser("pipeline", help="a two-stage pipeline, stage 0 at site a and stage 1 at b, "
+                                         "N steps over wanxport or gloo; prints a run report")
+    pp.add_argument("scenario")
+    pp.add_argument("--comm", choices=("wanxport", "gloo"), required=True,
+                    help="gloo: on the best route")
+    pp.add_argument("--microbatches", type=int, default=4, metavar="M", help="per step (default 4)")
+    pp.add_argument("--activation-size", type=size_argument, default=4 << 20, metavar="S",
+                    help="bytes of one microbatch's activation, and of its gradient (default 4MiB)")
+    pp.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    pp.add_argument("--latency-sweep", action="store_true",
+                    help="then time single messages of 64KiB..16MiB from a to b")
+    pp.add_argument("--messages", type=int, default=20, help="messages per size in the sweep (default 20)")
+    pp.add_argument("--timeout", type=float, default=120.0, metavar="S", help="per message (default 120)")
+    pp.add_argument("--backend", choices=("netem", "engine"))
+    pp.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             from emulation.allreduce import main_allreduce
 
             return main_allreduce(args)
+        if args.command == "pipeline":
+            from emulation.pipeline import main_pipeline
+
+            return main_pipeline(args)
         if args.command == "render":
             from emulation.compare import main_render
 

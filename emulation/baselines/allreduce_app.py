@@ -279,15 +279,22 @@ async def group_report(group: Any) -> dict[str, Any]:
     return {"paths": paths, "collective_bytes_sent": sent, "diag": diag}
 
 
-def gloo_rank(spec: dict[str, Any]) -> None:
+def gloo_world(spec: dict[str, Any]) -> Any:
+    """The flat gloo world of both sites' ranks (contiguous per site), its device bound to the
+    best route's interface; returns ``torch.distributed``."""
     import torch.distributed as dist
 
-    checker = Checker(spec)
     os.environ["GLOO_SOCKET_IFNAME"] = spec["ifname"]
     ranks = spec["ranks_per_site"]
     dist.init_process_group("gloo", init_method=f"tcp://{spec['master']}:{spec['master_port']}",
                             rank=spec["site"] * ranks + spec["rank"], world_size=2 * ranks,
                             timeout=timedelta(seconds=spec["timeout"]))
+    return dist
+
+
+def gloo_rank(spec: dict[str, Any]) -> None:
+    checker = Checker(spec)
+    dist = gloo_world(spec)
     work, work_t, record = ready_for_go(spec["count"])
     try:
         for _ in range(spec["steps"]):

@@ -160,3 +160,19 @@ def allreduce_ideal_time_s(scenario: Scenario, size_bytes: int) -> float:
     delays = [spec.params_at(0.0, direction).rtt_ms / 2000.0 for spec in scenario.paths
               for direction in ("a->b", "b->a") if not spec.params_at(0.0, direction).down]
     return slowest + min(delays)
+
+
+def pipeline_step_ideal_s(scenario: Scenario, message_bytes: int, microbatches: int) -> float:
+    """A lower bound of one step of a two-stage pipeline, stage 0 at site a and stage 1 at b,
+    compute taken as free: each of ``microbatches`` activations of ``message_bytes`` crosses
+    a -> b and its gradient (as large) crosses back.
+
+    Every activation must arrive (the a->b ideal of all of them together), and the last
+    microbatch's gradient can leave b only once its activation arrived, then needs at least
+    its own b->a ideal; the gradients together bound the step on their own too (the b->a
+    ideal of all of them). Exact for a scenario without events; with events the second
+    term starts the gradient's timeline at zero, as every ideal here does.
+    """
+    total = microbatches * message_bytes
+    return max(ideal_time_s(scenario, total, "both"),
+               ideal_time_s(scenario, total, "a->b") + ideal_time_s(scenario, message_bytes, "b->a"))
