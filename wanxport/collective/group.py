@@ -212,7 +212,7 @@ class Group(PointToPoint):
         """Reduce ``array`` over all sites in place (numpy array or CPU tensor); returns it.
 
         ``op``: "sum" or "mean" (divided after the fixed-order sum). ``compress``: None,
-        "bf16" or "int8" (float32 only): contributions travel encoded and keep an
+        "bf16", "int8" or "int4" (float32 only): contributions travel encoded and keep an
         error-feedback residual keyed by ``name`` (else by the buffer).
         """
         return await self.all_reduce_async(array, op, compress, timeout, name)
