@@ -91,6 +91,18 @@ class CallStats:
     ok: bool
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A collective running at this site: its call, its start (monotonic clock), the bytes it
+    has sent and received so far (whole messages) and the members it still waits for."""
+
+    call: Call
+    started_s: float
+    sent_bytes: int
+    received_bytes: int
+    waiting_for: tuple[int, ...]  # member ranks
+
+
 @dataclass
 class _Tally:
     sent: int = 0
@@ -190,6 +202,7 @@ class Group(PointToPoint):
         self._waiters: dict[Key, asyncio.Future[Got]] = {}
         self._stats: deque[CallStats] = deque(maxlen=STATS_KEPT)
         self._tallies: dict[int, _Tally] = {}
+        self._running: dict[int, tuple[Call, float]] = {}  # seq -> (call, its start): collectives in flight
         self.send_pool = SendPool()
 
     @property
@@ -283,6 +296,19 @@ class Group(PointToPoint):
     def stats(self) -> list[CallStats]:
         """The calls this site ran, oldest first (the last ``STATS_KEPT``)."""
         return list(self._stats)
+
+    def in_flight(self) -> list[InFlight]:
+        """The collectives running here now, oldest first: what they have received so far and
+        which members they still wait for. Safe to call from another thread (a metrics
+        scrape): it copies the loop's containers with one C-level call each."""
+        tallies = dict(self._tallies)
+        waiting = list(self._waiters)
+        out = []
+        for seq, (call, started) in sorted(dict(self._running).items()):
+            tally = tallies.get(seq, _Tally())
+            peers = tuple(sorted({k[0] for k in waiting if k[1:4] == (COLLECTIVE, 0, seq)}))
+            out.append(InFlight(call, started, tally.sent, tally.received, peers))
+        return out
 
     def path_stats(self) -> dict[str, tuple[PathStats, ...]]:
         """Per peer site name: its session's paths (bytes we sent on each, RTT, state)."""
@@ -536,6 +562,7 @@ class Group(PointToPoint):
         tally = _Tally()
         if channel == COLLECTIVES:
             self._tallies[call.seq] = tally
+            self._running[call.seq] = (call, started)
         ok = False
         try:
             self._check_usable()
@@ -544,16 +571,20 @@ class Group(PointToPoint):
             return result
         except TimeoutError:
             missing = sorted({k[0] for k in self._waiters if k[1:4] == (*channel[:2], call.seq)})
-            who = ", ".join(f"{self.names[p]} (rank {p})" for p in missing) or \
-                "(none missing: local work was too slow)"
+            heard = {p: self.links[p].last_heard()[0] for p in missing}
+            who = ", ".join(f"{self.names[p]} (rank {p}, {self.links[p].describe_silence()})"
+                            for p in missing) or "(none missing: local work was too slow)"
+            first = missing[0] if missing else None
             error = CollectiveError(f"{call.op} #{call.seq}: no message from site {who} within {limit:g} s "
                                     f"(stalled; its session is alive); the group is poisoned, join again",
-                                    self.names[missing[0]] if missing else None)
+                                    None if first is None else self.names[first], first,
+                                    None if first is None else heard[first])
             self._poison(error)
             raise error from None
         finally:
             if channel == COLLECTIVES:
                 self._tallies.pop(call.seq, None)
+                self._running.pop(call.seq, None)
             self._over(channel, call.seq, list(self.links) if peers is None else peers)
             self._stats.append(CallStats(call.seq, call.op, call.count, call.compress, started,
                                          time.monotonic() - started, tally.sent, tally.received, ok))
