@@ -14,12 +14,12 @@ and the fragment merged into the local replica (``--mix`` of the local value kep
 the new global). The pseudo-gradients travel as int4 with a float32 scale per block of 128
 and an error-feedback residual per fragment (``wanxport.torch.compression("int4")``).
 
-The same two processes then run DiLoCo with no compression and with int8, same model, data
-and seeds, and the report compares the final loss on a held-out set (the global model,
-identical at both sites) and the cross-site bytes per full-model sync period (H inner
-steps) as the sessions' own counters saw them (``transport_bytes``: shard bytes sent plus
-received on the group's sessions, both ways, this site). The sites are processes on this
-machine over loopback paths.
+The same two processes run DiLoCo with no compression and with int8 and streaming DiLoCo with
+no compression and with int4, same model, data and seeds, and the report compares the final
+loss on a held-out set (the global model, identical at both sites) and the cross-site bytes
+per full-model sync period (H inner steps) as the sessions' own counters saw them
+(``transport_bytes``: shard bytes sent plus received on the group's sessions, both ways, this
+site, heartbeats included). The sites are processes on this machine over loopback paths.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loopback import PATHS_PER_PAIR, free_ports, make_pki, site_name  # noqa: E402
 from diloco import INNER_LR, OUTER_LR, OUTER_MOMENTUM, diloco, eval_loss, make_model, site_batch  # noqa: E402
-from wanxport.torch.metrics import transport_bytes  # noqa: E402
 
 import wanxport.torch as wt  # noqa: E402
+from wanxport.torch.metrics import transport_bytes  # noqa: E402
 
 N_SITES = 2
 HIDDEN = 256  # ~70 k parameters: each fragment's message header is small beside its int4 body
@@ -136,8 +136,9 @@ def worker(site: int, work: Path, args: argparse.Namespace, first_port: int) -> 
                             world_size=N_SITES, pg_options=config, timeout=timedelta(seconds=args.timeout))
     try:
         results = {f"diloco-{c}": baseline(site, args.outer_steps, args.inner_steps, c) for c in BASELINES}
-        results["streaming-int4"] = streaming(site, args.outer_steps, args.inner_steps, args.fragments,
-                                              args.overlap, args.mix, "int4")
+        for codec in (None, "int4"):
+            results[f"streaming-{codec}"] = streaming(site, args.outer_steps, args.inner_steps,
+                                                      args.fragments, args.overlap, args.mix, codec)
     finally:
         dist.destroy_process_group()
     (work / f"site-{site}.json").write_text(json.dumps(results))
@@ -161,11 +162,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "initial_loss": sites[0][plain]["initial_loss"],
         "final_loss": loss,
         "final_loss_per_site": {m: [s[m]["final_loss"] for s in sites] for m in modes},
-        "streaming_global_sha256_per_site": [s["streaming-int4"]["global_sha256"] for s in sites],
+        "streaming_global_sha256_per_site": {m: [s[m]["global_sha256"] for s in sites]
+                                             for m in modes if m.startswith("streaming")},
         "transport_bytes": {m: [s[m]["transport_bytes"] for s in sites] for m in modes},
         "cross_site_bytes_per_sync_period": per_period,
         "byte_ratio_vs_uncompressed": {m: per_period[plain] / per_period[m] for m in modes},
         "loss_relative_to_uncompressed": {m: (loss[m] - loss[plain]) / loss[plain] for m in modes},
+        "int4_loss_relative_to_streaming_uncompressed":
+            (loss["streaming-int4"] - loss["streaming-None"]) / loss["streaming-None"],
         "syncs_done_before_wait": sites[0]["streaming-int4"]["syncs_done_before_wait"],
         "syncs": sites[0]["streaming-int4"]["syncs"],
     }

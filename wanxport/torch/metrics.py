@@ -61,7 +61,10 @@ def serve_metrics(base_port: int, *groups: Any, host: str = "0.0.0.0") -> JobMet
     """Serve this rank's metrics on ``host:base_port + LOCAL_RANK`` (``LOCAL_RANK`` from the
     environment, 0 without it; ``base_port`` 0 picks a free port). Exports ``groups`` and,
     when torch.distributed's default group is a ``"wanxport"`` one, that group."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    text = os.environ.get("LOCAL_RANK") or "0"
+    if not text.isdigit():
+        raise ValueError(f"serve_metrics: LOCAL_RANK={text!r} is not a non-negative integer")
+    local_rank = int(text)
     port = 0 if base_port == 0 else base_port + local_rank
     if not 0 <= port <= 65535:
         raise ValueError(f"serve_metrics: port {port} (base {base_port} + LOCAL_RANK {local_rank}) "
