@@ -93,8 +93,9 @@ async def test_endpoint_after_real_collectives_serves_the_dashboard_and_passes_p
         assert value(got, "wanxport_collective_info", group="world", site="site-0", rank="0", sites="2") == 1
         assert value(got, "wanxport_collective_state", group="world", state="open") == 1
         assert value(got, "wanxport_collective_in_flight", group="world") == 0
-        paths = {labels for name, labels in got if name == "wanxport_path_srtt_seconds"}
-        assert len(paths) == 2 and all(("peer", "site-1") in labels for labels in paths)  # the session's two
+        paths = {dict(labels)["path"] for name, labels in got if name == "wanxport_path_state"}
+        assert len(paths) == 2 and all(dict(labels)["peer"] == "site-1"  # the session's two paths
+                                       for name, labels in got if name == "wanxport_path_state")
         assert any(name == "wanxport_path_state" and v == 1 for (name, _), v in got.items())
         exported, with_samples = names(text), {name for name, _ in got}
         for query in dashboard_queries():

@@ -43,7 +43,7 @@ async def test_each_rank_serves_on_base_port_plus_local_rank(tmp_path: Path, mon
         await asyncio.gather(*(g.all_reduce(np.ones(10, np.float32)) for g in groups))
         text = await asyncio.to_thread(lambda: urllib.request.urlopen(job.url, timeout=10).read().decode())
         assert 'wanxport_collective_info{group="world",rank="0",site="site-0",sites="2"} 1.0' in text
-        assert "wanxport_collective_calls_total{" in text and "wanxport_path_srtt_seconds{" in text
+        assert "wanxport_collective_calls_total{" in text and "wanxport_path_state{" in text
     finally:
         job.close()
         await close_all(groups)
