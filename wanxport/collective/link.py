@@ -136,7 +136,7 @@ class Link:
 
     def _fail(self, message: str) -> None:
         if self.failure is None and not self._closing:
-            self.failure = CollectiveError(message, self.name)
+            self.failure = CollectiveError(message, self.name, self.index, self.last_heard()[0])
             self._watcher.cancel()
             log.warning("%s", message)
             self._failed(self, self.failure)
