@@ -42,6 +42,7 @@ from wanxport.core.stats import PathStats
 from . import codec
 from .buffers import as_array, flat_work, write_back
 from .errors import CollectiveError
+from .inflight import InFlight
 from .link import Link
 from .message import (
     ABORTS,
@@ -89,18 +90,6 @@ class CallStats:
     sent_bytes: int  # collective bytes this site sent for it (headers included), all peers
     received_bytes: int
     ok: bool
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A collective running at this site: its call, its start (monotonic clock), the bytes it
-    has sent and received so far (whole messages) and the members it still waits for."""
-
-    call: Call
-    started_s: float
-    sent_bytes: int
-    received_bytes: int
-    waiting_for: tuple[int, ...]  # member ranks
 
 
 @dataclass
@@ -305,9 +294,10 @@ class Group(PointToPoint):
         waiting = list(self._waiters)
         out = []
         for seq, (call, started) in sorted(dict(self._running).items()):
-            tally = tallies.get(seq, _Tally())
+            tally = tallies.get(seq)
+            sent, received = (tally.sent, tally.received) if tally else (0, 0)
             peers = tuple(sorted({k[0] for k in waiting if k[1:4] == (COLLECTIVE, 0, seq)}))
-            out.append(InFlight(call, started, tally.sent, tally.received, peers))
+            out.append(InFlight(call, started, sent, received, peers))
         return out
 
     def path_stats(self) -> dict[str, tuple[PathStats, ...]]:

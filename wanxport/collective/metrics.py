@@ -34,7 +34,8 @@ from prometheus_client.registry import Collector
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 
 from . import codec
-from .group import CallStats, Group, InFlight, part_bounds
+from .group import CallStats, Group, part_bounds
+from .inflight import InFlight
 from .message import HEADER_BYTES, Call
 from .state import GroupState
 
