@@ -40,10 +40,10 @@ FEATURES, HIDDEN, BATCH = 16, 64, 32
 INNER_LR, OUTER_LR, OUTER_MOMENTUM = 3e-3, 0.7, 0.9
 
 
-def make_model() -> nn.Module:
+def make_model(hidden: int = HIDDEN) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, HIDDEN), nn.GELU(),
-                         nn.Linear(HIDDEN, 1))
+    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                         nn.Linear(hidden, 1))
 
 
 def teacher(x: torch.Tensor) -> torch.Tensor:
@@ -65,9 +65,10 @@ def eval_loss(model: nn.Module) -> float:
         return float(nn.functional.mse_loss(model(x), teacher(x)))
 
 
-def diloco(site: int, outer_steps: int, inner_steps: int, codec: str | None) -> dict[str, object]:
+def diloco(site: int, outer_steps: int, inner_steps: int, codec: str | None,
+           hidden: int = HIDDEN) -> dict[str, object]:
     """One DiLoCo run on the default ("wanxport") group; the final loss and bytes per outer step."""
-    model = make_model()
+    model = make_model(hidden)
     initial_loss = eval_loss(model)
     params = list(model.parameters())
     global_params = [p.detach().clone() for p in params]

@@ -1,4 +1,4 @@
-"""Gradient codecs for the cross-site bytes: bf16 and int8 with per-block scales.
+"""Gradient codecs for the cross-site bytes: bf16, int8 and int4 (``codec_int4``) with per-block scales.
 
 Both are vectorised numpy over float32 (no per-element Python) and deterministic, so every
 site that decodes the same bytes gets the same float32 values: that is what keeps compressed
@@ -14,6 +14,8 @@ Error bounds (per element x of the encoded float32 input, finite values):
   float32, ``q = rint(x / s)``: ``|x - dec(enc(x))| <= s * (1/2 + 2**-14)``, about
   ``max|block| / 254`` (the 2**-14 covers float32 rounding of ``x / s`` and ``q * s`` at |q| <= 127).
 
+- ``int4``: ``codec_int4`` (blocks of ``INT4_BLOCK``, 15 levels): about ``max|block| / 14``.
+
 ``error_bound`` returns the bound array a checker compares against.
 """
 
@@ -24,7 +26,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-CODECS = ("bf16", "int8")
+from . import codec_int4
+
+CODECS = ("bf16", "int8", "int4")
 INT8_BLOCK = 256
 F32 = npt.NDArray[np.float32]
 
@@ -45,6 +49,8 @@ def encoded_bytes(compress: str | None, count: int, itemsize: int = 4) -> int:
         return count * itemsize
     if compress == "bf16":
         return 2 * count
+    if compress == "int4":
+        return codec_int4.encoded_bytes(count)
     blocks = -(-count // INT8_BLOCK)
     return count + 4 * blocks
 
@@ -55,6 +61,8 @@ def encode(compress: str, x: F32, out: npt.NDArray[np.uint8] | None = None) -> n
         out = np.empty(encoded_bytes(compress, x.size), dtype=np.uint8)
     if compress == "bf16":
         _encode_bf16(x, out[: 2 * x.size].view(np.uint16))
+    elif compress == "int4":
+        codec_int4.encode(x, out)
     else:
         _encode_int8(x, out)
     return out
@@ -68,6 +76,8 @@ def decode(compress: str, data: npt.NDArray[np.uint8], count: int, out: F32 | No
         bits = data[: 2 * count].view(np.uint16)
         out.view(np.uint32)[:] = bits.astype(np.uint32) << 16
         return out
+    if compress == "int4":
+        return codec_int4.decode(data, count, out)
     blocks = -(-count // INT8_BLOCK)
     scales = data[count: count + 4 * blocks].view(np.float32)
     q = data[:count].view(np.int8)
@@ -86,6 +96,8 @@ def error_bound(compress: str | None, x: F32) -> F32:
         return np.zeros_like(x)
     if compress == "bf16":
         return (np.abs(x) * np.float32(2.0 ** -8)).astype(np.float32)
+    if compress == "int4":
+        return codec_int4.error_bound(x)
     scales = _int8_scales(x)
     per = np.repeat(scales, INT8_BLOCK)[: x.size]
     return (per * np.float32(0.5 + 2.0 ** -14)).astype(np.float32)

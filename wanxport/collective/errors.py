@@ -6,8 +6,13 @@ from __future__ import annotations
 class CollectiveError(RuntimeError):
     """A collective could not complete: a peer site died, stalled past the timeout, or called
     a different collective (op, size, dtype, compression). ``site`` names the site at fault
-    when one is known; the group is then ``broken`` and must be rebuilt with ``join``."""
+    when one is known; the group is then ``broken`` and must be rebuilt with ``join``. A call
+    that stalled also gives the ``rank`` it waited on and the ``path`` that site was last
+    heard on, so an operator knows which host and which link to look at."""
 
-    def __init__(self, message: str, site: str | None = None) -> None:
+    def __init__(self, message: str, site: str | None = None, rank: int | None = None,
+                 path: str | None = None) -> None:
         super().__init__(message)
         self.site = site
+        self.rank = rank
+        self.path = path

@@ -42,6 +42,7 @@ from wanxport.core.stats import PathStats
 from . import codec
 from .buffers import as_array, flat_work, write_back
 from .errors import CollectiveError
+from .inflight import InFlight
 from .link import SiteLink
 from .message import (
     ABORTS,
@@ -190,6 +191,7 @@ class Group(PointToPoint):
         self._waiters: dict[Key, asyncio.Future[Got]] = {}
         self._stats: deque[CallStats] = deque(maxlen=STATS_KEPT)
         self._tallies: dict[int, _Tally] = {}
+        self._running: dict[int, tuple[Call, float]] = {}  # seq -> (call, its start): collectives in flight
         self.send_pool = SendPool()
 
     @property
@@ -212,7 +214,7 @@ class Group(PointToPoint):
         """Reduce ``array`` over all sites in place (numpy array or CPU tensor); returns it.
 
         ``op``: "sum" or "mean" (divided after the fixed-order sum). ``compress``: None,
-        "bf16" or "int8" (float32 only): contributions travel encoded and keep an
+        "bf16", "int8" or "int4" (float32 only): contributions travel encoded and keep an
         error-feedback residual keyed by ``name`` (else by the buffer).
         """
         return await self.all_reduce_async(array, op, compress, timeout, name)
@@ -283,6 +285,20 @@ class Group(PointToPoint):
     def stats(self) -> list[CallStats]:
         """The calls this site ran, oldest first (the last ``STATS_KEPT``)."""
         return list(self._stats)
+
+    def in_flight(self) -> list[InFlight]:
+        """The collectives running here now, oldest first: what they have received so far and
+        which members they still wait for. Safe to call from another thread (a metrics
+        scrape): it copies the loop's containers with one C-level call each."""
+        tallies = dict(self._tallies)
+        waiting = list(self._waiters)
+        out = []
+        for seq, (call, started) in sorted(dict(self._running).items()):
+            tally = tallies.get(seq)
+            sent, received = (tally.sent, tally.received) if tally else (0, 0)
+            peers = tuple(sorted({k[0] for k in waiting if k[1:4] == (COLLECTIVE, 0, seq)}))
+            out.append(InFlight(call, started, sent, received, peers))
+        return out
 
     def path_stats(self) -> dict[str, tuple[PathStats, ...]]:
         """Per peer site name: its session's paths (bytes we sent on each, RTT, state)."""
@@ -536,6 +552,7 @@ class Group(PointToPoint):
         tally = _Tally()
         if channel == COLLECTIVES:
             self._tallies[call.seq] = tally
+            self._running[call.seq] = (call, started)
         ok = False
         try:
             self._check_usable()
@@ -544,16 +561,20 @@ class Group(PointToPoint):
             return result
         except TimeoutError:
             missing = sorted({k[0] for k in self._waiters if k[1:4] == (*channel[:2], call.seq)})
-            who = ", ".join(f"{self.names[p]} (rank {p})" for p in missing) or \
-                "(none missing: local work was too slow)"
+            heard = {p: self.links[p].last_heard()[0] for p in missing}
+            who = ", ".join(f"{self.names[p]} (rank {p}, {self.links[p].describe_silence()})"
+                            for p in missing) or "(none missing: local work was too slow)"
+            first = missing[0] if missing else None
             error = CollectiveError(f"{call.op} #{call.seq}: no message from site {who} within {limit:g} s "
                                     f"(stalled; its session is alive); the group is poisoned, join again",
-                                    self.names[missing[0]] if missing else None)
+                                    None if first is None else self.names[first], first,
+                                    None if first is None else heard[first])
             self._poison(error)
             raise error from None
         finally:
             if channel == COLLECTIVES:
                 self._tallies.pop(call.seq, None)
+                self._running.pop(call.seq, None)
             self._over(channel, call.seq, list(self.links) if peers is None else peers)
             self._stats.append(CallStats(call.seq, call.op, call.count, call.compress, started,
                                          time.monotonic() - started, tally.sent, tally.received, ok))

@@ -136,7 +136,7 @@ class SiteLink:
 
     def _fail(self, message: str) -> None:
         if self.failure is None and not self._closing:
-            self.failure = CollectiveError(message, self.name)
+            self.failure = CollectiveError(message, self.name, self.index, self.last_heard()[0])
             self._watcher.cancel()
             log.warning("%s", message)
             self._failed(self, self.failure)
@@ -188,6 +188,15 @@ class SiteLink:
     def path_stats(self) -> tuple[PathStats, ...]:
         """This session's paths now (payload bytes sent by us on each, RTT, state)."""
         return self.session.endpoint.session.stats().paths
+
+    def receiving_bytes(self) -> int:
+        """Bytes placed so far in messages from the peer still arriving (not yet whole)."""
+        return int(self.session.endpoint.session.stats().receiving_bytes)
+
+    def transport_bytes(self) -> int:
+        """Shard bytes the session has sent (acknowledged) plus received, heartbeats included:
+        the session's own count of what crossed between the two sites."""
+        return self.session.stats.bytes_sent + self.session.stats.bytes_received
 
     async def drain(self, timeout_s: float) -> None:
         """Wait (bounded) for our messages still in flight to be verified by the peer."""

@@ -34,7 +34,7 @@ assert HEADER_BYTES == 128
 # receive (to the sender).
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "abort",
        "send", "recv", "abort_send", "abort_recv", "ping")
-COMPRESS = (None, "bf16", "int8")
+COMPRESS = (None, "bf16", "int8", "int4")  # index on the wire: append only
 REDUCE = ("sum", "mean", "none")
 
 #: Which of a group's sequences a message belongs to: the collectives' one sequence,

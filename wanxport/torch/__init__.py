@@ -10,15 +10,17 @@ Needs the ``torch`` extra (``pip install 'wanxport[torch]'``, torch >= 2.3; test
   pg_options=SiteConfig.load(FILE))``: one rank per site (DiLoCo's outer group).
 - ``compression(codec)``: cross-site all-reduces in the block travel as bf16/int8.
 - ``cross_site_bytes(pg)``: payload bytes this site's wanxport group moved (both ways).
+- ``serve_metrics(base_port)``: this rank's Prometheus endpoint on ``base_port + LOCAL_RANK``.
 """
 
 from wanxport.collective import CollectiveError
 from wanxport.torch.backend import BACKEND, WanxportProcessGroup, compression, cross_site_bytes, register
 from wanxport.torch.config import CONFIG_ENV, ConfigError, SiteConfig
 from wanxport.torch.hook import HookState, allreduce_hook, allreduce_tensor
+from wanxport.torch.metrics import serve_metrics
 
 __all__ = ["BACKEND", "CONFIG_ENV", "CollectiveError", "ConfigError", "HookState", "SiteConfig",
            "WanxportProcessGroup", "allreduce_hook", "allreduce_tensor", "compression", "cross_site_bytes",
-           "register"]
+           "register", "serve_metrics"]
 
 register()
