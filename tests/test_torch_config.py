@@ -71,10 +71,11 @@ def test_overlapping_pair_ports_are_refused() -> None:
         _pair_paths(0, published)
 
 
-def test_backend_is_registered_for_cpu_and_refuses_foreign_options(tmp_path: Path) -> None:
+def test_backend_is_registered_for_cpu_and_cuda_and_refuses_foreign_options(tmp_path: Path) -> None:
     assert "wanxport" in dist.Backend.backend_list
+    assert dist.Backend.backend_capability["wanxport"] == ["cpu", "cuda"]
     assert dist.Backend.default_device_backend_map.get("cpu") in ("gloo", "wanxport")
-    with pytest.raises(wt.ConfigError, match="must be a SiteConfig"):
+    with pytest.raises(wt.ConfigError, match="must be a SiteConfig or WanxportOptions"):
         dist.init_process_group("wanxport", store=dist.HashStore(), rank=0, world_size=2, pg_options={"x": 1})
     assert not dist.is_initialized()
 

@@ -107,21 +107,28 @@ def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
     out["bytes_none"], out["bytes_int8"] = middle - before, after - middle
     out["int8_max_error"] = float((packed - plain).abs().max())
     out["int8_scale_bound"] = float(2 * grads.abs().max() / 127)  # two contributions, half a step each
+    top = torch.tensor([float(site), 5.0 - site])
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    out["max"] = top.tolist()
     try:
-        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
+        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND)
     except ValueError as exc:
-        out["max_error"] = str(exc)
-    # Site 0 passes a transposed view (refused there); site 1's matching call must fail naming
-    # site 0 and the reason, and the next call must still pair (101 at both, never 11).
+        out["band_error"] = str(exc)
     square = torch.arange(100.0).reshape(10, 10)
+    view = square.t()  # non-contiguous: reduced in a contiguous copy, written back through the view
+    dist.all_reduce(view)
+    out["transposed_sum"] = bool(torch.equal(square, torch.arange(100.0).reshape(10, 10) * 2))
+    # Site 0 asks for a bitwise AND of floats (refused there); site 1's matching call must fail
+    # naming site 0 and the reason, and the next call must still pair (101 at both, never 11).
     try:
-        dist.all_reduce(square.t() if site == 0 else square)
-        out["transposed"] = "returned"
+        bad_or_good = torch.ones(4) if site == 0 else torch.ones(4, dtype=torch.int32)
+        dist.all_reduce(bad_or_good, op=dist.ReduceOp.BAND)
+        out["refused"] = "returned"
     except Exception as exc:  # noqa: BLE001 - the test checks what it was
-        out["transposed"] = f"{type(exc).__name__}: {exc}"
+        out["refused"] = f"{type(exc).__name__}: {exc}"
     after = torch.full((4,), 100.0 if site == 0 else 1.0)
     dist.all_reduce(after)
-    out["after_transposed"] = after.tolist()
+    out["after_refused"] = after.tolist()
     # Site 1 stops calling: site 0's next collective must fail within the timeout.
     if site == 0:
         started = time.monotonic()

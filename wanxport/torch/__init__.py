@@ -13,12 +13,20 @@ Needs the ``torch`` extra (``pip install 'wanxport[torch]'``, torch >= 2.3; test
 """
 
 from wanxport.collective import CollectiveError
-from wanxport.torch.backend import BACKEND, WanxportProcessGroup, compression, cross_site_bytes, register
+from wanxport.torch.backend import (
+    BACKEND,
+    WanxportOptions,
+    WanxportProcessGroup,
+    compression,
+    cross_site_bytes,
+    register,
+)
 from wanxport.torch.config import CONFIG_ENV, ConfigError, SiteConfig
 from wanxport.torch.hook import HookState, allreduce_hook, allreduce_tensor
 
 __all__ = ["BACKEND", "CONFIG_ENV", "CollectiveError", "ConfigError", "HookState", "SiteConfig",
-           "WanxportProcessGroup", "allreduce_hook", "allreduce_tensor", "compression", "cross_site_bytes",
+           "WanxportOptions", "WanxportProcessGroup", "allreduce_hook", "allreduce_tensor", "compression",
+           "cross_site_bytes",
            "register"]
 
 register()

@@ -7,6 +7,14 @@ and site i dials on site j's addresses with the port raised by i (``PORT + i``):
 pair gets its own ports, so with n sites a site uses ports PORT .. PORT+n-2 of each
 path. The store is only used once, at setup; collectives never touch it.
 
+Ports. Several ranks of one site share the site's config (one file, torchrun's
+``LOCAL_RANK`` tells them apart), and one process may join several wanxport groups
+(a DeviceMesh dimension, a ``new_group``, the hook's group). So each process owns a
+block of ``ports_per_rank`` ports per path, starting at ``PORT + LOCAL_RANK *
+ports_per_rank``, and each group it joins takes the next ``size - 1`` ports of that
+block (``PortBlock``). What a rank publishes is where it listens, so members never
+need to agree on how many groups the others joined before.
+
 Setup is bounded by ``JOIN_TIMEOUT_S`` (or the process group's timeout when shorter),
 not torch's 30-minute default: a site that never publishes itself is named (its rank)
 at every site that waited for it.
@@ -15,6 +23,8 @@ at every site that waited for it.
 from __future__ import annotations
 
 import json
+import os
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -24,9 +34,41 @@ from wanxport.collective import JOIN_TIMEOUT_S, CollectiveError, SyncGroup, join
 from wanxport.control.certs import certificate_name, load_identity
 from wanxport.torch.config import ConfigError, SiteConfig
 
-__all__ = ["join_through_store", "listen_paths"]
+__all__ = ["PORTS_PER_RANK", "PortBlock", "join_through_store", "listen_paths", "local_rank"]
 
 KEY = "wanxport/site/{}"
+PORTS_PER_RANK = 32
+
+
+def local_rank() -> int:
+    """This process's rank within its site: torchrun's ``LOCAL_RANK`` (0 when unset)."""
+    value = os.environ.get("LOCAL_RANK", "0")
+    if not value.isdigit():
+        raise ConfigError(f"LOCAL_RANK={value!r} is not a non-negative integer")
+    return int(value)
+
+
+class PortBlock:
+    """The ports this process listens on: ``ports_per_rank`` per path from ``PORT + local_rank
+    * ports_per_rank``; each group joined takes the next ``size - 1`` of them."""
+
+    def __init__(self) -> None:
+        self.used: dict[tuple[int, int], int] = {}  # (local rank, ports per rank) -> ports taken
+        self.lock = threading.Lock()
+
+    def take(self, config: SiteConfig, rank_here: int, per_rank: int, count: int) -> list[str]:
+        """This process's base paths for a group of ``count + 1`` members (``count`` pair ports)."""
+        with self.lock:
+            start = self.used.get((rank_here, per_rank), 0)
+            if start + count > per_rank:
+                raise ConfigError(f"local rank {rank_here}: its block of {per_rank} ports per path is used "
+                                  f"up ({start} taken, {count} more wanted); pass "
+                                  f"WanxportOptions(ports_per_rank=...)")
+            self.used[(rank_here, per_rank)] = start + count
+        return listen_paths(config.paths, rank_here * per_rank + start)
+
+
+PORTS = PortBlock()
 
 
 def _identity_name(config: SiteConfig) -> str:
@@ -57,13 +99,16 @@ def _pair_paths(rank: int, published: list[dict[str, Any]]) -> dict[int, list[st
     return pairs
 
 
-def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, timeout: float) -> SyncGroup:
+def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, timeout: float,
+                       paths: list[str] | None = None) -> SyncGroup:
     """Publish this site, read every other's, join the group (``timeout``: each call's; the
-    setup's is the shorter of it and ``JOIN_TIMEOUT_S``)."""
+    setup's is the shorter of it and ``JOIN_TIMEOUT_S``). ``paths``: where this member
+    listens (default: the config's, as with one rank per site)."""
     if size < 2:
         raise ValueError("the wanxport process group needs at least two sites (world_size >= 2)")
     name = _identity_name(config)
-    store.set(KEY.format(rank), json.dumps({"name": name, "paths": list(config.paths)}))
+    mine = list(config.paths) if paths is None else paths
+    store.set(KEY.format(rank), json.dumps({"name": name, "paths": mine}))
     keys = [KEY.format(r) for r in range(size)]
     join_timeout = min(timeout, JOIN_TIMEOUT_S)
     try:
@@ -74,6 +119,10 @@ def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, tim
                               f"{join_timeout:g} s ({type(exc).__name__})") from None
     published = [json.loads(store.get(k)) for k in keys]
     names = [info["name"] for info in published]
+    if len(set(names)) != len(names):
+        twins = sorted(r for r, n in enumerate(names) if names.count(n) > 1)
+        raise ConfigError(f"group ranks {twins} share one identity ({names[twins[0]]}): a wanxport group's "
+                          f"members must be different sites (the cross-site dimension of the mesh)")
     paths = _pair_paths(rank, published)
     return join_sync(rank, names, identity=config.identity, ca=config.ca,
                      paths=paths if size > 2 else paths[1 - rank], timeout=timeout,
