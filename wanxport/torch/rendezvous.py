@@ -34,7 +34,8 @@ from wanxport.collective import JOIN_TIMEOUT_S, CollectiveError, SyncGroup, join
 from wanxport.control.certs import certificate_name, load_identity
 from wanxport.torch.config import ConfigError, SiteConfig
 
-__all__ = ["PORTS_PER_RANK", "PortBlock", "join_through_store", "listen_paths", "local_rank"]
+__all__ = ["PORTS_PER_RANK", "PortBlock", "cross_site_group", "join_through_store", "listen_paths",
+           "local_rank"]
 
 KEY = "wanxport/site/{}"
 PORTS_PER_RANK = 32
@@ -127,3 +128,20 @@ def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, tim
     return join_sync(rank, names, identity=config.identity, ca=config.ca,
                      paths=paths if size > 2 else paths[1 - rank], timeout=timeout,
                      join_timeout=join_timeout)
+
+
+def cross_site_group(store: Any, site: int, n_sites: int, *, config: SiteConfig | None = None,
+                     rank_in_site: int | None = None, ports_per_rank: int = PORTS_PER_RANK,
+                     timeout: float = 60.0) -> SyncGroup:
+    """The DDP hook's cross-site group for a job whose sites are separate torch worlds (a
+    torchrun per site): rank ``rank_in_site`` (default ``LOCAL_RANK``) of every site, meeting
+    through ``store`` (one the sites share, e.g. a TCPStore on the control network) under
+    its own prefix, each listening on its port block of ``config`` (default
+    ``WANXPORT_TORCH_CONFIG``)."""
+    from torch.distributed import PrefixStore
+
+    config = config or SiteConfig.from_env()
+    here = local_rank() if rank_in_site is None else rank_in_site
+    paths = PORTS.take(config, here, ports_per_rank, n_sites - 1)
+    return join_through_store(PrefixStore(f"wanxport/hook/{here}/", store), site, n_sites, config,
+                              timeout=timeout, paths=paths)
