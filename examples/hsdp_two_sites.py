@@ -1,6 +1,7 @@
 """HSDP across two sites: FSDP2 shards inside a site over gloo, replicas across sites over wanxport.
 
-    python examples/hsdp_two_sites.py [--steps 5] [--compress int8] [--json FILE]
+    python examples/hsdp_two_sites.py [--steps 5] [--compress int8] [--ranks-per-site 2]
+                                      [--device cpu|cuda] [--json FILE]
 
 Four processes on this machine stand for 2 sites x 2 ranks in ONE global
 torch.distributed world (gloo, one store every rank reaches). Each rank builds a
@@ -21,6 +22,9 @@ The same processes first train the same model on the same data with plain gloo H
 shards with that run's (``torch.allclose``, rtol 1e-5, atol 1e-6, as
 train_two_sites.py). With ``--compress int8`` the replicate all-reduce travels as int8
 with error feedback: the run reports how far it drifts instead of requiring a match.
+``--device cuda`` puts the model and data on the GPU (every rank on GPU 0: with
+``--ranks-per-site 1`` both sites share one GPU); the wanxport backend stages the
+replicate all-reduce through pinned host memory.
 """
 
 from __future__ import annotations
@@ -45,16 +49,16 @@ from _loopback import free_ports, make_pki, site_name  # noqa: E402
 
 import wanxport.torch as wt  # noqa: E402
 
-N_SITES, RANKS_PER_SITE = 2, 2
+N_SITES = 2
 RTOL, ATOL = 1e-5, 1e-6
 BATCH, FEATURES, CLASSES = 16, 32, 4
 PORTS_PER_RANK = 8  # each rank's block of wanxport ports (one replicate group needs one)
 
 
-def make_model() -> nn.Module:
+def make_model(device: str) -> nn.Module:
     torch.manual_seed(0)  # every rank (and both runs) start from the same parameters
     return nn.Sequential(nn.Linear(FEATURES, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                         nn.Linear(64, CLASSES))
+                         nn.Linear(64, CLASSES)).to(device)
 
 
 def batch(global_rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,9 +67,10 @@ def batch(global_rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x[:, :CLASSES] * 3).argmax(dim=1)
 
 
-def train(mesh: object, global_rank: int, steps: int, compress: str | None) -> list[torch.Tensor]:
+def train(mesh: object, global_rank: int, steps: int, compress: str | None,
+          device: str) -> list[torch.Tensor]:
     """``steps`` SGD steps of the model sharded on ``mesh``; this rank's flat shards after each."""
-    model = make_model()
+    model = make_model(device)
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -73,31 +78,33 @@ def train(mesh: object, global_rank: int, steps: int, compress: str | None) -> l
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     history = []
     for step in range(steps):
-        x, y = batch(global_rank, step)
+        x, y = (t.to(device) for t in batch(global_rank, step))
         opt.zero_grad()
         with wt.compression(compress):
             nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        history.append(torch.cat([p.to_local().detach().reshape(-1) for p in model.parameters()]).clone())
+        history.append(torch.cat([p.to_local().detach().reshape(-1) for p in model.parameters()]).cpu())
     return history
 
 
 def worker(global_rank: int, work: Path, first_ports: list[int], steps: int, compress: str | None,
-           timeout: float) -> None:
-    site, local = divmod(global_rank, RANKS_PER_SITE)
+           timeout: float, per_site: int, device: str) -> None:
+    site, local = divmod(global_rank, per_site)
     os.environ["LOCAL_RANK"] = str(local)  # what torchrun sets; the backend derives ports from it
-    world = N_SITES * RANKS_PER_SITE
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    world = N_SITES * per_site
     dist.init_process_group("gloo", store=dist.FileStore(str(work / "store"), world), rank=global_rank,
                             world_size=world, timeout=timedelta(seconds=timeout))
-    shape, names = (N_SITES, RANKS_PER_SITE), ("replicate", "shard")
-    reference = train(init_device_mesh("cpu", shape, mesh_dim_names=names), global_rank, steps, None)
+    shape, names = (N_SITES, per_site), ("replicate", "shard")
+    reference = train(init_device_mesh(device, shape, mesh_dim_names=names), global_rank, steps, None, device)
     config = wt.SiteConfig.make(work / "pki" / site_name(site), work / "pki" / "ca.pem",
                                 [f"127.0.0.1:{first_ports[site]}"])
     options = wt.WanxportOptions(config, ports_per_rank=PORTS_PER_RANK, timeout=timedelta(seconds=timeout))
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names,
+    mesh = init_device_mesh(device, shape, mesh_dim_names=names,
                             backend_override={"replicate": ("wanxport", options)})
     replicate = mesh.get_group("replicate")
-    history = train(mesh, global_rank, steps, compress)
+    history = train(mesh, global_rank, steps, compress, device)
     diffs = [float((a - b).abs().max()) for a, b in zip(history, reference, strict=True)]
     close = [bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL))
              for a, b in zip(history, reference, strict=True)]
@@ -108,18 +115,21 @@ def worker(global_rank: int, work: Path, first_ports: list[int], steps: int, com
     dist.destroy_process_group()
 
 
-def run(steps: int, compress: str | None, timeout: float) -> dict[str, object]:
+def run(steps: int, compress: str | None, timeout: float, per_site: int = 2,
+        device: str = "cpu") -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="wanxport-hsdp-") as tmp:
         work = Path(tmp)
         make_pki(work / "pki", N_SITES)
-        block = RANKS_PER_SITE * PORTS_PER_RANK
+        block = per_site * PORTS_PER_RANK
         first = free_ports(N_SITES * block)[0]
-        mp.spawn(worker, args=(work, [first + s * block for s in range(N_SITES)], steps, compress, timeout),
-                 nprocs=N_SITES * RANKS_PER_SITE)
-        ranks = range(N_SITES * RANKS_PER_SITE)
+        firsts = [first + s * block for s in range(N_SITES)]
+        mp.spawn(worker, args=(work, firsts, steps, compress, timeout, per_site, device),
+                 nprocs=N_SITES * per_site)
+        ranks = range(N_SITES * per_site)
         per_rank = [json.loads((work / f"rank-{g}.json").read_text()) for g in ranks]
     return {
-        "sites": N_SITES, "ranks_per_site": RANKS_PER_SITE, "steps": steps, "compress": compress,
+        "sites": N_SITES, "ranks_per_site": per_site, "steps": steps, "compress": compress, "device": device,
+        "torch": torch.__version__,
         "rtol": RTOL, "atol": ATOL,
         "backends": sorted({(r["replicate_backend"], r["shard_backend"]) for r in per_rank}),
         "allclose_every_step": all(all(r["allclose"]) for r in per_rank),
@@ -133,14 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--compress", choices=["bf16", "int8"], help="codec of the replicate all-reduce")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per collective")
+    parser.add_argument("--ranks-per-site", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    result = run(args.steps, args.compress, args.timeout)
+    if args.steps < 1 or args.ranks_per_site < 1:
+        parser.error("--steps and --ranks-per-site must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    result = run(args.steps, args.compress, args.timeout, args.ranks_per_site, args.device)
     for step, diff in enumerate(result["max_abs_diff_per_step"]):  # type: ignore[arg-type]
         print(f"step {step + 1:2d}: max |wanxport HSDP - gloo HSDP| = {diff:.3g}")
-    where = f"{N_SITES} sites x {RANKS_PER_SITE} ranks, mesh (replicate, shard) = {result['backends']}"
+    where = (f"{N_SITES} sites x {args.ranks_per_site} ranks on {args.device}, "
+             f"mesh (replicate, shard) = {result['backends']}")
     if args.compress:
         drift = max(result["max_abs_diff_per_step"])  # type: ignore[type-var]
         print(f"{where}, {args.steps} steps, {args.compress} across sites: parameters within {drift:.3g} "

@@ -37,12 +37,19 @@ def _tensor(torch: Any, dtype: Any, layout: str, seed: int) -> Any:
     return base.t().contiguous().t() if layout == "strided" else base
 
 
-def cases(torch: Any, dist: Any) -> dict[str, Callable[..., Any]]:
-    """name -> fn(group, dtype, layout, rank, async_op) returning (works, outputs to compare)."""
+def cases(torch: Any, dist: Any, device: str = "cpu") -> dict[str, Callable[..., Any]]:
+    """name -> fn(group, dtype, layout, rank, async_op) returning (works, outputs to compare);
+    ``device``: where the wanxport group's tensors live (gloo's, group None, stay on the CPU)."""
     R = dist.ReduceOp
+    where = {"device": "cpu"}
 
     def make(dtype: Any, layout: str, rank: int, salt: int) -> Any:
-        return _tensor(torch, dtype, layout, 1000 * salt + rank)
+        t = _tensor(torch, dtype, layout, 1000 * salt + rank)
+        return t if where["device"] == "cpu" else (t.to(where["device"]) if t.is_contiguous()
+                                                    else t.t().to(where["device"]).t())
+
+    def empty(shape: Any, dtype: Any) -> Any:
+        return torch.empty(shape, dtype=dtype, device=where["device"])
 
     def like(t: Any) -> Any:
         out = torch.empty_like(t.contiguous())
@@ -65,7 +72,7 @@ def cases(torch: Any, dist: Any) -> dict[str, Callable[..., Any]]:
 
     def all_gather_into(g: Any, dtype: Any, layout: str, rank: int, a: bool) -> Any:
         t = make(dtype, layout, rank, 4)
-        out = torch.empty((N * t.shape[0], *t.shape[1:]) if t.dim() else (N,), dtype=dtype)
+        out = empty((N * t.shape[0], *t.shape[1:]) if t.dim() else (N,), dtype)
         return [dist.all_gather_into_tensor(out, t, group=g, async_op=a)], [out]
 
     def reduce_scatter(op: Any) -> Callable[..., Any]:
@@ -79,7 +86,7 @@ def cases(torch: Any, dist: Any) -> dict[str, Callable[..., Any]]:
         if layout == "scalar":  # no 0-d output has a 1-D input of N parts (gloo aborts the process)
             return [], []
         t = torch.cat([make(dtype, layout, rank, 9 + k) for k in range(N)])
-        out = torch.empty((t.shape[0] // N, *t.shape[1:]), dtype=dtype)
+        out = empty((t.shape[0] // N, *t.shape[1:]), dtype)
         return [dist.reduce_scatter_tensor(out, t, group=g, async_op=a)], [out]
 
     def reduce(op: Any) -> Callable[..., Any]:
@@ -107,7 +114,7 @@ def cases(torch: Any, dist: Any) -> dict[str, Callable[..., Any]]:
         base = make(dtype, "contiguous", rank, 24)
         t = torch.cat([base, base[:2]])  # 6 rows: 1 to rank 0, 2 to rank 1, 3 to rank 2
         t = t.t().contiguous().t() if layout == "strided" else t
-        out = torch.empty((N * (rank + 1), *t.shape[1:]), dtype=dtype)
+        out = empty((N * (rank + 1), *t.shape[1:]), dtype)
         return [dist.all_to_all_single(out, t, [rank + 1] * N, [1, 2, 3], group=g, async_op=a)], [out]
 
     def p2p_ring(g: Any, dtype: Any, layout: str, rank: int, a: bool) -> Any:
@@ -130,7 +137,13 @@ def cases(torch: Any, dist: Any) -> dict[str, Callable[..., Any]]:
         ts = [make(dtype, layout, rank, 27 + k) for k in range(2)]
         return [dist.all_reduce_coalesced(ts, group=g, async_op=a)], ts
 
-    return {"all_reduce_sum": all_reduce(R.SUM), "all_reduce_product": all_reduce(R.PRODUCT),
+    def placed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(g: Any, *args: Any) -> Any:
+            where["device"] = "cpu" if g is None else device
+            return fn(g, *args)
+        return run
+
+    table = {"all_reduce_sum": all_reduce(R.SUM), "all_reduce_product": all_reduce(R.PRODUCT),
             "all_reduce_min": all_reduce(R.MIN), "all_reduce_max": all_reduce(R.MAX),
             "all_reduce_band": all_reduce(R.BAND), "all_reduce_bor": all_reduce(R.BOR),
             "all_reduce_bxor": all_reduce(R.BXOR), "broadcast": broadcast, "all_gather": all_gather,
@@ -139,6 +152,7 @@ def cases(torch: Any, dist: Any) -> dict[str, Callable[..., Any]]:
             "reduce_sum": reduce(R.SUM), "reduce_min": reduce(R.MIN), "gather": gather, "scatter": scatter,
             "all_to_all": all_to_all, "all_to_all_single": all_to_all_single, "batch_isend_irecv": p2p_ring,
             "send_recv": send_recv, "all_reduce_coalesced": all_reduce_coalesced}
+    return {name: placed(fn) for name, fn in table.items()}
 
 
 def _rounded(name: str, dtype: Any) -> bool:
@@ -149,7 +163,7 @@ def _rounded(name: str, dtype: Any) -> bool:
 def _compare(torch: Any, name: str, dtype: Any, mine: list[Any], gloo: list[Any]) -> str:
     if len(mine) != len(gloo):
         return f"{len(mine)} outputs, gloo {len(gloo)}"
-    for k, (w, g) in enumerate(zip(mine, gloo, strict=True)):
+    for k, (w, g) in enumerate(zip([t.cpu() for t in mine], gloo, strict=True)):
         if w.shape != g.shape or w.dtype != g.dtype or w.stride() != g.stride():
             return f"output {k}: {tuple(w.shape)} {w.dtype} {w.stride()}, gloo {tuple(g.shape)} {g.dtype}"
         if _rounded(name, dtype):
@@ -162,7 +176,7 @@ def _compare(torch: Any, name: str, dtype: Any, mine: list[Any], gloo: list[Any]
     return "ok"
 
 
-def matrix_worker(rank: int, work: Path, base_ports: list[int], timeout: float) -> None:
+def matrix_worker(rank: int, work: Path, base_ports: list[int], timeout: float, device: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
 
@@ -174,7 +188,7 @@ def matrix_worker(rank: int, work: Path, base_ports: list[int], timeout: float) 
                             timeout=timedelta(seconds=timeout))
     wan = dist.new_group(list(range(N)), backend="wanxport", pg_options=wt.WanxportOptions(config),
                          timeout=timedelta(seconds=timeout))
-    table = cases(torch, dist)
+    table = cases(torch, dist, device)
     results: dict[str, str] = {}
     for dtype_name in DTYPES:
         dtype = getattr(torch, dtype_name)
@@ -212,5 +226,26 @@ def matrix_worker(rank: int, work: Path, base_ports: list[int], timeout: float) 
                     results[key] = _compare(torch, name, dtype, mine[key], gloo_outs)
                 except Exception:  # noqa: BLE001
                     results[key] = "compare failed: " + traceback.format_exc(limit=2)
+    results.update(_work_and_barrier(torch, dist, wan, rank, timeout))
     (work / f"matrix-{rank}.json").write_text(json.dumps(results, indent=0))
     dist.destroy_process_group()
+
+
+def _work_and_barrier(torch: Any, dist: Any, wan: Any, rank: int, timeout: float) -> dict[str, str]:
+    """``Work.result()`` gives the op's outputs; then rank 2 skips a monitored barrier: ranks 0
+    and 1 must raise naming it (the group is unusable afterwards, so this comes last)."""
+    t = torch.full((2,), float(rank))
+    work = dist.all_reduce(t, group=wan, async_op=True)
+    out = {"result": "ok" if [r.tolist() for r in work.result()] == [[3.0, 3.0]] else str(work.result())}
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 2:
+        store.wait(["barrier-checked-0", "barrier-checked-1"], timedelta(seconds=3 * timeout))
+        out["monitored_barrier"] = "skipped"
+        return out
+    try:
+        wan.monitored_barrier(timedelta(seconds=2))
+        out["monitored_barrier"] = "returned"
+    except Exception as exc:  # noqa: BLE001 - the test checks what it was
+        out["monitored_barrier"] = f"{type(exc).__name__}: {exc}"
+    store.set(f"barrier-checked-{rank}", "1")
+    return out

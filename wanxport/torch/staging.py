@@ -108,7 +108,8 @@ def to_device(host: torch.Tensor, tensor: torch.Tensor, copies: Copies | None = 
     """Copy ``host`` (contiguous, ``tensor``'s shape) into device ``tensor``, in chunks."""
     copies = copies or _copies_for(tensor)
     target = tensor.detach()
-    flat = target.view(-1) if target.is_contiguous() else torch.empty_like(target).view(-1)
+    flat = target.view(-1) if target.is_contiguous() else torch.empty(
+        target.shape, dtype=target.dtype, device=target.device).view(-1)
     source = host.reshape(-1)
     for piece in chunks(flat.numel(), flat.element_size(), chunk_bytes):
         copies.to_device(source[piece], flat[piece])
