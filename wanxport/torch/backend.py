@@ -30,9 +30,7 @@ sequence and tells the others why (``Group.refuse``): their matching call fails 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -44,27 +42,22 @@ from wanxport.collective import CollectiveError
 from wanxport.torch import _bridge, dtypes, ops, staging
 from wanxport.torch.config import ConfigError, SiteConfig
 from wanxport.torch.rendezvous import PORTS, join_through_store, local_rank
-from wanxport.torch.work import OpWork, WanxportOptions, after, same, same_dtype, split_into, split_rows
+from wanxport.torch.work import (
+    OpWork,
+    WanxportOptions,
+    after,
+    codec_in_use,
+    compression,
+    same,
+    same_dtype,
+    split_into,
+    split_rows,
+)
 
 __all__ = ["BACKEND", "WanxportOptions", "WanxportProcessGroup", "compression", "cross_site_bytes",
            "register"]
 
 BACKEND = "wanxport"
-
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def compression(codec: str | None) -> Iterator[None]:
-    """Within the block, SUM/AVG all-reduces on a ``"wanxport"`` group travel as ``codec``
-    (``None``, ``"bf16"``, ``"int8"``), with an error-feedback residual per tensor."""
-    previous = getattr(_local, "codec", None)
-    _local.codec = codec
-    try:
-        yield
-    finally:
-        _local.codec = previous
-
 
 def _opt(opts: Any, name: str, default: Any) -> Any:
     return getattr(opts, name, default) if opts is not None else default
@@ -104,12 +97,6 @@ class WanxportProcessGroup(dist.ProcessGroup):
     @property
     def group_desc(self) -> str:
         return self._desc
-
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._desc = desc
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -162,7 +149,7 @@ class WanxportProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         (tensor,) = tensors
         name = self._reduce_name("all_reduce", opts, [tensor])
-        codec = getattr(_local, "codec", None)
+        codec = codec_in_use()
         if tensor.device.type == "cuda" and dtypes.fast_path(name, tensor.dtype, codec):
             def staged() -> concurrent.futures.Future[Any]:
                 staging.staged_all_reduce(tensor, lambda chunk, i: ops.all_reduce(
@@ -371,8 +358,7 @@ class WanxportProcessGroup(dist.ProcessGroup):
     def shutdown(self) -> None:
         _bridge.close(self.group)
 
-    def abort(self) -> None:
-        _bridge.close(self.group)
+    abort = shutdown
 
 
 def cross_site_bytes(pg: dist.ProcessGroup | None = None) -> int:

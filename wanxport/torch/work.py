@@ -4,13 +4,16 @@ torch's ``_create_work_from_future`` would swallow a failed future's error in
 ``wait()``; ``OpWork`` raises it (``CollectiveError`` naming the member) and answers
 ``result()`` with the op's output tensors, as gloo's work does. ``WanxportOptions``
 is a ``c10d`` backend options object, so DeviceMesh (which reads ``_timeout``) and
-``new_group(pg_options=...)`` take it as they take gloo's or NCCL's.
+``new_group(pg_options=...)`` take it as they take gloo's or NCCL's. ``compression``
+sets, for the calling thread, the codec of the SUM/AVG all-reduces it starts.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +25,28 @@ from torch.futures import Future
 from wanxport.torch.config import SiteConfig
 from wanxport.torch.rendezvous import PORTS_PER_RANK
 
-__all__ = ["OpWork", "WanxportOptions", "after", "same", "same_dtype", "split_into", "split_rows"]
+__all__ = ["OpWork", "WanxportOptions", "after", "codec_in_use", "compression", "same", "same_dtype",
+           "split_into", "split_rows"]
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def compression(codec: str | None) -> Iterator[None]:
+    """Within the block, SUM/AVG all-reduces on a ``"wanxport"`` group travel as ``codec``
+    (``None``, ``"bf16"``, ``"int8"``), with an error-feedback residual per tensor."""
+    previous = getattr(_local, "codec", None)
+    _local.codec = codec
+    try:
+        yield
+    finally:
+        _local.codec = previous
+
+
+def codec_in_use() -> str | None:
+    """The codec ``compression`` set for this thread (None: uncompressed)."""
+    return getattr(_local, "codec", None)
 
 
 class WanxportOptions(_C10dBackend.Options):
