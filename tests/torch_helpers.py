@@ -259,3 +259,46 @@ def refused_hook_worker(site: int, work: Path, first_port: int, timeout: float) 
     state.close()
     group.close()
     dist.destroy_process_group()
+
+
+# -- torch.distributed.pipelining over a world of sites ------------------------------
+
+
+def pipeline_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
+    """Stage ``site`` of a two-stage GPipe schedule (4 microbatches) over the wanxport world;
+    its gradients and (at the last stage) losses next to the same model run in one process."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    import wanxport.torch as wt
+
+    config = wt.SiteConfig.make(work / "pki" / f"site-{site}", work / "pki" / "ca.pem",
+                                [f"127.0.0.1:{ports[site]}"])
+    dist.init_process_group("wanxport", store=dist.FileStore(str(work / "store"), 2), rank=site, world_size=2,
+                            pg_options=config, timeout=timedelta(seconds=timeout))
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(16, 2, generator=torch.Generator().manual_seed(2))
+    part = model()[:3] if site == 0 else model()[3:]
+    schedule = ScheduleGPipe(PipelineStage(part, site, 2, torch.device("cpu")), n_microbatches=4,
+                             loss_fn=nn.functional.mse_loss)
+    losses: list[torch.Tensor] = []
+    if site == 0:
+        schedule.step(x)
+    else:
+        schedule.step(target=y, losses=losses)
+    whole = model()
+    local = [nn.functional.mse_loss(whole(xc), yc) for xc, yc in zip(x.chunk(4), y.chunk(4), strict=True)]
+    (sum(local) / 4).backward()  # GPipe scales the summed microbatch gradients by 1/4
+    same = whole[:3] if site == 0 else whole[3:]
+    write(work / f"site-{site}.json", {
+        "grads_close": all(bool(torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6))
+                           for a, b in zip(part.parameters(), same.parameters(), strict=True)),
+        "losses": [float(v.detach()) for v in losses], "one_process": [float(v.detach()) for v in local]})
+    dist.destroy_process_group()
