@@ -150,7 +150,7 @@ class WanxportProcessGroup(dist.ProcessGroup):
         (tensor,) = tensors
         name = self._reduce_name("all_reduce", opts, [tensor])
         codec = codec_in_use()
-        if tensor.device.type == "cuda" and dtypes.fast_path(name, tensor.dtype, codec):
+        if tensor.device.type == "cuda" and dtypes.fast_path(name, tensor.dtype):
             def staged() -> concurrent.futures.Future[Any]:
                 staging.staged_all_reduce(tensor, lambda chunk, i: ops.all_reduce(
                     self.group, chunk, name, compress=codec, timeout=self.timeout))

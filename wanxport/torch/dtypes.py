@@ -22,7 +22,8 @@ import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
-__all__ = ["FAST", "check_op", "copy_exact", "fast_path", "fold", "from_wire", "op_name", "summable", "wire"]
+__all__ = ["FAST", "check_op", "codec_for", "copy_exact", "fast_path", "fold", "from_wire", "op_name",
+           "summable", "wire"]
 
 _R = dist.ReduceOp
 _NAMES = [(_R.SUM, "SUM"), (_R.AVG, "AVG"), (_R.PRODUCT, "PRODUCT"), (_R.MIN, "MIN"), (_R.MAX, "MAX"),
@@ -103,12 +104,16 @@ def copy_exact(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
-def fast_path(name: str, dtype: torch.dtype, compress: str | None) -> bool:
+def codec_for(dtype: torch.dtype, compress: str | None) -> str | None:
+    """The codec a SUM/AVG of ``dtype`` travels in: ``compress`` for float32 and bfloat16 (the
+    codecs encode float32), none for other dtypes, which the codecs would not keep exact."""
+    return compress if dtype in (torch.float32, torch.bfloat16) else None
+
+
+def fast_path(name: str, dtype: torch.dtype) -> bool:
     """Whether the collective layer reduces this pair itself (in a float32 copy for bfloat16)."""
     if name not in FAST or dtype.is_complex:
         return False
-    if compress is not None:
-        return dtype in (torch.float32, torch.bfloat16)
     try:
         np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
     except TypeError:

@@ -101,7 +101,8 @@ def _flat_bytes(tensors: Sequence[torch.Tensor]) -> np.ndarray[Any, Any]:
 def all_reduce(group: SyncGroup, tensor: torch.Tensor, name: str, *, compress: str | None,
                timeout: float, root: int | None = None) -> Future[Any]:
     """Reduce ``tensor`` over the group in place (``root``: only that rank's tensor changes)."""
-    fast = dtypes.fast_path(name, tensor.dtype, compress)
+    fast = dtypes.fast_path(name, tensor.dtype)
+    compress = dtypes.codec_for(tensor.dtype, compress)
     slot = Slot(tensor)
     writes = root is None or group.site == root
     if fast:
@@ -153,7 +154,7 @@ def reduce_scatter(group: SyncGroup, flat: torch.Tensor, outputs: Sequence[torch
             offset += count
         _put_back(slots)
 
-    if dtypes.fast_path(name, flat.dtype, None):
+    if dtypes.fast_path(name, flat.dtype):
         wide = flat.float() if flat.dtype == torch.bfloat16 else flat
         arr = dtypes.summable(dtypes.wire(wide))
 
