@@ -247,5 +247,6 @@ def _work_and_barrier(torch: Any, dist: Any, wan: Any, rank: int, timeout: float
         out["monitored_barrier"] = "returned"
     except Exception as exc:  # noqa: BLE001 - the test checks what it was
         out["monitored_barrier"] = f"{type(exc).__name__}: {exc}"
-    store.set(f"barrier-checked-{rank}", "1")
+    store.set(f"barrier-checked-{rank}", "1")  # nobody leaves (closing its sessions) before both saw it
+    store.wait(["barrier-checked-0", "barrier-checked-1"], timedelta(seconds=3 * timeout))
     return out
