@@ -17,16 +17,10 @@ Needs the ``torch`` extra (``pip install 'wanxport[torch]'``, torch >= 2.3; test
 """
 
 from wanxport.collective import CollectiveError
-from wanxport.torch.backend import (
-    BACKEND,
-    WanxportOptions,
-    WanxportProcessGroup,
-    compression,
-    cross_site_bytes,
-    register,
-)
+from wanxport.torch.backend import BACKEND, WanxportOptions, WanxportProcessGroup, compression
 from wanxport.torch.config import CONFIG_ENV, ConfigError, SiteConfig
 from wanxport.torch.hook import HookState, allreduce_hook, allreduce_tensor
+from wanxport.torch.registry import cross_site_bytes, register
 from wanxport.torch.rendezvous import cross_site_group
 
 __all__ = ["BACKEND", "CONFIG_ENV", "CollectiveError", "ConfigError", "HookState", "SiteConfig",

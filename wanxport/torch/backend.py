@@ -40,8 +40,6 @@ from torch.futures import Future
 
 from wanxport.collective import CollectiveError
 from wanxport.torch import _bridge, dtypes, ops, staging
-from wanxport.torch.config import ConfigError, SiteConfig
-from wanxport.torch.rendezvous import PORTS, join_through_store, local_rank
 from wanxport.torch.work import (
     OpWork,
     WanxportOptions,
@@ -54,8 +52,7 @@ from wanxport.torch.work import (
     split_rows,
 )
 
-__all__ = ["BACKEND", "WanxportOptions", "WanxportProcessGroup", "compression", "cross_site_bytes",
-           "register"]
+__all__ = ["BACKEND", "WanxportOptions", "WanxportProcessGroup", "compression"]
 
 BACKEND = "wanxport"
 
@@ -66,10 +63,12 @@ def _opt(opts: Any, name: str, default: Any) -> Any:
 class WanxportProcessGroup(dist.ProcessGroup):
     """A group whose members are at different sites, over a ``wanxport.collective`` group."""
 
-    def __init__(self, group: Any, rank: int, size: int, timeout: float) -> None:
+    def __init__(self, group: Any, rank: int, size: int, timeout: float,
+                 release_ports: Callable[[], None] = lambda: None) -> None:
         super().__init__(rank, size)
         self.group = group
         self.timeout = timeout
+        self._release_ports = release_ports
         self._name = ""
         self._desc = ""
 
@@ -357,44 +356,6 @@ class WanxportProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         _bridge.close(self.group)
+        self._release_ports()
 
     abort = shutdown
-
-
-def cross_site_bytes(pg: dist.ProcessGroup | None = None) -> int:
-    """Collective bytes this member's wanxport group sent plus received so far (``pg``: default group)."""
-    group = dist.group.WORLD if pg is None else pg
-    if not isinstance(group, WanxportProcessGroup):
-        raise ValueError(f"cross_site_bytes: {group!r} is not a 'wanxport' process group")
-    return _bridge.cross_site_bytes(group.group)
-
-
-def _options(backend_options: Any) -> WanxportOptions:
-    if backend_options is None:
-        return WanxportOptions()
-    if isinstance(backend_options, SiteConfig):
-        return WanxportOptions(backend_options)
-    if isinstance(backend_options, WanxportOptions):
-        return backend_options
-    raise ConfigError(f"pg_options for the wanxport backend must be a SiteConfig or WanxportOptions, "
-                      f"got {backend_options!r}")
-
-
-def _create(options: Any, backend_options: Any) -> WanxportProcessGroup:
-    """torch's extended-API creator: this member's ports, the store rendezvous, the join."""
-    wanted = _options(backend_options)
-    config = wanted.config or SiteConfig.from_env()
-    timeout = options.timeout.total_seconds() if isinstance(options.timeout, timedelta) else 1800.0
-    size = options.group_size
-    if size < 2:
-        raise ValueError("a wanxport group needs at least two members (sites)")
-    here = local_rank() if wanted.local_rank is None else wanted.local_rank
-    paths = PORTS.take(config, here, wanted.ports_per_rank, size - 1)
-    group = join_through_store(options.store, options.group_rank, size, config, timeout=timeout, paths=paths)
-    return WanxportProcessGroup(group, options.group_rank, size, timeout)
-
-
-def register() -> None:
-    """Register the ``"wanxport"`` backend with torch.distributed (idempotent; done on import)."""
-    if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -51,22 +52,35 @@ def local_rank() -> int:
 
 class PortBlock:
     """The ports this process listens on: ``ports_per_rank`` per path from ``PORT + local_rank
-    * ports_per_rank``; each group joined takes the next ``size - 1`` of them."""
+    * ports_per_rank``; each group joined takes the lowest ``size - 1`` free ones of them
+    and gives them back when it shuts down (``release``), so groups rebuilt in a long
+    job reuse ports instead of running out."""
 
     def __init__(self) -> None:
-        self.used: dict[tuple[int, int], int] = {}  # (local rank, ports per rank) -> ports taken
+        self.taken: dict[tuple[int, int], set[int]] = {}  # (local rank, ports per rank) -> offsets
         self.lock = threading.Lock()
 
-    def take(self, config: SiteConfig, rank_here: int, per_rank: int, count: int) -> list[str]:
-        """This process's base paths for a group of ``count + 1`` members (``count`` pair ports)."""
+    def take(self, config: SiteConfig, rank_here: int, per_rank: int,
+             count: int) -> tuple[list[str], Callable[[], None]]:
+        """This process's base paths for a group of ``count + 1`` members (``count`` pair ports),
+        and the call that gives them back."""
+        key = (rank_here, per_rank)
         with self.lock:
-            start = self.used.get((rank_here, per_rank), 0)
-            if start + count > per_rank:
+            taken = self.taken.setdefault(key, set())
+            start = next((s for s in range(per_rank - count + 1)
+                          if not taken.intersection(range(s, s + count))), None)
+            if start is None:
                 raise ConfigError(f"local rank {rank_here}: its block of {per_rank} ports per path is used "
-                                  f"up ({start} taken, {count} more wanted); pass "
+                                  f"up ({len(taken)} taken, {count} more wanted); pass "
                                   f"WanxportOptions(ports_per_rank=...)")
-            self.used[(rank_here, per_rank)] = start + count
-        return listen_paths(config.paths, rank_here * per_rank + start)
+            mine = set(range(start, start + count))
+            taken |= mine
+
+        def release() -> None:
+            with self.lock:
+                taken.difference_update(mine)
+
+        return listen_paths(config.paths, rank_here * per_rank + start), release
 
 
 PORTS = PortBlock()
@@ -142,6 +156,10 @@ def cross_site_group(store: Any, site: int, n_sites: int, *, config: SiteConfig 
 
     config = config or SiteConfig.from_env()
     here = local_rank() if rank_in_site is None else rank_in_site
-    paths = PORTS.take(config, here, ports_per_rank, n_sites - 1)
-    return join_through_store(PrefixStore(f"wanxport/hook/{here}/", store), site, n_sites, config,
-                              timeout=timeout, paths=paths)
+    paths, release = PORTS.take(config, here, ports_per_rank, n_sites - 1)
+    try:
+        return join_through_store(PrefixStore(f"wanxport/hook/{here}/", store), site, n_sites, config,
+                                  timeout=timeout, paths=paths)
+    except BaseException:
+        release()
+        raise
