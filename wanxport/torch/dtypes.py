@@ -9,8 +9,8 @@ to the dtype as gloo's element-wise functions do (``c10::BFloat16`` and
 ``c10::Half`` add in float and round per step).
 
 Which op a dtype takes follows gloo: the bitwise ops need an integer or bool tensor,
-MAX and MIN a real one; AVG (which gloo lacks) needs a floating one. An error names
-the op as ``ReduceOp.MAX`` and the dtype.
+MAX and MIN a real one, AVG (a sum divided by the member count) a floating one. An
+error names the op as ``ReduceOp.MAX`` and the dtype.
 """
 
 from __future__ import annotations
