@@ -143,7 +143,8 @@ def cases(torch: Any, dist: Any, device: str = "cpu") -> dict[str, Callable[...,
             return fn(g, *args)
         return run
 
-    table = {"all_reduce_sum": all_reduce(R.SUM), "all_reduce_avg": all_reduce(R.AVG), "all_reduce_product": all_reduce(R.PRODUCT),
+    table = {"all_reduce_sum": all_reduce(R.SUM), "all_reduce_avg": all_reduce(R.AVG),
+             "all_reduce_product": all_reduce(R.PRODUCT),
             "all_reduce_min": all_reduce(R.MIN), "all_reduce_max": all_reduce(R.MAX),
             "all_reduce_band": all_reduce(R.BAND), "all_reduce_bor": all_reduce(R.BOR),
             "all_reduce_bxor": all_reduce(R.BXOR), "broadcast": broadcast, "all_gather": all_gather,
@@ -157,7 +158,8 @@ def cases(torch: Any, dist: Any, device: str = "cpu") -> dict[str, Callable[...,
 
 def _rounded(name: str, dtype: Any) -> bool:
     """Floating sums and products: gloo's order differs from the fixed rank order."""
-    return dtype.is_floating_point and any(k in name for k in ("sum", "avg", "product", "coalesced", "tensor"))
+    rounded = ("sum", "avg", "product", "coalesced", "tensor")
+    return dtype.is_floating_point and any(k in name for k in rounded)
 
 
 def _compare(torch: Any, name: str, dtype: Any, mine: list[Any], gloo: list[Any]) -> str:
