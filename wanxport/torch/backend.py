@@ -56,6 +56,7 @@ __all__ = ["BACKEND", "WanxportOptions", "WanxportProcessGroup", "compression"]
 
 BACKEND = "wanxport"
 
+
 def _opt(opts: Any, name: str, default: Any) -> Any:
     return getattr(opts, name, default) if opts is not None else default
 
