@@ -1,8 +1,9 @@
 """The "wanxport" torch.distributed backend: two sites (processes) over loopback, a FileStore.
 
-Every collective torch.distributed offers on it (all_reduce sum/mean, broadcast,
-all_gather in both forms, reduce_scatter in both forms, barrier, async ops, int8
-compression) is checked against what gloo would give, bitwise equal at both sites;
+The world-of-sites shape (``init_process_group("wanxport")``): all_reduce sum/mean/max,
+broadcast, all_gather and reduce_scatter in both forms, barrier, async ops and int8
+compression against the values gloo would give, bitwise equal at both sites (the full
+op x dtype matrix against gloo is ``test_torch_ops_matrix.py``);
 a site that stops calling makes the other's next call raise within the timeout.
 """
 
@@ -63,15 +64,20 @@ def test_int8_compression_cuts_bytes_within_its_bound(sites: list[dict[str, obje
         assert s["bytes_none"] >= 3.5 * s["bytes_int8"]  # type: ignore[operator]
 
 
-def test_unsupported_reduce_op_is_a_clear_error(sites: list[dict[str, object]]) -> None:
-    assert "SUM or AVG" in str(sites[0]["max_error"])
+def test_max_reduces_and_a_refused_op_is_named(sites: list[dict[str, object]]) -> None:
+    assert sites[0]["max"] == sites[1]["max"] == [1.0, 5.0]
+    assert "ReduceOp.BAND" in str(sites[0]["band_error"]) and "float32" in str(sites[0]["band_error"])
+
+
+def test_a_non_contiguous_view_is_reduced_through_the_view(sites: list[dict[str, object]]) -> None:
+    assert sites[0]["transposed_sum"] is True and sites[1]["transposed_sum"] is True
 
 
 def test_a_call_refused_at_one_site_fails_at_both_and_the_next_pairs(sites: list[dict[str, object]]) -> None:
-    here, there = str(sites[0]["transposed"]), str(sites[1]["transposed"])
-    assert here.startswith("ValueError") and "contiguous" in here, here
-    assert there.startswith("CollectiveError") and "site-0" in there and "contiguous" in there, there
-    assert sites[0]["after_transposed"] == sites[1]["after_transposed"] == [101.0] * 4
+    here, there = str(sites[0]["refused"]), str(sites[1]["refused"])
+    assert here.startswith("ValueError") and "ReduceOp.BAND" in here, here
+    assert there.startswith("CollectiveError") and "site-0" in there and "ReduceOp.BAND" in there, there
+    assert sites[0]["after_refused"] == sites[1]["after_refused"] == [101.0] * 4
 
 
 def test_a_stalled_site_makes_the_call_raise_within_the_timeout(sites: list[dict[str, object]]) -> None:

@@ -107,21 +107,28 @@ def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
     out["bytes_none"], out["bytes_int8"] = middle - before, after - middle
     out["int8_max_error"] = float((packed - plain).abs().max())
     out["int8_scale_bound"] = float(2 * grads.abs().max() / 127)  # two contributions, half a step each
+    top = torch.tensor([float(site), 5.0 - site])
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    out["max"] = top.tolist()
     try:
-        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
+        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND)
     except ValueError as exc:
-        out["max_error"] = str(exc)
-    # Site 0 passes a transposed view (refused there); site 1's matching call must fail naming
-    # site 0 and the reason, and the next call must still pair (101 at both, never 11).
+        out["band_error"] = str(exc)
     square = torch.arange(100.0).reshape(10, 10)
+    view = square.t()  # non-contiguous: reduced in a contiguous copy, written back through the view
+    dist.all_reduce(view)
+    out["transposed_sum"] = bool(torch.equal(square, torch.arange(100.0).reshape(10, 10) * 2))
+    # Site 0 asks for a bitwise AND of floats (refused there); site 1's matching call must fail
+    # naming site 0 and the reason, and the next call must still pair (101 at both, never 11).
     try:
-        dist.all_reduce(square.t() if site == 0 else square)
-        out["transposed"] = "returned"
+        bad_or_good = torch.ones(4) if site == 0 else torch.ones(4, dtype=torch.int32)
+        dist.all_reduce(bad_or_good, op=dist.ReduceOp.BAND)
+        out["refused"] = "returned"
     except Exception as exc:  # noqa: BLE001 - the test checks what it was
-        out["transposed"] = f"{type(exc).__name__}: {exc}"
+        out["refused"] = f"{type(exc).__name__}: {exc}"
     after = torch.full((4,), 100.0 if site == 0 else 1.0)
     dist.all_reduce(after)
-    out["after_transposed"] = after.tolist()
+    out["after_refused"] = after.tolist()
     # Site 1 stops calling: site 0's next collective must fail within the timeout.
     if site == 0:
         started = time.monotonic()
@@ -251,4 +258,47 @@ def refused_hook_worker(site: int, work: Path, first_port: int, timeout: float) 
     write(work / f"site-{site}.json", out)
     state.close()
     group.close()
+    dist.destroy_process_group()
+
+
+# -- torch.distributed.pipelining over a world of sites ------------------------------
+
+
+def pipeline_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
+    """Stage ``site`` of a two-stage GPipe schedule (4 microbatches) over the wanxport world;
+    its gradients and (at the last stage) losses next to the same model run in one process."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    import wanxport.torch as wt
+
+    config = wt.SiteConfig.make(work / "pki" / f"site-{site}", work / "pki" / "ca.pem",
+                                [f"127.0.0.1:{ports[site]}"])
+    dist.init_process_group("wanxport", store=dist.FileStore(str(work / "store"), 2), rank=site, world_size=2,
+                            pg_options=config, timeout=timedelta(seconds=timeout))
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(16, 2, generator=torch.Generator().manual_seed(2))
+    part = model()[:3] if site == 0 else model()[3:]
+    schedule = ScheduleGPipe(PipelineStage(part, site, 2, torch.device("cpu")), n_microbatches=4,
+                             loss_fn=nn.functional.mse_loss)
+    losses: list[torch.Tensor] = []
+    if site == 0:
+        schedule.step(x)
+    else:
+        schedule.step(target=y, losses=losses)
+    whole = model()
+    local = [nn.functional.mse_loss(whole(xc), yc) for xc, yc in zip(x.chunk(4), y.chunk(4), strict=True)]
+    (sum(local) / 4).backward()  # GPipe scales the summed microbatch gradients by 1/4
+    same = whole[:3] if site == 0 else whole[3:]
+    write(work / f"site-{site}.json", {
+        "grads_close": all(bool(torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6))
+                           for a, b in zip(part.parameters(), same.parameters(), strict=True)),
+        "losses": [float(v.detach()) for v in losses], "one_process": [float(v.detach()) for v in local]})
     dist.destroy_process_group()

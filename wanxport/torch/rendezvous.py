@@ -7,6 +7,14 @@ and site i dials on site j's addresses with the port raised by i (``PORT + i``):
 pair gets its own ports, so with n sites a site uses ports PORT .. PORT+n-2 of each
 path. The store is only used once, at setup; collectives never touch it.
 
+Ports. Several ranks of one site share the site's config (one file, torchrun's
+``LOCAL_RANK`` tells them apart), and one process may join several wanxport groups
+(a DeviceMesh dimension, a ``new_group``, the hook's group). So each process owns a
+block of ``ports_per_rank`` ports per path, starting at ``PORT + LOCAL_RANK *
+ports_per_rank``, and each group it joins takes the next ``size - 1`` ports of that
+block (``PortBlock``). What a rank publishes is where it listens, so members never
+need to agree on how many groups the others joined before.
+
 Setup is bounded by ``JOIN_TIMEOUT_S`` (or the process group's timeout when shorter),
 not torch's 30-minute default: a site that never publishes itself is named (its rank)
 at every site that waited for it.
@@ -15,6 +23,9 @@ at every site that waited for it.
 from __future__ import annotations
 
 import json
+import os
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -24,9 +35,55 @@ from wanxport.collective import JOIN_TIMEOUT_S, CollectiveError, SyncGroup, join
 from wanxport.control.certs import certificate_name, load_identity
 from wanxport.torch.config import ConfigError, SiteConfig
 
-__all__ = ["join_through_store", "listen_paths"]
+__all__ = ["PORTS_PER_RANK", "PortBlock", "cross_site_group", "join_through_store", "listen_paths",
+           "local_rank"]
 
 KEY = "wanxport/site/{}"
+PORTS_PER_RANK = 32
+
+
+def local_rank() -> int:
+    """This process's rank within its site: torchrun's ``LOCAL_RANK`` (0 when unset)."""
+    value = os.environ.get("LOCAL_RANK", "0")
+    if not value.isdigit():
+        raise ConfigError(f"LOCAL_RANK={value!r} is not a non-negative integer")
+    return int(value)
+
+
+class PortBlock:
+    """The ports this process listens on: ``ports_per_rank`` per path from ``PORT + local_rank
+    * ports_per_rank``; each group joined takes the lowest ``size - 1`` free ones of them
+    and gives them back when it shuts down (``release``), so groups rebuilt in a long
+    job reuse ports instead of running out."""
+
+    def __init__(self) -> None:
+        self.taken: dict[tuple[int, int], set[int]] = {}  # (local rank, ports per rank) -> offsets
+        self.lock = threading.Lock()
+
+    def take(self, config: SiteConfig, rank_here: int, per_rank: int,
+             count: int) -> tuple[list[str], Callable[[], None]]:
+        """This process's base paths for a group of ``count + 1`` members (``count`` pair ports),
+        and the call that gives them back."""
+        key = (rank_here, per_rank)
+        with self.lock:
+            taken = self.taken.setdefault(key, set())
+            start = next((s for s in range(per_rank - count + 1)
+                          if not taken.intersection(range(s, s + count))), None)
+            if start is None:
+                raise ConfigError(f"local rank {rank_here}: its block of {per_rank} ports per path is used "
+                                  f"up ({len(taken)} taken, {count} more wanted); pass "
+                                  f"WanxportOptions(ports_per_rank=...)")
+            mine = set(range(start, start + count))
+            taken |= mine
+
+        def release() -> None:
+            with self.lock:
+                taken.difference_update(mine)
+
+        return listen_paths(config.paths, rank_here * per_rank + start), release
+
+
+PORTS = PortBlock()
 
 
 def _identity_name(config: SiteConfig) -> str:
@@ -57,13 +114,16 @@ def _pair_paths(rank: int, published: list[dict[str, Any]]) -> dict[int, list[st
     return pairs
 
 
-def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, timeout: float) -> SyncGroup:
+def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, timeout: float,
+                       paths: list[str] | None = None) -> SyncGroup:
     """Publish this site, read every other's, join the group (``timeout``: each call's; the
-    setup's is the shorter of it and ``JOIN_TIMEOUT_S``)."""
+    setup's is the shorter of it and ``JOIN_TIMEOUT_S``). ``paths``: where this member
+    listens (default: the config's, as with one rank per site)."""
     if size < 2:
         raise ValueError("the wanxport process group needs at least two sites (world_size >= 2)")
     name = _identity_name(config)
-    store.set(KEY.format(rank), json.dumps({"name": name, "paths": list(config.paths)}))
+    mine = list(config.paths) if paths is None else paths
+    store.set(KEY.format(rank), json.dumps({"name": name, "paths": mine}))
     keys = [KEY.format(r) for r in range(size)]
     join_timeout = min(timeout, JOIN_TIMEOUT_S)
     try:
@@ -74,7 +134,32 @@ def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, tim
                               f"{join_timeout:g} s ({type(exc).__name__})") from None
     published = [json.loads(store.get(k)) for k in keys]
     names = [info["name"] for info in published]
+    if len(set(names)) != len(names):
+        twins = sorted(r for r, n in enumerate(names) if names.count(n) > 1)
+        raise ConfigError(f"group ranks {twins} share one identity ({names[twins[0]]}): a wanxport group's "
+                          f"members must be different sites (the cross-site dimension of the mesh)")
     paths = _pair_paths(rank, published)
     return join_sync(rank, names, identity=config.identity, ca=config.ca,
                      paths=paths if size > 2 else paths[1 - rank], timeout=timeout,
                      join_timeout=join_timeout)
+
+
+def cross_site_group(store: Any, site: int, n_sites: int, *, config: SiteConfig | None = None,
+                     rank_in_site: int | None = None, ports_per_rank: int = PORTS_PER_RANK,
+                     timeout: float = 60.0) -> SyncGroup:
+    """The DDP hook's cross-site group for a job whose sites are separate torch worlds (a
+    torchrun per site): rank ``rank_in_site`` (default ``LOCAL_RANK``) of every site, meeting
+    through ``store`` (one the sites share, e.g. a TCPStore on the control network) under
+    its own prefix, each listening on its port block of ``config`` (default
+    ``WANXPORT_TORCH_CONFIG``)."""
+    from torch.distributed import PrefixStore
+
+    config = config or SiteConfig.from_env()
+    here = local_rank() if rank_in_site is None else rank_in_site
+    paths, release = PORTS.take(config, here, ports_per_rank, n_sites - 1)
+    try:
+        return join_through_store(PrefixStore(f"wanxport/hook/{here}/", store), site, n_sites, config,
+                                  timeout=timeout, paths=paths)
+    except BaseException:
+        release()
+        raise
