@@ -187,7 +187,7 @@ class Link:
 
     def path_stats(self) -> tuple[PathStats, ...]:
         """This session's paths now (payload bytes sent by us on each, RTT, state)."""
-        return self.session.endpoint.session.stats().paths
+        return self.session.stats().paths
 
     async def drain(self, timeout_s: float) -> None:
         """Wait (bounded) for our messages still in flight to be verified by the peer."""
