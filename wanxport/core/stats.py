@@ -13,14 +13,14 @@ their events happen (``core.counters``) and each group is copied with one
 C-level call; only the gauges of the moment (RTT, window, rate, state) are
 read one by one. The snapshots are named tuples for the same reason: built
 from those copies in one call, where a frozen dataclass set its 28 fields one
-by one.
+by one. A controller's metrics are captured the same way and named only when
+read (``ControllerMetrics``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from wanxport.core.counters import (
     RepairReceiveCounters,
@@ -32,6 +32,40 @@ from wanxport.core.counters import (
     copy_shards,
 )
 from wanxport.core.paths import Path
+
+
+class ControllerMetrics(Mapping[str, float]):
+    """A controller's figures at the snapshot (``CongestionController.metrics_figures``), read-only.
+
+    Captured as the controller's raw fields and named on first read: most snapshots
+    are read for a few counters, and naming every path's figures was a third of the
+    cost of taking one. The captured values never change, so neither does the mapping.
+    """
+
+    __slots__ = ("_name", "_raw", "_named")
+
+    def __init__(self, name: Callable[[Any], dict[str, float]], raw: Any) -> None:
+        self._name = name
+        self._raw = raw
+        self._named: dict[str, float] | None = None
+
+    def _figures(self) -> dict[str, float]:
+        named = self._named
+        if named is None:
+            named = self._named = self._name(self._raw)
+        return named
+
+    def __getitem__(self, key: str) -> float:
+        return self._figures()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._figures())
+
+    def __len__(self) -> int:
+        return len(self._figures())
+
+    def __repr__(self) -> str:
+        return f"ControllerMetrics({self._figures()!r})"
 
 
 class PathStats(NamedTuple):
@@ -67,7 +101,7 @@ class PathStats(NamedTuple):
     packet_bytes: int  # data bytes of the path's core packets now (grown on fast paths, core.packet_size)
     pacing_rate_bps: float  # what the path is paced at: the controller's rate under the path's cap
     cc_state: str  # the controller's state label ("startup", "probe_bw", ...)
-    cc_metrics: Mapping[str, float]  # ``CongestionController.metrics()``, read-only (dict() it for JSON)
+    cc_metrics: ControllerMetrics  # ``CongestionController.metrics()``, read-only (dict() it for JSON)
 
 
 class SessionStats(NamedTuple):
@@ -102,7 +136,7 @@ def path_stats(path: Path) -> PathStats:
         + copy_payload(path.payload) + copy_datagrams(loss.datagrams) + copy_path_events(path.events)
         + (rtt.smoothed_s if sampled else None, rtt.min_s if sampled else None, path.bandwidth_bps,
            loss.bytes_in_flight, loss.reorder_threshold, loss.time_threshold, cc.cwnd_bytes, path.mss,
-           path.pacing_rate_bps, cc.state, MappingProxyType(cc.metrics())))
+           path.pacing_rate_bps, cc.state, ControllerMetrics(*cc.metrics_figures())))
 
 
 def session_stats(shards: ShardCounters, acked_bytes: int, receiving_bytes: int, hedged_bytes: int,
