@@ -38,8 +38,8 @@ def sender(paths: int = 1) -> tuple[Session, list[int]]:
 def state(session: Session) -> tuple[object, ...]:
     shard = session.outgoing.shards.get(0)
     per_path = tuple((tuple(p.pn for p in path.loss.outstanding()), path.loss.largest_acked,
-                      path.loss.bytes_in_flight, path.loss.datagrams.packets_lost,
-                      path.loss.datagrams.spurious_losses,
+                      path.loss.bytes_in_flight, path.loss.counters.packets_lost,
+                      path.loss.counters.spurious_losses,
                       tuple(path.loss.remembered_losses()), path.rate.delivered_bytes)
                      for path in session.paths)
     return (per_path, sorted(session.outgoing.retransmit),
@@ -116,8 +116,8 @@ def test_a_late_gap_closing_in_the_same_batch_is_an_acknowledgement_not_a_spurio
     one.receive_packet(0, 0, [first], 0.05)
     one.receive_packet(0, 1, [second], 0.05)
     batched.receive_packets([(0, 0, [first]), (0, 1, [second])], 0.05)
-    assert one.paths[0].loss.datagrams.spurious_losses == 1
-    counted = batched.paths[0].loss.datagrams
+    assert one.paths[0].loss.counters.spurious_losses == 1
+    counted = batched.paths[0].loss.counters
     assert counted.spurious_losses == 0 and counted.packets_lost == 0
     for session in (one, batched):
         assert session.paths[0].loss.bytes_in_flight == 0

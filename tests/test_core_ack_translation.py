@@ -100,7 +100,7 @@ def sender_state(session: Session) -> tuple[object, ...]:
     shard = session.outgoing.shards.get(0)
     loss = path.loss
     return ([p.pn for p in loss.outstanding()], loss.largest_acked, loss.bytes_in_flight,
-            loss.datagrams.packets_lost, loss.datagrams.spurious_losses, loss.remembered_losses(),
+            loss.counters.packets_lost, loss.counters.spurious_losses, loss.remembered_losses(),
             sorted(session.outgoing.retransmit), shard.acked.ranges() if shard else None)
 
 

@@ -374,7 +374,7 @@ def test_data_that_overtakes_its_shard_open_is_held_not_resent() -> None:
              for lo, hi in ack.ranges for pn in range(lo, hi + 1)}
     assert early <= acked, "early DATA was held, so it is acknowledged"
     assert pair.b.counters.data_dropped == 0
-    assert sum(p.payload.retransmitted_bytes for p in pair.a.paths) == 0  # nothing had to be re-sent
+    assert sum(p.counters.retransmitted_bytes for p in pair.a.paths) == 0  # nothing had to be re-sent
     assert all(e.ok for e in pair.received("b")) and len(pair.received("b")) == 3
     assert sorted((e.shard_id, e.ok) for e in pair.acknowledged("a")) == [(0, True), (1, True), (2, True)]
 

@@ -1,8 +1,8 @@
 """The session's counters, grouped and typed, each kept in place where its events happen.
 
-In the manner of quinn-proto's ``UdpStats``/``FrameStats``/``PathStats``: the part
-that sees an event bumps a field of its group (the loss detector counts
-datagrams, the transmitter payload, the health machine failures), and
+In the manner of quinn-proto's ``ConnectionStats`` (``PathStats``, ``UdpStats``,
+``FrameStats``): the part that sees an event bumps a field of its group (the loss
+detector counts packets, the transmitter payload, the health machine failures), and
 ``Session.stats()`` copies each group with one C-level ``attrgetter`` call
 (``core.stats``) instead of asking some ten objects for their figures.
 """
@@ -11,45 +11,40 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-__all__ = ["DatagramCounters", "PathEventCounters", "PayloadCounters", "RepairReceiveCounters",
-           "ShardCounters"]
+__all__ = ["PathCounters", "RepairReceiveCounters", "ShardCounters"]
 
 
-class PayloadCounters:
-    """The data a path carried: every payload byte, and which were re-sends, hedges or repair."""
+class PathCounters:
+    """One path's counters (quinn-proto's ``PathStats``), each bumped by the part that sees it.
 
-    __slots__ = FIELDS = ("payload_bytes", "retransmitted_bytes", "hedged_bytes", "repair_bytes")
+    Payload, by the transmitter; core packets, by the loss detector (``core.recovery``);
+    failures, by the health machine (``core.health``); careful resumes, by the path;
+    late pacing wake-ups, by the transmitter; reroutes, by the idle guard (``core.warm``).
+    """
+
+    __slots__ = FIELDS = (
+        "payload_bytes", "retransmitted_bytes", "hedged_bytes", "repair_bytes",
+        "packets_sent", "bytes_sent", "packets_lost", "spurious_losses",
+        "failures", "resumes", "resumes_dropped", "late_wakes", "reroutes",
+    )
 
     def __init__(self) -> None:
+        # Payload
         self.payload_bytes = 0  # payload sent, retransmissions and hedges included
         self.retransmitted_bytes = 0
         self.hedged_bytes = 0
         self.repair_bytes = 0  # erasure-code repair symbols sent (core.fec)
-
-
-class DatagramCounters:
-    """A path's core packets as the loss detector saw them (``core.recovery``)."""
-
-    __slots__ = FIELDS = ("packets_sent", "bytes_sent", "packets_lost", "spurious_losses")
-
-    def __init__(self) -> None:
+        # Core packets
         self.packets_sent = 0
         self.bytes_sent = 0  # datagram bytes (headers and tags included) of every packet sent
         self.packets_lost = 0
         self.spurious_losses = 0  # declared lost, acknowledged later
-
-
-class PathEventCounters:
-    """What happened to a path: failures, careful resumes, late pacing wake-ups, route changes."""
-
-    __slots__ = FIELDS = ("failures", "resumes", "resumes_dropped", "late_wakes", "reroutes")
-
-    def __init__(self) -> None:
-        self.failures = 0  # times the path entered the failed state (core.health)
+        # Events
+        self.failures = 0  # times the path entered the failed state
         self.resumes = 0  # careful resumes from a previous session's saved state ...
         self.resumes_dropped = 0  # ... and saved states dropped because the route's RTT had moved
-        self.late_wakes = 0  # pacing wake-ups served more than 2 ms late (core.transmitter)
-        self.reroutes = 0  # idle restarts whose first round trip showed another route (core.warm)
+        self.late_wakes = 0  # pacing wake-ups served more than 2 ms late
+        self.reroutes = 0  # idle restarts whose first round trip showed another route
 
 
 class ShardCounters:
@@ -81,8 +76,6 @@ class RepairReceiveCounters:
 
 
 #: Each group's fields in declaration order, as one tuple (one C call per group to copy).
-copy_payload = attrgetter(*PayloadCounters.FIELDS)
-copy_datagrams = attrgetter(*DatagramCounters.FIELDS)
-copy_path_events = attrgetter(*PathEventCounters.FIELDS)
+copy_path = attrgetter(*PathCounters.FIELDS)
 copy_shards = attrgetter(*ShardCounters.FIELDS)
 copy_repair_receive = attrgetter(*RepairReceiveCounters.FIELDS)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from wanxport.core.ack_tracker import AckTracker
 from wanxport.core.cc import CongestionController
-from wanxport.core.counters import PathEventCounters, PayloadCounters
+from wanxport.core.counters import PathCounters
 from wanxport.core.delivery_rate import DeliveryRateEstimator, RateSample
 from wanxport.core.health import PathHealth, PathState
 from wanxport.core.packet_size import PacketSizer
@@ -44,7 +44,7 @@ class Path:
     """The parts of one path, and the pacing state that joins them to the scheduler."""
 
     __slots__ = ("path_id", "name", "mss", "sizer", "rtt", "rate", "cc", "loss", "acks", "health", "warm",
-                 "payload", "events", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
+                 "counters", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
                  "_bw_round_at", "needs_open", "pending_control", "max_rate_bps", "pending_resume")
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
@@ -57,12 +57,11 @@ class Path:
         self.rtt = RttEstimator(initial_rtt_s=initial_rtt_s)
         self.rate = DeliveryRateEstimator()
         self.cc = cc
-        self.loss = LossDetector(self.rtt, self.rate, cc)
+        self.counters = PathCounters()  # bumped by each part where its events happen (core.counters)
+        self.loss = LossDetector(self.rtt, self.rate, cc, self.counters)
         self.acks = AckTracker()
-        self.events = PathEventCounters()  # failures, resumes, late wakes, reroutes (core.counters)
-        self.health = PathHealth(self.events)
-        self.warm = IdleGuard(self.events)
-        self.payload = PayloadCounters()
+        self.health = PathHealth(self.counters)
+        self.warm = IdleGuard(self.counters)
         self.next_send_at = 0.0  # pacing: earliest departure of the next packet
         self.last_departure_at = 0.0  # departure of the latest packet handed out
         self.pacing_wake: float | None = None  # set while data waits for the pacing horizon
@@ -150,7 +149,7 @@ class Path:
         """Grow or shrink the core packets for the bandwidth and the share of lost packets
         (spurious losses are not losses) measured so far (``core.packet_size``)."""
         assert self.sizer is not None
-        counted = self.loss.datagrams
+        counted = self.counters
         lossy = ((counted.packets_lost - counted.spurious_losses) / counted.packets_sent
                  if counted.packets_sent else 0.0)
         self.mss = self.sizer.update(min(self.bandwidth_bps, self.max_rate_bps), self.cc.in_startup, lossy)
@@ -171,9 +170,9 @@ class Path:
         self.pending_resume = None
         if memory.same_route(self.rtt.latest_adjusted_s):
             self.cc.on_path_resume(now, memory.rate_bps)
-            self.events.resumes += 1
+            self.counters.resumes += 1
         else:
-            self.events.resumes_dropped += 1
+            self.counters.resumes_dropped += 1
 
     def _rerouted(self, now: float) -> None:
         """The first round trip after an idle gap shows another route: forget the old one."""

@@ -13,59 +13,26 @@ their events happen (``core.counters``) and each group is copied with one
 C-level call; only the gauges of the moment (RTT, window, rate, state) are
 read one by one. The snapshots are named tuples for the same reason: built
 from those copies in one call, where a frozen dataclass set its 28 fields one
-by one. A controller's metrics are captured the same way and named only when
-read (``ControllerMetrics``).
+by one. A controller's metrics are captured the same way, as its raw figures,
+and named only when read (``PathStats.cc_metrics``): most snapshots are read for
+a few counters, and naming every path's figures cost a third of taking one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from wanxport.core.counters import (
     RepairReceiveCounters,
     ShardCounters,
-    copy_datagrams,
-    copy_path_events,
-    copy_payload,
+    copy_path,
     copy_repair_receive,
     copy_shards,
 )
 from wanxport.core.paths import Path
-
-
-class ControllerMetrics(Mapping[str, float]):
-    """A controller's figures at the snapshot (``CongestionController.metrics_figures``), read-only.
-
-    Captured as the controller's raw fields and named on first read: most snapshots
-    are read for a few counters, and naming every path's figures was a third of the
-    cost of taking one. The captured values never change, so neither does the mapping.
-    """
-
-    __slots__ = ("_name", "_raw", "_named")
-
-    def __init__(self, name: Callable[[Any], dict[str, float]], raw: Any) -> None:
-        self._name = name
-        self._raw = raw
-        self._named: dict[str, float] | None = None
-
-    def _figures(self) -> dict[str, float]:
-        named = self._named
-        if named is None:
-            named = self._named = self._name(self._raw)
-        return named
-
-    def __getitem__(self, key: str) -> float:
-        return self._figures()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._figures())
-
-    def __len__(self) -> int:
-        return len(self._figures())
-
-    def __repr__(self) -> str:
-        return f"ControllerMetrics({self._figures()!r})"
 
 
 class PathStats(NamedTuple):
@@ -74,17 +41,17 @@ class PathStats(NamedTuple):
     path_id: int
     name: str
     state: str  # "active", "probing", "degraded" or "failed"
-    # Payload (core.counters.PayloadCounters)
+    # The path's counters (core.counters.PathCounters), copied: payload ...
     payload_bytes: int  # payload sent, retransmissions and hedges included
     retransmitted_bytes: int
     hedged_bytes: int
     repair_bytes: int  # erasure-code repair symbols sent on this path (core.fec)
-    # Core packets (DatagramCounters)
+    # ... core packets ...
     packets_sent: int
     bytes_sent: int  # datagram bytes (headers and tags included) of every packet sent
     packets_lost: int
     spurious_losses: int  # declared lost, acknowledged later
-    # Path events (PathEventCounters)
+    # ... and events
     failures: int  # times the path entered the failed state
     resumes: int  # careful resumes from a previous session's saved state (Session.resume_path) ...
     resumes_dropped: int  # ... and saved states dropped because the route's RTT had moved
@@ -101,7 +68,15 @@ class PathStats(NamedTuple):
     packet_bytes: int  # data bytes of the path's core packets now (grown on fast paths, core.packet_size)
     pacing_rate_bps: float  # what the path is paced at: the controller's rate under the path's cap
     cc_state: str  # the controller's state label ("startup", "probe_bw", ...)
-    cc_metrics: ControllerMetrics  # ``CongestionController.metrics()``, read-only (dict() it for JSON)
+    # ``CongestionController.metrics_figures()``: the figures captured at the snapshot and the
+    # function that names them; read them as ``cc_metrics``.
+    cc_figures: tuple[Callable[[Any], dict[str, float]], Any]
+
+    @property
+    def cc_metrics(self) -> Mapping[str, float]:
+        """``CongestionController.metrics()`` at the snapshot, read-only (dict() it for JSON)."""
+        name, figures = self.cc_figures
+        return MappingProxyType(name(figures))
 
 
 class SessionStats(NamedTuple):
@@ -127,16 +102,19 @@ class SessionStats(NamedTuple):
     paths: tuple[PathStats, ...]
 
 
+_NO_RTT = (None, None)
+_copy_rtt = attrgetter("smoothed_s", "min_s")
+_copy_loss_gauges = attrgetter("bytes_in_flight", "reorder_threshold", "time_threshold")
+
+
 def path_stats(path: Path) -> PathStats:
-    """Snapshot of one path: its three counter groups copied, its gauges read."""
-    rtt, loss, cc = path.rtt, path.loss, path.cc
-    sampled = rtt.has_sample
+    """Snapshot of one path: its counters copied, its gauges read."""
+    rtt, cc = path.rtt, path.cc
     return PathStats._make(
         (path.path_id, path.name, path.health.state)  # a StrEnum member: the state's name itself
-        + copy_payload(path.payload) + copy_datagrams(loss.datagrams) + copy_path_events(path.events)
-        + (rtt.smoothed_s if sampled else None, rtt.min_s if sampled else None, path.bandwidth_bps,
-           loss.bytes_in_flight, loss.reorder_threshold, loss.time_threshold, cc.cwnd_bytes, path.mss,
-           path.pacing_rate_bps, cc.state, ControllerMetrics(*cc.metrics_figures())))
+        + copy_path(path.counters) + (_copy_rtt(rtt) if rtt.has_sample else _NO_RTT) + (path.bandwidth_bps,)
+        + _copy_loss_gauges(path.loss)
+        + (cc.cwnd_bytes, path.mss, path.pacing_rate_bps, cc.state, cc.metrics_figures()))
 
 
 def session_stats(shards: ShardCounters, acked_bytes: int, receiving_bytes: int, hedged_bytes: int,

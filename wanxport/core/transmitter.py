@@ -29,7 +29,7 @@ from wanxport.wire.frames import AckFrame, DataFrame, Frame, ProbeFrame, ShardOp
 
 MAX_CONTROL_PAYLOAD = 1200
 #: A pacing wake-up served this long after it was due is late: a loop's timers are ~1 ms
-#: coarse, and a loop short of CPU runs them 5-20 ms late (PathEventCounters.late_wakes).
+#: coarse, and a loop short of CPU runs them 5-20 ms late (PathCounters.late_wakes).
 LATE_WAKE_S = 0.002
 
 
@@ -64,7 +64,7 @@ class Transmitter:
         host) long before its throughput says why.
         """
         if path.pacing_wake is not None and now - path.pacing_wake > LATE_WAKE_S:
-            path.events.late_wakes += 1
+            path.counters.late_wakes += 1
         path.pacing_wake = None
 
     def control_on(self, path: Path, frame: Frame) -> None:
@@ -250,7 +250,7 @@ class Transmitter:
             not_before = max(now, path.next_send_at)
             self._send(path, frames, now, not_before, out, chunks=[chunk],
                        source=DataSource(shard_id, data, offset, length))
-            counters = path.payload
+            counters = path.counters
             counters.payload_bytes += length
             if kind is ChunkKind.RETRANSMISSION:
                 counters.retransmitted_bytes += length
@@ -304,7 +304,7 @@ class Transmitter:
             return False
         not_before = max(now, path.next_send_at)
         self._send(path, [frame], now, not_before, out)
-        path.payload.repair_bytes += frame.symbol
+        path.counters.repair_bytes += frame.symbol
         self.fec.repair_bytes += frame.symbol
         size = self.config.packet_overhead() + frame.wire_size
         path.next_send_at = not_before + size / (path.pacing_rate_bps / 8)
