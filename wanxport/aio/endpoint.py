@@ -67,7 +67,7 @@ class Endpoint(SessionWindow):
     hands the QUIC-looking datagrams its data path returns (``Received.quic``)
     back to their port's control side, sends to ``config.sockets[i].remote`` by
     address, and leaves the sockets open when it ends. Without ports, a
-    QUIC-looking datagram has no taker: it is counted (``quic_unclaimed``) and dropped.
+    QUIC-looking datagram has no taker: it is counted (``handoff.unclaimed``) and dropped.
     """
 
     def __init__(self, config: EndpointConfig, allocator: Allocator | None = None,

@@ -50,10 +50,10 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, ClassVar
 
 from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.bbr_figures import capture_figures, named_figures
 from wanxport.core.cc.coupling import coupled_gain
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import RttEstimator
@@ -490,31 +490,7 @@ class BbrCongestionController(CongestionController):
 
     def metrics(self) -> dict[str, float]:
         """Adds the model: ``max_bw_bps`` (before any cap), ``bw_cap_bps`` (while one holds), gains."""
-        return _named_figures(_capture_figures(self))
+        return named_figures(capture_figures(self))
 
     def metrics_figures(self) -> tuple[Callable[[Any], dict[str, float]], Any]:
-        return _named_figures, _capture_figures(self)
-
-
-#: The fields ``metrics()`` reports, captured in one C-level call (``metrics_figures``).
-_capture_figures = attrgetter("_cwnd", "_pacing_rate", "_has_bw", "_bw_filter.value", "_bw_cap",
-                              "_pacing_gain", "_cwnd_gain", "_round_count", "_min_rtt_s")
-
-
-def _named_figures(figures: tuple[Any, ...]) -> dict[str, float]:
-    """BBR's metrics from its captured fields: the common three first, then the model's."""
-    cwnd, pacing_rate, has_bw, max_bw, bw_cap, pacing_gain, cwnd_gain, round_count, min_rtt_s = figures
-    named = {
-        "cwnd_bytes": float(cwnd),
-        "pacing_rate_bps": pacing_rate,
-        "bandwidth_bps": min(max_bw, bw_cap) if has_bw else pacing_rate,  # as ``bandwidth_bps``
-        "max_bw_bps": max_bw,
-        "pacing_gain": pacing_gain,
-        "cwnd_gain": cwnd_gain,
-        "round_count": float(round_count),
-    }
-    if bw_cap < math.inf:
-        named["bw_cap_bps"] = bw_cap
-    if min_rtt_s < math.inf:
-        named["min_rtt_s"] = min_rtt_s
-    return named
+        return named_figures, capture_figures(self)
