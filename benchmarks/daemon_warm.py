@@ -51,7 +51,7 @@ async def _transfer(a: GatewayDaemon, src: Path, name: str) -> dict[str, float]:
     if done["state"] != "done":
         raise RuntimeError(f"{name}: {done['state']}: {done['reason']}")
     stats = done["stats"]
-    paths = a.sessions["gw-b"].endpoint.session.stats().paths  # the session is still warm
+    paths = a.sessions["gw-b"].stats().paths  # the session is still warm
     return {"submit_to_done_s": round(wall, 4), "send_s": stats["elapsed_s"],
             "goodput_gbps": round(stats["goodput_bps"] / 1e9, 3),
             "resent_bytes": stats["resent_bytes"], "sessions_dialled": a.dialled,

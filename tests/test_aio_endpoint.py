@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from wanxport.aio import endpoint as endpoint_module
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Endpoint
 from wanxport.aio.verify import ShardHasher
+from wanxport.core import holdoff as holdoff_module
 from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.digest import shard_digest
 from wanxport.core.stats import PathStats
@@ -176,7 +176,7 @@ async def test_forged_datagrams_are_rejected_and_the_transfer_completes(
     assert counters.get("rejected_conn", 0) >= 2 * 20
     assert counters.get("rejected_marker", 0) >= 2 * 20
     # QUIC-looking ones are set apart by both receivers and, with no control side, dropped.
-    assert counters.get("passed_quic", 0) >= 2 * 10 and pair.b.quic_unclaimed >= 2 * 10
+    assert counters.get("passed_quic", 0) >= 2 * 10 and pair.b.handoff.unclaimed >= 2 * 10
 
 
 def throw(pair: Pair, rng: random.Random) -> int:
@@ -250,7 +250,7 @@ async def test_receive_holdoff_yields_while_a_socket_fills(
     that keeps filling drops the transfer's own datagrams) until HOLDOFF_YIELD_S passes
     without such a drain. Without the yield the receiver would hold on throughout. The
     yield (1 s here) is long beside a drain, so the first quiet drain falls within it."""
-    monkeypatch.setattr(endpoint_module, "HOLDOFF_YIELD_S", 1.0)
+    monkeypatch.setattr(holdoff_module, "HOLDOFF_YIELD_S", 1.0)
     pair = pairs(datapath, 1, 1, holdoff_s=0.05)
     receiver = pair.b
     assert receiver.receive_holding  # no RTT sample: a receiver holds from the start

@@ -251,8 +251,8 @@ def per_step_state(group: Group) -> dict[str, int]:
         for name, size in {"verdicts": len(session._completions), "announced": len(session._announced),
                            "announce_waiters": len(session._announce_waiters), "sends": len(link._sends),
                            "pool_by_shard": len(link.pool._by_shard), "pool_held": len(link.pool._held),
-                           "acks": len(endpoint._acks), "rx_buffers": len(endpoint._rx_buffers),
-                           "hashers": len(endpoint._hashers),
+                           "acks": len(endpoint._acks), "rx_buffers": len(endpoint.verifier._buffers),
+                           "hashers": len(endpoint.verifier._hashers),
                            "outgoing": len(endpoint.session.outgoing.shards),
                            "incoming": len(endpoint.session.incoming.shards)}.items():
             sizes[name] = sizes.get(name, 0) + size

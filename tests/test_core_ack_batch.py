@@ -38,7 +38,8 @@ def sender(paths: int = 1) -> tuple[Session, list[int]]:
 def state(session: Session) -> tuple[object, ...]:
     shard = session.outgoing.shards.get(0)
     per_path = tuple((tuple(p.pn for p in path.loss.outstanding()), path.loss.largest_acked,
-                      path.loss.bytes_in_flight, path.loss.packets_lost, path.loss.spurious_losses,
+                      path.loss.bytes_in_flight, path.loss.counters.packets_lost,
+                      path.loss.counters.spurious_losses,
                       tuple(path.loss.remembered_losses()), path.rate.delivered_bytes)
                      for path in session.paths)
     return (per_path, sorted(session.outgoing.retransmit),
@@ -115,8 +116,9 @@ def test_a_late_gap_closing_in_the_same_batch_is_an_acknowledgement_not_a_spurio
     one.receive_packet(0, 0, [first], 0.05)
     one.receive_packet(0, 1, [second], 0.05)
     batched.receive_packets([(0, 0, [first]), (0, 1, [second])], 0.05)
-    assert one.paths[0].loss.spurious_losses == 1
-    assert batched.paths[0].loss.spurious_losses == 0 and batched.paths[0].loss.packets_lost == 0
+    assert one.paths[0].loss.counters.spurious_losses == 1
+    counted = batched.paths[0].loss.counters
+    assert counted.spurious_losses == 0 and counted.packets_lost == 0
     for session in (one, batched):
         assert session.paths[0].loss.bytes_in_flight == 0
         assert session.paths[0].loss.largest_acked == session.paths[0].loss.next_pn - 1
@@ -138,7 +140,7 @@ def test_an_ack_for_an_unknown_path_is_ignored_and_the_rest_of_the_batch_applied
                              (0, 1, [AckFrame(0, 0, ((0, tops[0] - 1),))]),
                              (5, 2, [AckFrame(0, 0, ((0, 9),))])], 0.05)  # on a path we lack
     assert session.paths[0].loss.bytes_in_flight == 0
-    assert session.data_dropped == 1  # the datagram that came in on path 5
+    assert session.counters.data_dropped == 1  # the datagram that came in on path 5
 
 
 def test_ranges_beyond_what_was_sent_acknowledge_only_what_was() -> None:

@@ -99,8 +99,8 @@ def sender_state(session: Session) -> tuple[object, ...]:
     path = session.paths[0]
     shard = session.outgoing.shards.get(0)
     loss = path.loss
-    return ([p.pn for p in loss.outstanding()], loss.largest_acked, loss.bytes_in_flight, loss.packets_lost,
-            loss.spurious_losses, loss.remembered_losses(),
+    return ([p.pn for p in loss.outstanding()], loss.largest_acked, loss.bytes_in_flight,
+            loss.counters.packets_lost, loss.counters.spurious_losses, loss.remembered_losses(),
             sorted(session.outgoing.retransmit), shard.acked.ranges() if shard else None)
 
 

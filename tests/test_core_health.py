@@ -57,7 +57,7 @@ def test_every_state_event_pair(state: PathState, event: HealthEvent) -> None:
     assert before is state
     assert health.state is expected
     assert health.usable == (expected in (A, P))
-    assert health.failures == (1 if expected is F and state is not F else 0)
+    assert health.counters.failures == (1 if expected is F and state is not F else 0)
 
 
 def test_a_path_fails_after_the_probe_miss_limit_and_comes_back_through_probing() -> None:
@@ -69,7 +69,7 @@ def test_a_path_fails_after_the_probe_miss_limit_and_comes_back_through_probing(
     assert health.probe_missed()
     health.fire(MISSES)
     health.fire(MISSES)  # more misses while failed: no second failure
-    assert (health.state, health.failures) == (F, 1)
+    assert (health.state, health.counters.failures) == (F, 1)
     health.fire(ACK)
     assert health.state is P and health.usable
     health.answered()

@@ -94,14 +94,14 @@ def test_bytes_in_flight_follow_sends_acks_and_losses() -> None:
         send(loss, 0.0)
     send_probe(loss, 0.0)  # not in flight: counted as sent, not in flight
     assert loss.bytes_in_flight == 6 * SIZE
-    assert (loss.packets_sent, loss.bytes_sent) == (7, 6 * SIZE + 60)
+    assert (loss.counters.packets_sent, loss.counters.bytes_sent) == (7, 6 * SIZE + 60)
     acked, lost, sample = loss.on_ack(((5, 5),), 0.0, 0.1)
     # Packet threshold 3: pns 5 - 3 = 2 and below are lost; 3 and 4 wait.
     assert [p.pn for p in acked] == [5]
     assert [p.pn for p in lost] == [0, 1, 2]
     assert sample is not None
     assert loss.bytes_in_flight == 2 * SIZE
-    assert loss.packets_lost == 3
+    assert loss.counters.packets_lost == 3
     assert [p.pn for p in loss.outstanding()] == [3, 4, 6]
     assert loss.largest_acked == 5 and loss.last_ack_at == 0.1
 
@@ -121,7 +121,7 @@ def test_a_spurious_loss_widens_both_thresholds_and_is_counted() -> None:
     assert [p.pn for p in lost] == list(range(7))
     assert loss.remembered_losses() == list(range(7))
     loss.on_ack(((0, 9),), 0.0, 0.11)  # every "lost" packet arrived after all: reordering
-    assert loss.spurious_losses == 7
+    assert loss.counters.spurious_losses == 7
     assert loss.remembered_losses() == []
     assert loss.reorder_threshold == 10  # the largest gap seen: 9 - 0 + 1
     assert loss.time_threshold == 4.0  # x1.25 per spurious loss, capped at 4 smoothed RTTs
@@ -138,7 +138,7 @@ def test_a_probe_timeouts_spurious_losses_are_counted_but_widen_neither_threshol
         send(loss, 0.0)
     assert [p.pn for p in loss.declare_all_lost(0.3)] == list(range(10))
     loss.on_ack(((0, 9),), 0.0, 0.31)  # all of it arrived: the timeout was spurious
-    assert loss.spurious_losses == 10 and loss.remembered_losses() == []
+    assert loss.counters.spurious_losses == 10 and loss.remembered_losses() == []
     assert loss.reorder_threshold == INITIAL_REORDER_THRESHOLD
     assert loss.time_threshold == INITIAL_TIME_THRESHOLD
     for _ in range(5):  # the thresholds' own spurious losses still widen them
@@ -146,7 +146,7 @@ def test_a_probe_timeouts_spurious_losses_are_counted_but_widen_neither_threshol
     _, lost, _ = loss.on_ack(((14, 14),), 0.0, 0.5)
     assert [p.pn for p in lost] == [10, 11]
     loss.on_ack(((10, 14),), 0.0, 0.51)
-    assert loss.spurious_losses == 12
+    assert loss.counters.spurious_losses == 12
     assert loss.reorder_threshold == 5  # the gap: 14 - 10 + 1
     assert loss.time_threshold == pytest.approx(INITIAL_TIME_THRESHOLD * 1.25 ** 2)
 

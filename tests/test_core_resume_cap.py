@@ -42,7 +42,7 @@ def _run(memory: PathMemory | None = None, every_s: float = 0.005, until_s: floa
     samples: list[tuple[float, float, int]] = []
 
     def sample(at: float) -> None:
-        samples.append((at, path.pacing_rate_bps, path.resumes))
+        samples.append((at, path.pacing_rate_bps, path.counters.resumes))
 
     for i in range(1, int(until_s / every_s)):
         run.loop.call_at(i * every_s, sample, i * every_s)
@@ -55,7 +55,7 @@ def test_a_restarted_path_resumes_at_half_the_saved_rate_within_a_round_trip() -
     report, run, warm = _run(saved)
     path = run.a.session.paths[0]
     assert report["intact"] and cold_report["intact"]
-    assert (path.resumes, path.resumes_dropped) == (1, 0)
+    assert (path.counters.resumes, path.counters.resumes_dropped) == (1, 0)
     resumed_at = next(i for i, (_, _, resumes) in enumerate(warm) if resumes)
     # The first acknowledgement (one round trip in) validates the route; until then the path
     # is cold, and from then on its first round is paced at half the saved rate, not above.
@@ -75,7 +75,7 @@ def test_saved_state_is_dropped_when_the_rtt_moved_more_than_20_percent(min_rtt_
     moved = PathMemory(RATE_BPS, min_rtt_s=min_rtt_s, srtt_s=min_rtt_s * 1.02, saved_at=0.0)
     report, run, _ = _run(moved)
     path = run.a.session.paths[0]
-    assert (path.resumes, path.resumes_dropped) == (0, 1)
+    assert (path.counters.resumes, path.counters.resumes_dropped) == (0, 1)
     assert run.a.session.stats().paths[0].resumes_dropped == 1
     assert report["completion_s"] == cold_report["completion_s"], "dropped: exactly a cold start"
 

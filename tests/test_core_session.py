@@ -318,7 +318,7 @@ def test_data_before_its_shard_open_is_held_acknowledged_and_placed_on_open() ->
     data = b"abcdefgh"
     b = Session(make_config(paths=1))
     b.receive_packet(0, 0, [DataFrame(5, 4, 4, memoryview(bytearray(data[4:])))], 0.0)
-    assert b.data_dropped == 0
+    assert b.counters.data_dropped == 0
     assert 0 in acknowledged_pns(b, 1.0)  # held: the sender need not re-send it
     assert b.events() == []
     b.receive_packet(0, 1, [ShardOpenFrame(5, 8, shard_digest(data))], 1.1)
@@ -332,7 +332,7 @@ def test_early_data_past_the_hold_limit_is_dropped_unacknowledged() -> None:
     b._early.limit = 6
     b.receive_packet(0, 0, [DataFrame(5, 0, 4, b"abcd")], 0.0)  # held
     b.receive_packet(0, 1, [DataFrame(5, 4, 4, b"efgh")], 0.0)  # 8 > 6 bytes: dropped
-    assert (b.data_dropped, b._early.refused) == (1, 1)
+    assert (b.counters.data_dropped, b._early.refused) == (1, 1)
     b.receive_packet(0, 2, [ProbeFrame(9)], 0.002)  # eliciting and accepted: acknowledged
     acked = acknowledged_pns(b, 1.0)
     assert {0, 2} <= acked and 1 not in acked  # the ACK leaves the dropped packet out
@@ -373,8 +373,8 @@ def test_data_that_overtakes_its_shard_open_is_held_not_resent() -> None:
              for ack in d.frames if isinstance(ack, AckFrame)
              for lo, hi in ack.ranges for pn in range(lo, hi + 1)}
     assert early <= acked, "early DATA was held, so it is acknowledged"
-    assert pair.b.data_dropped == 0
-    assert sum(p.payload.retransmitted_bytes for p in pair.a.paths) == 0  # nothing had to be re-sent
+    assert pair.b.counters.data_dropped == 0
+    assert sum(p.counters.retransmitted_bytes for p in pair.a.paths) == 0  # nothing had to be re-sent
     assert all(e.ok for e in pair.received("b")) and len(pair.received("b")) == 3
     assert sorted((e.shard_id, e.ok) for e in pair.acknowledged("a")) == [(0, True), (1, True), (2, True)]
 
@@ -500,7 +500,7 @@ def test_receive_data_run_equals_one_packet_at_a_time(first_pn: int) -> None:
 def test_receive_data_run_for_an_unopened_shard_is_not_acknowledged() -> None:
     session = Session(make_config(paths=1))
     session.receive_data_run(0, 0, 4, 3, 0, 4000, 0.0)
-    assert session.data_dropped >= 1
+    assert session.counters.data_dropped >= 1
     assert session.paths[0].acks.received.total == 0
     assert not [f for tx in session.poll_transmit(1.0) for f in tx.frames if isinstance(f, AckFrame)]
 
@@ -631,7 +631,7 @@ def test_a_path_whose_shard_open_is_lost_is_not_left_silent() -> None:
     assert lost_opens[0] > 0, "the longer path must have sent (and lost) OPENs of its own"
     assert sorted((e.shard_id, e.ok) for e in pair.acknowledged("a")) == [(i, True) for i in range(4)]
     assert ptos[0] == 0, "the longer path waited for a probe timeout"
-    assert pair.b.data_dropped == 0
+    assert pair.b.counters.data_dropped == 0
 
 
 # -- pacing wake-ups served late --------------------------------------------------------

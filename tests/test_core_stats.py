@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 from pathlib import Path
@@ -70,9 +69,9 @@ def test_a_snapshot_is_frozen_and_does_not_follow_the_session(finished_run: Pair
     session = finished_run.a
     stats = session.stats()
     assert isinstance(stats, SessionStats) and isinstance(stats.paths[0], PathStats)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         stats.hedged_bytes = 1  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         stats.paths[0].payload_bytes = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         stats.paths[0].cc_metrics["cwnd_bytes"] = 0.0  # type: ignore[index]
@@ -140,9 +139,7 @@ def test_the_leak_check_catches_what_it_should() -> None:
 
 
 def test_nothing_outside_the_core_reads_paths_or_controllers() -> None:
-    # The endpoint hands shard buffers to its data path (packet-path's area) - the one known reader.
-    known = {("wanxport/aio/endpoint.py", "reads the session's shard tables"),
-             # EndpointConfig.session is the SessionConfig: its paths are configuration.
+    known = {# EndpointConfig.session is the SessionConfig: its paths are configuration.
              ("wanxport/aio/config.py", "reads Session.paths"),
              # The simulated TCP-like neighbour is its own sender built from core parts (a loss
              # detector and a controller of its own), not a reader of a session's.

@@ -53,10 +53,10 @@ def test_idle_guard_checks_the_first_round_trip_after_a_restart() -> None:
     assert guard.restarting(12.0)
     assert guard.confirm(sent_at=11.9, rtt_sample_s=0.3), "sent before the restart: the old route"
     assert not guard.confirm(sent_at=12.0, rtt_sample_s=0.3), "the first fresh round trip is rerouted"
-    assert guard.reroutes == 1 and guard.memory is None
+    assert guard.counters.reroutes == 1 and guard.memory is None
     assert guard.confirm(sent_at=12.5, rtt_sample_s=0.3), "validated once per restart"
     guard.memory = MEMORY
-    assert guard.restarting(12.0) and guard.confirm(12.1, 0.105) and guard.reroutes == 1
+    assert guard.restarting(12.0) and guard.confirm(12.1, 0.105) and guard.counters.reroutes == 1
     guard.memory = MEMORY
     assert not guard.restarting(10.0 + MAX_AGE_S + 5), "idle for more than an hour: start over"
     assert guard.expired == 1 and guard.memory is None
@@ -69,10 +69,10 @@ def test_a_gap_shorter_than_a_round_trip_is_not_checked_as_a_restart() -> None:
     assert guard.restarting(10.05)
     assert guard.short_gaps == 1 and guard.memory is None
     assert guard.confirm(sent_at=10.05, rtt_sample_s=0.3), "a sample queued by load is not a reroute"
-    assert guard.reroutes == 0
+    assert guard.counters.reroutes == 0
     guard.memory = MEMORY
     assert guard.restarting(10.2), "idle longer than the round trip: the next one is checked"
-    assert not guard.confirm(sent_at=10.2, rtt_sample_s=0.3) and guard.reroutes == 1
+    assert not guard.confirm(sent_at=10.2, rtt_sample_s=0.3) and guard.counters.reroutes == 1
 
 
 ROUTE = """
@@ -117,9 +117,9 @@ def test_warm_state_is_dropped_when_a_path_is_rerouted(rerouted: bool) -> None:
     report = run.run()
     assert report["intact"] is True and len(report["step_s"]) == 3
     moves, stays = run.a.session.paths
-    assert stays.warm.reroutes == 0, "an unchanged path keeps what it learned over the think time"
-    assert moves.warm.reroutes == (1 if rerouted else 0)
-    assert [p.reroutes for p in run.a.session.stats().paths] == [moves.warm.reroutes, 0]
+    assert stays.counters.reroutes == 0, "an unchanged path keeps what it learned over the think time"
+    assert moves.counters.reroutes == (1 if rerouted else 0)
+    assert [p.reroutes for p in run.a.session.stats().paths] == [moves.counters.reroutes, 0]
     if rerouted:
         # The controller and the RTT estimates follow the new route, not the old minimum.
         assert moves.rtt.min_s == pytest.approx(0.120, rel=0.1)

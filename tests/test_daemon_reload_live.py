@@ -52,7 +52,7 @@ async def test_reload_lowers_the_caps_of_the_running_session_without_dropping_it
         while a.store.get(t["id"]).state != "active":  # type: ignore[union-attr]
             await asyncio.sleep(0.005)
         session = a.sessions["gw-b"]
-        core = session.endpoint.session
+        core = session.endpoint.session  # the core: its paths show the caps in force
         assert core.rate_caps_bps() == (300e6, 300e6), "the peer's own cap, not [limits]'"
         rates(a_cfg, 100, 200)
         result = a.reload()
@@ -81,7 +81,7 @@ async def test_a_session_the_peer_dialled_gets_our_caps_for_that_peer(pki: Path,
                 break
             await asyncio.sleep(0.01)
         assert session is not None
-        assert session.endpoint.session.rate_caps_bps() == (70e6, 70e6)
+        assert session.rate_caps_bps() == (70e6, 70e6)
 
 
 async def test_the_diff_names_what_changed_and_what_needs_a_restart(pki: Path, tmp_path: Path) -> None:

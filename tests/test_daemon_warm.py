@@ -56,8 +56,7 @@ def test_only_validated_paths_are_cached_and_survive_a_restart(tmp_path: Path) -
 
     paths = [stats("p0", "probe_bw", 9e9, 0.05), stats("p1", "startup", 5e9, 0.03),
              stats("p2", "probe_rtt", 2e9, None)]
-    session = SimpleNamespace(endpoint=SimpleNamespace(session=SimpleNamespace(
-        stats=lambda: SimpleNamespace(paths=paths))))
+    session = SimpleNamespace(stats=lambda: SimpleNamespace(paths=paths))
     addresses = (("10.0.0.2", 7400), ("10.0.1.2", 7400), ("10.0.2.2", 7400))
     cache = PathCache(tmp_path / "path-cache.json")
     assert cache.save("gw-b", addresses, session) == 1  # type: ignore[arg-type]
@@ -80,7 +79,8 @@ def test_cached_paths_are_offered_to_a_new_session_on_its_clock(tmp_path: Path) 
                              "10.0.1.2:7400": PathMemory(4e9, 0.030, 0.031, now - 7200)}
     paths = (("10.0.0.2", 7400), ("10.0.1.2", 7400), ("10.0.2.2", 7400))
     core = Session(SessionConfig(paths=tuple(PathConfig(f"p{i}") for i in range(3))))
-    session = SimpleNamespace(endpoint=SimpleNamespace(session=core, clock=lambda: 100.0))
+    session = SimpleNamespace(endpoint=SimpleNamespace(clock=lambda: 100.0),
+                              resume_path=lambda path_id, memory: core.resume_path(path_id, memory, 100.0))
     assert cache.resume("gw-b", paths, session) == 1  # type: ignore[arg-type]
     offered = core.paths[0].pending_resume
     assert offered is not None and offered.rate_bps == 8e9
@@ -141,7 +141,7 @@ async def test_a_restarted_daemon_resumes_cached_paths_or_drops_moved_ones(pki: 
         t = await call(client, "submit", "gw-b", str(src))
         assert (await call(client, "wait", t["id"], 60))["state"] == "done"  # type: ignore[index]
         session = a.sessions["gw-b"]  # still warm
-        stats = session.endpoint.session.stats().paths
+        stats = session.stats().paths
         assert [(p.resumes, p.resumes_dropped) for p in stats] == [(1, 0), (0, 1)]
 
 
@@ -159,7 +159,7 @@ async def test_a_rate_capped_gateway_sends_no_faster_than_the_cap(pki: Path, tmp
         assert done["state"] == "done", done  # type: ignore[index]
         stats = done["stats"]  # type: ignore[index]
         session = a.sessions["gw-b"]
-        assert [p.pacing_rate_bps <= 60e6 for p in session.endpoint.session.stats().paths] == [True, True]
+        assert [p.pacing_rate_bps <= 60e6 for p in session.stats().paths] == [True, True]
     elapsed = stats["elapsed_s"]
     assert elapsed >= size * 8 / 120e6, stats
     for path in stats["paths"]:

@@ -225,12 +225,12 @@ def test_receiver_rebuilds_lost_datagrams_that_straddle_symbols() -> None:
     assert rx.on_repair(frames[2], shard, 1.0) == []
     assert not shard.complete
     rx.on_repair(frames[1], shard, 1.0)  # still only 3 for 4 missing symbols
-    assert not shard.complete and rx.blocks_rebuilt == 0
+    assert not shard.complete and rx.counters.blocks_rebuilt == 0
     shard.place(150, data[150:300], 150, 2.0)  # a retransmission: now 2 missing, 3 repair
     rebuilt = rx.on_data(shard, 150, 150, 150, 2.0)
     assert rebuilt == [(600, 700), (700, 763)]
     assert shard.complete and bytes(shard.buffer or b"") == data
-    assert rx.blocks_rebuilt == 1 and rx.repaired_bytes == 150
+    assert rx.counters.blocks_rebuilt == 1 and rx.counters.repaired_bytes == 150
 
 
 def test_block_whose_repair_falls_short_waits_for_the_retransmission() -> None:
@@ -240,11 +240,11 @@ def test_block_whose_repair_falls_short_waits_for_the_retransmission() -> None:
     shard.place(0, data[:50], 50, 0.0)
     shard.place(150, data[150:], 50, 0.0)
     assert rx.on_repair(_repairs(data, k, m, symbol)[0], shard, 1.0) == []
-    assert rx.blocks_short == 1 and not shard.complete  # 2 lost, 1 repair symbol
+    assert rx.counters.blocks_short == 1 and not shard.complete  # 2 lost, 1 repair symbol
     new = shard.place(50, data[50:100], 50, 2.0)  # one comes back by retransmission ...
     assert rx.on_data(shard, 50, 50, new, 2.0) == [(100, 150)]  # ... and repair rebuilds the other
     assert shard.complete and bytes(shard.buffer or b"") == data
-    assert (rx.blocks_rebuilt, rx.blocks_short, rx.repaired_bytes) == (1, 1, 50)
+    assert (rx.counters.blocks_rebuilt, rx.counters.blocks_short, rx.counters.repaired_bytes) == (1, 1, 50)
 
 
 def test_a_repair_frame_outside_its_shard_is_counted_not_placed() -> None:

@@ -124,7 +124,7 @@ async def test_forged_quic_on_a_shared_port_is_counted_and_dropped(pki: Path, da
     assert drops.get("payload_decrypt_error", 0) >= 4  # the fake Initials opened nothing
     assert after == connections  # ... and left no connection state
     assert receiver.datagrams_rejected == 0  # none of it reached the data plane's opener
-    assert receiver.endpoint.quic_unclaimed == 0  # each went to its port's control side
+    assert receiver.endpoint.handoff.unclaimed == 0  # each went to its port's control side
     assert receiver.endpoint.datapath.counters["passed_quic"] >= len(forged)  # + the real control
 
 

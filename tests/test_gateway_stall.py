@@ -40,9 +40,9 @@ async def test_a_stalled_sender_is_timed_out_with_the_reason(tmp_path: Path) -> 
         sending = asyncio.ensure_future(
             sender.send_shard(0, data, ShardAnnounce(0, len(data), shard_digest_hex(data), 0)))
         receiving = asyncio.ensure_future(receiver.receive())
-        incoming = receiver.endpoint.session.incoming
+        incoming = receiver.endpoint.session.incoming  # the core's tables: what the test inspects
         deadline = loop.time() + 20
-        while not (incoming.shards and next(iter(incoming.shards.values())).received.total > 0):
+        while not receiver.receiving_bytes():
             assert loop.time() < deadline, "no data arrived"
             await asyncio.sleep(0.001)
         sender.endpoint.abort()  # the data plane goes silent mid-shard; control stays up
@@ -50,8 +50,10 @@ async def test_a_stalled_sender_is_timed_out_with_the_reason(tmp_path: Path) -> 
         with pytest.raises(SessionFailed, match=r"the sender stalled: no data for 1 s .*shard 0: \d+ of "
                                                 rf"{len(data)} bytes"):
             await receiving
+        # Counted from the last byte placed (the core's stall deadline), which may precede
+        # the abort by the moment this loop took to notice it.
         waited = loop.time() - stalled_at
-        assert 1.0 <= waited < 5.0, waited
+        assert 0.9 <= waited < 5.0, waited
         shard = incoming.shards[0]
         assert 0 < shard.received.total < len(data), "it stalled mid-shard"
         assert incoming.budget.opened <= options.credit_bytes

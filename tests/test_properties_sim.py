@@ -31,7 +31,7 @@ from wanxport.core.recovery import LossDetector
 from wanxport.core.sent_packets import SentPacket
 from wanxport.scenario import Scenario, parse_scenario
 from wanxport.sim import runner as runner_module
-from wanxport.sim.runner import Endpoint, SimOptions, SimRun
+from wanxport.sim.runner import SimEndpoint, SimOptions, SimRun
 from wanxport.wire.protection import NullProtection
 
 # These tests watch a run by replacing SimRun._service; a mypyc-compiled class
@@ -157,7 +157,7 @@ def observe(text: str, options: SimOptions, budget: int | None = None) -> Observ
     service = run._service
     peak_cwnd: dict[tuple[str, int], int] = {}
 
-    def checked_service(endpoint: Endpoint) -> None:
+    def checked_service(endpoint: SimEndpoint) -> None:
         service(endpoint)
         session = endpoint.session
         overhead = session.config.packet_overhead()

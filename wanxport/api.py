@@ -37,7 +37,8 @@ from wanxport.control import ShardAnnounce
 from wanxport.gateway.config import Address, GatewayOptions, parse_hostport
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, IncomingShard, SessionFailed, digest_hex_async
+from wanxport.gateway.session import GatewaySession, SessionFailed, digest_hex_async
+from wanxport.gateway.shards import DeliveredShard
 
 __all__ = ["GatewayOptions", "Listener", "Peer", "SessionFailed", "SetupError", "Shard", "ShardFailed",
            "connect", "listen"]
@@ -139,13 +140,13 @@ class Peer:
     async def _receive_loop(self) -> None:
         try:
             while True:
-                got: IncomingShard = await self.session.receive()
+                got: DeliveredShard = await self.session.receive()
                 await self.session.complete(got.shard_id, "verified" if got.ok else "integrity-failure")
                 self._queue.put_nowait(self._shard(got))
         except Exception as exc:  # noqa: BLE001 - handed to the reader
             self._queue.put_nowait(exc)
 
-    def _shard(self, got: IncomingShard) -> Shard:
+    def _shard(self, got: DeliveredShard) -> Shard:
         placed = self._placed.pop(got.shard_id, None)
         announce = got.announce
         raw = np.frombuffer(got.data, dtype=np.uint8)

@@ -148,7 +148,7 @@ def _cpu_now() -> float:
 def session_diagnostics(endpoint: Any) -> dict[str, Any]:
     """The plain emulated transfer's diagnostics (data-path drops, pacer, per-path loss and
     window) plus the session's recovery counters: what explains a slow step."""
-    stats = endpoint.session.stats()
+    stats = endpoint.stats()
     out = diagnostics(endpoint)
     out["session"] = {k: getattr(stats, k) for k in (
         "hedged_bytes", "repair_bytes", "repaired_bytes", "retransmitted_after_repair_bytes",

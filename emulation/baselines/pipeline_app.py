@@ -60,12 +60,19 @@ class TorchPointToPoint:
 
 
 def closed_sessions(group: Any) -> str:
-    """Each link's session close (code, reason, when), as the transport recorded it."""
+    """Each link's session end (its reason, the peer's, the failure), as the session recorded it."""
     out = []
     for link in group.group.links.values():
-        closed = link.session.endpoint.session.closed
-        out.append(f"{link.name}: " + ("open" if closed is None else
-                                       f"closed code {closed.code} {closed.error!r} at {closed.at:.3f}"))
+        session = link.session
+        if session.end_reason is None:
+            out.append(f"{link.name}: open")
+            continue
+        why = f"{link.name}: ended ({session.end_reason}"
+        if session.peer_reason:
+            why += f"; the peer said {session.peer_reason}"
+        if session.failure is not None:
+            why += f"; {session.failure!r}"
+        out.append(why + ")")
     return ", ".join(out) or "no links"
 
 

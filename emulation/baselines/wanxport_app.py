@@ -142,7 +142,7 @@ async def send(spec: dict[str, Any]) -> None:
     peer = await connect(me, ca, remotes, gateway_options(spec))
     setup_s = time.monotonic() - setup_start
     endpoint = peer.session.endpoint
-    emit({"event": "ready", "paths_agreed": len(endpoint.session.stats().paths)})
+    emit({"event": "ready", "paths_agreed": len(endpoint.stats().paths)})
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     t0 = time.monotonic()
     sampler = Sampler(endpoint, t0, [p["name"] for p in spec["paths"]])
@@ -183,7 +183,7 @@ async def send(spec: dict[str, Any]) -> None:
                      "retransmitted_bytes": p.retransmitted_bytes, "srtt_s": p.srtt_s,
                      "state": p.state, "packets_lost": p.packets_lost, "hedged_bytes": p.hedged_bytes,
                      "repair_bytes": p.repair_bytes}
-                    for name, p in zip(sampler.names, endpoint.session.stats().paths, strict=True)],
+                    for name, p in zip(sampler.names, endpoint.stats().paths, strict=True)],
           "timeline": sampler.timeline, "diag": diagnostics(endpoint)})
     await _close(peer)
 
@@ -220,8 +220,9 @@ def peak_rss_bytes() -> int:
 def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
     """Counters that explain a slow run: data-path drops, pacer backpressure, kernel UDP drops."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    out: dict[str, Any] = {"udp": udp_counters(), "data_runs": endpoint.data_runs,
-                           "data_records": endpoint.data_records, "receive_passes": endpoint.receive_passes,
+    out: dict[str, Any] = {"udp": udp_counters(), "data_runs": endpoint.intake.data_runs,
+                           "data_records": endpoint.intake.data_records,
+                           "receive_passes": endpoint.receive_passes,
                            "holdoff_yields": endpoint.holdoff_yields,
                            # what this gateway cost: its peak memory next to its receive budget
                            "max_rss_bytes": peak_rss_bytes(), "cpu_s": usage.ru_utime + usage.ru_stime,
@@ -239,7 +240,7 @@ def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
                      "pacing_rate_bps": p.pacing_rate_bps, "cwnd_bytes": p.cwnd_bytes,
                      "cc_state": p.cc_state, "srtt_s": p.srtt_s, "late_wakes": p.late_wakes,
                      **_rate_model(p.cc_metrics)}
-                    for p in endpoint.session.stats().paths]
+                    for p in endpoint.stats().paths]
     return out
 
 
@@ -278,7 +279,7 @@ class Sampler:
 
     def record(self) -> None:
         now = round(self.endpoint.clock() - self.t0, 4)
-        for i, p in enumerate(self.endpoint.session.stats().paths):
+        for i, p in enumerate(self.endpoint.stats().paths):
             delta = p.payload_bytes - self.last[i]
             if delta:
                 self.timeline.append({"t_s": now, "path": self.names[i], "bytes": delta})

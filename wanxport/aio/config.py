@@ -85,7 +85,7 @@ class EndpointConfig:
     # uvloop, whose timers count whole milliseconds, less than 1 ms is no hold-off at
     # all. 0: drain at once. Inline data path only (worker threads drain their own sockets).
     # It yields to a socket that fills (a drain stopped at its cap, or kernel drops:
-    # aio.endpoint.HOLDOFF_YIELD_S), which keeps a datagram flood from halving the goodput
+    # core.holdoff.HOLDOFF_YIELD_S), which keeps a datagram flood from halving the goodput
     # as it did before the yield. Off by default all the same: at 1 ms it saves 9-16 % of a
     # bulk receiver's CPU and 18 % of an all-reduce rank's, but made hetero-8path 3-9 %
     # slower in each of 4 quiet same-run pairs.

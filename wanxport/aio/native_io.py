@@ -49,7 +49,7 @@ def enable_gro(fd: FdLike) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class PathStats:
+class NativePathCounters:
     """One path's pacer counters (Pacer.stats())."""
 
     sent_datagrams: int
@@ -146,8 +146,8 @@ class Pacer:
         """Block (without the GIL) until every queue is empty; False on timeout."""
         return bool(self._c.wait_idle(timeout_s))
 
-    def stats(self) -> list[PathStats]:
-        return [PathStats(**s) for s in self._c.stats()]
+    def stats(self) -> list[NativePathCounters]:
+        return [NativePathCounters(**s) for s in self._c.stats()]
 
     def make_resident(self) -> None:
         """Fault in every path's whole ring now, which the pacer otherwise does once a

@@ -5,18 +5,18 @@ wire packet number, its bytes (``Transmit.first_pn``, ``count``,
 ``segment_size``). Consecutive DATA transmits on one path, for one shard, at
 contiguous offsets and consecutive wire numbers, where every one but the last
 is a whole number of segments, become one ``DataPlan``: the datagrams are
-exactly those the transmits give one by one, cut and sealed in one call.
+exactly those the transmits give one by one, cut and sealed in one call. The
+bytes come from each transmit's ``DataSource``: the shard's own buffer, sliced
+by the sealer, never copied here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from wanxport.core.transmit import Transmit
-from wanxport.wire.frames import DataFrame, Frame
-
-ShardLookup = Callable[[int], memoryview]
+from wanxport.wire.frames import Frame
 
 
 @dataclass(slots=True)
@@ -50,26 +50,31 @@ class ControlPlan:
 Plan = DataPlan | ControlPlan
 
 
-def plan_transmits(transmits: Sequence[Transmit], shard_buffer: ShardLookup) -> list[Plan]:
-    """Plans in send order (per path, the order of the transmits)."""
+def plan_transmits(transmits: Sequence[Transmit]) -> list[Plan]:
+    """Plans in send order (per path, the order of the transmits).
+
+    A DATA transmit of a virtual shard (no bytes: the simulator's) has nothing to
+    seal and is refused with a ValueError rather than sent as garbage.
+    """
     plans: list[Plan] = []
     open_runs: dict[int, DataPlan] = {}
     for tx in transmits:
         path = tx.path_id
-        frames = tx.frames
-        frame = frames[0] if len(frames) == 1 else None
-        if isinstance(frame, DataFrame):
+        source = tx.source
+        if source is not None:
             run = open_runs.get(path)
-            if (run is not None and run.shard_id == frame.shard_id and run.segment == tx.segment_size
-                    and run.offset + run.length == frame.offset and run.length % run.segment == 0
+            if (run is not None and run.shard_id == source.shard_id and run.segment == tx.segment_size
+                    and run.offset + run.length == source.offset and run.length % run.segment == 0
                     and run.first_pn + run.count == tx.first_pn):
-                run.length += frame.length
+                run.length += source.length
                 continue
-            run = DataPlan(path, tx.first_pn, frame.shard_id, shard_buffer(frame.shard_id), frame.offset,
-                           frame.length, tx.segment_size, tx.not_before)
+            if source.buffer is None:
+                raise ValueError(f"shard {source.shard_id} is virtual: a data path needs its bytes")
+            run = DataPlan(path, tx.first_pn, source.shard_id, source.buffer, source.offset,
+                           source.length, tx.segment_size, tx.not_before)
             open_runs[path] = run
             plans.append(run)
         else:
             open_runs.pop(path, None)
-            plans.append(ControlPlan(path, tx.first_pn, frames, tx.not_before))
+            plans.append(ControlPlan(path, tx.first_pn, tx.frames, tx.not_before))
     return plans

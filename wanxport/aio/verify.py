@@ -18,13 +18,31 @@ changed mid-transfer, cannot slip in after the hash.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from wanxport.core.digest import new_hasher
+
+Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
 
 #: Hash in steps of at least this many new prefix bytes: a worker job costs
 #: ~50 us of scheduling, small against the ~3 ms it takes to hash 4 MiB.
 HASH_STEP_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedShard:
+    """A shard that arrived; ``ok`` is False when its digest did not match."""
+
+    shard_id: int
+    data: memoryview
+    meta: bytes
+    ok: bool
+    at: float
 
 
 class ShardHasher:
@@ -64,3 +82,66 @@ class ShardHasher:
         if len(rest):
             await self._loop.run_in_executor(None, self._hasher.update, rest)
         return self._hasher.digest()
+
+
+class ShardVerifier:
+    """The receiving shards' buffers and digests: allocated as shards open, advanced as data
+    arrives, checked off the loop once full, handed over once verified.
+
+    ``datapath`` is where the native receiver places data (``add_shard``/``freeze``/
+    ``remove_shard``); ``on_verdict(shard_id, ok)`` is called on the loop with each check's result.
+    """
+
+    def __init__(self, datapath: Any, user_allocator: Allocator | None,
+                 on_verdict: Callable[[int, bool], None]) -> None:
+        self._datapath = datapath
+        self._user_allocator = user_allocator
+        self._on_verdict = on_verdict
+        self._buffers: dict[int, memoryview] = {}
+        self._hashers: dict[int, ShardHasher] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None  # set when the endpoint starts
+
+    @property
+    def open_shards(self) -> Iterable[int]:
+        return self._hashers.keys()
+
+    def allocate(self, shard_id: int, size: int, meta: bytes) -> memoryview:
+        # np.empty, not bytearray(size): zero-filling a large shard would stall the
+        # loop (and overflow the sockets) for tens of milliseconds; the pages are
+        # faulted in by the native placement instead, without the GIL.
+        buffer: Any = (self._user_allocator(shard_id, size, meta) if self._user_allocator
+                       else np.empty(size, dtype=np.uint8))
+        view = memoryview(buffer).cast("B")
+        self._datapath.add_shard(shard_id, view)
+        freeze = functools.partial(self._datapath.freeze, shard_id)
+        self._buffers[shard_id] = view
+        assert self.loop is not None  # shards open only while the endpoint runs
+        self._hashers[shard_id] = ShardHasher(view, self.loop, freeze)
+        return view
+
+    def advance(self, grown: Iterable[int], received_prefix: Callable[[int], int]) -> None:
+        """Advance the digests of the shards that received data.
+
+        Only those: asking every open shard for its prefix after every drain was
+        ~8 calls per wake-up for nothing. A shard whose hashing job was still running
+        catches up at its next data or, at the latest, in ``ShardHasher.finish``.
+        """
+        hashers = self._hashers
+        for shard_id in grown:
+            hasher = hashers.get(shard_id)
+            if hasher is not None:
+                hasher.advance(received_prefix(shard_id))
+
+    def filled(self, shard_id: int, digest: bytes) -> None:
+        """Every byte is in: no more writes, hash the rest, then give the verdict."""
+        self._datapath.remove_shard(shard_id)
+        check = asyncio.ensure_future(self._hashers.pop(shard_id).finish())
+        check.add_done_callback(functools.partial(self._checked, shard_id, digest))
+
+    def _checked(self, shard_id: int, digest: bytes, check: asyncio.Future[bytes]) -> None:
+        ok = not check.cancelled() and check.exception() is None and check.result() == digest
+        self._on_verdict(shard_id, ok)
+
+    def take(self, shard_id: int) -> memoryview:
+        """The buffer of a shard the session handed over."""
+        return self._buffers.pop(shard_id)

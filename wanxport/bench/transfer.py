@@ -203,7 +203,8 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
         return {"done_at": done_at, "sha256": digest.hexdigest(), "ok": all(s.ok for s in got.values()),
                 "bytes": sum(len(s.data) for s in got.values()),
                 "rejected": endpoint.datagrams_rejected, "counters": dict(endpoint.datapath.counters),
-                "data_runs": endpoint.data_runs, "data_records": endpoint.data_records, "cpu_s": cpu_s,
+                "data_runs": endpoint.intake.data_runs, "data_records": endpoint.intake.data_records,
+                "cpu_s": cpu_s,
                 "loop_cpu_s": loop_cpu_s}
     finally:
         await endpoint.close()
@@ -305,12 +306,11 @@ async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[byte
 
 def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], received: dict[str, Any],
             payload_sha: str, wall_s: float) -> dict[str, Any]:
-    session = endpoint.session
     intact = (received["sha256"] == payload_sha and received["ok"] and all(sent["verdicts"])
               and received["bytes"] == spec.size)
     pacer_stats = endpoint.datapath.pacer.stats() if spec.datapath == "native" else None
     paths = []
-    for i, path in enumerate(session.stats().paths):
+    for i, path in enumerate(endpoint.stats().paths):
         extra: dict[str, Any] = {"packets_lost": path.packets_lost,
                                  "spurious_losses": path.spurious_losses,
                                  "pacing_rate_bps": round(path.pacing_rate_bps),
@@ -336,7 +336,7 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
         mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, workers=spec.workers,
         receiver_counters=received["counters"], fec=spec.fec,
-        repair_bytes=session.stats().repair_bytes,
+        repair_bytes=endpoint.stats().repair_bytes,
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
         cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
                       "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
@@ -358,7 +358,7 @@ def _sender_breakdown(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, An
     per_gb = 1e9 / spec.size
     parts = {"loop": sent["loop_cpu_s"], "digest": sent["digest_cpu_s"], "pacer": pacer.cpu_s}
     parts["other"] = sent["cpu_s"] - sum(parts.values())
-    events = {"control_packets": endpoint.control_records, "services": endpoint.services,
+    events = {"control_packets": endpoint.intake.control_records, "services": endpoint.services,
               "plans": endpoint.plans_sent}
     return {"sender_cpu_s_per_gb_by_thread": {k: round(v * per_gb, 4) for k, v in parts.items()},
             "sender_loop_events_per_gb": {k: round(v * per_gb) for k, v in events.items()},

@@ -187,16 +187,16 @@ class SiteLink:
 
     def path_stats(self) -> tuple[PathStats, ...]:
         """This session's paths now (payload bytes sent by us on each, RTT, state)."""
-        return self.session.endpoint.session.stats().paths
+        return self.session.stats().paths
 
     def receiving_bytes(self) -> int:
         """Bytes placed so far in messages from the peer still arriving (not yet whole)."""
-        return int(self.session.endpoint.session.stats().receiving_bytes)
+        return self.session.receiving_bytes()
 
     def transport_bytes(self) -> int:
         """Shard bytes the session has sent (acknowledged) plus received, heartbeats included:
         the session's own count of what crossed between the two sites."""
-        return self.session.stats.bytes_sent + self.session.stats.bytes_received
+        return self.session.totals.bytes_sent + self.session.totals.bytes_received
 
     async def drain(self, timeout_s: float) -> None:
         """Wait (bounded) for our messages still in flight to be verified by the peer."""

@@ -61,4 +61,25 @@ class SessionClosed:
     at: float
 
 
-Event = ShardReceived | ShardFilled | ShardAcknowledged | PathChanged | SessionClosed
+@dataclass(frozen=True, slots=True)
+class ReceiveStalled:
+    """Receiver: shards are open and no data arrived for ``timeout_s`` (``Session.watch_stall``).
+
+    ``open_shards`` were waiting; the lowest-numbered of them, ``shard_id``, held
+    ``received_bytes`` of ``size``. The driver decides what ends (the gateway fails
+    the session with this as the reason).
+    """
+
+    open_shards: int
+    shard_id: int
+    received_bytes: int
+    size: int
+    timeout_s: float
+    at: float
+
+    def describe(self) -> str:
+        return (f"the sender stalled: no data for {self.timeout_s:g} s with {self.open_shards} shard(s) "
+                f"open (shard {self.shard_id}: {self.received_bytes} of {self.size} bytes)")
+
+
+Event = ShardReceived | ShardFilled | ShardAcknowledged | PathChanged | SessionClosed | ReceiveStalled

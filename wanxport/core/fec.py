@@ -70,9 +70,9 @@ class LossEstimate:
 
     def _counts(self, path: Path) -> tuple[int, int, int]:
         loss = path.loss
-        events = max(0, loss.detected_lost - loss.spurious_losses)
+        events = max(0, loss.detected_lost - loss.counters.spurious_losses)
         lost = loss.detected_lost_bytes * events // loss.detected_lost if loss.detected_lost else 0
-        return events, -(-lost // self.datagram_bytes), loss.bytes_sent // self.datagram_bytes
+        return events, -(-lost // self.datagram_bytes), loss.counters.bytes_sent // self.datagram_bytes
 
     def observe(self, path: Path) -> None:
         counts = self._counts(path)

@@ -17,6 +17,7 @@ blocks that hold repair symbols and only when data or repair for them arrives.
 from __future__ import annotations
 
 from wanxport.core import fec_code
+from wanxport.core.counters import RepairReceiveCounters
 from wanxport.core.ranges import RangeSet
 from wanxport.core.shards import IncomingShard
 from wanxport.wire.frames import RepairFrame
@@ -59,12 +60,9 @@ class FecReceiver:
     def __init__(self) -> None:
         self.blocks: dict[int, dict[int, RepairBlock]] = {}
         self.repaired: dict[int, RangeSet] = {}  # per shard: bytes rebuilt rather than received
-        self.repaired_bytes = 0
+        self.counters = RepairReceiveCounters()  # rebuilt and wasted bytes, blocks (core.counters)
         self.repair_received_bytes = 0
-        self.retransmitted_after_repair_bytes = 0  # DATA that arrived for bytes already rebuilt
         self.rejected = 0  # REPAIR frames outside their shard or contradicting their block
-        self.blocks_rebuilt = 0
-        self.blocks_short = 0  # all m repair symbols arrived and were not enough on their own
 
     def on_repair(self, frame: RepairFrame, shard: IncomingShard, now: float) -> list[tuple[int, int]]:
         """Keep a repair symbol; return the byte ranges rebuilt (placed in ``shard``) by it."""
@@ -89,7 +87,8 @@ class FecReceiver:
         repaired = self.repaired.get(shard.shard_id)
         if repaired is not None and new_bytes < length:
             gaps = repaired.gaps(offset, offset + length)
-            self.retransmitted_after_repair_bytes += length - sum(stop - start for start, stop in gaps)
+            wasted = length - sum(stop - start for start, stop in gaps)
+            self.counters.retransmitted_after_repair_bytes += wasted
         blocks = self.blocks.get(shard.shard_id)
         if not blocks or not new_bytes:
             return []
@@ -111,10 +110,10 @@ class FecReceiver:
         if len(missing) > len(block.repairs):
             if len(block.repairs) == block.m and not block.waited:
                 block.waited = True  # retransmissions must bring the rest
-                self.blocks_short += 1
+                self.counters.blocks_short += 1
             return []
         del self.blocks[shard.shard_id][block.offset]
-        self.blocks_rebuilt += 1
+        self.counters.blocks_rebuilt += 1
         end = block.offset + block.length
         ranges = [(block.offset + i * block.symbol, min(end, block.offset + (i + 1) * block.symbol))
                   for i in missing]
@@ -126,6 +125,6 @@ class FecReceiver:
         repaired = self.repaired.setdefault(shard.shard_id, RangeSet())
         for (start, stop), symbol in zip(ranges, symbols, strict=True):
             new = shard.place(start, symbol, stop - start, now)
-            self.repaired_bytes += new
+            self.counters.repaired_bytes += new
             repaired.add(start, stop)
         return ranges

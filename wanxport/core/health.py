@@ -19,6 +19,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from wanxport.core.cc import CongestionController
+from wanxport.core.counters import PathCounters
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.warm import PathMemory, remember
 
@@ -74,13 +75,14 @@ USABLE_STATES = frozenset({PathState.ACTIVE, PathState.PROBING})
 class PathHealth:
     """One path's health state, its failure probes and what careful resume remembers."""
 
-    __slots__ = ("state", "usable", "failures", "probe_token", "probe_misses", "next_probe_at",
+    __slots__ = ("state", "usable", "counters", "probe_token", "probe_misses", "next_probe_at",
                  "saved")
 
-    def __init__(self) -> None:
+    def __init__(self, counters: PathCounters | None = None) -> None:
+        """``counters``: the path's, whose ``failures`` this counts (entries into FAILED)."""
         self.state = PathState.ACTIVE
         self.usable = True  # may carry new data: active or probing
-        self.failures = 0  # times the path entered FAILED
+        self.counters = PathCounters() if counters is None else counters
         self.probe_token = 0  # token of the latest probe sent
         self.probe_misses = 0  # probe intervals without an answer since the last one
         self.next_probe_at: float | None = None  # when the current probe counts as missed
@@ -103,7 +105,7 @@ class PathHealth:
             self.state = new
             self.usable = new in USABLE_STATES
             if new is PathState.FAILED:
-                self.failures += 1
+                self.counters.failures += 1
         return old
 
     # -- probing ---------------------------------------------------------------

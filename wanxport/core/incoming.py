@@ -54,6 +54,10 @@ class IncomingData:
                                                     buffer)
         return True
 
+    def placed_bytes(self) -> int:
+        """Payload bytes placed in the shards still open (safe from another thread)."""
+        return sum(shard.received.total for shard in list(self.shards.values()))
+
     def accepts(self, shard_id: int, offset: int, length: int) -> bool | None:
         """True: place it; None: a finished shard (ack, discard); False: unknown or out of bounds."""
         shard = self.shards.get(shard_id)

@@ -56,6 +56,11 @@ class OutgoingData:
             opened.append(shard)
         return opened
 
+    def acked_bytes(self) -> int:
+        """Payload bytes the peer acknowledged, over every shard submitted (safe from another thread)."""
+        # Finished shards first: one leaving ``shards`` meanwhile dips the sum, never doubles it.
+        return self.finished_bytes + sum(shard.acked.total for shard in list(self.shards.values()))
+
     @property
     def remaining_bytes(self) -> int:
         """Bytes not yet taken plus bytes to re-send (runs already taken are not counted)."""

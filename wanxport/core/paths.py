@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from wanxport.core.ack_tracker import AckTracker
 from wanxport.core.cc import CongestionController
+from wanxport.core.counters import PathCounters
 from wanxport.core.delivery_rate import DeliveryRateEstimator, RateSample
 from wanxport.core.health import PathHealth, PathState
 from wanxport.core.packet_size import PacketSizer
@@ -39,25 +40,12 @@ from wanxport.core.warm import IdleGuard, PathMemory
 from wanxport.wire.frames import Frame
 
 
-class PayloadCounters:
-    """The data a path carried, for statistics: every payload byte, and which were re-sends or hedges."""
-
-    __slots__ = ("payload_bytes", "retransmitted_bytes", "hedged_bytes", "repair_bytes")
-
-    def __init__(self) -> None:
-        self.payload_bytes = 0
-        self.retransmitted_bytes = 0
-        self.hedged_bytes = 0
-        self.repair_bytes = 0  # erasure-code repair symbols sent (core.fec)
-
-
 class Path:
     """The parts of one path, and the pacing state that joins them to the scheduler."""
 
     __slots__ = ("path_id", "name", "mss", "sizer", "rtt", "rate", "cc", "loss", "acks", "health", "warm",
-                 "payload", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
-                 "_bw_round_at", "needs_open", "pending_control", "max_rate_bps", "pending_resume", "resumes",
-                 "resumes_dropped", "late_wakes")
+                 "counters", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
+                 "_bw_round_at", "needs_open", "pending_control", "max_rate_bps", "pending_resume")
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
                  initial_rtt_s: float, *, max_rate_bps: float | None = None,
@@ -69,23 +57,20 @@ class Path:
         self.rtt = RttEstimator(initial_rtt_s=initial_rtt_s)
         self.rate = DeliveryRateEstimator()
         self.cc = cc
-        self.loss = LossDetector(self.rtt, self.rate, cc)
+        self.counters = PathCounters()  # bumped by each part where its events happen (core.counters)
+        self.loss = LossDetector(self.rtt, self.rate, cc, self.counters)
         self.acks = AckTracker()
-        self.health = PathHealth()
-        self.warm = IdleGuard()
-        self.payload = PayloadCounters()
+        self.health = PathHealth(self.counters)
+        self.warm = IdleGuard(self.counters)
         self.next_send_at = 0.0  # pacing: earliest departure of the next packet
         self.last_departure_at = 0.0  # departure of the latest packet handed out
         self.pacing_wake: float | None = None  # set while data waits for the pacing horizon
-        self.late_wakes = 0  # pacing wake-ups served late (Transmitter.clear_wake)
         self.bandwidth_bps = 0.0  # max-filtered delivery rate, for the scheduler
         self._bw_round_at = 0.0
         self.needs_open: set[int] = set()  # shards whose SHARD_OPEN this path has not carried
         self.pending_control: list[Frame] = []  # path-specific frames: probes, probe answers
         self.max_rate_bps = float("inf") if max_rate_bps is None else max_rate_bps
         self.pending_resume: PathMemory | None = None
-        self.resumes = 0
-        self.resumes_dropped = 0
 
     @property
     def state(self) -> PathState:
@@ -164,8 +149,9 @@ class Path:
         """Grow or shrink the core packets for the bandwidth and the share of lost packets
         (spurious losses are not losses) measured so far (``core.packet_size``)."""
         assert self.sizer is not None
-        loss = self.loss
-        lossy = (loss.packets_lost - loss.spurious_losses) / loss.packets_sent if loss.packets_sent else 0.0
+        counted = self.counters
+        lossy = ((counted.packets_lost - counted.spurious_losses) / counted.packets_sent
+                 if counted.packets_sent else 0.0)
         self.mss = self.sizer.update(min(self.bandwidth_bps, self.max_rate_bps), self.cc.in_startup, lossy)
 
     def restart_from_idle(self, now: float) -> None:
@@ -184,9 +170,9 @@ class Path:
         self.pending_resume = None
         if memory.same_route(self.rtt.latest_adjusted_s):
             self.cc.on_path_resume(now, memory.rate_bps)
-            self.resumes += 1
+            self.counters.resumes += 1
         else:
-            self.resumes_dropped += 1
+            self.counters.resumes_dropped += 1
 
     def _rerouted(self, now: float) -> None:
         """The first round trip after an idle gap shows another route: forget the old one."""

@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from wanxport.core.cc import CongestionController
+from wanxport.core.counters import PathCounters
 from wanxport.core.delivery_rate import DeliveryRateEstimator, RateSample
 from wanxport.core.ranges import RangeSet
 from wanxport.core.rtt import RttEstimator
@@ -46,11 +47,13 @@ class LossDetector:
 
     __slots__ = ("rtt", "rate", "cc", "next_pn", "_sent", "bytes_in_flight", "largest_acked",
                  "last_ack_at", "pto_count", "reorder_threshold", "time_threshold",
-                 "_recently_lost", "_recently_lost_pns", "_timed_out", "packets_sent", "bytes_sent",
-                 "packets_lost", "spurious_losses", "detected_lost", "detected_lost_bytes",
+                 "_recently_lost", "_recently_lost_pns", "_timed_out", "counters", "detected_lost",
+                 "detected_lost_bytes",
                  "_quiet", "_resumed_at")
 
-    def __init__(self, rtt: RttEstimator, rate: DeliveryRateEstimator, cc: CongestionController) -> None:
+    def __init__(self, rtt: RttEstimator, rate: DeliveryRateEstimator, cc: CongestionController,
+                 counters: PathCounters | None = None) -> None:
+        """``counters``: the path's, whose packet counts this keeps (its own when None)."""
         self.rtt = rtt
         self.rate = rate
         self.cc = cc
@@ -71,10 +74,7 @@ class LossDetector:
         # hetero-8path on a saturated 2-core host: each timeout on its 20 ms path, all spurious,
         # took the time threshold from 9/8 to 4 RTTs for the rest of the run.
         self._timed_out: set[int] = set()
-        self.packets_sent = 0
-        self.bytes_sent = 0
-        self.packets_lost = 0
-        self.spurious_losses = 0
+        self.counters = PathCounters() if counters is None else counters  # packets sent, lost
         # Losses found by the thresholds (not a probe timeout's "everything in flight"), and
         # their bytes not confirmed by a partial acknowledgement: the datagrams really lost,
         # which the erasure-coded tail prices its repair by (core.fec).
@@ -97,8 +97,9 @@ class LossDetector:
                 self._quiet, self._resumed_at = False, packet.sent_at
             self.cc.on_packet_sent(packet.sent_at, packet.size, self.bytes_in_flight)
             self.bytes_in_flight += packet.size
-        self.packets_sent += 1
-        self.bytes_sent += packet.size
+        counted = self.counters
+        counted.packets_sent += 1
+        counted.bytes_sent += packet.size
 
     # -- what is outstanding -------------------------------------------------------
 
@@ -237,7 +238,7 @@ class LossDetector:
         for pn in delivered:
             timed_out = pn in self._timed_out
             self._forget_loss(pn)
-            self.spurious_losses += 1
+            self.counters.spurious_losses += 1
             if timed_out:
                 continue  # a stall, not reordering: the thresholds stay
             gap = self.largest_acked - pn + 1
@@ -311,7 +312,7 @@ class LossDetector:
             self._recently_lost[packet.pn] = now
             if timed_out:
                 self._timed_out.add(packet.pn)
-        self.packets_lost += len(lost)
+        self.counters.packets_lost += len(lost)
         self._forget_old_losses(now)
         if lost_bytes:
             self.cc.on_loss(now, lost_bytes, self.bytes_in_flight, newest_sent, self.rtt)

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
+from wanxport.core.counters import ShardCounters
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.digest import DIGEST_BYTES, shard_digest
 from wanxport.core.early import EarlyData
@@ -37,13 +38,15 @@ from wanxport.core.events import (
 from wanxport.core.failover import Failover
 from wanxport.core.fec_receive import FecReceiver
 from wanxport.core.flow import ReceiveBudget, SendCredit
+from wanxport.core.holdoff import ReceiveHoldoff
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sender_acks import SenderAcks
 from wanxport.core.shards import IncomingShard, OutgoingShard
-from wanxport.core.stats import SessionStats, path_stats
+from wanxport.core.stall import StallWatch
+from wanxport.core.stats import SessionStats, session_stats
 from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
 from wanxport.core.warm import PathMemory
@@ -70,10 +73,12 @@ class Session:
     """Both directions of one multipath session with one peer."""
 
     def __init__(self, config: SessionConfig, allocator: Allocator | None = None, *,
-                 defer_verification: bool = False) -> None:
+                 defer_verification: bool = False, receive_holdoff_s: float = 0.0) -> None:
         """``defer_verification``: a complete shard is announced as ``ShardFilled`` and the
         driver checks its digest (off its event loop) and calls ``shard_verified``;
-        otherwise the session hashes it on the spot (the simulator's choice: no threads)."""
+        otherwise the session hashes it on the spot (the simulator's choice: no threads).
+        ``receive_holdoff_s``: the receive coalescing a driver may apply (``core.holdoff``),
+        never beyond the ACK delay."""
         self.config = config
         self.defer_verification = defer_verification
         group = PathGroup()  # lets coupled controllers see their siblings
@@ -86,19 +91,21 @@ class Session:
         self.scheduler = create_scheduler(config.scheduler, config, self.outgoing)
         self.incoming = IncomingData(ReceiveBudget(config.receive_budget_bytes),
                                      allocator or allocate_bytearray)
+        # Per path its earliest timer, and one more key for the session's own (stall detection).
+        self._deadlines = DeadlineHeap(len(self.paths) + 1)
         self._events: list[Event] = []
-        self._deadlines = DeadlineHeap(len(self.paths))  # per path: its earliest timer
+        self._stall = StallWatch(self._deadlines, len(self.paths), self._events)
+        # Receive coalescing, for the driver to apply: ``receive_holdoff.wait_s()`` when a path
+        # wakes, ``receive_holdoff.after_pass(now, pressed)`` after each receive pass.
+        self.receive_holdoff = ReceiveHoldoff(min(receive_holdoff_s, config.max_ack_delay_s), self.paths)
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
         self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)
         self._fec_rx = FecReceiver()
         self._early = EarlyData()  # DATA that overtook its shard's SHARD_OPEN
         self.closed: SessionClosed | None = None
-        self.data_dropped = 0  # DATA we could not accept (unknown shard, out of bounds)
-        # Totals for stats(): shards (and their bytes) submitted, acknowledged by the peer, received.
-        self._shards_submitted = self._bytes_submitted = 0
-        self._shards_acknowledged = 0
-        self._shards_received = self._bytes_received = 0
+        # Shards (and their bytes) submitted, acknowledged by the peer, received; DATA dropped.
+        self.counters = ShardCounters()
 
     @staticmethod
     def _make_cc(config: SessionConfig, index: int, group: PathGroup) -> CongestionController:
@@ -124,8 +131,9 @@ class Session:
             digest = shard_digest(view) if view is not None else bytes(DIGEST_BYTES)
         shard = OutgoingShard(shard_id, length, view, digest, meta, submitted_at=now)
         self.outgoing.submit(shard)
-        self._shards_submitted += 1
-        self._bytes_submitted += length
+        counters = self.counters
+        counters.shards_submitted += 1
+        counters.bytes_submitted += length
         self._tx.dirty.update(range(len(self.paths)))
 
     @property
@@ -137,37 +145,24 @@ class Session:
         self._events.clear()  # the same list: the failover policy appends to it
         return events
 
-    @property
-    def hedged_bytes(self) -> int:
-        """Payload bytes sent as hedges (copies of data another path already carries)."""
-        return self._tx.hedged_bytes
-
-    def shortest_srtt_s(self) -> float:
-        """The smallest smoothed RTT among the paths measured so far (inf before any): a bound
-        for what a runtime may add to every round trip, such as batching its receives."""
-        return min((p.rtt.smoothed_s for p in self.paths if p.rtt.has_sample), default=float("inf"))
+    def watch_stall(self, timeout_s: float | None, now: float) -> None:
+        """Report ``ReceiveStalled`` when shards are open and no data arrived for ``timeout_s``
+        (None: never); counted from ``now`` or the latest progress (``core.stall``)."""
+        self._stall.watch(timeout_s, now)
 
     def stats(self) -> SessionStats:
-        """A frozen snapshot of the session's and every path's figures (safe from another thread)."""
-        return SessionStats(
-            shards_submitted=self._shards_submitted,
-            shards_acknowledged=self._shards_acknowledged,
-            shards_received=self._shards_received,
-            bytes_submitted=self._bytes_submitted,
-            # Finished shards first: one leaving ``shards`` meanwhile dips the sum, never doubles it.
-            acked_bytes=self.outgoing.finished_bytes + sum(
-                shard.acked.total for shard in list(self.outgoing.shards.values())),
-            bytes_received=self._bytes_received,
-            receiving_bytes=sum(shard.received.total for shard in list(self.incoming.shards.values())),
-            data_dropped=self.data_dropped,
-            hedged_bytes=self._tx.hedged_bytes,
-            repair_bytes=self._tx.fec.repair_bytes,
-            repaired_bytes=self._fec_rx.repaired_bytes,
-            retransmitted_after_repair_bytes=self._fec_rx.retransmitted_after_repair_bytes,
-            repair_blocks_rebuilt=self._fec_rx.blocks_rebuilt,
-            repair_blocks_short=self._fec_rx.blocks_short,
-            paths=tuple(path_stats(path) for path in self.paths),
-        )
+        """A frozen snapshot of the session's and every path's figures (safe from another thread):
+        a copy of the counter groups kept in place (``core.counters``) and the gauges of now."""
+        return session_stats(self.counters, self.acked_bytes(), self.receiving_bytes(), self._tx.hedged_bytes,
+                             self._tx.fec.repair_bytes, self._fec_rx.counters, self.paths)
+
+    def acked_bytes(self) -> int:
+        """Payload bytes the peer acknowledged so far: one figure, no ``stats()`` snapshot taken."""
+        return self.outgoing.acked_bytes()
+
+    def receiving_bytes(self) -> int:
+        """Payload bytes held in incoming shards not yet handed to the application."""
+        return self.incoming.placed_bytes()
 
     def pacing_rates_bps(self) -> list[float]:
         """Each path's pacing rate, bits/s, in path order: what a driver's pacer should follow.
@@ -257,7 +252,7 @@ class Session:
     def _receive(self, path_id: int, packet_number: int, frames: list[Frame], now: float,
                  pending: dict[int, list[AckFrame]]) -> None:
         if not 0 <= path_id < len(self.paths):
-            self.data_dropped += 1
+            self.counters.data_dropped += 1
             return
         path = self.paths[path_id]
         eliciting = False
@@ -305,11 +300,11 @@ class Session:
         with the same outcome as ``receive_packet`` of each datagram's DATA frame.
         """
         if not 0 <= path_id < len(self.paths) or count < 1:
-            self.data_dropped += 1
+            self.counters.data_dropped += 1
             return
         verdict = self.incoming.accepts(shard_id, offset, length)
         if verdict is False:
-            self.data_dropped += 1  # not acknowledged: the sender re-sends once the shard is open
+            self.counters.data_dropped += 1  # not acknowledged: the sender re-sends once the shard is open
             return
         if verdict:
             self._place(self.incoming.shards[shard_id], offset, None, length, now)
@@ -327,7 +322,7 @@ class Session:
         if not verdict:
             if frame.shard_id not in self.incoming.shards and self._early.hold(frame):
                 return True  # acknowledged: placed when its SHARD_OPEN arrives (core.early)
-            self.data_dropped += 1
+            self.counters.data_dropped += 1
             return False
         self._place(self.incoming.shards[frame.shard_id], frame.offset, frame.data, frame.length, now)
         return True
@@ -337,6 +332,8 @@ class Session:
         """Accepted DATA ``[offset, offset + length)`` of an open shard (``data=None``: placed by
         the native data path, or virtual): record it, let the erasure code see it, finish."""
         new_bytes = shard.place(offset, data, length, now)
+        if new_bytes:
+            self._stall.progress(now)
         if shard.shard_id in self._fec_rx.blocks or shard.shard_id in self._fec_rx.repaired:
             self._confirm_rebuilt(shard, self._fec_rx.on_data(shard, offset, length, new_bytes, now))
         self._check_complete(shard, now)
@@ -346,9 +343,10 @@ class Session:
         verdict = self.incoming.accepts(frame.shard_id, 0, 0)  # the block's range: core.fec_receive
         if not verdict:
             if verdict is False:
-                self.data_dropped += 1
+                self.counters.data_dropped += 1
             return
         shard = self.incoming.shards[frame.shard_id]
+        self._stall.progress(now)
         self._confirm_rebuilt(shard, self._fec_rx.on_repair(frame, shard, now))
         self._check_complete(shard, now)
 
@@ -397,17 +395,21 @@ class Session:
         """A checked shard goes to the application, its verdict and our credit to the peer."""
         self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
                                           shard.verified is True, now))
-        self._shards_received += 1
-        self._bytes_received += shard.size
+        self.counters.shards_received += 1
+        self.counters.bytes_received += shard.size
+        self._stall.progress(now)
         self._fec_rx.forget_shard(shard.shard_id)
         self._tx.control.append(ShardDoneFrame(shard.shard_id, status))
         self._tx.control.append(CreditFrame(self.incoming.budget.limit))
 
     def _on_control(self, path: Path, frame: Frame, now: float) -> None:
         if isinstance(frame, ShardOpenFrame):
+            opening = frame.shard_id not in self.incoming.shards
             if not self.incoming.open(frame):
                 self._violation(now, self.incoming.refusal)
                 return
+            if opening:
+                self._stall.progress(now)
             for held in self._early.release(frame.shard_id):
                 if not self._on_data(held, now):  # acknowledged, so it must fit
                     self._violation(now, f"DATA [{held.offset}, {held.offset + held.length}) sent "
@@ -417,7 +419,7 @@ class Session:
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:
-                self._shards_acknowledged += 1
+                self.counters.shards_acknowledged += 1
                 self.scheduler.forget_shard(shard.shard_id)
                 for p in self.paths:  # a path that never carried its SHARD_OPEN (it was down)
                     p.needs_open.discard(shard.shard_id)
@@ -474,8 +476,12 @@ class Session:
 
     def on_deadline(self, now: float) -> None:
         self._flush_timers()
-        for path_id in self._deadlines.pop_due(now):
-            self._fire(self.paths[path_id], now)
+        paths = self.paths
+        for key in self._deadlines.pop_due(now):
+            if key < len(paths):
+                self._fire(paths[key], now)
+            else:
+                self._stall.fire(now, self.incoming)
 
     def _fire(self, path: Path, now: float) -> None:
         if path.acks.on_timer(now):

@@ -24,12 +24,12 @@ from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.scheduler import ChunkKind, Scheduler
 from wanxport.core.sent_packets import Chunk, SentPacket
-from wanxport.core.transmit import Transmit, number_datagrams
+from wanxport.core.transmit import DataSource, Transmit, number_datagrams
 from wanxport.wire.frames import AckFrame, DataFrame, Frame, ProbeFrame, ShardOpenFrame
 
 MAX_CONTROL_PAYLOAD = 1200
 #: A pacing wake-up served this long after it was due is late: a loop's timers are ~1 ms
-#: coarse, and a loop short of CPU runs them 5-20 ms late (Path.late_wakes).
+#: coarse, and a loop short of CPU runs them 5-20 ms late (PathCounters.late_wakes).
 LATE_WAKE_S = 0.002
 
 
@@ -64,7 +64,7 @@ class Transmitter:
         host) long before its throughput says why.
         """
         if path.pacing_wake is not None and now - path.pacing_wake > LATE_WAKE_S:
-            path.late_wakes += 1
+            path.counters.late_wakes += 1
         path.pacing_wake = None
 
     def control_on(self, path: Path, frame: Frame) -> None:
@@ -248,8 +248,9 @@ class Transmitter:
             view = data[offset:offset + length] if data is not None else None
             frames: list[Frame] = [DataFrame(shard_id, offset, length, view)]
             not_before = max(now, path.next_send_at)
-            self._send(path, frames, now, not_before, out, chunks=[chunk])
-            counters = path.payload
+            self._send(path, frames, now, not_before, out, chunks=[chunk],
+                       source=DataSource(shard_id, data, offset, length))
+            counters = path.counters
             counters.payload_bytes += length
             if kind is ChunkKind.RETRANSMISSION:
                 counters.retransmitted_bytes += length
@@ -303,14 +304,14 @@ class Transmitter:
             return False
         not_before = max(now, path.next_send_at)
         self._send(path, [frame], now, not_before, out)
-        path.payload.repair_bytes += frame.symbol
+        path.counters.repair_bytes += frame.symbol
         self.fec.repair_bytes += frame.symbol
         size = self.config.packet_overhead() + frame.wire_size
         path.next_send_at = not_before + size / (path.pacing_rate_bps / 8)
         return True
 
     def _send(self, path: Path, frames: list[Frame], now: float, not_before: float,
-              out: list[Transmit], *, chunks: list[Chunk] | None = None,
+              out: list[Transmit], *, chunks: list[Chunk] | None = None, source: DataSource | None = None,
               control: list[Frame] | None = None, in_flight: bool = True, eliciting: bool = True,
               overtake: bool = False) -> None:
         # Packets leave a path in packet-number order: one handed out later never
@@ -330,8 +331,7 @@ class Transmitter:
         overhead = self.config.packet_overhead()
         size = overhead + sum(f.wire_size for f in frames)
         numbering = self.wire[path.path_id]
-        transmit = number_datagrams(numbering, path.path_id, pn, frames,
-                                    chunks[0][2] if chunks is not None else None,
+        transmit = number_datagrams(numbering, path.path_id, pn, frames, source,
                                     self.segments[path.path_id], overhead, not_before)
         out.append(transmit)
         if in_flight or eliciting:

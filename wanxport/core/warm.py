@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wanxport.core.cc import CongestionController
+from wanxport.core.counters import PathCounters
 from wanxport.core.rtt import RttEstimator
 
 #: The share of the saved rate a resumed path's first, unvalidated round may use.
@@ -107,12 +108,14 @@ class IdleGuard:
     the controller or start it over.
     """
 
-    __slots__ = ("memory", "_restarted_at", "reroutes", "expired", "short_gaps")
+    __slots__ = ("memory", "_restarted_at", "counters", "expired", "short_gaps")
 
-    def __init__(self) -> None:
+    def __init__(self, counters: PathCounters | None = None) -> None:
+        """``counters``: the path's, whose ``reroutes`` this counts (restarts whose first
+        round trip showed another route)."""
         self.memory: PathMemory | None = None
         self._restarted_at: float | None = None
-        self.reroutes = 0  # restarts whose first round trip showed another route
+        self.counters = PathCounters() if counters is None else counters
         self.expired = 0  # restarts after an idle gap longer than MAX_AGE_S
         self.short_gaps = 0  # sends resumed within a round trip of going idle: not checked
 
@@ -157,5 +160,5 @@ class IdleGuard:
         self._restarted_at = None
         if memory.same_route(rtt_sample_s):
             return True
-        self.reroutes += 1
+        self.counters.reroutes += 1
         return False

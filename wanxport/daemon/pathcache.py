@@ -53,7 +53,7 @@ class PathCache:
         """Record the session's validated paths; returns how many were saved."""
         now = time.time()
         saved = 0
-        for stats, address in zip(session.endpoint.session.stats().paths, paths, strict=False):
+        for stats, address in zip(session.stats().paths, paths, strict=False):
             if stats.cc_state in SEARCHING or stats.min_rtt_s is None or stats.srtt_s is None or \
                     not stats.bandwidth_bps > 0:
                 log.debug("path %s to %s not saved: %s, min RTT %s, rate %s", stats.name, peer,
@@ -72,7 +72,6 @@ class PathCache:
         """Offer each path of a new session to ``peer`` its saved state; returns how many
         were offered (the core then resumes or drops each at its first acknowledgement)."""
         known = self.entries.get(peer, {})
-        core = session.endpoint.session
         # Saved times are wall-clock (the file outlives the process); the session runs on its
         # driver's clock: carry each entry's age over.
         now_wall, now_session = time.time(), session.endpoint.clock()
@@ -82,7 +81,7 @@ class PathCache:
             if entry is None:
                 continue
             on_session_clock = dataclasses.replace(entry, saved_at=entry.saved_at - now_wall + now_session)
-            if core.resume_path(path_id, on_session_clock, now_session):
+            if session.resume_path(path_id, on_session_clock):
                 offered += 1
         if offered:
             log.info("session to %s: %d paths resume carefully from the path cache", peer, offered)

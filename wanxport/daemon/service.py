@@ -59,7 +59,6 @@ from wanxport.gateway.config import Address
 from wanxport.gateway.files import SOURCE_CHANGED, SourceChanged
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
-from wanxport.gateway.progress import acked_bytes
 from wanxport.gateway.session import GatewaySession
 from wanxport.gateway.transfer import receive_files
 from wanxport.sources import raise_open_file_limit
@@ -291,7 +290,7 @@ class GatewayDaemon:
         force on the running session from its next packet."""
         peer = self.config.peer(session.peer_name)
         caps = self.config.gateway_options(peer).rate_caps_bps if peer is not None else ()
-        session.endpoint.session.set_rate_caps(tuple(caps))
+        session.set_rate_caps(tuple(caps))
 
     # -- receiving -------------------------------------------------------------
 
@@ -562,7 +561,7 @@ class GatewayDaemon:
                             bytes_total=sum(p.size for p in pieces))
             tally = Tally(session)
             task = asyncio.create_task(self._send(session, transfer, pieces, resuming))
-            self._active[transfer.id] = (task, session, acked_bytes(session.endpoint))
+            self._active[transfer.id] = (task, session, session.acked_bytes())
             try:
                 reason = await task
             except asyncio.CancelledError:
@@ -680,7 +679,7 @@ class GatewayDaemon:
         if active is None or held is None:
             return transfer.bytes_done
         _, session, baseline = active
-        return min(transfer.bytes_total, held + max(0, acked_bytes(session.endpoint) - baseline))
+        return min(transfer.bytes_total, held + max(0, session.acked_bytes() - baseline))
 
     async def _watch_stalls(self) -> None:
         """Mark an active transfer ``stalled`` when no byte moved for ``stall_seconds``
@@ -720,7 +719,7 @@ class GatewayDaemon:
         peer = session.peer_name
         if session.end_reason is not None:
             return False, f"the session with peer {peer} ended ({session.end_reason})"
-        states = [p.state for p in session.endpoint.session.stats().paths]
+        states = [p.state for p in session.stats().paths]
         if not any(state in ("active", "probing") for state in states):
             return False, f"peer {peer} unreachable (paths {', '.join(states)})"
         return True, f"peer {peer} acknowledges nothing (paths {', '.join(states)})"
@@ -765,7 +764,7 @@ def _retry(session: GatewaySession) -> bool:
 def _activity(session: GatewaySession) -> tuple[int, ...]:
     """What moved over ``session`` so far, both ways (a shard still arriving counts by its
     bytes): the session is idle while this stays put."""
-    stats = session.endpoint.session.stats()
+    stats = session.stats()
     return (stats.shards_submitted, stats.acked_bytes, stats.shards_received, stats.bytes_received,
             stats.receiving_bytes)
 

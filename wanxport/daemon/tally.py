@@ -17,7 +17,7 @@ from wanxport.gateway.session import GatewaySession
 
 
 def _paths(session: GatewaySession) -> list[tuple[str, int, int]]:
-    return [(p.name, p.payload_bytes, p.retransmitted_bytes) for p in session.endpoint.session.stats().paths]
+    return [(p.name, p.payload_bytes, p.retransmitted_bytes) for p in session.stats().paths]
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Tally:
     def finish(self, payload_bytes: int) -> dict[str, Any]:
         elapsed = time.monotonic() - self.started
         end = {name: (sent, resent) for name, sent, resent in _paths(self.session)}
-        rtts = {p.name: p.srtt_s for p in self.session.endpoint.session.stats().paths}
+        rtts = {p.name: p.srtt_s for p in self.session.stats().paths}
         paths: list[dict[str, Any]] = []
         for name, sent0, resent0 in self._start:
             sent, resent = end.get(name, (sent0, resent0))

@@ -99,7 +99,7 @@ def parse_metrics_address(text: str) -> tuple[str, int]:
 def _session_counters(session: GatewaySession) -> dict[Key, int]:
     """The counters one session contributes, read now."""
     endpoint = session.endpoint
-    snapshot = endpoint.session.stats()
+    snapshot = session.stats()
     peer = session.peer_name
     out: dict[Key, int] = {}
     for path in snapshot.paths:
@@ -108,8 +108,8 @@ def _session_counters(session: GatewaySession) -> dict[Key, int]:
     for name, value in dict(endpoint.datapath.counters).items():
         if name.startswith("rejected_"):
             out[(REJECTED, name.removeprefix("rejected_"))] = int(value)
-    out[(REJECTED, "malformed_control")] = endpoint.malformed_controls
-    stats = session.stats
+    out[(REJECTED, "malformed_control")] = endpoint.intake.malformed_controls
+    stats = session.totals
     out[("wanxport_shards_sent",)] = stats.shards_sent
     out[("wanxport_shards_received",)] = stats.shards_received
     out[("wanxport_acked_bytes",)] = snapshot.acked_bytes
@@ -240,7 +240,7 @@ class GatewayMetrics(Collector):
                                 labels=["peer"])
         for session in sessions:
             peer = session.peer_name
-            for path in session.endpoint.session.stats().paths:
+            for path in session.stats().paths:
                 labels = [peer, path.name]
                 if path.srtt_s is not None and path.min_rtt_s is not None:  # None before a sample
                     families["wanxport_path_srtt_seconds"].add_metric(labels, path.srtt_s)

@@ -10,7 +10,6 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from rich.progress import (
@@ -64,11 +63,6 @@ class Timeline:
     def samples(self) -> list[tuple[float, int]]:
         """The samples, oldest first (for the run report)."""
         return list(zip(self._at[:self._n].tolist(), self._value[:self._n].tolist(), strict=True))
-
-
-def acked_bytes(endpoint: Any) -> int:
-    """Bytes the receiver has acknowledged so far, over all shards of the session."""
-    return int(endpoint.session.stats().acked_bytes)
 
 
 class ProgressMonitor:

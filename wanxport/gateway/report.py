@@ -13,7 +13,7 @@ def session_report(session: GatewaySession, *, payload_bytes: int, delivered_byt
                    completion_s: float, intact: bool, wall_s: float,
                    timeline: list[tuple[float, int]] | None = None, **extra: Any) -> dict[str, Any]:
     endpoint = session.endpoint
-    stats = endpoint.session.stats()
+    stats = session.stats()
     paths = [PathReport(path.name, path.payload_bytes, path.retransmitted_bytes, path.srtt_s, path.state,
                         {"packets_lost": path.packets_lost})
              for path in stats.paths]
@@ -27,7 +27,7 @@ def session_report(session: GatewaySession, *, payload_bytes: int, delivered_byt
         datagrams_rejected=session.datagrams_rejected,
         receiver_counters=dict(endpoint.datapath.counters),
         key_rotations=keys.rotations, peer_key_phase=keys.peer_phase,
-        key_rotation_s=[round(t - session.stats.started, 3) for t in keys.rotation_times],
+        key_rotation_s=[round(t - session.totals.started, 3) for t in keys.rotation_times],
         control_reconnects=getattr(session.channel, "reconnects_total", 0),
         control_via=session.channel.via,
         goodput_timeline=[[t, b] for t, b in (timeline or [])],

@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
@@ -37,40 +35,15 @@ from wanxport.control import (
     for_version,
 )
 from wanxport.core.digest import shard_digest_hex
+from wanxport.core.stats import SessionStats
+from wanxport.core.warm import PathMemory
 
 from .rekey import DataKeys
+from .shards import DeliveredShard, GatewayTotals, SessionFailed, meta_for_peer
 
 log = logging.getLogger(__name__)
 
 ROTATION_CHECK_S = 0.05
-META_SINCE_VERSION_4 = ("mode", "mtime_ns", "symlink")  # file piece meta keys a peer of 3 is not sent
-
-
-class SessionFailed(ConnectionError):
-    """The session ended before the operation finished (peer gone, control lost)."""
-
-
-@dataclass
-class IncomingShard:
-    """A shard that arrived, with the sender's announcement and data-plane metadata."""
-
-    shard_id: int
-    data: memoryview
-    ok: bool
-    announce: ShardAnnounce
-    meta: dict[str, Any]
-    at: float
-
-
-@dataclass
-class SessionStats:
-    started: float = field(default_factory=time.monotonic)
-    first_submit: float | None = None
-    last_ack: float | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    shards_sent: int = 0  # acknowledged by the receiver
-    shards_received: int = 0  # handed to the application
 
 
 async def digest_hex_async(data: Any) -> str:
@@ -85,7 +58,7 @@ class GatewaySession:
                  peer_name: str, *, mode: str, stall_timeout_s: float | None = None,
                  protocol_version: int = PROTOCOL_VERSION) -> None:
         """``stall_timeout_s`` (receiver): fail the session when shards are open and no
-        data arrived for that long (``_watch_stall``); None: wait for ever.
+        data arrived for that long (the core's stall deadline, ``core.stall``); None: wait for ever.
         ``protocol_version``: the version agreed with the peer at setup (``handshake``);
         what this session sends carries nothing newer."""
         self.role = role
@@ -96,7 +69,7 @@ class GatewaySession:
         self.peer_name = peer_name
         self.mode = mode
         self.peer_instance: str | None = None  # the peer process's id (Hello/Welcome.instance)
-        self.stats = SessionStats()
+        self.totals = GatewayTotals()
         self._loop = asyncio.get_running_loop()
         self._announced: dict[int, ShardAnnounce] = {}
         self._announce_waiters: dict[int, asyncio.Future[ShardAnnounce]] = {}
@@ -113,7 +86,8 @@ class GatewaySession:
         if role == "responder" or stall_timeout_s is not None:  # we receive
             self._tasks.append(asyncio.create_task(self._watch_data_close()))
             if stall_timeout_s is not None:
-                self._tasks.append(asyncio.create_task(self._watch_stall(stall_timeout_s)))
+                endpoint.watch_stall(stall_timeout_s)
+                self._tasks.append(asyncio.create_task(self._watch_stall()))
         self._closed = False
         self._close_done = asyncio.Event()
         self._close_reason: str | None = None
@@ -135,10 +109,10 @@ class GatewaySession:
         verdict = self._completion(shard_id)
         await self.channel.send(for_version(announce, self.protocol_version))
         now = self.endpoint.clock()
-        if self.stats.first_submit is None:
-            self.stats.first_submit = now
-        acked = self.endpoint.submit(shard_id, data, json.dumps(self._meta_for_peer(meta)).encode(),
-                                     bytes.fromhex(announce.digest))
+        if self.totals.first_submit is None:
+            self.totals.first_submit = now
+        wire_meta = json.dumps(meta_for_peer(meta, self.protocol_version)).encode()
+        acked = self.endpoint.submit(shard_id, data, wire_meta, bytes.fromhex(announce.digest))
         del data  # the data plane holds it until acknowledged, and no longer
         try:
             ok = await self._until_ended(acked)
@@ -153,9 +127,9 @@ class GatewaySession:
         finally:
             if on_acked is not None:
                 on_acked()
-        self.stats.last_ack = self.endpoint.clock()
-        self.stats.bytes_sent += announce.size_bytes
-        self.stats.shards_sent += 1
+        self.totals.last_ack = self.endpoint.clock()
+        self.totals.bytes_sent += announce.size_bytes
+        self.totals.shards_sent += 1
         status = await self._until_ended(verdict)
         return bool(ok) and status == "verified"
 
@@ -180,13 +154,6 @@ class GatewaySession:
         """Why the receiver did not verify a shard, when it said (a protocol 4 peer)."""
         return self._reasons.get(shard_id)
 
-    def _meta_for_peer(self, meta: dict[str, Any] | None) -> dict[str, Any]:
-        """A file piece's meta without what the agreed protocol does not carry: before 4, a
-        file's mode, mtime and symlink target are not sent (the peer would not apply them)."""
-        if not meta or self.protocol_version >= 4:
-            return meta or {}
-        return {k: v for k, v in meta.items() if k not in META_SINCE_VERSION_4}
-
     async def announce_empty(self, announce: ShardAnnounce) -> bool:
         """A zero-byte shard (an empty file) exists only on the control channel."""
         self._check_alive()
@@ -196,18 +163,18 @@ class GatewaySession:
 
     # -- receiving (responder) -------------------------------------------------
 
-    async def receive(self) -> IncomingShard:
+    async def receive(self) -> DeliveredShard:
         """The next shard that arrived, once its announcement is here too."""
         got: ReceivedShard = await self._until_ended(asyncio.ensure_future(self.endpoint.receive_shard()))
         announce = await self._until_ended(self._announcement(got.shard_id))
-        self.stats.bytes_received += len(got.data)
-        self.stats.shards_received += 1
+        self.totals.bytes_received += len(got.data)
+        self.totals.shards_received += 1
         try:
             meta = json.loads(got.meta) if got.meta else {}
         except ValueError:
             meta = {}
         ok = got.ok and announce.size_bytes == len(got.data)
-        return IncomingShard(got.shard_id, got.data, ok, announce, meta if isinstance(meta, dict) else {},
+        return DeliveredShard(got.shard_id, got.data, ok, announce, meta if isinstance(meta, dict) else {},
                              got.at)
 
     def announcement(self, shard_id: int) -> ShardAnnounce | None:
@@ -257,6 +224,35 @@ class GatewaySession:
     @property
     def datagrams_rejected(self) -> int:
         return self.endpoint.datagrams_rejected
+
+    # -- the transport's figures and steering, for reports, metrics, progress, the daemon --
+    def stats(self) -> SessionStats:
+        """A frozen snapshot of the data plane's figures, every path's included (``core.stats``)."""
+        return self.endpoint.stats()
+
+    def acked_bytes(self) -> int:
+        """Payload bytes the peer acknowledged so far: one integer, no snapshot taken."""
+        return self.endpoint.acked_bytes()
+
+    def receiving_bytes(self) -> int:
+        """Payload bytes held in shards still arriving (not yet handed to the application)."""
+        return self.endpoint.receiving_bytes()
+
+    @property
+    def peer_credit_bytes(self) -> int:
+        """How many bytes of open shards the peer accepts at once (its receive credit)."""
+        return self.endpoint.peer_credit_bytes
+
+    def set_rate_caps(self, caps_bps: tuple[float | None, ...]) -> None:
+        """Each path's sending rate cap (bits/s, None: uncapped), in force from the next packet."""
+        self.endpoint.set_rate_caps(caps_bps)
+
+    def rate_caps_bps(self) -> tuple[float | None, ...]:
+        return self.endpoint.rate_caps_bps()
+
+    def resume_path(self, path_id: int, memory: PathMemory) -> bool:
+        """Offer a path a previous session's saved state (careful resume, ``core.warm``)."""
+        return self.endpoint.resume_path(path_id, memory)
 
     async def close(self, reason: str = "done") -> None:
         """Say goodbye (when still possible), stop the data plane, end the channel."""
@@ -378,26 +374,12 @@ class GatewaySession:
         log.info("data plane closed by the peer (%s)", closed.error or closed.code)
         self._end(f"peer closed the data plane ({closed.error or closed.code})", peer_reason=closed.error)
 
-    async def _watch_stall(self, timeout_s: float) -> None:
+    async def _watch_stall(self) -> None:
         """A sender that opens shards and then stops sending (while its control channel
-        stays alive) would hold our receive budget, and the receiving loop, for ever.
-        Progress is any new byte of any shard, so shards waiting their turn behind
-        others do not count as stalled."""
-        incoming = self.endpoint.session.incoming
-        progress, since = -1, self._loop.time()
-        while True:
-            await asyncio.sleep(min(1.0, timeout_s / 4))
-            now = self._loop.time()
-            open_shards = [s for s in incoming.shards.values() if not s.complete]
-            current = incoming.budget.released + sum(s.received.total for s in incoming.shards.values())
-            if current != progress or not open_shards:
-                progress, since = current, now
-            elif now - since >= timeout_s:
-                shard = min(open_shards, key=lambda s: s.shard_id)
-                self._fail(SessionFailed(
-                    f"the sender stalled: no data for {timeout_s:g} s with {len(open_shards)} shard(s) "
-                    f"open (shard {shard.shard_id}: {shard.received.total} of {shard.size} bytes)"))
-                return
+        stays alive) would hold our receive budget, and the receiving loop, for ever:
+        the core reports it (``ReceiveStalled``) and the session fails with its reason."""
+        stalled = await self.endpoint.wait_stalled()
+        self._fail(SessionFailed(stalled.describe()))
 
     async def _rotate(self) -> None:
         while True:

@@ -13,7 +13,7 @@ from typing import Any
 from wanxport.control import ShardAnnounce
 
 from .files import FileError, FilePiece, FileReader, FileSink, SentAttributes, SourceChanged
-from .progress import ProgressMonitor, acked_bytes
+from .progress import ProgressMonitor
 from .report import session_report
 from .session import GatewaySession, SessionFailed, digest_hex_async
 
@@ -81,9 +81,9 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
     total = sum(p.size for p in pieces)
     reader = FileReader()
     largest = max((p.size for p in pieces), default=0)
-    window = ReadWindow(window_bytes or session.endpoint.session.config.peer_credit_bytes + largest)
-    monitor = ProgressMonitor("sending", total, lambda: acked_bytes(session.endpoint),
-                              origin=session.stats.started, show=show_progress)
+    window = ReadWindow(window_bytes or session.peer_credit_bytes + largest)
+    monitor = ProgressMonitor("sending", total, session.acked_bytes,
+                              origin=session.totals.started, show=show_progress)
     monitor.start()
     tasks: list[asyncio.Task[bool]] = []
 
@@ -132,7 +132,7 @@ async def send_files(session: GatewaySession, pieces: list[FilePiece], *,
             task.cancel()
         await monitor.stop()
     ok = error is None and len(verdicts) == len(pieces) and all(verdicts)
-    stats = session.stats
+    stats = session.totals
     completion = ((stats.last_ack or time.monotonic()) - stats.first_submit
                   if stats.first_submit is not None else 0.0)
     report = session_report(session, payload_bytes=total, delivered_bytes=total if ok else 0,
@@ -148,8 +148,8 @@ async def receive_files(session: GatewaySession, sink: FileSink, *,
                         show_progress: bool | None = None) -> ReceiveResult:
     """Receive until the sender says goodbye; files land in ``sink.directory``."""
     wall_start = time.perf_counter()
-    monitor = ProgressMonitor("receiving", 0, lambda: session.stats.bytes_received,
-                              origin=session.stats.started, show=show_progress)
+    monitor = ProgressMonitor("receiving", 0, lambda: session.totals.bytes_received,
+                              origin=session.totals.started, show=show_progress)
     monitor.start()
     last: list[float] = []
     failures: list[str] = []
@@ -209,7 +209,7 @@ async def receive_files(session: GatewaySession, sink: FileSink, *,
         error = f"the session ended before {', '.join(sorted(incomplete))} arrived"
     ok = error is None and not failures
     delivered = sink.written_bytes  # counted as each file landed: it may be gone by now
-    start = session.stats.started
+    start = session.totals.started
     report = session_report(session, payload_bytes=delivered, delivered_bytes=delivered,
                             completion_s=(last[0] - start) if last else 0.0, intact=ok,
                             wall_s=time.perf_counter() - wall_start, timeline=monitor.timeline,

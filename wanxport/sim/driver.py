@@ -55,6 +55,10 @@ class Driver:
         if controls:
             session.receive_packets(controls, now)
 
+    def receive_pass(self, now: float) -> None:
+        """A receive pass ended (with a receive hold-off in force): the simulated sockets never fill."""
+        self.session.receive_holdoff.after_pass(now, False)
+
     def received_prefix(self, shard_id: int) -> int:
         return self.session.received_prefix(shard_id)
 

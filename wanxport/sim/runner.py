@@ -35,7 +35,7 @@ from typing import Any
 from wanxport.core.cc import cc_config
 from wanxport.core.config import IP_UDP_OVERHEAD, PACER_HEADROOM, PathConfig, SessionConfig, datagram_payload
 from wanxport.core.digest import shard_digest
-from wanxport.core.events import ShardAcknowledged, ShardFilled, ShardReceived
+from wanxport.core.events import ReceiveStalled, ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
 from wanxport.report import PathReport, build_report, spread
 from wanxport.scenario import Scenario, ideal_time_s, relayed_ideal_time_s
@@ -80,20 +80,29 @@ class SimOptions:
     duplicate: float = 0.0  # test-only impairments
     corrupt: float = 0.0
     session: dict[str, Any] = field(default_factory=dict)  # extra SessionConfig fields
+    # The transport policies a gateway runs, off unless asked for (core.holdoff, core.stall):
+    # receive coalescing as aio's endpoint applies it, and the receiver's stall timeout.
+    receive_holdoff_s: float = 0.0
+    stall_timeout_s: float | None = None
 
 
-class Endpoint:
-    """One gateway: a session's driver plus its side of the data path (bytes or virtual)."""
+class SimEndpoint:
+    """One simulated gateway: a session's driver plus its side of the data path (bytes or virtual)."""
 
     def __init__(self, name: str, config: SessionConfig, cutter: DatagramCutter,
-                 receiver: ReferenceReceiver | VirtualReceiver) -> None:
+                 receiver: ReferenceReceiver | VirtualReceiver, receive_holdoff_s: float = 0.0) -> None:
         self.name = name
-        self.session = Session(config, allocator=self.allocate, defer_verification=True)
+        self.session = Session(config, allocator=self.allocate, defer_verification=True,
+                               receive_holdoff_s=receive_holdoff_s)
         self.driver = Driver(self.session)
         self.cutter = cutter
         self.receiver = receiver
         self.timer_at = float("inf")
+        self.coalescing = self.session.receive_holdoff.holdoff_s > 0.0
+        self.held: list[tuple[int, object]] = []  # datagrams waiting out the receive hold-off
+        self.release_at = float("inf")  # when they go in
         self.received: list[ShardReceived] = []
+        self.stalls: list[ReceiveStalled] = []
         self.buffers: dict[int, memoryview] = {}  # bytes mode: shards being received
         self.pacer_free = [0.0] * len(config.paths)  # per path: when its pacer ring is empty
 
@@ -181,21 +190,26 @@ class SimRun:
         self.a = self._endpoint("a", config, 0)
         self.b = self._endpoint("b", config, 1)
         self.directions = ["a->b", "b->a"] if scenario.transfer.direction == "both" else ["a->b"]
+        if options.stall_timeout_s is not None:
+            for receiving in self._receivers():
+                receiving.session.watch_stall(options.stall_timeout_s, 0.0)
         transfer = scenario.transfer
         self.steps = StepTracker(transfer.steps, len(self.shard_sizes), self.directions,
                                  transfer.think_ms / 1000.0)
 
-    def _endpoint(self, name: str, config: SessionConfig, index: int) -> Endpoint:
+    def _endpoint(self, name: str, config: SessionConfig, index: int) -> SimEndpoint:
         n = len(config.paths)
+        holdoff = self.options.receive_holdoff_s
         if self.mode == "virtual":
-            return Endpoint(name, config, DatagramCutter(None, config), VirtualReceiver(n))
+            return SimEndpoint(name, config, DatagramCutter(None, config), VirtualReceiver(n), holdoff)
         # Key 0 seals a->b, key 1 seals b->a; each side opens with the other's.
         rng = random.Random(self.seed)
         keys: list[Protection] = [
             AeadProtection("aes-256-gcm", rng.randbytes(32), rng.randbytes(12)) for _ in range(2)]
         receiver = ReferenceReceiver(0, n)
         receiver.set_key(0, keys[1 - index])
-        return Endpoint(name, config, DatagramCutter(PacketSealer(0, {0: keys[index]}), config), receiver)
+        return SimEndpoint(name, config, DatagramCutter(PacketSealer(0, {0: keys[index]}), config), receiver,
+                           holdoff)
 
     # -- running -------------------------------------------------------------
 
@@ -241,7 +255,7 @@ class SimRun:
     def _payload(self, direction: str, shard_id: int, size: int) -> bytes:
         return shard_payload(self.seed, direction, shard_id, size)
 
-    def _receivers(self) -> list[Endpoint]:
+    def _receivers(self) -> list[SimEndpoint]:
         return [self.b if d == "a->b" else self.a for d in self.directions]
 
     def _finished(self) -> bool:
@@ -253,49 +267,92 @@ class SimRun:
     def _deliver_b(self, path_index: int, packet: object, now: float) -> None:
         self._deliver(self.b, path_index, packet, now)
 
-    def _deliver(self, endpoint: Endpoint, path_index: int, packet: object, now: float) -> None:
-        """One datagram arrived: the data path opens (and places) it, the core learns of it."""
-        receiver = endpoint.receiver
+    def _deliver(self, endpoint: SimEndpoint, path_index: int, packet: object, now: float) -> None:
+        """One datagram arrived: the data path opens (and places) it, the core learns of it.
+
+        While the core's receive hold-off holds (``core.holdoff``), it waits with whatever
+        arrives on any path until the hold-off ends, and they go in as one pass, as
+        aio's endpoint drains its held sockets."""
+        if endpoint.coalescing:
+            wait_s = endpoint.session.receive_holdoff.wait_s()
+            if wait_s > 0.0:
+                if not endpoint.held:
+                    endpoint.release_at = now + wait_s
+                    self.loop.call_at(endpoint.release_at, self._release_held, endpoint)
+                endpoint.held.append((path_index, packet))
+                return
         runs: list[Run] = []
         controls: list[Control] = []
+        self._open(endpoint, path_index, packet, runs, controls)
+        self._hand_in(endpoint, runs, controls, now)
+
+    def _release_held(self, endpoint: SimEndpoint) -> None:
+        """The hold-off ended: what waited goes to the session in one pass."""
+        if self.loop.now >= endpoint.release_at:  # else released early, for a timer: another stands
+            self._flush_held(endpoint)
+
+    def _flush_held(self, endpoint: SimEndpoint) -> None:
+        held, endpoint.held = endpoint.held, []
+        endpoint.release_at = float("inf")
+        runs: list[Run] = []
+        controls: list[Control] = []
+        for path_index, packet in held:
+            self._open(endpoint, path_index, packet, runs, controls)
+        self._hand_in(endpoint, runs, controls, self.loop.now)
+
+    def _hand_in(self, endpoint: SimEndpoint, runs: list[Run], controls: list[Control], now: float) -> None:
+        if runs or controls:
+            endpoint.driver.receive(runs, controls, now)
+        if endpoint.coalescing:
+            endpoint.driver.receive_pass(now)
+        if runs or controls:
+            self._service(endpoint)
+
+    @staticmethod
+    def _open(endpoint: SimEndpoint, path_index: int, packet: object, runs: list[Run],
+              controls: list[Control]) -> None:
+        """Open one datagram into ``runs`` and ``controls``; one on the wrong path is rejected whole."""
+        receiver = endpoint.receiver
         if isinstance(receiver, VirtualReceiver):
             assert isinstance(packet, VirtualDatagram)
             if packet.path_id != path_index:
                 receiver.counters["rejected_path"] += 1
                 return
             receiver.process(packet, runs, controls)
-        else:
-            assert isinstance(packet, bytes)
-            processed = receiver.process((packet,))
-            placed, opened = processed.placed, processed.controls
-            if placed:
-                if placed[0].path_id != path_index:
-                    receiver.counters["rejected_path"] += 1
-                    return
-                runs = fold_runs(placed)
-            for control in opened:
-                if control.path_id != path_index:
-                    receiver.counters["rejected_path"] += 1
-                    return
-                try:
-                    frames = decode_frames(control.plaintext)
-                except WireError:
-                    receiver.counters["malformed"] = receiver.counters.get("malformed", 0) + 1
-                    continue
-                controls.append((control.path_id, control.packet_number, frames))
-        if runs or controls:
-            endpoint.driver.receive(runs, controls, now)
-            self._service(endpoint)
+            return
+        assert isinstance(packet, bytes)
+        processed = receiver.process((packet,))
+        placed, opened = processed.placed, processed.controls
+        if placed and placed[0].path_id != path_index:
+            receiver.counters["rejected_path"] += 1
+            return
+        mine: list[Control] = []
+        for control in opened:
+            if control.path_id != path_index:
+                receiver.counters["rejected_path"] += 1
+                return
+            try:
+                frames = decode_frames(control.plaintext)
+            except WireError:
+                receiver.counters["malformed"] = receiver.counters.get("malformed", 0) + 1
+                continue
+            mine.append((control.path_id, control.packet_number, frames))
+        if placed:
+            runs.extend(fold_runs(placed))
+        controls.extend(mine)
 
-    def _on_timer(self, endpoint: Endpoint) -> None:
+    def _on_timer(self, endpoint: SimEndpoint) -> None:
         now = self.loop.now
         if now < endpoint.timer_at:
             return  # superseded by an earlier or later schedule
         endpoint.timer_at = float("inf")
+        if endpoint.held:
+            # As aio's endpoint: what already arrived goes in before a deadline judges its absence.
+            self._flush_held(endpoint)
         endpoint.driver.fire(now)
         self._service(endpoint)
 
-    def _service(self, endpoint: Endpoint) -> None:
+    def _service(self, endpoint: SimEndpoint) -> None:
         """Collect events, send what the session wants to send, re-arm its timer."""
         driver = endpoint.driver
         now = self.loop.now
@@ -349,6 +406,8 @@ class SimRun:
                 ok = shard_digest(event.buffer) == event.digest
                 driver.verified(event.shard_id, ok, now)
                 filled = True
+            elif isinstance(event, ReceiveStalled):
+                endpoint.stalls.append(event)
         if filled:
             self._service(endpoint)
 

@@ -21,8 +21,9 @@ session creates every controller the same way, whatever its name.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import INITIAL_RTT_S, RttEstimator
@@ -213,3 +214,13 @@ class CongestionController(abc.ABC):
             "pacing_rate_bps": self.pacing_rate_bps,
             "bandwidth_bps": self.bandwidth_bps,
         }
+
+    def metrics_figures(self) -> tuple[Callable[[Any], dict[str, float]], Any]:
+        """:meth:`metrics` as a pair: the figures captured now, and the function that names them.
+
+        A statistics snapshot keeps the pair and names the figures only if someone reads
+        them (``core.stats``): every path of every snapshot asks, few readers look. A
+        controller whose figures are its own fields captures them in one C-level call;
+        by default the dict is built now.
+        """
+        return dict, self.metrics()

@@ -48,10 +48,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.bbr_figures import capture_figures, named_figures
 from wanxport.core.cc.coupling import coupled_gain
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import RttEstimator
@@ -488,13 +490,7 @@ class BbrCongestionController(CongestionController):
 
     def metrics(self) -> dict[str, float]:
         """Adds the model: ``max_bw_bps`` (before any cap), ``bw_cap_bps`` (while one holds), gains."""
-        figures = super().metrics()
-        figures["max_bw_bps"] = self._bw_filter.value
-        figures["pacing_gain"] = self._pacing_gain
-        figures["cwnd_gain"] = self._cwnd_gain
-        figures["round_count"] = float(self._round_count)
-        if self._bw_cap < math.inf:
-            figures["bw_cap_bps"] = self._bw_cap
-        if self._min_rtt_s < math.inf:
-            figures["min_rtt_s"] = self._min_rtt_s
-        return figures
+        return named_figures(capture_figures(self))
+
+    def metrics_figures(self) -> tuple[Callable[[Any], dict[str, float]], Any]:
+        return named_figures, capture_figures(self)

@@ -1,0 +1,54 @@
+"""What a gateway session hands on and counts: delivered shards, its own totals, a piece's meta,
+and the error its calls raise when it ends under them.
+
+Kept apart from ``gateway.session`` (the control dispatch and the shard calls)
+so that the types its users hold do not drag the session's internals along.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from wanxport.control import ShardAnnounce
+
+META_SINCE_VERSION_4 = ("mode", "mtime_ns", "symlink")  # file piece meta keys a peer of 3 is not sent
+
+
+class SessionFailed(ConnectionError):
+    """The session ended before the operation finished (peer gone, control lost)."""
+
+
+@dataclass
+class DeliveredShard:
+    """A shard handed to the application: its bytes and verdict, the sender's announcement and meta."""
+
+    shard_id: int
+    data: memoryview
+    ok: bool
+    announce: ShardAnnounce
+    meta: dict[str, Any]
+    at: float
+
+
+@dataclass
+class GatewayTotals:
+    """What this gateway session moved, counted by the gateway as it hands shards on (mutable;
+    the transport's own figures are the core's frozen snapshot, ``GatewaySession.stats()``)."""
+
+    started: float = field(default_factory=time.monotonic)
+    first_submit: float | None = None
+    last_ack: float | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    shards_sent: int = 0  # acknowledged by the receiver
+    shards_received: int = 0  # handed to the application
+
+
+def meta_for_peer(meta: dict[str, Any] | None, protocol_version: int) -> dict[str, Any]:
+    """A file piece's meta without what the agreed protocol does not carry: before 4, a
+    file's mode, mtime and symlink target are not sent (the peer would not apply them)."""
+    if not meta or protocol_version >= 4:
+        return meta or {}
+    return {k: v for k, v in meta.items() if k not in META_SINCE_VERSION_4}
