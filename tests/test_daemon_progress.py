@@ -157,15 +157,21 @@ def test_the_progress_line_shows_bytes_percent_rate_and_time_left() -> None:
 async def test_transfer_watch_follows_a_transfer_to_the_end(pki: Path, tmp_path: Path) -> None:
     a_cfg, b_cfg = two_sites(tmp_path, pki, extra=SLOW)
     src = source(tmp_path, 8)
-    async with running(a_cfg) as a, running(b_cfg):
+    async with running(a_cfg) as a:
         client = GatewayClient(str(a.config.api_socket))
-        t = await asyncio.to_thread(client.submit, "gw-b", str(src))
+        t = await asyncio.to_thread(client.submit, "gw-b", str(src))  # queued: gw-b is not up yet
         proc = await asyncio.create_subprocess_exec(
             *cli("transfer", "--socket", str(a.config.api_socket), "watch", t["id"]), env=env(),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        buffer = io.StringIO()
-        final = await asyncio.to_thread(watch, client, t["id"], buffer, 0)
+        assert proc.stderr is not None
+        # The watcher has drawn its first line before the peer exists, however slowly it
+        # started, so the transfer's run is rewritten in place after it (not only its end).
+        first = await asyncio.wait_for(proc.stderr.readexactly(2), 60)
+        async with running(b_cfg):
+            out, rest = await asyncio.wait_for(proc.communicate(), 60)
+            err = first + rest
+            buffer = io.StringIO()
+            final = await asyncio.to_thread(watch, client, t["id"], buffer, 0)
     assert final["state"] == "done" and buffer.getvalue().endswith("done\n")
     assert proc.returncode == 0, err
     updates = err.decode().split("\r")

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,22 +119,17 @@ def test_sysusers_file_creates_the_user_and_group(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def reachable(tmp_path: Path) -> Iterator[Path]:
-    """``tmp_path`` searchable (o+x, not readable) by other users for the test, so a daemon
-    running as nobody can reach the directories it is given; modes restored afterwards."""
-    changed: list[tuple[Path, int]] = []
-    for directory in [tmp_path, *tmp_path.parents]:
-        if directory == Path(directory.anchor) or directory == Path("/tmp"):
-            break
-        mode = directory.stat().st_mode & 0o7777
-        if not mode & 0o001:
-            changed.append((directory, mode))
-            directory.chmod(mode | 0o001)
+def reachable() -> Iterator[Path]:
+    """A directory of the test's own, searchable (o+x, not readable) by other users, so a
+    daemon running as nobody can reach the directories it is given. Not under pytest's base
+    temporary directory: pytest keeps that 0700, and a pytest started meanwhile by anyone
+    else on the host resets it."""
+    directory = Path(tempfile.mkdtemp(prefix="wanxport-units-", dir="/tmp"))
+    directory.chmod(0o711)
     try:
-        yield tmp_path
+        yield directory
     finally:
-        for directory, mode in changed:
-            directory.chmod(mode)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _owned_by_nobody(path: Path, mode: int) -> None:
