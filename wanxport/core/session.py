@@ -489,6 +489,9 @@ class Session:
             self._failover.on_probe_timeout(path, now)
         elif next_probe_at is not None and next_probe_at <= now:
             self._failover.on_probe_due(path, now)
+        probe = path.freshness.probe(path.rtt, path.usable, self.closed is None, now)
+        if probe is not None:
+            self._tx.control_on(path, probe)  # an idle path's RTT estimate went stale (core.freshness)
         self._tx.clear_wake(path, now)
         self._tx.dirty.add(path.path_id)
         self._tx.touch(path)

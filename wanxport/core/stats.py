@@ -46,6 +46,7 @@ class PathStats:
     resumes: int  # careful resumes from a previous session's saved state (Session.resume_path) ...
     resumes_dropped: int  # ... and saved states dropped because the route's RTT had moved
     late_wakes: int  # pacing wake-ups served more than 2 ms late: a driver's loop short of CPU
+    rtt_probes: int  # probes sent because the path's RTT estimate had gone unsampled (core.freshness)
     reroutes: int  # idle restarts whose first round trip showed another route (controller reset, core.warm)
     cc_state: str  # the controller's state label ("startup", "probe_bw", ...)
     cc_metrics: Mapping[str, float]  # ``CongestionController.metrics()``, read-only (dict() it for JSON)
@@ -100,6 +101,7 @@ def path_stats(path: Path) -> PathStats:
         resumes=path.resumes,
         resumes_dropped=path.resumes_dropped,
         late_wakes=path.late_wakes,
+        rtt_probes=path.freshness.probes,
         reroutes=path.warm.reroutes,
         cc_state=cc.state,
         cc_metrics=MappingProxyType(cc.metrics()),  # read-only, like the rest of the snapshot
