@@ -38,10 +38,12 @@ STALL_S = 1.0  # the fast path's acknowledgements leave 0.8 s late until then (a
 STALL_EXTRA_RTT_MS = 1600.0
 
 
-def test_the_clock_starts_at_the_first_sample_and_restarts_at_each() -> None:
-    rtt = RttEstimator()
+def test_the_clock_starts_with_the_first_shard_and_restarts_at_each_sample() -> None:
+    rtt = RttEstimator(initial_rtt_s=0.1)
     clock = RttFreshness()
-    assert clock.due_at(rtt) == float("inf")  # nothing measured yet: the data in flight will
+    assert clock.due_at(rtt) == float("inf")  # the session has had nothing to send yet
+    assert clock.start(1.0) and not clock.start(1.5)
+    assert clock.due_at(rtt) == pytest.approx(1.0 + STALE_AFTER_S)  # never measured: from the start
     rtt.update(0.5, 0.0, now=2.0)
     assert clock.due_at(rtt) == pytest.approx(2.0 + STALE_AFTER_RTTS * 0.5)
     assert clock.probe(rtt, usable=True, session_open=True, now=3.0) is None  # not stale yet
@@ -105,6 +107,24 @@ def test_without_the_probes_the_inflated_estimate_sticks(monkeypatch: pytest.Mon
     assert slow_payload[1] > slow_payload[0]
     assert fast.min_rtt_s is not None and fast.min_rtt_s > 0.5  # only stalled samples, ever
     assert slow.payload_bytes > fast.payload_bytes
+
+
+NEVER_MEASURED = SMALL_STEPS.replace('size = "64KiB"', 'size = "16KiB"').replace("steps = 60", "steps = 30")
+
+
+def test_a_path_never_given_data_is_measured_and_then_used() -> None:
+    """Listed first, the slow path measures 55 ms, under the fast path's initial 100 ms
+    estimate, and carries every 16 KiB message (one stripe); the fast path had no sample
+    to correct that until its probe."""
+    text = NEVER_MEASURED.split("[[paths]]")
+    run = SimRun(parse_scenario(text[0] + "[[paths]]" + text[2] + "[[paths]]" + text[1]),
+                 SimOptions(payload_mode="virtual"))
+    report = run.run()
+    assert report["intact"] is True
+    slow, fast = run.a.session.stats().paths
+    assert (slow.name, fast.name) == ("slow", "fast")
+    assert fast.rtt_probes >= 1 and fast.srtt_s is not None and fast.srtt_s < slow.srtt_s
+    assert fast.payload_bytes > 0
 
 
 def test_an_idle_session_probes_each_path_about_once_a_second_and_a_failed_one_not_at_all() -> None:

@@ -10,7 +10,9 @@ So a usable path whose estimate has had no sample for ``max(STALE_AFTER_S,
 STALE_AFTER_RTTS x srtt)`` gets one PROBE frame: ack-eliciting, outside the
 congestion window (not in flight), answered by the peer's ACK like any packet,
 whose RTT sample refreshes the estimate. A path that carries data is sampled on
-every acknowledgement and is never probed; a suspected or failed path has the
+every acknowledgement and is never probed; one that has never been measured
+(the scheduler found another path faster than the initial estimate and never
+gave it data) counts from the session's first submitted shard; a suspected or failed path has the
 failover probes (``core.failover``) and gets none of these. At most one probe
 per interval, and the interval is at least ``STALE_AFTER_S``: about 50 bytes a
 second a path each way, however long the session sits idle.
@@ -36,22 +38,34 @@ INFINITY = float("inf")
 class RttFreshness:
     """One path's freshness clock: when its estimate goes stale, and how many probes refreshed it."""
 
-    __slots__ = ("probed_at", "probes", "stopped")
+    __slots__ = ("started_at", "probed_at", "probes", "stopped")
 
     def __init__(self) -> None:
+        self.started_at = -INFINITY  # the session's first shard: an unmeasured path counts from here
         self.probed_at = -INFINITY  # the latest freshness probe sent
         self.probes = 0
         self.stopped = False  # the session closed: nothing more to keep fresh
 
+    def start(self, now: float) -> bool:
+        """The session has data to send: the clock runs from now on. False if it already ran."""
+        if self.started_at != -INFINITY:
+            return False
+        self.started_at = now
+        return True
+
     def due_at(self, rtt: RttEstimator) -> float:
-        """When the path should be probed if no sample comes first; inf before its first sample
-        (the data in flight measures it, or the probe timeout suspects the path) or once stopped.
+        """When the path should be probed if no sample comes first; inf before the clock started
+        or once it stopped.
 
         The caller asks only for a usable path (active or probing).
         """
-        if self.stopped or not rtt.has_sample:
+        if self.stopped:
             return INFINITY
-        last = rtt.sampled_at if rtt.sampled_at > self.probed_at else self.probed_at
+        last = rtt.sampled_at if rtt.has_sample else self.started_at
+        if self.probed_at > last:
+            last = self.probed_at
+        if last == -INFINITY:
+            return INFINITY
         return last + max(STALE_AFTER_S, STALE_AFTER_RTTS * rtt.smoothed_s)
 
     def probe(self, rtt: RttEstimator, usable: bool, session_open: bool, now: float) -> ProbeFrame | None:

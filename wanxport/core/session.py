@@ -127,6 +127,9 @@ class Session:
         self._shards_submitted += 1
         self._bytes_submitted += length
         self._tx.dirty.update(range(len(self.paths)))
+        for path in self.paths:
+            if path.freshness.start(now):  # even a path never measured gets probed (core.freshness)
+                self._tx.touch(path)
 
     @property
     def sending_done(self) -> bool:
