@@ -10,10 +10,10 @@ So a usable path whose estimate has had no sample for ``max(STALE_AFTER_S,
 STALE_AFTER_RTTS x srtt)`` gets one PROBE frame: ack-eliciting, outside the
 congestion window (not in flight), answered by the peer's ACK like any packet,
 whose RTT sample refreshes the estimate. A path that carries data is sampled on
-every acknowledgement and is never probed; one that has never been measured
-(the scheduler found another path faster than the initial estimate and never
-gave it data) counts from the session's first submitted shard; a suspected or failed path has the
-failover probes (``core.failover``) and gets none of these. At most one probe
+every acknowledgement and is never probed. One never measured (another path
+looked faster than its initial estimate, so it never got data) counts from the
+session's first submitted shard. A suspected or failed path has the failover
+probes (``core.failover``) and gets none of these. At most one probe
 per interval, and the interval is at least ``STALE_AFTER_S``: about 50 bytes a
 second a path each way, however long the session sits idle.
 
