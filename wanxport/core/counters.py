@@ -19,13 +19,14 @@ class PathCounters:
 
     Payload, by the transmitter; core packets, by the loss detector (``core.recovery``);
     failures, by the health machine (``core.health``); careful resumes, by the path;
-    late pacing wake-ups, by the transmitter; reroutes, by the idle guard (``core.warm``).
+    late pacing wake-ups, by the transmitter; RTT freshness probes, by the freshness clock
+    (``core.freshness``); reroutes, by the idle guard (``core.warm``).
     """
 
     __slots__ = FIELDS = (
         "payload_bytes", "retransmitted_bytes", "hedged_bytes", "repair_bytes",
         "packets_sent", "bytes_sent", "packets_lost", "spurious_losses",
-        "failures", "resumes", "resumes_dropped", "late_wakes", "reroutes",
+        "failures", "resumes", "resumes_dropped", "late_wakes", "rtt_probes", "reroutes",
     )
 
     def __init__(self) -> None:
@@ -44,6 +45,7 @@ class PathCounters:
         self.resumes = 0  # careful resumes from a previous session's saved state ...
         self.resumes_dropped = 0  # ... and saved states dropped because the route's RTT had moved
         self.late_wakes = 0  # pacing wake-ups served more than 2 ms late
+        self.rtt_probes = 0  # probes sent because the RTT estimate had gone unsampled (core.freshness)
         self.reroutes = 0  # idle restarts whose first round trip showed another route
 
 

@@ -13,6 +13,8 @@ session use it, so it holds the sending side's parts and the receiving side's:
   memory (``core.health``);
 - ``warm``: what the path learned across an idle gap, checked against the route
   when it sends again (``core.warm``);
+- ``freshness``: when an idle path's RTT estimate is stale enough to probe
+  (``core.freshness``);
 - ``pending_resume``: state a previous session saved (``Session.resume_path``),
   applied or dropped at the path's first acknowledgement, once its RTT is known.
 
@@ -31,6 +33,7 @@ from wanxport.core.ack_tracker import AckTracker
 from wanxport.core.cc import CongestionController
 from wanxport.core.counters import PathCounters
 from wanxport.core.delivery_rate import DeliveryRateEstimator, RateSample
+from wanxport.core.freshness import RttFreshness
 from wanxport.core.health import PathHealth, PathState
 from wanxport.core.packet_size import PacketSizer
 from wanxport.core.recovery import LossDetector
@@ -44,7 +47,7 @@ class Path:
     """The parts of one path, and the pacing state that joins them to the scheduler."""
 
     __slots__ = ("path_id", "name", "mss", "sizer", "rtt", "rate", "cc", "loss", "acks", "health", "warm",
-                 "counters", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
+                 "counters", "freshness", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
                  "_bw_round_at", "needs_open", "pending_control", "max_rate_bps", "pending_resume")
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
@@ -62,6 +65,7 @@ class Path:
         self.acks = AckTracker()
         self.health = PathHealth(self.counters)
         self.warm = IdleGuard(self.counters)
+        self.freshness = RttFreshness(self.counters)
         self.next_send_at = 0.0  # pacing: earliest departure of the next packet
         self.last_departure_at = 0.0  # departure of the latest packet handed out
         self.pacing_wake: float | None = None  # set while data waits for the pacing horizon
@@ -97,10 +101,28 @@ class Path:
 
     @property
     def one_way_s(self) -> float:
-        return self.rtt.smoothed_s / 2
+        """How long a packet the path sends now takes to arrive: half its recent minimum round
+        trip (the route as it is) plus the time the path's own data already queued beyond its
+        pipe takes to drain (bytes in flight over its rate, less a round trip).
+
+        Not half the smoothed RTT: that forgets a high sample only over several more (each
+        takes an eighth off), and a path the scheduler stops using takes no more samples. One
+        stall-inflated start (0.8 s on a 20 ms route) kept every later small message on a
+        55 ms route even with the path probed once its estimate went stale
+        (``core.freshness``); the windowed minimum takes the probe's sample at once.
+        The controllers still read the smoothed RTT; only the scheduler's order reads this.
+        """
+        rtt = self.rtt
+        base = rtt.min_recent_s
+        rate_bps = self.bandwidth_bps if self.bandwidth_bps > 0.0 else self.pacing_rate_bps
+        if not rate_bps > 0.0:
+            return base / 2
+        queued_s = self.loss.bytes_in_flight * 8.0 / rate_bps - base
+        return base / 2 + (queued_s if queued_s > 0.0 else 0.0)
 
     def deadline(self, max_ack_delay_s: float) -> float:
-        """When the path's earliest timer is due (ACK, loss, probe timeout, probe, pacing); inf if none."""
+        """When the path's earliest timer is due (ACK, loss, probe timeout, probe, stale RTT, pacing);
+        inf if none."""
         at = float("inf")
         ack_at = self.acks.ack_at
         if ack_at is not None:
@@ -112,6 +134,9 @@ class Path:
             pto = self.loss.pto_deadline(max_ack_delay_s)
             if pto is not None and pto < at:
                 at = pto
+            stale_at = self.freshness.due_at(self.rtt)
+            if stale_at < at:
+                at = stale_at
         next_probe_at = self.health.next_probe_at
         if next_probe_at is not None and next_probe_at < at:
             at = next_probe_at

@@ -41,6 +41,7 @@ class RttEstimator:
         "rttvar_s",
         "min_s",
         "has_sample",
+        "sampled_at",
         "initial_rtt_s",
         "min_window_s",
         "_recent",
@@ -54,6 +55,7 @@ class RttEstimator:
         self.initial_rtt_s = float(initial_rtt_s)
         self.min_window_s = float(min_window_s)
         self.has_sample = False
+        self.sampled_at = 0.0  # when the latest sample was taken (meaningful once has_sample)
         # Before the first sample every estimate is the initial RTT (RFC 9002 6.2.2),
         # so callers never have to special-case "unknown".
         self.latest_s = self.initial_rtt_s
@@ -81,6 +83,7 @@ class RttEstimator:
         if not latest_rtt_s > 0.0:
             return
         self.latest_s = self.latest_adjusted_s = latest_rtt_s
+        self.sampled_at = now
         if not self.has_sample:
             self.has_sample = True
             self.min_s = latest_rtt_s

@@ -135,6 +135,9 @@ class Session:
         counters.shards_submitted += 1
         counters.bytes_submitted += length
         self._tx.dirty.update(range(len(self.paths)))
+        for path in self.paths:
+            if path.freshness.start(now):  # even a path never measured gets probed (core.freshness)
+                self._tx.touch(path)
 
     @property
     def sending_done(self) -> bool:
@@ -495,6 +498,9 @@ class Session:
             self._failover.on_probe_timeout(path, now)
         elif next_probe_at is not None and next_probe_at <= now:
             self._failover.on_probe_due(path, now)
+        probe = path.freshness.probe(path.rtt, path.usable, self.closed is None, now)
+        if probe is not None:
+            self._tx.control_on(path, probe)  # an idle path's RTT estimate went stale (core.freshness)
         self._tx.clear_wake(path, now)
         self._tx.dirty.add(path.path_id)
         self._tx.touch(path)

@@ -56,6 +56,7 @@ class PathStats(NamedTuple):
     resumes: int  # careful resumes from a previous session's saved state (Session.resume_path) ...
     resumes_dropped: int  # ... and saved states dropped because the route's RTT had moved
     late_wakes: int  # pacing wake-ups served more than 2 ms late: a driver's loop short of CPU
+    rtt_probes: int  # probes sent because the path's RTT estimate had gone unsampled (core.freshness)
     reroutes: int  # idle restarts whose first round trip showed another route (controller reset, core.warm)
     # Gauges, read at the snapshot
     srtt_s: float | None  # smoothed RTT; None before the first sample

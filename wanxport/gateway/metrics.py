@@ -60,6 +60,8 @@ PATH_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("failures", "wanxport_path_failures", "Times the path was declared failed."),
     ("late_wakes", "wanxport_path_late_wakes",
      "Pacing wake-ups of the path served more than 2 ms late (the gateway's loop is short of CPU)."),
+    ("rtt_probes", "wanxport_path_rtt_probes",
+     "Probes sent on the path because its round-trip estimate had gone unsampled for a while."),
     ("reroutes", "wanxport_path_reroutes",
      "Times the path's first round trip after an idle gap showed another route, so its controller "
      "and RTT estimates started over."),
