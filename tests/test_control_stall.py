@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -57,10 +57,10 @@ class ThreadedServer:
         self.thread.start()
         self.received: list[int] = []
         self.ends: list[BaseException | None] = []
+        self._release = threading.Event()
         self.server: ControlServer = self._call(serve_control(
             [("127.0.0.1", 0), ("127.0.0.1", 0)], **ident(pki, "gw-b"), on_session=self._echo,
             idle_timeout_s=IDLE_S, resume_window_s=resume_window_s))
-        self._release = threading.Event()
 
     def _call(self, coro: object) -> ControlServer:
         future: Future[ControlServer] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
@@ -110,7 +110,7 @@ class ThreadedServer:
 
 
 @pytest.fixture
-def make_server(pki: Path) -> Iterator[type[ThreadedServer] | object]:
+def make_server(pki: Path) -> Iterator[Callable[..., ThreadedServer]]:
     servers: list[ThreadedServer] = []
 
     def make(resume_window_s: float = 30.0) -> ThreadedServer:
