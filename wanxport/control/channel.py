@@ -30,6 +30,7 @@ from .link import (
     ControlConnectError,
     ControlConnection,
     SessionRefused,
+    abandon_code,
     dial,
     make_configuration,
 )
@@ -112,8 +113,24 @@ async def serve_control(
     return server
 
 
-async def _dial_one(address: Address, attach: Attach,
-                    options: DialOptions) -> tuple[ControlConnection, Attached]:
+class AttachClaim:
+    """Which of one happy-eyeballs dial's links may attach: the first to finish its handshake.
+
+    Two links attaching one session race at the server (each supersedes the other) and
+    the client cannot tell which one it kept; a starved server finishes several
+    handshakes at once when it wakes. A holder that ends frees the claim."""
+
+    def __init__(self) -> None:
+        self.holder: ControlConnection | None = None
+
+    def take(self, link: ControlConnection) -> bool:
+        if self.holder is None or self.holder.ended:
+            self.holder = link
+        return self.holder is link
+
+
+async def _dial_one(address: Address, attach: Attach, options: DialOptions,
+                    claim: AttachClaim) -> tuple[ControlConnection, Attached]:
     config = make_configuration(
         is_client=True,
         cert=options.cert,
@@ -124,7 +141,7 @@ async def _dial_one(address: Address, attach: Attach,
     )
     return await dial(
         address[0], address[1], attach, config=config, keepalive_s=options.idle_timeout_s / 3,
-        dscp=options.dscp,
+        dscp=options.dscp, may_attach=claim.take,
     )
 
 
@@ -136,20 +153,22 @@ def _describe(exc: BaseException) -> str:
 async def dial_any(
     addresses: list[Address], attach: Attach, options: DialOptions
 ) -> tuple[ControlConnection, Attached]:
-    """Happy-eyeballs dial: first completed handshake + attach wins."""
+    """Happy-eyeballs dial: the first handshake to complete attaches (``AttachClaim``),
+    the others close unattached; its attach answered, that link wins."""
     if not addresses:
         raise ValueError("addresses: give at least one (host, port)")
     pending: dict[asyncio.Task[tuple[ControlConnection, Attached]], Address] = {}
     errors: list[tuple[Address, BaseException]] = []
     next_index = 0
     winner: tuple[ControlConnection, Attached] | None = None
+    claim = AttachClaim()
     try:
         async with asyncio.timeout(options.timeout_s):
             while winner is None:
                 if next_index < len(addresses):
                     address = addresses[next_index]
                     next_index += 1
-                    task = asyncio.create_task(_dial_one(address, attach, options))
+                    task = asyncio.create_task(_dial_one(address, attach, options, claim))
                     pending[task] = address
                 if not pending:
                     break
@@ -163,8 +182,8 @@ async def dial_any(
                         errors.append((address, task.exception()))  # type: ignore[arg-type]
                     elif winner is None:
                         winner = task.result()
-                    else:
-                        task.result()[0].shutdown()
+                    else:  # not while the claim holds; never a goodbye to a resumed session
+                        task.result()[0].shutdown(abandon_code(attach), "another link attached first")
     except TimeoutError:
         pass
     finally:

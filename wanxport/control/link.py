@@ -26,7 +26,7 @@ from typing import cast
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from wanxport.aio.sockets import set_dscp
 
@@ -43,6 +43,7 @@ APP_BYE = 0x0
 APP_SUPERSEDED = 0x1
 APP_PROTOCOL_ERROR = 0x2
 APP_REFUSED = 0x3
+SILENT_INTERVALS = 3  # keepalives (1/3 idle timeout each) heard nothing: lost (``_ping``)
 
 
 class ControlConnectError(ConnectionError):
@@ -153,6 +154,9 @@ class ControlConnection(QuicConnectionProtocol):
         self._decoder = FrameDecoder()
         self._keepalive_s = keepalive_s
         self._keepalive: asyncio.TimerHandle | None = None
+        self._heard_at = 0.0  # loop time of the last datagram from the peer
+        self._listening_since = 0.0  # since when our loop has read its socket in time
+        self._tick_due = 0.0
 
     @property
     def handshake_done(self) -> bool:
@@ -206,14 +210,36 @@ class ControlConnection(QuicConnectionProtocol):
             self._keepalive.cancel()
             self._keepalive = None
 
-    # -- keepalive ---------------------------------------------------------
+    # -- keepalive and silence ------------------------------------------------
+
+    def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
+        self._heard_at = self._loop.time()
+        super().datagram_received(data, addr)
 
     def _ping(self) -> None:
+        """Every ``keepalive_s``: lost once ``SILENT_INTERVALS`` heard nothing, else ping.
+
+        After a stall of our loop QUIC's idle timer is no bound: the acknowledgements read
+        late count the stall as round-trip time and the idle timeout (>= 3 probe timeouts)
+        grows to several stalls, while the peer waits only its resume window. Silence
+        counts time our loop could listen: a tick a whole interval late restarts it."""
         self._keepalive = None
         if self.ended:
             return
+        now = self._loop.time()
+        if now - self._tick_due > self._keepalive_s:
+            self._listening_since = now
+        silent = now - max(self._heard_at, self._listening_since)
+        if silent >= SILENT_INTERVALS * self._keepalive_s:
+            on_lost = self.on_lost
+            self._end()
+            self.close(error_code=APP_SUPERSEDED, reason_phrase="peer silent")
+            on_lost(self, ControlConnectionLost(
+                f"{self.where}: connection lost (nothing heard for {silent:.1f} s)"), True)
+            return
         self._quic.send_ping(0)
         self.transmit()
+        self._tick_due = now + self._keepalive_s
         self._keepalive = self._loop.call_later(self._keepalive_s, self._ping)
 
     # -- events from aioquic -------------------------------------------------
@@ -234,6 +260,8 @@ class ControlConnection(QuicConnectionProtocol):
             self.abort(ControlProtocolError(f"{self.where}: peer does not speak {ALPN}"))
             return
         self.peer_name = peer_certificate_name(self._quic)
+        self._heard_at = self._listening_since = now = self._loop.time()
+        self._tick_due = now + self._keepalive_s
         self._keepalive = self._loop.call_later(self._keepalive_s, self._ping)
         self.on_ready(self)
 
@@ -289,6 +317,12 @@ class ControlConnection(QuicConnectionProtocol):
         on_lost(self, ControlConnectError(f"{self.where}: {detail}"), True)
 
 
+def abandon_code(attach: Attach) -> int:
+    """How a dial given up after its Attach may have been taken closes: a resumption's link
+    is merely lost (the session waits for its client); a new session's says goodbye."""
+    return APP_SUPERSEDED if attach.resume else APP_BYE
+
+
 async def dial(
     host: str,
     port: int,
@@ -297,8 +331,12 @@ async def dial(
     config: QuicConfiguration,
     keepalive_s: float,
     dscp: int | None = None,
+    may_attach: Callable[[ControlConnection], bool] | None = None,
 ) -> tuple[ControlConnection, Attached]:
-    """Connect, authenticate, and attach to a session; no timeout of its own."""
+    """Connect, authenticate, and attach to a session; no timeout of its own.
+
+    ``may_attach(link)``, asked once the handshake is done: False closes the link
+    unattached (another link of the same happy-eyeballs dial attaches)."""
     loop = asyncio.get_running_loop()
     where = f"control connection to {host}:{port}"
     try:
@@ -327,7 +365,14 @@ async def dial(
         if not result.done():
             result.set_exception(exc)
 
-    link.on_ready = lambda link: link.send_frame(attach)
+    def on_ready(link: ControlConnection) -> None:
+        if may_attach is None or may_attach(link):
+            link.send_frame(attach)
+            return
+        link.shutdown(APP_SUPERSEDED, "another control address answered first")
+        result.set_exception(ControlConnectError(f"{where}: another control address answered first"))
+
+    link.on_ready = on_ready
     link.on_frame = on_frame
     link.on_lost = on_lost
     try:
@@ -341,7 +386,7 @@ async def dial(
         link.connect(addr)
         attached = await result
     except BaseException:
-        link.shutdown(APP_BYE, "dial abandoned")
+        link.shutdown(abandon_code(attach), "dial abandoned")
         transport.close()
         raise
     return link, attached

@@ -4,8 +4,9 @@ Multipath users see the same failure again and again: the control connection
 was set up over the path that has just died, so the session dies with it
 although other paths are fine. ``ResilientControl`` keeps the logical session
 (session id, sequence numbers, unacknowledged messages) and, when its link is
-lost (QUIC idle timeout after missed keepalives, or a path error), re-dials
-all control addresses happy-eyeballs style and re-attaches. The server
+lost (nothing heard for an idle timeout of listening, or a path error),
+re-dials all control addresses happy-eyeballs style and re-attaches over the
+first that completes its handshake (one link only: ``channel.AttachClaim``). The server
 answers with what it has consumed, both sides re-send their unacknowledged
 tail, duplicates are dropped by sequence number: every message is delivered
 once and in order across the switch.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ from .session import ControlChannel
 from .tlsauth import install_client_auth
 
 log = logging.getLogger(__name__)
+
+ENDED_REMEMBERED = 256  # ended sessions whose end a late resumption is told (the newest)
 
 SessionCallback = Callable[[ControlChannel], Awaitable[None] | None]
 
@@ -163,7 +165,7 @@ class _ServerChannel(ControlChannel):
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        self._server._forget(self)
+        self._server._forget(self, exc)
         super()._finish(exc)
 
 
@@ -190,7 +192,10 @@ class ControlServer:
         self.window = window
         self.addresses: list[tuple[str, int]] = []
         self.sessions: dict[str, ControlChannel] = {}
+        # session id -> (its gateway, why it ended): a client coming back too late is told why
+        self._ended: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self.rejected_total = 0
+        self.resumed_total = 0  # links that re-attached a session (one per client re-dial)
         self.rejections: deque[Exception] = deque(maxlen=64)
         self.quic_drops = QuicDropCounter()
         config.quic_logger = self.quic_drops
@@ -281,18 +286,19 @@ class ControlServer:
             self._start_session(channel)
             return
         if channel is None:
-            self._refuse(link, "unknown or expired session")
+            self._refuse(link, self._why_gone(frame.session, link.peer_name))
         elif channel.peer_name != link.peer_name:
             self._refuse(link, "session belongs to another gateway")
         else:
             link.send_frame(Attached(frame.session, channel._state.consumed, new=False))
             channel._attach(link, frame.ack)
+            self.resumed_total += 1
             log.info("control session from %r resumed", link.peer_name)
 
     def _refuse(self, link: ControlConnection, reason: str) -> None:
         log.warning("%s: refused session from %r: %s", link.where, link.peer_name, reason)
         link.send_frame(Refused(reason))
-        link.shutdown(APP_REFUSED, reason)
+        link.shutdown(APP_REFUSED, reason[:200])
 
     def _on_setup_lost(self, link: ControlConnection, exc: Exception, resumable: bool) -> None:
         if isinstance(exc, CertificateError):
@@ -316,6 +322,17 @@ class ControlServer:
         if not task.cancelled() and task.exception() is not None:
             log.error("on_session handler failed: %r", task.exception())
 
-    def _forget(self, channel: ControlChannel) -> None:
+    def _forget(self, channel: ControlChannel, exc: Exception) -> None:
         if self.sessions.get(channel.session_id) is channel:
             del self.sessions[channel.session_id]
+            self._ended[channel.session_id] = (channel.peer_name, str(exc))
+            if len(self._ended) > ENDED_REMEMBERED:
+                self._ended.popitem(last=False)
+
+    def _why_gone(self, session_id: str, peer_name: str) -> str:
+        """The refusal of a resumption whose session is not here: why it ended, when this
+        server ended it recently (and the asker is its gateway)."""
+        ended = self._ended.get(session_id)
+        if ended is None or ended[0] != peer_name:
+            return "unknown or expired session"
+        return f"session already ended: {ended[1]}"
