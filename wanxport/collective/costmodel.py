@@ -190,9 +190,9 @@ def choose(mesh: Mesh, count: int, wire: Wire, kind: str = "auto") -> tuple[Plan
         raise ValueError(f"schedule {kind!r} is not possible on this mesh (sessions: {_pairs(model)})")
     times = {name: predict(plan, model, count, wire) for name, plan in plans.items()}
     if kind == "auto":
-        base = "direct" if "direct" in plans else "relay" if "relay" in plans else min(times, key=lambda name: times[name])
-        best = min(times, key=lambda name: (times[name], SCHEDULES.index(name)))
-        name = best if measured and times[best] < (1 - MARGIN) * times[base] else base
+        fastest = min(times, key=lambda name: (times[name], SCHEDULES.index(name)))
+        base = "direct" if "direct" in plans else "relay" if "relay" in plans else fastest
+        name = fastest if measured and times[fastest] < (1 - MARGIN) * times[base] else base
     else:
         name = kind
     return plans[name], (times[name] if measured else None)

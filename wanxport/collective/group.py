@@ -175,6 +175,7 @@ class Group(PointToPoint, TreeSchedules):
         """Site k ends with part k (``part_bounds``) of the reduction, written into that part of
         ``array`` and returned (a view when ``array`` is contiguous); other parts unchanged."""
         with self._refusing("reduce_scatter"):
+            self._need_full_mesh("reduce_scatter")
             arr = as_array(array)
             check_reduce(op, arr.dtype)
             codec.check_codec(compress, arr.dtype)
@@ -186,6 +187,7 @@ class Group(PointToPoint, TreeSchedules):
         """Every site's ``array`` (same shape and dtype everywhere), stacked in site order:
         ``out[k]`` is site k's. ``out`` (shape ``(n, *array.shape)``) is filled when given."""
         with self._refusing("all_gather"):
+            self._need_full_mesh("all_gather")
             arr = as_array(array)
             result = None if out is None else as_array(out, "out")
             if result is not None and (result.shape != (self.size, *arr.shape) or result.dtype != arr.dtype):
@@ -198,6 +200,7 @@ class Group(PointToPoint, TreeSchedules):
     async def broadcast(self, array: Any, root: int = 0, timeout: float | None = None) -> Any:
         """Site ``root``'s ``array`` into every site's ``array`` (in place); returns it."""
         with self._refusing("broadcast"):
+            self._need_full_mesh("broadcast")
             if not 0 <= root < self.size:
                 raise ValueError(f"root: {root} is not a site index (0..{self.size - 1})")
             arr = as_array(array)
@@ -207,8 +210,18 @@ class Group(PointToPoint, TreeSchedules):
 
     async def barrier(self, timeout: float | None = None) -> None:
         """Returns once every site has called it (the same number of collectives in)."""
+        with self._refusing("barrier"):
+            self._need_full_mesh("barrier")
         call = self._call("barrier", np.empty(0, dtype=np.uint8))
         await self._run(call, self._header_only(call), timeout)
+
+    def _need_full_mesh(self, op: str) -> None:
+        """ValueError (refused at every site: ``refusing``) where this site lacks a session
+        with some member: only the all-reduce relays through a third site."""
+        if len(self.links) < self.size - 1:
+            missing = [self.names[k] for k in range(self.size) if k != self.site and k not in self.links]
+            raise ValueError(f"{op} needs a session between every pair of sites; site {self.name} has "
+                             f"none with {', '.join(missing)} (all_reduce relays)")
 
     def refuse(self, op: str, reason: str) -> ValueError:
         """A collective ``op`` refused by its caller before it reached the group (a wrapper's
@@ -513,9 +526,6 @@ class Group(PointToPoint, TreeSchedules):
     def _call(self, op: str, arr: npt.NDArray[Any], compress: str | None = None, reduce: str = "none",
               root: int = -1) -> Call:
         self._check_usable()
-        if op != "all_reduce" and len(self.links) < self.size - 1:
-            raise CollectiveError(f"{op}: needs a session between every pair of sites (only all_reduce "
-                                  "relays through a third site)")
         return Call(self._take(), op, int(arr.size), arr.dtype.str, compress, reduce, root,
                     group=self.gid, shape=wire_shape(arr.shape), ndim=arr.ndim)
 

@@ -75,6 +75,8 @@ def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Addre
         if not given:
             continue
         out[peer] = [parse_hostport(p, "paths") if isinstance(p, str) else (p[0], int(p[1])) for p in given]
+    if not out:
+        raise ValueError("paths: this site has a session with no other site")
     extra = set(paths) - {p for p in range(n_sites) if p != site}
     if extra:
         raise ValueError(f"paths: {sorted(extra)} are not peer site indices (0..{n_sites - 1}, not {site})")
