@@ -40,9 +40,9 @@ async def join_mesh(pki: Path, n: int, missing: tuple[tuple[int, int], ...] = ()
              join_timeout=30.0, **kwargs) for k in range(n))))
 
 
-def inputs(n: int, seed: int = 3) -> list[np.ndarray]:
+def inputs(n: int, seed: int = 3, count: int = COUNT) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal(COUNT) * 10 ** rng.uniform(-2, 2, COUNT)).astype(np.float32)
+    return [(rng.standard_normal(count) * 10 ** rng.uniform(-2, 2, count)).astype(np.float32)
             for _ in range(n)]
 
 
@@ -85,20 +85,24 @@ def fake_rows(rows: dict[int, list[float]], monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(Group, "_measure", measure)
 
 
-@pytest.mark.parametrize(("kind", "n"), [("ring", 3), ("tree", 4), ("relay", 5), ("direct", 4)])
-async def test_each_schedule_is_bitwise_identical_everywhere(pki: Path, kind: str, n: int) -> None:
+@pytest.mark.parametrize(("kind", "n", "count"), [("ring", 3, COUNT), ("tree", 4, COUNT), ("relay", 5, COUNT),
+                                                  ("direct", 4, COUNT), ("relay", 3, 2_700_001)])
+async def test_each_schedule_is_bitwise_identical_everywhere(pki: Path, kind: str, n: int, count: int,
+                                                             ) -> None:
+    """(The 11 MB array travels in pieces: a relay forwards one while the next arrives.)"""
     groups = await join_mesh(pki, n, schedule=kind)
     try:
         for seed in (1, 2):  # the second call runs on sessions already warm
-            xs = inputs(n, seed)
+            xs = inputs(n, seed, count)
             results = await all_reduce_everywhere(groups, xs)
             plans = [g.stats()[-1].plan for g in groups]
             assert all(p == plans[0] and p is not None and p.kind == kind for p in plans)
             expected = tree_sums(xs, plans[0])
             for result in results:
                 assert result.tobytes() == expected.tobytes()
+        assert plans[0] is not None and (plans[0].parts > n) == (count > COUNT)
         if kind == "relay":
-            assert plans[0] is not None and plans[0].relayed()
+            assert plans[0].relayed()
         means = await all_reduce_everywhere(groups, inputs(n, 9), op="mean")
         assert all(m.tobytes() == means[0].tobytes() for m in means)
         np.testing.assert_allclose(means[0], np.mean(inputs(n, 9), axis=0), rtol=1e-4, atol=1e-5)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from wanxport.collective.costmodel import MARGIN, NO_SESSION, Mesh, choose, predict, relay_plan, unmeasured
+from wanxport.collective.costmodel import (
+    MARGIN,
+    NO_SESSION,
+    Mesh,
+    choose,
+    chunks_for,
+    predict,
+    relay_plan,
+    unmeasured,
+)
 from wanxport.collective.schedule import (
     NO_PARENT,
     Plan,
@@ -71,7 +80,8 @@ def test_thin_pair_is_relayed_and_predicted_faster_than_direct() -> None:
     thin = mesh([[0, 25e6, 100e6], [25e6, 0, 100e6], [100e6, 100e6, 0]])
     plan, predicted = choose(thin, MIB64, wire)
     assert plan.kind == "relay"
-    assert sorted(plan.relayed()) == [(0, 1, 2), (1, 0, 2)]
+    assert {(site, owner) for site, owner, _ in plan.relayed()} == {(0, 1), (1, 0)}
+    assert {via for _, _, via in plan.relayed()} == {2}
     assert predicted is not None and predicted < (1 - MARGIN) * predict(direct(3), thin, MIB64, wire)
 
 
@@ -111,6 +121,17 @@ def test_high_latency_pairs_favour_a_tree_for_tiny_arrays() -> None:
     plan, _ = choose(far, 16, wire)
     assert plan.kind == "tree" and plan.trees[0].root == 2
     assert choose(far, MIB64, wire)[0].kind != "tree"
+
+
+def test_large_arrays_travel_in_pieces_small_ones_whole() -> None:
+    thin = mesh([[0, 25e6, 100e6], [25e6, 0, 100e6], [100e6, 100e6, 0]])
+    for kind in ("relay", "ring", "tree"):
+        assert choose(thin, 1000, wire, kind)[0].parts == (3 if kind != "tree" else 1)
+        pieces = choose(thin, MIB64, wire, kind)[0]
+        owners = 3 if kind != "tree" else 1
+        assert pieces.parts == owners * chunks_for(owners, MIB64, wire) > 3
+        assert [t.root for t in pieces.trees] == sorted(t.root for t in pieces.trees)  # pieces adjoin
+    assert chunks_for(16, MIB64 * 16, wire) * 16 <= 127
 
 
 def test_ring_orders_only_use_sessions() -> None:

@@ -34,6 +34,9 @@ from .schedule import (
 
 NO_SESSION = -1.0  # a rate below zero: the pair has no session
 MARGIN = 0.1  # another schedule replaces the baseline only when predicted this much faster
+CHUNK_BYTES = 1 << 20  # a relayed or chained part travels in pieces of about this size ...
+MAX_CHUNKS = 8  # ... at most this many per part ...
+PART_LIMIT = 127  # ... and at most this many parts in all (a part's two phases fit the header's byte)
 Wire = Callable[[int], int]  # elements -> bytes of the message that carries them
 
 
@@ -118,11 +121,18 @@ def predict(plan: Plan, mesh: Mesh, count: int, wire: Wire) -> float:
     return last
 
 
-def relay_plan(mesh: Mesh, count: int, wire: Wire, force: bool = False) -> Plan:
-    """Stars on each owner, with a site hung under a third site where that is predicted no
-    slower (pairs thinner than half the fattest, the thinnest first), or where it has no
-    session with the owner (then under its first hop on a fewest-hop route). ``force``:
-    at least one share relayed (the least harmful one)."""
+def chunks_for(n: int, count: int, wire: Wire) -> int:
+    """Pieces per part for schedules with relays or chains: about ``CHUNK_BYTES`` each, so a
+    site forwards a piece while the next one arrives."""
+    return max(1, min(MAX_CHUNKS, PART_LIMIT // n, wire(count) // (n * CHUNK_BYTES)))
+
+
+def relay_plan(mesh: Mesh, count: int, wire: Wire, force: bool = False, chunks: int = 1) -> Plan:
+    """Stars on each owner (``chunks`` pieces of its part, each with its own tree), with a site
+    hung under a third site in a piece's tree where that is predicted no slower (pairs thinner
+    than half the fattest, the thinnest first: a share can go part direct, part relayed), or
+    where it has no session with the owner (then under its first hop on a fewest-hop route).
+    ``force``: at least one share relayed (the least harmful one)."""
     n, links = mesh.n, mesh.links
     hops = [[1.0 if links[i][j] else 0.0 for j in range(n)] for i in range(n)]
     trees = []
@@ -130,7 +140,7 @@ def relay_plan(mesh: Mesh, count: int, wire: Wire, force: bool = False) -> Plan:
         near = nearest_tree(owner, hops, links).parent
         trees.append(Tree(tuple(NO_PARENT if s == owner else owner if links[s][owner] else near[s]
                                 for s in range(n))))
-    plan = Plan("relay", tuple(trees))
+    plan = Plan("relay", tuple(trees)).chunked(chunks)
     best = predict(plan, mesh, count, wire)
 
     def thin(s: int, o: int) -> float:
@@ -140,11 +150,13 @@ def relay_plan(mesh: Mesh, count: int, wire: Wire, force: bool = False) -> Plan:
     pairs = sorted((thin(s, o), s, o) for o in range(n) for s in range(n)
                    if links[s][o] and (force or thin(s, o) < top / 2))
     forced: tuple[float, Plan] | None = None
-    for _, site, owner in pairs:
+    moves = [(site, part, plan.trees[part].root) for _, site, owner in pairs
+             for part in range(owner * chunks, (owner + 1) * chunks)]
+    for site, part, owner in moves:
         for via in range(n):
-            if via in (site, owner) or not links[site][via] or plan.trees[owner].parent[via] != owner:
+            if via in (site, owner) or not links[site][via] or plan.trees[part].parent[via] != owner:
                 continue
-            candidate = with_parent(plan, owner, site, via)
+            candidate = with_parent(plan, part, site, via)
             time = predict(candidate, mesh, count, wire)
             if time <= best:  # a tie counts: two shares on one thin pair need two moves
                 plan, best = candidate, time
@@ -159,20 +171,22 @@ def candidates(mesh: Mesh, count: int, wire: Wire, kind: str = "auto") -> dict[s
     """The best plan of each kind the mesh allows (only ``kind`` unless it is "auto")."""
     n, links = mesh.n, mesh.links
     want = SCHEDULES if kind == "auto" else (kind,)
+    chunks = chunks_for(n, count, wire)
     out: dict[str, Plan] = {}
     if "direct" in want and full_mesh(links):
         out["direct"] = direct(n)
     if "relay" in want:
-        plan = relay_plan(mesh, count, wire, force=kind == "relay")
+        plan = relay_plan(mesh, count, wire, force=kind == "relay", chunks=chunks)
         if plan.relayed():
             out["relay"] = plan
-    if "ring" in want:
+    if "ring" in want:  # orders ranked whole, the best one cut into pieces
         rings = [ring(order) for order in ring_orders(links)]
         if rings:
-            out["ring"] = min(rings, key=lambda p: predict(p, mesh, count, wire))
+            out["ring"] = min(rings, key=lambda p: predict(p, mesh, count, wire)).chunked(chunks)
     if "tree" in want:
         trees = [Plan("tree", (nearest_tree(root, mesh.delay, links),)) for root in range(n)]
-        out["tree"] = min(trees, key=lambda p: predict(p, mesh, count, wire))
+        best = min(trees, key=lambda p: predict(p, mesh, count, wire))
+        out["tree"] = best.chunked(chunks_for(1, count, wire))
     return out
 
 

@@ -67,6 +67,11 @@ class Plan:
     def parts(self) -> int:
         return len(self.trees)
 
+    def chunked(self, chunks: int) -> Plan:
+        """Each part cut into ``chunks`` consecutive pieces on the part's tree: a site then
+        forwards one piece while the next arrives (pipelining through relays and chains)."""
+        return Plan(self.kind, tuple(t for t in self.trees for _ in range(chunks)))
+
     def relayed(self) -> list[tuple[int, int, int]]:
         """(site, owner, via): every share that reaches its part's owner through another site."""
         return [(c, t.root, p) for t in self.trees for c, p in t.edges() if p != t.root]
