@@ -33,6 +33,14 @@ def size_argument(text: str) -> int:
     return value
 
 
+def site_pair_argument(text: str) -> tuple[str, str]:
+    """argparse type: two site names, ``FROM,TO`` (shared by the emulation CLI)."""
+    names = [name.strip() for name in text.split(",")]
+    if len(names) != 2 or not all(names):
+        raise argparse.ArgumentTypeError(f"expected two site names FROM,TO, e.g. east,west; got {text!r}")
+    return (names[0], names[1])
+
+
 def _number(convert: Callable[[str], Any], kind: str, accept: Callable[[Any], bool],
             bounds: str) -> Callable[[str], Any]:
     """An argparse type: ``convert`` the text (else "must be KIND"), then check it is in ``bounds``."""
@@ -97,6 +105,9 @@ def _add_sim(sub: Any) -> None:
     p.add_argument("--size", type=size_argument, help="payload bytes per direction, e.g. 1GiB "
                                               "(default: the scenario's [transfer] size)")
     p.add_argument("--seed", type=_seed, help="randomness of loss and jitter (default: the scenario's)")
+    p.add_argument("--between", type=site_pair_argument, metavar="FROM,TO",
+                   help="the two sites of an N-site scenario the transfer runs between, e.g. east,west "
+                        "(default: the scenario's [transfer] from/to, else its first two sites)")
     add_step_arguments(p)
     p.add_argument("--quantum", type=size_argument, metavar="BYTES",
                    help="simulate packets of this payload size instead of the MTU, so very large "
@@ -125,6 +136,10 @@ def _run_sim(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
     scenario = apply_step_arguments(scenario, args)
+    try:
+        scenario.pair(*(args.between or scenario.transfer_pair))
+    except ScenarioError as exc:
+        raise UsageError(f"--between: {exc}") from None
     if args.quantum is not None and args.payload == "bytes":
         raise UsageError("--quantum simulates aggregate packets and needs --payload virtual or auto")
     if args.deadline is not None and not args.deadline > 0:
@@ -136,7 +151,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     options = SimOptions(size_bytes=args.size, seed=args.seed, quantum=args.quantum,
                          payload_mode="virtual" if args.quantum else args.payload,
                          congestion_control=args.cc, scheduler=args.scheduler, fec=args.fec,
-                         deadline_s=args.deadline)
+                         deadline_s=args.deadline, between=args.between)
     report = with_wall_time(lambda: simulate(scenario, options))
     if args.json:
         print(dumps(report))

@@ -1,9 +1,14 @@
-"""Scenario files, contract v1 (DESIGN.md section 4): the data model.
+"""Scenario files, contracts v1 and v2 (DESIGN.md section 4): the data model.
 
 A scenario describes an emulated WAN. The same object drives the simulator
 (``wanxport sim``) and the real emulation (``python -m emulation``), so the two
-can be compared. The parser is ``wanxport.scenario.parse``; the ideal bound,
+can be compared. The parser is ``wanxport.scenario.parse``; the ideal bounds,
 ``wanxport.scenario.ideal``.
+
+Contract v2 names N sites and says which two sites each path joins; a v1 file
+is the same model with the two sites ``a`` and ``b`` and every path between
+them, so code written for two sites keeps working on a v1 scenario unchanged,
+and on any pair of an N-site scenario through ``Scenario.pair``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 DIRECTIONS = ("a->b", "b->a")  # one direction of one path
+V1_SITES = ("a", "b")  # the two sites of a file without [[sites]]
+MAX_SITES = 16
 TRANSFER_DIRECTIONS = ("a->b", "both")  # what a [transfer] may ask for
 MAX_STEPS = 1_000_000
 MAX_SHARD_IDS = 1 << 32  # every shard of every step has its own 32-bit id on one session
@@ -74,12 +81,40 @@ class PathEvent:
 
 @dataclass(frozen=True)
 class PathSpec:
-    """One long-haul path: forward (a->b) parameters, reverse (b->a) overrides, timeline."""
+    """One long-haul path: forward (a->b) parameters, reverse (b->a) overrides, timeline.
+
+    ``between`` names the two sites the path joins: "a->b" (``forward``) is the
+    direction from ``between[0]`` to ``between[1]``, "b->a" (``reverse``) the
+    other one.
+    """
 
     name: str
     forward: LinkParams
     reverse: LinkParams
     events: tuple[PathEvent, ...] = ()
+    between: tuple[str, str] = V1_SITES
+
+    def direction_from(self, site: str) -> str:
+        """The direction ("a->b" or "b->a") that leaves ``site``; ValueError if the path does not touch it."""
+        if site == self.between[0]:
+            return "a->b"
+        if site == self.between[1]:
+            return "b->a"
+        raise ValueError(f"path {self.name!r} joins {self.between[0]} and {self.between[1]}, not {site!r}")
+
+    def joins(self, one: str, other: str) -> bool:
+        """Whether the path runs between sites ``one`` and ``other`` (either order)."""
+        return {one, other} == set(self.between) and one != other
+
+    def oriented(self, src: str) -> PathSpec:
+        """The same path with ``forward`` leaving ``src`` (swapped when ``src`` is its second site).
+
+        Timeline events apply to both directions, so they carry over unchanged.
+        """
+        if self.direction_from(src) == "a->b":
+            return self
+        return replace(self, forward=self.reverse, reverse=self.forward,
+                       between=(self.between[1], self.between[0]))
 
     def params_at(self, t_s: float, direction: str = "a->b") -> LinkParams:
         """Parameters in force ``t_s`` seconds after transfer start in one direction.
@@ -116,6 +151,9 @@ class Transfer:
     steps: int = 1
     #: The compute phase: from the sender learning step k verified to submitting step k+1.
     think_ms: float = 0.0
+    #: The two sites the transfer runs between; None: the scenario's first two sites.
+    from_site: str | None = None
+    to_site: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +166,8 @@ class Scenario:
     seed: int = 0
     transfer: Transfer = Transfer()
     source: str = "<memory>"
+    #: Site names in file order; a v1 file has the two sites ``a`` and ``b``.
+    sites: tuple[str, ...] = V1_SITES
 
     def with_transfer(
         self,
@@ -142,7 +182,8 @@ class Scenario:
         Raises ValueError (one line) for values the file itself could not hold.
         """
         old = self.transfer
-        new = Transfer(
+        new = replace(
+            old,
             size_bytes=old.size_bytes if size_bytes is None else size_bytes,
             shards=old.shards if shards is None else shards,
             direction=old.direction if direction is None else direction,
@@ -164,6 +205,48 @@ class Scenario:
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+    @property
+    def transfer_pair(self) -> tuple[str, str]:
+        """(from, to) of the ``[transfer]``: its named sites, else the first two sites."""
+        return (self.transfer.from_site or self.sites[0], self.transfer.to_site or self.sites[1])
+
+    def paths_between(self, one: str, other: str) -> tuple[PathSpec, ...]:
+        """The paths joining two sites directly, in file order, as written (not re-oriented)."""
+        return tuple(spec for spec in self.paths if spec.joins(one, other))
+
+    def paths_of(self, site: str) -> tuple[PathSpec, ...]:
+        """The paths touching ``site``, in file order."""
+        return tuple(spec for spec in self.paths if site in spec.between)
+
+    def pair(self, src: str, dst: str) -> Scenario:
+        """The two-site scenario of a transfer from ``src`` to ``dst`` over their direct paths.
+
+        Every path is oriented so that "a->b" leaves ``src``; the transfer runs
+        ``src`` -> ``dst``. Code that models two sites runs any pair of an
+        N-site scenario through this view; on a v1 scenario ``pair("a", "b")``
+        is the scenario itself. Raises ScenarioError (one line) for an unknown
+        site, a site paired with itself, or a pair with no direct path.
+        """
+        for site in (src, dst):
+            if site not in self.sites:
+                raise ScenarioError(f"{self.source}: unknown site {site!r}; sites: {', '.join(self.sites)}")
+        if src == dst:
+            raise ScenarioError(f"{self.source}: a transfer needs two different sites, got {src!r} twice")
+        paths = tuple(spec.oriented(src) for spec in self.paths_between(src, dst))
+        if not paths:
+            raise ScenarioError(f"{self.source}: no direct path between {src} and {dst}; "
+                                f"a transfer runs over the paths joining its two sites "
+                                f"(pairs with paths: {', '.join(self.linked_pairs())})")
+        if (src, dst) == self.sites and self.transfer_pair == (src, dst) and paths == self.paths:
+            return self
+        transfer = replace(self.transfer, from_site=src, to_site=dst)
+        return replace(self, paths=paths, sites=(src, dst), transfer=transfer)
+
+    def linked_pairs(self) -> list[str]:
+        """"x-y" for every pair of sites with at least one direct path, in site order."""
+        return [f"{x}-{y}" for i, x in enumerate(self.sites) for y in self.sites[i + 1:]
+                if self.paths_between(x, y)]
 
 
 def apply_event(params: LinkParams, event: PathEvent) -> LinkParams:

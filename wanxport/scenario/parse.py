@@ -1,7 +1,10 @@
-"""The scenario parser, contract v1 (DESIGN.md section 4): TOML text to a validated ``Scenario``.
+"""The scenario parser, contracts v1 and v2 (DESIGN.md section 4): TOML text to a validated ``Scenario``.
 
 Every error is one ``ScenarioError`` line, ``<file>: <field path>: <problem>; <valid>``,
-so a user can fix the file without reading code.
+so a user can fix the file without reading code. A file without ``[[sites]]``
+is v1 (sites ``a`` and ``b``, every path between them); with ``[[sites]]``,
+every path names the two sites it joins (``wanxport.scenario.sites`` checks
+how the sites and paths fit together).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from wanxport.scenario.model import (
     MAX_STEPS,
     MAX_THINK_MS,
     TRANSFER_DIRECTIONS,
+    V1_SITES,
     BurstLoss,
     LinkParams,
     PathEvent,
@@ -25,6 +29,7 @@ from wanxport.scenario.model import (
     Transfer,
     steps_with_events_message,
 )
+from wanxport.scenario.sites import check_mesh, site_pair, sites
 from wanxport.scenario.validators import (
     Invalid,
     Validator,
@@ -75,6 +80,7 @@ _LINK_FIELDS: dict[str, Validator] = {
 _HINTS = {
     "name": 'a string, e.g. name = "p1"',
     "paths": "at least one [[paths]] table",
+    "between": 'the two sites the path joins, e.g. between = ["east", "west"]',
     "rtt_ms": "a number >= 0 (milliseconds), e.g. rtt_ms = 40.0",
     "bandwidth_mbps": "a number > 0 (Mb/s), e.g. bandwidth_mbps = 100.0",
     "at_s": "a number >= 0 (seconds after transfer start), e.g. at_s = 3.0",
@@ -141,23 +147,25 @@ def _path(value: object, path: str) -> PathSpec:
     raw = dict(table(value, path))
     reverse_raw = raw.pop("reverse", {})
     events_raw = raw.pop("events", [])
+    between_raw = raw.pop("between", None)
     spec = {"name": name, **_LINK_FIELDS}
     for key in raw:
         if key not in spec:
             raise Invalid(
                 f"{path}.{key}",
                 "unknown key",
-                f"valid keys here: {', '.join([*spec, 'reverse', 'events'])}",
+                f"valid keys here: {', '.join([*spec, 'between', 'reverse', 'events'])}",
             )
     for key in ("name", "rtt_ms", "bandwidth_mbps"):
         if key not in raw:
             raise Invalid(f"{path}.{key}", "missing required field", _HINTS[key])
     path_name = name(raw.pop("name"), f"{path}.name")
+    between = V1_SITES if between_raw is None else site_pair(between_raw, f"{path}.between")
     link = _link_overrides(raw, path)
     forward = LinkParams(**link)
     reverse = replace(forward, **_link_overrides(table(reverse_raw, f"{path}.reverse"), f"{path}.reverse"))
     events = _events(events_raw, f"{path}.events")
-    return PathSpec(name=path_name, forward=forward, reverse=reverse, events=events)
+    return PathSpec(name=path_name, forward=forward, reverse=reverse, events=events, between=between)
 
 
 def _transfer(value: object, path: str) -> Transfer:
@@ -184,10 +192,18 @@ def _transfer(value: object, path: str) -> Transfer:
         "direction": direction,
         "steps": integer(1, MAX_STEPS),
         "think_ms": number(0.0, MAX_THINK_MS, unit=" (milliseconds)"),
+        "from": name,
+        "to": name,
     }
     values = fields(table(value, path), path, spec)
     if "size" in values:
         values["size_bytes"] = values.pop("size")
+    if ("from" in values) != ("to" in values):
+        missing = "to" if "from" in values else "from"
+        raise Invalid(f"{path}.{missing}", "missing required field",
+                      "give both from and to (the two sites of the transfer), or neither")
+    if "from" in values:
+        values["from_site"], values["to_site"] = values.pop("from"), values.pop("to")
     transfer = Transfer(**values)
     if transfer.shards > transfer.size_bytes:
         raise Invalid(
@@ -228,6 +244,7 @@ _TOP_FIELDS: dict[str, Validator] = {
     "seed": integer(0, 2**63 - 1),
     "transfer": _transfer,
     "paths": _paths,
+    "sites": sites,
 }
 
 
@@ -243,6 +260,7 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
         raise ScenarioError(f"{source}: TOML syntax error: {exc}; fix the file to be valid TOML") from None
     try:
         values = fields(document, "", _TOP_FIELDS, required=("name", "paths"), hints=_HINTS)
+        check_mesh(values.get("sites"), values["paths"], values.get("transfer"), document["paths"])
     except Invalid as exc:
         raise ScenarioError(f"{source}: {exc.path}: {exc.problem}; {exc.valid}") from None
     if not values["name"].strip():

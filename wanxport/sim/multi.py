@@ -7,7 +7,10 @@ wanxport flow is a full ``SimRun`` (the production core, virtual payload)
 whose paths are attached to named links; each ``tcp`` flow is a
 ``TcpLikeFlow`` on one link. Flows start at their own times; a flow with a
 ``size_bytes`` completes (its completion time is reported), one without is
-bulk that sends until the run ends.
+bulk that sends until the run ends. Between N sites a flow names the two
+sites it runs between (``between``): its links are paths joining them, and
+it sends in the direction leaving its first site, so flows between different
+pairs share the links they have in common — one network, a node per site.
 
 Throughput is measured where a flow's data leaves the bottleneck: payload
 bytes of every DATA datagram (or TCP segment) reaching the receiver, in
@@ -54,6 +57,8 @@ class FlowSpec:
     shards: int = 16
     #: wanxport: datagrams per core packet (None: the simulator's default, 16 as the app's).
     datagrams_per_packet: int | None = None
+    #: (from, to) sites; None: a two-site scenario's first site to its second.
+    between: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -125,17 +130,19 @@ class _WanxportFlow(_Flow):
                  seed: int, meter: _Meter) -> None:
         super().__init__(spec, meter)
         indices = [links.index(name) for name in spec.links]
-        paths = tuple(replace(scenario.paths[i], name=f"{spec.name}.{k}") for k, i in enumerate(indices))
+        src, dst = _ends(spec, scenario)
+        paths = tuple(replace(scenario.paths[i].oriented(src), name=f"{spec.name}.{k}")
+                      for k, i in enumerate(indices))
         size = spec.size_bytes or BULK_BYTES
         shards = spec.shards if spec.size_bytes else BULK_SHARDS
-        transfer = Transfer(size_bytes=size, shards=shards, direction="a->b")
-        flow_scenario = replace(scenario, name=spec.name, paths=paths, transfer=transfer)
+        transfer = Transfer(size_bytes=size, shards=shards, direction="a->b", from_site=src, to_site=dst)
+        flow_scenario = replace(scenario, name=spec.name, paths=paths, transfer=transfer, sites=(src, dst))
         cc_options = {**_seeded(spec.cc, seed), **spec.cc_options}
         options = SimOptions(payload_mode="virtual", congestion_control=spec.cc, cc_options=cc_options,
                              seed=seed, datagrams_per_packet=spec.datagrams_per_packet)
 
         def attach(_loop: EventLoop, deliver_a: Deliver, deliver_b: Deliver) -> PathLinks:
-            return links.attach(indices, deliver_a, self._metered(deliver_b))
+            return links.attach(indices, deliver_a, self._metered(deliver_b), src)
 
         self.run = SimRun(flow_scenario, options, loop=loop, links=attach)
 
@@ -173,13 +180,16 @@ class _WanxportFlow(_Flow):
 
 
 class _TcpFlow(_Flow):
-    def __init__(self, spec: FlowSpec, links: SharedLinks, loop: EventLoop, seed: int, meter: _Meter) -> None:
+    def __init__(self, spec: FlowSpec, scenario: Scenario, links: SharedLinks, loop: EventLoop, seed: int,
+                 meter: _Meter) -> None:
         super().__init__(spec, meter)
         index = links.index(spec.links[0])
         cc_options = {**_seeded(spec.cc, seed), **spec.cc_options}
 
+        src = _ends(spec, scenario)[0]
+
         def attach(_loop: EventLoop, deliver_a: Deliver, deliver_b: Deliver) -> PathLinks:
-            return links.attach([index], deliver_a, deliver_b)
+            return links.attach([index], deliver_a, deliver_b, src)
 
         link = spec.links[0]
         self.flow = TcpLikeFlow(loop, attach, cc_config(spec.cc, cc_options), size_bytes=spec.size_bytes,
@@ -193,6 +203,31 @@ class _TcpFlow(_Flow):
 
     def summary(self) -> dict[str, Any]:
         return {"retransmitted_bytes": self.flow.retransmitted_bytes, "srtt_s": self.flow.srtt_s}
+
+
+def _ends(spec: FlowSpec, scenario: Scenario) -> tuple[str, str]:
+    """The flow's (from, to) sites: its ``between``, else a two-site scenario's sites in order."""
+    return spec.between or (scenario.sites[0], scenario.sites[1])
+
+
+def _check_sites(spec: FlowSpec, scenario: Scenario) -> None:
+    """A flow between N sites names two of them, and every link it crosses joins the two."""
+    if spec.between is None:
+        if len(scenario.sites) > 2:
+            raise ValueError(f"flow {spec.name!r}: name the two sites it runs between (between) in a "
+                             f"scenario of {len(scenario.sites)} sites")
+        return
+    src, dst = spec.between
+    for site in spec.between:
+        if site not in scenario.sites:
+            raise ValueError(f"flow {spec.name!r}: unknown site {site!r}; sites: {', '.join(scenario.sites)}")
+    if src == dst:
+        raise ValueError(f"flow {spec.name!r}: a flow needs two different sites, got {src!r} twice")
+    for name in spec.links:
+        path = next((p for p in scenario.paths if p.name == name), None)
+        if path is not None and not path.joins(src, dst):
+            raise ValueError(f"flow {spec.name!r}: link {name!r} joins {path.between[0]} and "
+                             f"{path.between[1]}, not {src} and {dst}")
 
 
 def _seeded(cc: str, seed: int) -> dict[str, Any]:
@@ -223,11 +258,13 @@ class MultiRun:
         self.loop = EventLoop()
         self.links = SharedLinks(scenario, self.loop, self.seed)
         self.flows: list[_Flow] = []
+        for spec in flows:
+            _check_sites(spec, scenario)
         for i, spec in enumerate(flows):
             meter = _Meter(window_s)
             flow_seed = self.seed * 1000 + i  # flows differ (ProbeBW phases) but runs repeat
             if spec.kind == "tcp":
-                self.flows.append(_TcpFlow(spec, self.links, self.loop, flow_seed, meter))
+                self.flows.append(_TcpFlow(spec, scenario, self.links, self.loop, flow_seed, meter))
             else:
                 self.flows.append(_WanxportFlow(spec, scenario, self.links, self.loop, flow_seed, meter))
 

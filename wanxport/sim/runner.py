@@ -38,7 +38,7 @@ from wanxport.core.digest import shard_digest
 from wanxport.core.events import ShardAcknowledged, ShardFilled, ShardReceived
 from wanxport.core.session import Session
 from wanxport.report import PathReport, build_report, spread
-from wanxport.scenario import Scenario, ideal_time_s
+from wanxport.scenario import Scenario, ideal_time_s, relayed_ideal_time_s
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.sim.eventloop import EventLoop
 from wanxport.sim.network import LinksFactory, Network, PathLinks
@@ -75,6 +75,8 @@ class SimOptions:
     scheduler: str = "earliest-arrival"
     fec: str = "auto"  # the erasure-coded tail: "auto" or "off" (SessionConfig.fec)
     deadline_s: float | None = None
+    #: (from, to): the two sites of an N-site scenario the transfer runs between (None: its [transfer]'s).
+    between: tuple[str, str] | None = None
     duplicate: float = 0.0  # test-only impairments
     corrupt: float = 0.0
     session: dict[str, Any] = field(default_factory=dict)  # extra SessionConfig fields
@@ -126,10 +128,15 @@ class SimRun:
 
     By default the run owns its loop and the scenario's ``Network``; several runs
     over shared bottlenecks (``sim.shared``) pass one ``loop`` and ``links`` instead.
+    Between two sites of an N-site scenario the run is the pair's own two-site
+    view (``Scenario.pair``): a transfer uses the paths joining its two sites.
     """
 
     def __init__(self, scenario: Scenario, options: SimOptions, loop: EventLoop | None = None,
                  links: LinksFactory | None = None) -> None:
+        self.between = options.between or scenario.transfer_pair
+        self.mesh = scenario if len(scenario.sites) > 2 else None  # the N sites the pair is part of
+        scenario = scenario.pair(*self.between)
         self.scenario = scenario
         self.options = options
         self.seed = scenario.seed if options.seed is None else options.seed
@@ -387,6 +394,9 @@ class SimRun:
             steps=self.scenario.transfer.steps, step_s=self.steps.step_s(),
             think_ms=self.scenario.transfer.think_ms,
             shard_completion_s=spread(self.steps.shard_completion_s),
+            **({} if self.mesh is None else {
+                "between": list(self.between), "ideal_relayed_s": relayed_ideal_time_s(
+                    self.mesh, *self.between, self.size, self.scenario.transfer.direction)}),
         )
 
 

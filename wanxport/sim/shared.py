@@ -96,15 +96,22 @@ class SharedLinks:
             raise ValueError(f"unknown link {name!r}; valid: {', '.join(self._index)}")
         return found
 
-    def attach(self, links: Sequence[int], deliver_a: Deliver, deliver_b: Deliver) -> FlowLinks:
+    def attach(self, links: Sequence[int], deliver_a: Deliver, deliver_b: Deliver,
+               src: str | None = None) -> FlowLinks:
         """Ports for a flow whose path ``k`` crosses link ``links[k]``.
 
         What a path sends forward arrives at ``deliver_b(k, ...)``, what it sends
-        back at ``deliver_a(k, ...)``.
+        back at ``deliver_a(k, ...)``. Forward is each link's "a->b" direction,
+        or, with ``src`` (the flow's sending site), the direction leaving ``src``:
+        between N sites one link carries flows both ways, each in its own queue.
         """
+        leaving = [i if src is None or self.scenario.paths[i].direction_from(src) == "a->b" else ~i
+                   for i in links]
         return FlowLinks(
-            tuple(_Port(self.forward[i], deliver_b, k) for k, i in enumerate(links)),
-            tuple(_Port(self.reverse[i], deliver_a, k) for k, i in enumerate(links)),
+            tuple(_Port(self.forward[i] if i >= 0 else self.reverse[~i], deliver_b, k)
+                  for k, i in enumerate(leaving)),
+            tuple(_Port(self.reverse[i] if i >= 0 else self.forward[~i], deliver_a, k)
+                  for k, i in enumerate(leaving)),
         )
 
     def stats(self) -> list[dict[str, object]]:
