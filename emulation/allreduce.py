@@ -1,4 +1,5 @@
-"""``python -m emulation allreduce``: an all-reduce between the two sites of a scenario, N steps.
+"""``python -m emulation allreduce``: an all-reduce between the two sites of a scenario, N steps
+(among more sites: ``emulation.mesh_allreduce``).
 
 Brings the scenario up, starts R rank processes in each gateway namespace
 (``emulation.baselines.allreduce_app``), lets them join (wanxport groups, or the
@@ -159,7 +160,7 @@ def _sent_datagrams(emu: Emulation) -> int:
     return sum(sum(counts) for counts in _tx_counter(emu, TX_PACKETS).values())
 
 
-def _engine_cpu_s(emu: Emulation) -> float | None:
+def engine_cpu_s(emu: Emulation) -> float | None:
     """CPU-s the impairment engine (every thread) has used so far; None without one (netem).
     On a 2-core host the engine forwards every datagram next to the ranks: its CPU is part
     of what a step costs here and nothing a real WAN would charge."""
@@ -173,7 +174,7 @@ def _engine_cpu_s(emu: Emulation) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:
+def engine_drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:
     """The engine's drops so far by path, direction and cause (queue: the bottleneck's
     drop-tail buffer overflowed; loss: the scenario's random loss); empty under netem. A
     step's retransmissions beyond the random loss are these queue drops: what its
@@ -223,8 +224,8 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                     raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
             before = _tx_counter(emu, TX_BYTES)
             datagrams_before = _sent_datagrams(emu)
-            drops_before = _drops(emu)
-            engine_before, go_at = _engine_cpu_s(emu), time.monotonic()
+            drops_before = engine_drops(emu)
+            engine_before, go_at = engine_cpu_s(emu), time.monotonic()
             emu.start_events()
             for program in programs:
                 program.tell("go")
@@ -236,8 +237,8 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
                     raise EmulationError(f"{program.label}: no result within the {deadline_s:.0f} s deadline")
                 done.append(report)
             after = _tx_counter(emu, TX_BYTES)
-            engine_after = _engine_cpu_s(emu)
-            drops_after = _drops(emu)
+            engine_after = engine_cpu_s(emu)
+            drops_after = engine_drops(emu)
             if drops_before and drops_after:
                 settings["engine_drops"] = {
                     path: {d: {cause: n if cause == "lag_max_s" else n - drops_before[path][d][cause]
@@ -343,11 +344,19 @@ def main_allreduce(args: Any) -> int:
     from wanxport.report import dumps
 
     exit_on_sigterm()
-    options = AllreduceOptions(comm=args.comm, ranks_per_site=args.ranks_per_site,
+    comms = args.comm.split(",")
+    options = AllreduceOptions(comm=comms[0], ranks_per_site=args.ranks_per_site,
                                size_bytes=args.size if args.size is not None else 64 << 20,
                                steps=args.steps, compress=args.compress, backend=args.backend,
                                timeout_s=args.timeout, chunk_bytes=args.chunk)
     scenario = resolve_scenario(args.scenario)
+    if len(scenario.sites) > 2:
+        from emulation.mesh_allreduce import main_mesh
+
+        return main_mesh(args, scenario, options, comms)
+    if len(comms) > 1 or args.schedule != "auto" or args.rounds != 1 or args.out:
+        raise ValueError("--comm takes one comm, and --schedule, --rounds and --out need more than "
+                         "two sites")
     check_options(options)
     report = run_allreduce(scenario, options)
     print(dumps(report) if args.json else summary(report))
