@@ -2,14 +2,20 @@
 
     from emulation.api import Emulation
     with Emulation(load_scenario("s.toml"), backend=None) as emu:   # None: netem if present
-        emu.namespaces            # {"a": "wx-...-a", "b": "wx-...-b"}
-        emu.paths                 # [PathInfo(name, a_addr, b_addr, ifname)]
+        emu.namespaces            # {"a": "wx-...-a", "b": "wx-...-b"}: site -> namespace
+        emu.paths                 # [PathInfo(name, a_addr, b_addr, ifname, between)]
         server = emu.popen("b", ["iperf3", "-s"])
         emu.start_events()        # events timeline starts now (send at the first byte)
         emu.run("a", ["ping", "-c", "3", emu.paths[0].b_addr])
 
 ``Emulation.attach(scenario)`` gives the same object for a scenario that an
 earlier ``python -m emulation up`` built, so a runner can use either.
+
+Between N sites (contract v2) every site has its namespace and every path is a
+link between two of them: ``emu.namespaces`` maps each site's name, and
+``popen``/``run`` take a site name. "a" and "b" always name the first two
+sites, so a runner written for two gateways runs on any two-site view
+(``Scenario.pair``) unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from emulation.errors import EmulationError
 from emulation.naming import Plan, plan
 from emulation.params import path_timeline
 from wanxport.scenario import Scenario
+from wanxport.scenario.model import V1_SITES
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +49,16 @@ REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 
 @dataclass(frozen=True)
 class PathInfo:
-    """What a runner needs of one path: its addresses and the gateway interface."""
+    """What a runner needs of one path: its addresses and the gateway interface.
+
+    ``a_addr`` is at the path's first site (``between[0]``), ``b_addr`` at its second.
+    """
 
     name: str
     a_addr: str
     b_addr: str
     ifname: str
+    between: tuple[str, str] = V1_SITES
 
 
 def choose_backend(requested: str | None) -> str:
@@ -89,18 +100,20 @@ class Emulation:
 
     @property
     def namespaces(self) -> dict[str, str]:
-        return {"a": self.plan.ns_a, "b": self.plan.ns_b}
+        """Site name -> its namespace, in site order (``a``, ``b`` for a v1 scenario)."""
+        return dict(self.plan.site_namespaces)
 
     @property
     def paths(self) -> list[PathInfo]:
-        return [PathInfo(p.name, p.a_addr, p.b_addr, p.gw_ifname) for p in self.plan.paths]
+        return [PathInfo(p.name, p.a_addr, p.b_addr, p.gw_ifname, spec.between)
+                for p, spec in zip(self.plan.paths, self.scenario.paths, strict=True)]
 
     def describe(self) -> dict[str, Any]:
         """The ``up --json`` document."""
         return {
             "namespaces": self.namespaces,
             "backend": self.backend,
-            "paths": [{"name": p.name, "a_addr": p.a_addr, "b_addr": p.b_addr}
+            "paths": [{"name": p.name, "a_addr": p.a_addr, "b_addr": p.b_addr, "between": list(p.between)}
                       for p in self.paths],
         }
 
@@ -203,13 +216,14 @@ class Emulation:
     # -- use --------------------------------------------------------------
 
     def _ns(self, side: str) -> str:
-        names = {"a": self.plan.ns_a, "b": self.plan.ns_b}
+        names = {"a": self.plan.ns_a, "b": self.plan.ns_b, **self.plan.site_namespaces}
         if side not in names:
-            raise ValueError(f"side must be 'a' or 'b', got {side!r}")
+            raise ValueError(f"side must be a site ({', '.join(self.plan.site_namespaces)}) or 'a'/'b' "
+                             f"(the first two sites), got {side!r}")
         return names[side]
 
     def popen(self, side: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        """Start ``argv`` in gateway ``side`` ("a" or "b")."""
+        """Start ``argv`` in gateway ``side``: a site's name, or "a"/"b" for the first two sites."""
         return hostenv.popen_in(self._ns(side), argv, **kwargs)
 
     def run(self, side: str, argv: Sequence[str], timeout: float = 60.0,
@@ -227,6 +241,18 @@ class Emulation:
     def start_events(self) -> None:
         """Start (or restart) the events timeline now: call at the transfer's first byte."""
         os.kill(self._daemon_pid(), signal.SIGUSR1)
+
+    def pair(self, src: str, dst: str) -> PairView:
+        """Sites ``src`` and ``dst`` as gateways "a" and "b" with their direct paths (``Scenario.pair``)."""
+        return PairView(self, src, dst)
+
+    def lag_max_s(self) -> float | None:
+        """The longest any frame has waited for the engine to read it, over every path and
+        direction (None under netem: the kernel's qdiscs keep no such figure)."""
+        if self.backend != "engine":
+            return None
+        return max((c["rx_lag_max_s"] for dirs in self.counters().values() for c in dirs.values()),
+                   default=0.0)
 
     def stats_path(self) -> str:
         """Where the daemon writes its per-path counters (on SIGUSR2 and at exit)."""
@@ -247,3 +273,57 @@ class Emulation:
             time.sleep(0.01)  # the daemon answers within a signal's handling time
         counters: dict[str, Any] = json.loads(stats.read_text())
         return counters
+
+
+class PairView:
+    """Two sites of an emulation as a two-gateway one: what a two-site runner needs.
+
+    ``a`` is ``src``'s namespace, ``b`` is ``dst``'s; ``paths`` are the paths
+    joining the two in file order, with ``a_addr`` always at ``src`` (the same
+    paths, in the same order, as ``Scenario.pair(src, dst)``). The rest of the
+    scenario's sites and links stay up, idle, around the pair.
+    """
+
+    def __init__(self, emulation: Emulation, src: str, dst: str) -> None:
+        self.emulation = emulation
+        self.scenario = emulation.scenario.pair(src, dst)
+        self.src, self.dst = src, dst
+
+    @property
+    def backend(self) -> str | None:
+        return self.emulation.backend
+
+    @property
+    def namespaces(self) -> dict[str, str]:
+        names = self.emulation.namespaces
+        return {"a": names[self.src], "b": names[self.dst]}
+
+    @property
+    def paths(self) -> list[PathInfo]:
+        joined = [p for p in self.emulation.paths if set(p.between) == {self.src, self.dst}]
+        return [p if p.between[0] == self.src else
+                PathInfo(p.name, p.b_addr, p.a_addr, p.ifname, (self.src, self.dst)) for p in joined]
+
+    def _side(self, side: str) -> str:
+        return {"a": self.src, "b": self.dst}.get(side, side)
+
+    def popen(self, side: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` at ``side``: "a" (``src``), "b" (``dst``) or any site's name."""
+        return self.emulation.popen(self._side(side), argv, **kwargs)
+
+    def run(self, side: str, argv: Sequence[str], timeout: float = 60.0,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.emulation.run(self._side(side), argv, timeout=timeout, check=check)
+
+    def start_events(self) -> None:
+        self.emulation.start_events()
+
+    def counters(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        return self.emulation.counters(timeout_s)
+
+    def lag_max_s(self) -> float | None:
+        return self.emulation.lag_max_s()
+
+
+#: What a two-site runner drives: a whole two-site emulation, or two sites of an N-site one.
+Gateways = Emulation | PairView

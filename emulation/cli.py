@@ -13,7 +13,7 @@ import sys
 
 from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
-from wanxport.cli import add_step_arguments, size_argument
+from wanxport.cli import add_step_arguments, site_pair_argument, size_argument
 from wanxport.scenario import ScenarioError
 
 
@@ -50,6 +50,9 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     run.add_argument("--fec", choices=("off", "auto"), default="auto",
                      help="wanxport's erasure-coded tail (default auto; off for the ablation)")
     run.add_argument("--size", type=size_argument, help="payload bytes (default: the scenario's)")
+    run.add_argument("--between", type=site_pair_argument, metavar="FROM,TO",
+                     help="the two sites of an N-site scenario the transfer runs between "
+                          "(default: the scenario's [transfer] from/to, else its first two sites)")
     add_step_arguments(run)
     run.add_argument("--deadline", type=float, metavar="S",
                      help="stop after S seconds (default max(60, 20 x ideal))")
@@ -129,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(emu.describe()))
             else:
                 print(f"{scenario.name}: up with {emu.backend}; namespaces "
-                      f"{emu.namespaces['a']} and {emu.namespaces['b']}")
+                      + ", ".join(f"{ns} ({site})" for site, ns in emu.namespaces.items()))
                 for p in emu.paths:
-                    print(f"  {p.name}: {p.a_addr} (a) <-> {p.b_addr} (b)")
+                    print(f"  {p.name}: {p.a_addr} ({p.between[0]}) <-> {p.b_addr} ({p.between[1]})")
         elif args.command == "down":
             removed = Emulation(scenario).down()
             print(f"{scenario.name}: removed {len(removed)} item(s)")

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from emulation.api import Emulation
+from emulation.api import Emulation, Gateways
 from emulation.baselines import netconfig, payload
 from emulation.baselines.delivery import Delivery, delivery, suspect
 from emulation.baselines.programs import Program
@@ -47,7 +47,7 @@ from emulation.bundled import resolve_scenario
 from emulation.errors import EmulationError
 from emulation.ratios import DNF, finished
 from wanxport.report import PathReport, build_report, spread
-from wanxport.scenario import Scenario, ideal_time_s
+from wanxport.scenario import Scenario, ideal_time_s, relayed_ideal_time_s
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class RunOptions:
     steps: int | None = None  # None: the scenario's [transfer] steps
     think_ms: float | None = None
     fec: str = "auto"  # wanxport's erasure-coded tail: "auto" or "off" (SessionConfig.fec)
+    #: (from, to): the two sites of an N-site scenario the transfer runs between (None: its [transfer]'s).
+    between: tuple[str, str] | None = None
 
 
 DEADLINE_FLOOR_S = 60.0
@@ -135,8 +137,10 @@ def check_options(options: RunOptions) -> str | None:
 def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
     """Run one transfer of ``scenario`` with ``options``; return the run report v1."""
     cc = check_options(options)
-    scenario = scenario.with_transfer(size_bytes=options.size_bytes, steps=options.steps,
-                                      think_ms=options.think_ms)
+    mesh = scenario.with_transfer(size_bytes=options.size_bytes, steps=options.steps,
+                                  think_ms=options.think_ms)
+    between = options.between or mesh.transfer_pair
+    scenario = mesh.pair(*between)  # ScenarioError (one line) for a pair without a direct path
     if scenario.transfer.steps > 1 and options.transport not in STEPPED_TRANSPORTS:
         raise ValueError(f"--steps: {options.transport} runs one transfer per connection here; "
                          f"steps > 1 needs one of {', '.join(STEPPED_TRANSPORTS)}")
@@ -144,15 +148,20 @@ def run_experiment(scenario: Scenario, options: RunOptions) -> dict[str, Any]:
     if options.transport in TCP_BASED:
         netconfig.require_congestion_control(cc or DEFAULT_CC)
     wall_start = time.perf_counter()
-    emu = Emulation(scenario, backend=options.backend)
+    emu = Emulation(mesh, backend=options.backend)
     emu.up()
     try:
-        return _run(emu, scenario, options.transport, cc, options.deadline_s, wall_start, options.fec)
+        gateways = emu if scenario is mesh else emu.pair(*between)
+        report = _run(gateways, scenario, options.transport, cc, options.deadline_s, wall_start, options.fec)
     finally:
         emu.down()
+    if len(mesh.sites) > 2:
+        report.update(between=list(between), ideal_relayed_s=relayed_ideal_time_s(
+            mesh, *between, scenario.transfer.size_bytes, scenario.transfer.direction))
+    return report
 
 
-def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
+def _run(emu: Gateways, scenario: Scenario, transport: str, cc: str | None,
          deadline_s: float | None, wall_start: float, fec: str = "auto", *,
          on_go: Callable[[], None] | None = None) -> dict[str, Any]:
     """One run on an emulation that is up. ``on_go`` runs once every program is set up,
@@ -212,6 +221,9 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
                 sender.interrupt()
         sent = [_sender_report(s, t_go, complete=all(r["complete"] for r in received))
                 for s in senders]
+        # How late the impairment engine read a frame at worst (None under netem): a run whose
+        # engine fell behind measured the host, not the path.
+        lag_max_s = emu.lag_max_s()
         if counters_before is not None:
             after = netconfig.tcp_counters(emu)
             settings["tcp_counters"] = {side: {k: n - counters_before[side][k] for k, n in by_name.items()}
@@ -222,8 +234,10 @@ def _run(emu: Emulation, scenario: Scenario, transport: str, cc: str | None,
             program.close()
         if pki is not None:
             shutil.rmtree(pki, ignore_errors=True)
-    return _report(scenario, transport, cc, directions, paths, best, sent, received, ideal,
-                   deadline, t_go, stopped, wall_start, settings, emu.backend)
+    report = _report(scenario, transport, cc, directions, paths, best, sent, received, ideal,
+                     deadline, t_go, stopped, wall_start, settings, emu.backend)
+    report["lag_max_s"] = lag_max_s
+    return report
 
 
 def _make_pki() -> str:
@@ -462,6 +476,7 @@ def main_run(args: Any) -> int:
     exit_on_sigterm()
     report = run_experiment(resolve_scenario(args.scenario), RunOptions(
         transport=args.transport, cc=args.cc, size_bytes=args.size, deadline_s=args.deadline,
-        backend=args.backend, steps=args.steps, think_ms=args.think_ms, fec=args.fec))
+        backend=args.backend, steps=args.steps, think_ms=args.think_ms, fec=args.fec,
+        between=args.between))
     print(dumps(report) if args.json else summary(report))
     return 0 if report["intact"] else 1

@@ -1,12 +1,15 @@
 """Build and remove the namespaces and links of a scenario (pyroute2, netlink only).
 
-Per scenario: gateway namespaces ``<prefix>-a`` and ``<prefix>-b`` and a middle
-namespace ``<prefix>-m``. Path k is a veth pair ``wan<k>`` (in a) <-> ``a<k>``
-(in m) and a pair ``b<k>`` (in m) <-> ``wan<k>`` (in b). The middle joins
-``a<k>`` and ``b<k>``: the engine forwards between them, or, for netem, a Linux
-bridge ``br<k>`` does, with netem on the egress of ``b<k>`` (a->b) and ``a<k>``
-(b->a). So the gateways' own qdiscs stay free for the transport under test,
-and every kind of IP traffic crosses the same impaired path.
+Per scenario: one gateway namespace per site (``<prefix>-a`` and ``<prefix>-b``
+for the first two, ``naming.site_namespace``) and a middle namespace
+``<prefix>-m``. Path k joins its two sites: a veth pair ``wan<k>`` (in its
+first site) <-> ``a<k>`` (in m) and a pair ``b<k>`` (in m) <-> ``wan<k>`` (in
+its second site). The middle joins ``a<k>`` and ``b<k>``: the engine forwards
+between them, or, for netem, a Linux bridge ``br<k>`` does, with netem on the
+egress of ``b<k>`` (first -> second site) and ``a<k>`` (back). So the
+gateways' own qdiscs stay free for the transport under test, every kind of IP
+traffic crosses the same impaired path, and between N sites each path is its
+own impaired link between two of them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import select
 import shutil
 import signal
 from collections.abc import Iterable
+from contextlib import ExitStack
 
 from pyroute2 import NetNS, netns
 
@@ -39,13 +43,17 @@ def build(plan: Plan, bridge: bool) -> None:
     """
     for name in plan.namespaces:
         netns.create(name)
-    with NetNS(plan.ns_mid) as mid, NetNS(plan.ns_a) as nsa, NetNS(plan.ns_b) as nsb:
-        for ipr in (mid, nsa, nsb):
+    with ExitStack() as stack:
+        handles = {name: stack.enter_context(NetNS(name)) for name in plan.namespaces}
+        mid = handles[plan.ns_mid]
+        for ipr in handles.values():
             ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
         for p in plan.paths:
+            ns_first, ns_second = p.ends
+            nsa, nsb = handles[ns_first], handles[ns_second]
             for mid_if, gw_ns, gw in (
-                (p.mid_a_ifname, plan.ns_a, nsa),
-                (p.mid_b_ifname, plan.ns_b, nsb),
+                (p.mid_a_ifname, ns_first, nsa),
+                (p.mid_b_ifname, ns_second, nsb),
             ):
                 mid.link("add", ifname=mid_if, kind="veth", peer=p.gw_ifname)
                 peer = mid.link_lookup(ifname=p.gw_ifname)[0]
@@ -66,11 +74,11 @@ def build(plan: Plan, bridge: bool) -> None:
                     mid.link("set", index=mid.link_lookup(ifname=mid_if)[0], master=br_index)
                 mid.link("set", index=br_index, state="up")
     for p in plan.paths:
-        disable_offloads(plan.ns_a, p.gw_ifname)
-        disable_offloads(plan.ns_b, p.gw_ifname)
+        for end in p.ends:
+            disable_offloads(end, p.gw_ifname)
         disable_offloads(plan.ns_mid, p.mid_a_ifname)
         disable_offloads(plan.ns_mid, p.mid_b_ifname)
-    log.info("built %s: %d paths", plan.prefix, len(plan.paths))
+    log.info("built %s: %d sites, %d paths", plan.prefix, len(plan.namespaces) - 1, len(plan.paths))
 
 
 def netns_pids(name: str) -> list[int]:

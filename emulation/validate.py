@@ -40,13 +40,14 @@ _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9}
 
 
 def ping_rtt_ms(emu: Emulation, path: PathInfo, count: int = 30) -> dict[str, float]:
-    """min/median/avg/max of ``count`` echoes a->b, after a warm-up echo.
+    """min/median/avg/max of ``count`` echoes from the path's first site to its second, after a
+    warm-up echo.
 
     The median is what is checked: on a small, shared machine one echo in 30
     can meet a scheduling stall that would move the mean by milliseconds.
     """
-    emu.run("a", ["ping", "-c", "1", "-W", "5", path.b_addr], check=False)
-    out = emu.run("a", ["ping", "-c", str(count), "-i", "0.02", path.b_addr]).stdout
+    emu.run(path.between[0], ["ping", "-c", "1", "-W", "5", path.b_addr], check=False)
+    out = emu.run(path.between[0], ["ping", "-c", str(count), "-i", "0.02", path.b_addr]).stdout
     times = sorted(float(t) for t in re.findall(r"time=([\d.]+) ms", out))
     if not times:
         raise EmulationError(f"ping {path.b_addr} got no replies: {out.strip()[-200:]!r}")
@@ -81,13 +82,14 @@ def iperf_udp(emu: Emulation, path: PathInfo, rate_bps: float, duration_s: float
 
 def _iperf_udp_once(emu: Emulation, path: PathInfo, rate_bps: float, duration_s: float,
                     port: int) -> dict[str, float]:
-    """One iperf3 UDP run a->b; the receiver's steady rate (IP bytes) and its loss counts.
+    """One iperf3 UDP run from the path's first site to its second: the receiver's steady rate
+    (IP bytes) and its loss counts.
 
     Datagrams the receiving host dropped at its socket buffer are reported as
     ``host_drops`` and added back: they crossed the emulated link.
     """
-    host_drops = udp_rcvbuf_errors(emu, "b")
-    server = emu.popen("b", ["iperf3", "-s", "-1", "--forceflush", "-B", path.b_addr,
+    host_drops = udp_rcvbuf_errors(emu, path.between[1])
+    server = emu.popen(path.between[1], ["iperf3", "-s", "-1", "--forceflush", "-B", path.b_addr,
                                 "-p", str(port)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -97,7 +99,7 @@ def _iperf_udp_once(emu: Emulation, path: PathInfo, rate_bps: float, duration_s:
         if not any("listening" in line.lower() for line in lines):
             raise EmulationError(f"iperf3 server did not start: {' '.join(lines).strip()!r}")
         out = emu.run(
-            "a",
+            path.between[0],
             ["iperf3", "-c", path.b_addr, "-p", str(port), "-u", "-b", str(int(rate_bps)),
              "-l", str(UDP_PAYLOAD), "-t", str(duration_s), "--json", "--get-server-output"],
             timeout=duration_s + 30,
@@ -116,7 +118,7 @@ def _iperf_udp_once(emu: Emulation, path: PathInfo, rate_bps: float, duration_s:
         steady = rows
     seconds = sum(float(r[1]) - float(r[0]) for r in steady)
     bits = sum(float(r[2]) * _SCALE[r[3]] * (float(r[1]) - float(r[0])) for r in steady)
-    host_drops = udp_rcvbuf_errors(emu, "b") - host_drops
+    host_drops = udp_rcvbuf_errors(emu, path.between[1]) - host_drops
     ip_bits = (UDP_PAYLOAD + UDP_IP_OVERHEAD) * 8
     ip_factor = ip_bits / (UDP_PAYLOAD * 8)
     rate = bits / seconds * ip_factor if seconds else 0.0

@@ -26,7 +26,7 @@ import logging
 import subprocess
 from typing import Any
 
-from emulation.api import Emulation
+from emulation.api import Gateways
 from emulation.errors import EmulationError
 from wanxport.scenario import LinkParams, Scenario
 
@@ -73,15 +73,15 @@ def buffer_bytes(scenario: Scenario, path_indexes: list[int]) -> int:
     return max(MIN_BUFFER, 2 * bdp_bytes(params))
 
 
-def _sysctl(emu: Emulation, side: str, key: str, value: str) -> None:
+def _sysctl(emu: Gateways, side: str, key: str, value: str) -> None:
     emu.run(side, ["sysctl", "-q", "-w", f"{key}={value}"])
 
 
-def _read_sysctl(emu: Emulation, side: str, key: str) -> str:
+def _read_sysctl(emu: Gateways, side: str, key: str) -> str:
     return emu.run(side, ["sysctl", "-n", key]).stdout.strip()
 
 
-def tune_buffers(emu: Emulation, buffer: int) -> dict[str, Any]:
+def tune_buffers(emu: Gateways, buffer: int) -> dict[str, Any]:
     """Raise tcp_rmem/tcp_wmem maxima in both gateways; return the settings in force."""
     settings: dict[str, Any] = {}
     for side in ("a", "b"):
@@ -94,7 +94,7 @@ def tune_buffers(emu: Emulation, buffer: int) -> dict[str, Any]:
     return settings
 
 
-def source_routing(emu: Emulation, first_path: int) -> None:
+def source_routing(emu: Gateways, first_path: int) -> None:
     """On each gateway: traffic from path k's address leaves through path k (k != first)."""
     for k, path in enumerate(emu.paths, start=1):
         if k - 1 == first_path:
@@ -108,7 +108,7 @@ def source_routing(emu: Emulation, first_path: int) -> None:
             emu.run(side, ["ip", "rule", "add", *rule])
 
 
-def configure_mptcp(emu: Emulation, first_path: int) -> dict[str, Any]:
+def configure_mptcp(emu: Gateways, first_path: int) -> dict[str, Any]:
     """Enable MPTCP; each side may open one subflow per extra path as a client."""
     extra = min(MPTCP_MAX_SUBFLOWS, len(emu.paths) - 1)
     for side in ("a", "b"):
@@ -137,7 +137,7 @@ HOST_LIMIT_COUNTERS = ("TCPMemoryPressures", "TCPMemoryPressuresChrono", "PruneC
                        "TCPLossProbes", "TCPTimeouts")
 
 
-def tcp_counters(emu: Emulation) -> dict[str, dict[str, int]]:
+def tcp_counters(emu: Gateways) -> dict[str, dict[str, int]]:
     """Per gateway, the ``HOST_LIMIT_COUNTERS`` of its namespace's /proc/net/netstat now."""
     out = {}
     for side in ("a", "b"):
@@ -150,7 +150,7 @@ def tcp_counters(emu: Emulation) -> dict[str, dict[str, int]]:
     return out
 
 
-def slow_start_after_idle_off(emu: Emulation) -> dict[str, str]:
+def slow_start_after_idle_off(emu: Gateways) -> dict[str, str]:
     """``net.ipv4.tcp_slow_start_after_idle=0`` in both gateways: a connection that waited (for
     the next step, the next stripe) keeps its window instead of starting over from the
     initial one. Returns the setting as read back, per side."""

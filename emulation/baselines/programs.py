@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from emulation.api import REPO_ROOT, Emulation
+from emulation.api import REPO_ROOT, Gateways
 from emulation.errors import EmulationError
 
 STOP_GRACE_S = 5.0
@@ -28,7 +28,7 @@ STOP_GRACE_S = 5.0
 class Program:
     """``python -m <module> <role> <json spec>`` in one gateway."""
 
-    def __init__(self, emu: Emulation, side: str, module: str, role: str,
+    def __init__(self, emu: Gateways, side: str, module: str, role: str,
                  spec: dict[str, Any], stdin: bool = False) -> None:
         self.label = f"{module.rsplit('.', 1)[-1]} {role} in {side}"
         env = dict(os.environ)

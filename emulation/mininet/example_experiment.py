@@ -3,8 +3,9 @@
     sudo python3 emulation/mininet/example_experiment.py SCENARIO.toml [--backend engine|netem]
 
 Builds the scenario topology (``wan.py``), starts the events timeline, measures
-the RTT of every path with ping between the gateway hosts, optionally runs an
-iperf3 TCP transfer over path 1, and prints one JSON object. Use it as the
+the RTT of every path with ping from its first site's gateway host to its
+second's, optionally runs an iperf3 TCP transfer over path 1, and prints one
+JSON object. Use it as the
 skeleton of your own experiment: replace the measurement with your transport.
 Runs under the system python3 (Mininet's); it always cleans Mininet up.
 """
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mininet.log import setLogLevel  # noqa: E402
 from mininet.net import Mininet  # noqa: E402
-from wan import WanTopo, start_events  # noqa: E402
+from wan import WanTopo, host_name, start_events  # noqa: E402
 
 from emulation.naming import plan  # noqa: E402
 from wanxport.scenario import load_scenario  # noqa: E402
@@ -54,13 +55,13 @@ def main() -> int:
     result: dict[str, object] = {"scenario": scenario.name, "paths": []}
     try:
         net.start()
-        a, b = net.get("a"), net.get("b")
         start_events(net)
         for spec, p in zip(scenario.paths, layout.paths, strict=True):
-            stats = ping_stats(a, p.b_addr, args.count)
+            stats = ping_stats(net.get(host_name(scenario, spec.between[0])), p.b_addr, args.count)
             result["paths"].append(  # type: ignore[attr-defined]
                 {"name": spec.name, "configured_rtt_ms": spec.forward.rtt_ms, **stats})
         if args.iperf_seconds > 0:
+            a, b = (net.get(host_name(scenario, site)) for site in scenario.paths[0].between)
             server = b.popen(["iperf3", "-s", "-1", "-B", layout.paths[0].b_addr])
             out = a.cmd(f"iperf3 -c {layout.paths[0].b_addr} -t {args.iperf_seconds:g} --json")
             server.wait()

@@ -1,9 +1,11 @@
 """Mininet topology of a scenario: ``mn --custom emulation/mininet/wan.py --topo wan,scenario=FILE``.
 
 Runs under Mininet's own Python (the system python3), so it uses only the
-standard library, Mininet and our stdlib-only modules. Hosts ``a`` and ``b``
-are the gateways; path k is a two-port node ``s<k>`` between them, with the
-same addresses as ``python -m emulation up`` (10.200.k.1 on a, 10.200.k.2 on b).
+standard library, Mininet and our stdlib-only modules. One host per site is
+its gateway: ``a``, ``b``, ``c``, ... in site order (a two-site scenario's
+``a`` and ``b``); path k is a two-port node ``s<k>`` between its two sites'
+hosts, with the same addresses as ``python -m emulation up`` (10.200.k.1 at
+the path's first site, 10.200.k.2 at its second).
 
 * Where the kernel has netem, ``s<k>`` is a plain Linux bridge and TCLink
   carries the impairment (bw, delay, jitter, loss, netem limit sized as in
@@ -14,7 +16,8 @@ same addresses as ``python -m emulation up`` (10.200.k.1 on a, 10.200.k.2 on b).
   field of the scenario; ``start_events(net)`` starts the events timeline.
 
 Add ``backend=engine`` or ``backend=netem`` to the --topo arguments to force one.
-The path nodes are switches, so ``pingall`` pings between the gateways only.
+The path nodes are switches, so ``pingall`` pings between the gateways only
+(and, between N sites, reaches only the pairs joined by a path).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from mininet.topo import Topo  # noqa: E402
 
 from emulation.naming import plan  # noqa: E402
 from emulation.params import netem_limit, path_timeline  # noqa: E402
-from wanxport.scenario import LinkParams, load_scenario  # noqa: E402
+from wanxport.scenario import LinkParams, Scenario, load_scenario  # noqa: E402
 
 OFFLOADS_OFF = "tx off tso off gso off gro off"
 READY_TIMEOUT_S = 20.0
@@ -157,7 +160,7 @@ class EngineSwitch(Switch):
 
 
 class WanTopo(Topo):
-    """Gateways ``a`` and ``b`` and one path node ``s<k>`` per scenario path."""
+    """A gateway host per site (``a``, ``b``, ...) and one path node ``s<k>`` per scenario path."""
 
     def build(self, scenario: str = "", backend: str = "") -> None:  # type: ignore[override]
         if not scenario:
@@ -167,10 +170,13 @@ class WanTopo(Topo):
         use_netem = {"netem": True, "engine": False}.get(backend) if backend else netem_present()
         if use_netem is None:
             raise ValueError(f"backend: unknown {backend!r}; valid: netem, engine")
-        first = layout.paths[0]
-        a = self.addHost("a", cls=WanHost, ip=f"{first.a_addr}/30")
-        b = self.addHost("b", cls=WanHost, ip=f"{first.b_addr}/30")
+        hosts = {}
+        for site in sc.sites:
+            spec, p = next((s, p) for s, p in zip(sc.paths, layout.paths, strict=True) if site in s.between)
+            address = p.a_addr if spec.between[0] == site else p.b_addr
+            hosts[site] = self.addHost(host_name(sc, site), cls=WanHost, ip=f"{address}/30")
         for spec, p in zip(sc.paths, layout.paths, strict=True):
+            a, b = hosts[spec.between[0]], hosts[spec.between[1]]
             name = f"s{p.index}"
             a_ip = {"ip": f"{p.a_addr}/30"}
             b_ip = {"ip": f"{p.b_addr}/30"}
@@ -183,6 +189,12 @@ class WanTopo(Topo):
                 s = self.addSwitch(name, cls=EngineSwitch, spec=json.dumps(one))
                 self.addLink(a, s, port2=1, params1=a_ip)
             self.addLink(s, b, port1=2, params2=b_ip)
+
+
+def host_name(scenario: Scenario, site: str) -> str:
+    """The Mininet host of ``site``: ``a``, ``b``, ``c``, ... in site order (short, unlike site names,
+    since Mininet names interfaces after hosts)."""
+    return chr(ord("a") + scenario.sites.index(site))
 
 
 def start_events(net: Any) -> None:
