@@ -137,7 +137,8 @@ def tune(emu: Emulation, scenario: Scenario) -> dict[str, Any]:
 def _specs(emu: Emulation, scenario: Scenario, options: AllreduceOptions, comm: str, schedule: str,
            run: int, pki: str, endpoints: dict[str, tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
     sites, paths, ranks = scenario.sites, emu.paths, options.ranks_per_site
-    common: dict[str, Any] = {"ranks_per_site": ranks, "count": options.size_bytes // 4, "steps": options.steps,
+    common: dict[str, Any] = {
+              "ranks_per_site": ranks, "count": options.size_bytes // 4, "steps": options.steps,
               "compress": None if options.compress == "none" else options.compress, "seed": SEED,
               "timeout": options.timeout_s, "intra_port": INTRA_PORT + run * PORTS_PER_RUN,
               "chunk_bytes": options.chunk_bytes, "sites": len(sites)}
