@@ -153,6 +153,8 @@ async def test_pair_without_a_session_still_completes(pki: Path) -> None:
         outcomes = await asyncio.gather(*(g.all_gather(x) for g, x in zip(groups, xs, strict=True)),
                                         return_exceptions=True)
         assert all(isinstance(o, (ValueError, CollectiveError)) and "session" in str(o) for o in outcomes)
+        await asyncio.gather(*(g.barrier() for g in groups))  # up and down one tree
+        assert {g.stats()[-1].op for g in groups} == {"barrier"}
         again = await all_reduce_everywhere(groups, xs)  # the refusal shifted nothing
         assert again[1].tobytes() == results[1].tobytes()
     finally:

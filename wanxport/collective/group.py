@@ -64,7 +64,7 @@ from .message import (
 from .p2p import PointToPoint
 from .planning import Planner, session_row
 from .pool import SendPool, slot_of
-from .schedule import Plan
+from .schedule import Plan, full_mesh, nearest_tree
 from .state import GroupEvent, GroupState, advance
 from .trees import TreeSchedules
 
@@ -209,11 +209,10 @@ class Group(PointToPoint, TreeSchedules):
         return array
 
     async def barrier(self, timeout: float | None = None) -> None:
-        """Returns once every site has called it (the same number of collectives in)."""
-        with self._refusing("barrier"):
-            self._need_full_mesh("barrier")
+        """Returns once every site has called it (the same number of collectives in). Where
+        some pair has no session it runs as an empty all-reduce on one tree (up, then down)."""
         call = self._call("barrier", np.empty(0, dtype=np.uint8))
-        await self._run(call, self._header_only(call), timeout)
+        await self._run(call, self._barrier(call), timeout)
 
     def _need_full_mesh(self, op: str) -> None:
         """ValueError (refused at every site: ``refusing``) where this site lacks a session
@@ -401,6 +400,16 @@ class Group(PointToPoint, TreeSchedules):
             write_back(arr, flat)
 
         await off_loop(flat.nbytes, place)
+
+    async def _barrier(self, call: Call) -> None:
+        if self.planner is None:
+            return await self._header_only(call)
+        published = await self.planner.plan_for(call.seq)
+        if full_mesh(published.mesh.links):
+            return await self._header_only(call)
+        plan = Plan("tree", (nearest_tree(0, published.mesh.delay, published.mesh.links),))
+        call = dataclasses.replace(call, schedule="tree", plan=published.ident)
+        await self._all_reduce_trees(call, np.empty(0, dtype=np.uint8), None, plan)
 
     async def _header_only(self, call: Call) -> None:
         await self._exchange(call, 0, {p: (0, 0, None) for p in self.links})

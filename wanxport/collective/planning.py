@@ -12,8 +12,10 @@ otherwise is a mismatch error, never a wrong sum.
 
 Windows: plan w covers calls [w*WINDOW, (w+1)*WINDOW). The decider sends window 0 once
 every site has reported (right after the group forms) and window w+1 when it takes
-the first call of window w, so a plan is normally in place before any site reaches
-it; a site whose call has no plan yet waits for it within the call's timeout. Sites
+the last call of window w: with the freshest reports, and still before any site can
+finish that call (the decider takes part in it), so a site running its calls one
+after another finds the plan in place; one that runs ahead waits for it within the
+call's timeout. Sites
 report again after their all-reduces (at most every ``REPORT_EVERY_S``), so the
 rates follow the steps. ``deterministic``: plan 0 covers every call and carries the
 sessions only (no rates), so every run of the program uses the same schedules and
@@ -138,7 +140,7 @@ class Planner:
     def on_take(self, seq: int) -> None:
         """Call ``seq`` takes its number here; the decider then makes sure the next window's
         plan is out."""
-        if self.site == self.decider and seq % WINDOW == 0:
+        if self.site == self.decider and seq % WINDOW == WINDOW - 1:
             self._wanted_through = max(self._wanted_through, seq // WINDOW + 1)
             self._publish()
 
