@@ -145,3 +145,14 @@ def test_prediction_is_monotone_in_size_and_infinite_without_a_session() -> None
     assert predict(direct(3), m, 1000, wire) < predict(direct(3), m, MIB64, wire)
     cut = mesh([[0, -1, 100e6], [-1, 0, 100e6], [100e6, 100e6, 0]])
     assert predict(direct(3), cut, 1000, wire) == float("inf")
+
+
+def test_a_direction_left_idle_takes_the_other_directions_rate() -> None:
+    """A relay schedule can leave one direction of a pair without traffic (and so without a rate
+    estimate): the pair still counts as measured, at its other direction's rate."""
+    one_way = mesh([[0, 0, 100e6], [25e6, 0, 100e6], [100e6, 100e6, 0]])
+    assert one_way.measured()
+    assert one_way.filled().rate[0][1] == 25e6
+    plan, predicted = choose(one_way, MIB64, wire)
+    assert plan.kind == "relay" and predicted is not None
+    assert not mesh([[0, 0, 100e6], [0, 0, 100e6], [100e6, 100e6, 0]]).measured()

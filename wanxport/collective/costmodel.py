@@ -58,18 +58,22 @@ class Mesh:
                 for i in range(self.n)]
 
     def measured(self) -> bool:
+        """Every pair with a session measured, at least one way (a schedule may leave one
+        direction of a pair idle: its estimate then comes from the other)."""
         links = self.links
-        return all(self.rate[i][j] > 0 for i in range(self.n) for j in range(self.n) if links[i][j])
+        return all(max(self.rate[i][j], self.rate[j][i]) > 0
+                   for i in range(self.n) for j in range(self.n) if links[i][j])
 
     def filled(self) -> Mesh:
-        """Unmeasured pairs at the mean measured rate (1 byte/s when none is measured): a mesh
-        the model can rank, where only the topology is known."""
+        """An unmeasured direction at the pair's other direction's rate, else at the mean
+        measured rate (1 byte/s when none is measured): a mesh the model can rank, where
+        only the topology is known."""
         links = self.links
         known = [self.rate[i][j] for i in range(self.n) for j in range(self.n)
                  if links[i][j] and self.rate[i][j] > 0]
         fill = sum(known) / len(known) if known else 1.0
-        rate = tuple(tuple(r if not links[i][j] or r > 0 else fill for j, r in enumerate(row))
-                     for i, row in enumerate(self.rate))
+        rate = tuple(tuple(r if not links[i][j] or r > 0 else self.rate[j][i] if self.rate[j][i] > 0 else fill
+                           for j, r in enumerate(row)) for i, row in enumerate(self.rate))
         return Mesh(rate, self.delay)
 
 
@@ -198,7 +202,7 @@ def choose(mesh: Mesh, count: int, wire: Wire, kind: str = "auto") -> tuple[Plan
     if kind != "auto" and kind not in SCHEDULES:
         raise ValueError(f"schedule: unknown {kind!r}; valid: 'auto', {', '.join(map(repr, SCHEDULES))}")
     measured = mesh.measured()
-    model = mesh if measured else mesh.filled()
+    model = mesh.filled()
     plans = candidates(model, count, wire, kind)
     if not plans:
         raise ValueError(f"schedule {kind!r} is not possible on this mesh (sessions: {_pairs(model)})")
