@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,6 +49,7 @@ FOREVER = 1 << 52  # a deterministic plan's end (exact in float64)
 REPORT_EVERY_S = 0.2
 KINDS = ("auto", *SCHEDULES)
 CHOICES_KEPT = 64
+RATES_KEPT = 8  # measurements a reported rate is the largest of
 PLANS_KEPT = 64  # windows behind the newest plan still held (a site may lag that far)
 Send = Callable[[int, Header, npt.NDArray[np.uint8]], object]
 Row = tuple[list[float], list[float]]  # rates (bytes/s) and one-way delays (s), per group rank
@@ -71,9 +72,12 @@ class Published:
 
 def measure_link(stats: tuple[PathStats, ...]) -> tuple[float, float]:
     """(rate in bytes/s, one-way delay in s) of one session from its paths' figures; 0 when
-    not measured yet. Failed paths do not count."""
+    not measured yet. A path's rate is the larger of the scheduler's delivery rate (a
+    window of a few RTTs) and its controller's bandwidth estimate (BBR's max filter over
+    some rounds): the figures right after a step, when the tail's last samples may be
+    small. Failed paths do not count."""
     live = [p for p in stats if p.state != "failed"]
-    rate = sum(p.bandwidth_bps for p in live) / 8
+    rate = sum(max(p.bandwidth_bps, p.cc_metrics.get("bandwidth_bps", 0.0)) for p in live) / 8
     rtts = [p.min_rtt_s for p in live if p.min_rtt_s is not None]
     return rate, (min(rtts) / 2 if rtts else 0.0)
 
@@ -106,6 +110,7 @@ class Planner:
         self._waiters: dict[int, list[asyncio.Future[Published]]] = {}
         self._choices: OrderedDict[tuple[int, int, str], tuple[Plan, float | None]] = OrderedDict()
         self._last_report = float("-inf")
+        self._recent: deque[list[float]] = deque(maxlen=RATES_KEPT)
         self.closed = False
 
     # -- reports ---------------------------------------------------------------------
@@ -116,12 +121,20 @@ class Planner:
         if self.closed or not force and now - self._last_report < REPORT_EVERY_S:
             return
         self._last_report = now
-        rates, delays = self.measure()
+        rates, delays = self._remembered()
         version = self.reports_sent
         self.reports_sent += 1
         body = np.array([*rates, *delays], dtype=np.float64)
         call = Call(version, "report", body.size, "<f8", group=self.gid, root=self.site)
         self._take_report(self.site, call, body, came_from=None)
+
+    def _remembered(self) -> Row:
+        """This site's measurement now, each rate the largest of its last ``RATES_KEPT``: a
+        session's estimates sink while it idles between steps (or while the schedule leaves
+        it idle), and a schedule chosen on the idle figures would avoid a pair for nothing."""
+        rates, delays = self.measure()
+        self._recent.append(rates)
+        return [max(row[k] for row in self._recent) for k in range(len(rates))], delays
 
     def _take_report(self, origin: int, call: Call, body: npt.NDArray[np.float64], came_from: int | None,
                      ) -> None:
@@ -149,7 +162,7 @@ class Planner:
             return
         if self.deterministic and self._published_through >= 0:
             return
-        rates, delays = self.measure()
+        rates, delays = self._remembered()
         self._rows[self.site] = (rates, delays)
         rows = [self._rows[k] for k in range(self.size)]
         mesh = Mesh(tuple(tuple(r[0]) for r in rows), tuple(tuple(r[1]) for r in rows))
