@@ -247,6 +247,7 @@ def _report(emu: Emulation, scenario: Scenario, options: AllreduceOptions, comm:
         **({} if options.steps > 1 else {"steps": 1, **step_summary(step_s)}),
         workload="allreduce", comm=comm, sites=list(scenario.sites), ideal_kind="bus-bandwidth",
         schedule=schedule if comm == "wanxport" else None, schedules=chosen,
+        measured_mesh=done[0].get("mesh") if comm == "wanxport" and done else None,
         ranks_per_site=options.ranks_per_site,
         compress=None if options.compress == "none" else options.compress,
         size_bytes=options.size_bytes, correct=correct, identical_across_ranks=identical,

@@ -293,7 +293,11 @@ async def group_report(group: Any) -> dict[str, Any]:
     sent = sum(s.sent_bytes for s in reduces)
     diag = {link.name: session_diagnostics(link.session.endpoint) for link in group.links.values()}
     chosen = [[s.schedule, s.predicted_s, len(s.plan.relayed()) if s.plan else 0] for s in reduces]
-    return {"paths": paths, "collective_bytes_sent": sent, "diag": diag, "schedules": chosen}
+    planner = getattr(group, "planner", None)
+    plan = planner.covering(reduces[-1].seq) if planner is not None and reduces else None
+    mesh = {"rate_Bps": [[round(r) for r in row] for row in plan.mesh.rate],
+            "delay_s": [[round(d, 4) for d in row] for row in plan.mesh.delay]} if plan else None
+    return {"paths": paths, "collective_bytes_sent": sent, "diag": diag, "schedules": chosen, "mesh": mesh}
 
 
 def gloo_rank(spec: dict[str, Any]) -> None:

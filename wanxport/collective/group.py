@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0
+METER_MIN_S = 0.05  # a link's throughput meter counts once it has been busy this long ...
+METER_MIN_BYTES = 1 << 20  # ... with this much verified
 STATS_KEPT = 10_000
 ABORT_REASON_BYTES = 1024  # an abort message's body: why the call was refused, UTF-8
 Got = tuple[int, Header, npt.NDArray[np.uint8]]
@@ -119,6 +121,7 @@ class Group(PointToPoint, TreeSchedules):
         self._tallies: dict[int, Tally] = {}
         self.send_pool = SendPool()
         self.planner: Planner | None = None
+        self._meters: dict[int, tuple[int, float]] = {}  # peer -> its link's meter at the last row
         if self.size > 2:
             self.planner = Planner(gid, self.site, self.size, list(self.links), self._send_planning,
                                    self._measure, world.schedule, world.deterministic)
@@ -142,8 +145,17 @@ class Group(PointToPoint, TreeSchedules):
             self.links[peer].send(header, payload)
 
     def _measure(self) -> tuple[list[float], list[float]]:
-        """This site's row for the planner: its sessions' rates and one-way delays, now."""
-        return session_row(self.size, {peer: link.path_stats() for peer, link in self.links.items()})
+        """This site's row for the planner: its sessions' rates and one-way delays, now. A
+        rate is the larger of two floors of the pair's capacity: the session's delivery-rate
+        estimate and what the link carried while it had bulk data since the last row."""
+        rates, delays = session_row(self.size, {peer: link.path_stats() for peer, link in self.links.items()})
+        for peer, link in self.links.items():
+            meter = link.busy_meter()
+            sent, busy = (a - b for a, b in zip(meter, self._meters.get(peer, (0, 0.0)), strict=True))
+            if busy >= METER_MIN_S and sent >= METER_MIN_BYTES:
+                rates[peer] = max(rates[peer], sent / busy)
+                self._meters[peer] = meter
+        return rates, delays
 
     # -- collectives -----------------------------------------------------------
 

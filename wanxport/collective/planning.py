@@ -72,12 +72,10 @@ class Published:
 
 def measure_link(stats: tuple[PathStats, ...]) -> tuple[float, float]:
     """(rate in bytes/s, one-way delay in s) of one session from its paths' figures; 0 when
-    not measured yet. A path's rate is the larger of the scheduler's delivery rate (a
-    window of a few RTTs) and its controller's bandwidth estimate (BBR's max filter over
-    some rounds): the figures right after a step, when the tail's last samples may be
-    small. Failed paths do not count."""
+    not measured yet. A path's rate is the scheduler's delivery rate (measured samples
+    only: a controller's estimate in startup is a guess). Failed paths do not count."""
     live = [p for p in stats if p.state != "failed"]
-    rate = sum(max(p.bandwidth_bps, p.cc_metrics.get("bandwidth_bps", 0.0)) for p in live) / 8
+    rate = sum(p.bandwidth_bps for p in live) / 8
     rtts = [p.min_rtt_s for p in live if p.min_rtt_s is not None]
     return rate, (min(rtts) / 2 if rtts else 0.0)
 
