@@ -90,7 +90,7 @@ def test_missing_pair_must_relay_and_direct_is_refused() -> None:
     topology = unmeasured(4, links)
     plan, predicted = choose(topology, 1000, wire)
     assert plan.kind == "relay" and predicted is None
-    assert {(s, o) for s, o, _ in plan.relayed()} == {(0, 3), (3, 0)}
+    assert {(s, o) for s, o, _ in plan.relayed()} >= {(0, 3), (3, 0)}  # and whatever rebalances their load
     for tree in plan.trees:
         check_tree(tree, links)
     with pytest.raises(ValueError, match="not possible"):

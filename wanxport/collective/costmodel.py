@@ -36,6 +36,7 @@ NO_SESSION = -1.0  # a rate below zero: the pair has no session
 MARGIN = 0.1  # another schedule replaces the baseline only when predicted this much faster
 CHUNK_BYTES = 1 << 20  # a relayed or chained part travels in pieces of about this size ...
 MAX_CHUNKS = 8  # ... at most this many per part ...
+EVERY_PAIR_UP_TO = 4  # up to this many sites every pair may be relayed; beyond, only thin ones (time)
 PART_LIMIT = 127  # ... and at most this many parts in all (a part's two phases fit the header's byte)
 Wire = Callable[[int], int]  # elements -> bytes of the message that carries them
 
@@ -133,8 +134,9 @@ def chunks_for(n: int, count: int, wire: Wire) -> int:
 
 def relay_plan(mesh: Mesh, count: int, wire: Wire, force: bool = False, chunks: int = 1) -> Plan:
     """Stars on each owner (``chunks`` pieces of its part, each with its own tree), with a site
-    hung under a third site in a piece's tree where that is predicted no slower (pairs thinner
-    than half the fattest, the thinnest first: a share can go part direct, part relayed), or
+    hung under a third site in a piece's tree where that is predicted faster (no slower for
+    pairs thinner than half the fattest; the thinnest pairs first; a share can go part
+    direct, part relayed), or
     where it has no session with the owner (then under its first hop on a fewest-hop route).
     ``force``: at least one share relayed (the least harmful one)."""
     n, links = mesh.n, mesh.links
@@ -152,7 +154,7 @@ def relay_plan(mesh: Mesh, count: int, wire: Wire, force: bool = False, chunks: 
 
     top = max(thin(s, o) for s in range(n) for o in range(n) if links[s][o])
     pairs = sorted((thin(s, o), s, o) for o in range(n) for s in range(n)
-                   if links[s][o] and (force or thin(s, o) < top / 2))
+                   if links[s][o] and (force or n <= EVERY_PAIR_UP_TO or thin(s, o) < top / 2))
     forced: tuple[float, Plan] | None = None
     moves = [(site, part, plan.trees[part].root) for _, site, owner in pairs
              for part in range(owner * chunks, (owner + 1) * chunks)]
@@ -162,8 +164,8 @@ def relay_plan(mesh: Mesh, count: int, wire: Wire, force: bool = False, chunks: 
                 continue
             candidate = with_parent(plan, part, site, via)
             time = predict(candidate, mesh, count, wire)
-            if time <= best:  # a tie counts: two shares on one thin pair need two moves
-                plan, best = candidate, time
+            if time < best or time == best and thin(site, owner) < top / 2:
+                plan, best = candidate, time  # a tie counts on a thin pair: its two shares need two moves
             elif forced is None or time < forced[0]:
                 forced = (time, candidate)
     if force and not plan.relayed() and forced is not None:
