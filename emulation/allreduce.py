@@ -1,4 +1,5 @@
-"""``python -m emulation allreduce``: an all-reduce between the two sites of a scenario, N steps.
+"""``python -m emulation allreduce``: an all-reduce between the two sites of a scenario, N steps
+(among more sites: ``emulation.mesh_allreduce``).
 
 Brings the scenario up, starts R rank processes in each gateway namespace
 (``emulation.baselines.allreduce_app``), lets them join (wanxport groups, or the
@@ -224,11 +225,19 @@ def main_allreduce(args: Any) -> int:
     from wanxport.report import dumps
 
     exit_on_sigterm()
-    options = AllreduceOptions(comm=args.comm, ranks_per_site=args.ranks_per_site,
+    comms = args.comm.split(",")
+    options = AllreduceOptions(comm=comms[0], ranks_per_site=args.ranks_per_site,
                                size_bytes=args.size if args.size is not None else 64 << 20,
                                steps=args.steps, compress=args.compress, backend=args.backend,
                                timeout_s=args.timeout, chunk_bytes=args.chunk)
     scenario = resolve_scenario(args.scenario)
+    if len(scenario.sites) > 2:
+        from emulation.mesh_allreduce import main_mesh
+
+        return main_mesh(args, scenario, options, comms)
+    if len(comms) > 1 or args.schedule != "auto" or args.rounds != 1 or args.out:
+        raise ValueError("--comm takes one comm, and --schedule, --rounds and --out need more than "
+                         "two sites")
     check_options(options)
     report = run_allreduce(scenario, options)
     print(dumps(report) if args.json else summary(report))

@@ -70,12 +70,19 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     cmp.add_argument("--backend", choices=("netem", "engine"))
     cmp.add_argument("--no-sim", action="store_true", help="skip the simulator column")
     cmp.add_argument("--out", required=True, help="directory for reports, figures, table")
-    ar = sub.add_parser("allreduce", help="an all-reduce between the two sites, N steps, "
+    ar = sub.add_parser("allreduce", help="an all-reduce among the scenario's sites, N steps, "
                                           "wanxport, gloo or gloo-striped; prints a run report")
     ar.add_argument("scenario")
-    ar.add_argument("--comm", choices=("wanxport", "gloo", "gloo-striped"), required=True,
-                    help="gloo: on the best route; gloo-striped: a gloo group per route, "
-                         "the array split by capacity")
+    ar.add_argument("--comm", required=True, metavar="COMM",
+                    help="wanxport, gloo or gloo-striped (two sites); gloo: on the best route; "
+                         "gloo-striped: a gloo group per route, the array split by capacity. Among "
+                         "more sites: wanxport or gloo, or a comma list (wanxport,gloo) run in turn")
+    ar.add_argument("--schedule", default="auto", metavar="S",
+                    help="more than two sites: wanxport's all-reduce schedule, auto (default), "
+                         "direct, relay, ring or tree; a comma list runs each in turn")
+    ar.add_argument("--rounds", type=int, default=1,
+                    help="more than two sites: times every comm/schedule runs, in turn (default 1)")
+    ar.add_argument("--out", metavar="DIR", help="more than two sites: write each run's report here")
     ar.add_argument("--ranks-per-site", type=int, default=1, metavar="R",
                     help="rank processes per site (default 1; SIZE must split evenly over them)")
     ar.add_argument("--size", type=size_argument, help="float32 array bytes (default 64MiB)")

@@ -98,14 +98,14 @@ class WanMeter:
         self.before = tx_counter(emu, TX_BYTES)
         self.wire: dict[str, list[int]] = {}
         self._datagrams = _sent_datagrams(emu)
-        self._drops = _drops(emu)
+        self._drops = engine_drops(emu)
         self._engine = engine_cpu_s(emu)
 
     def stop(self, settings: dict[str, Any]) -> None:
         after = tx_counter(self.emu, TX_BYTES)
         self.wire = {side: [b - a for a, b in zip(self.before[side], after[side], strict=True)]
                      for side in self.before}
-        engine, drops = engine_cpu_s(self.emu), _drops(self.emu)
+        engine, drops = engine_cpu_s(self.emu), engine_drops(self.emu)
         if self._drops and drops:
             settings["engine_drops"] = {
                 path: {d: {cause: n if cause == "lag_max_s" else n - self._drops[path][d][cause]
@@ -152,7 +152,7 @@ def engine_cpu_s(emu: Emulation) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:
+def engine_drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:
     """The engine's drops so far by path, direction and cause (queue: the bottleneck's
     drop-tail buffer overflowed; loss: the scenario's random loss); empty under netem. A
     step's retransmissions beyond the random loss are these queue drops: what its

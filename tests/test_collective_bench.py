@@ -26,6 +26,21 @@ def test_usage_error_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -
     assert len(err) == 1 and "gloo has no compression" in err[0]
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["allreduce-4route", "--comm", "wanxport", "--schedule", "relay"], "need more than two sites"),
+    (["allreduce-4route", "--comm", "wanxport,gloo"], "need more than two sites"),
+    (["mesh-4site", "--comm", "gloo-striped"], "valid: wanxport, gloo"),
+    (["mesh-4site", "--comm", "wanxport", "--schedule", "butterfly"], "--schedule: unknown"),
+    (["mesh-4site", "--comm", "wanxport", "--rounds", "0"], "--rounds"),
+    (["mesh-4site", "--comm", "wanxport,gloo", "--compress", "int8"], "gloo has no compression"),
+])
+def test_n_site_usage_errors_exit_2_before_any_namespace(argv: list[str], message: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["allreduce", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
 def test_bundled_scenario_ideal_is_a_few_seconds() -> None:
     from emulation.bundled import resolve_scenario
     from wanxport.scenario import ideal_time_s

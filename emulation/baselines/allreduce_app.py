@@ -10,11 +10,13 @@ joined / process group initialised, inputs generated), "go" on stdin, then
 by all namespaces), whether every step's result was correct, a digest of each
 step's result (the runner checks all ranks agree) and this rank's bytes.
 
-wanxport, R ranks per site: rank r of each site forms a two-site wanxport group with
-rank r of the other site on its own ports. R = 1: each step is the cross-site
-all-reduce alone. R > 1: each step is the DDP hook's path for the whole array
-(``wanxport.torch.allreduce_tensor``): a reduce-scatter inside the site (gloo over the
-namespace's loopback), an all-reduce of this rank's 1/R slice across sites over
+wanxport, R ranks per site: rank r of each site forms a wanxport group with rank r of
+every other site on its own ports (``spec["sites"]`` sites, default 2; among more than
+two, ``spec["paths"]`` maps each peer site to the paths of their pair, an empty list
+where the pair has no direct path, and ``spec["schedule"]`` is the group's schedule).
+R = 1: each step is the cross-site all-reduce alone. R > 1: each step is the DDP hook's
+path for the whole array (``wanxport.torch.allreduce_tensor``): a reduce-scatter inside
+the site (gloo over the namespace's loopback), an all-reduce of this rank's 1/R slice across sites over
 wanxport, an all-gather inside the site, pipelined in the hook's chunks. gloo: one
 flat torch.distributed world of 2R ranks (ranks contiguous per site),
 ``GLOO_SOCKET_IFNAME`` the best route's interface. gloo-striped: the same world once
@@ -25,7 +27,9 @@ Every rank's input is seeded by (seed, site, rank) and is the same at every step
 each rank regenerates all inputs to check its result: without compression within
 float32 summation error of the float64 sum, with compression within the codec's
 bound (``wanxport.collective.error_bound``) of this step and the residual carried
-from the last (error feedback), i.e. ``2.02 x`` the per-site bounds, plus the former.
+from the last (error feedback), i.e. ``2.02 x`` the per-site bounds, plus the former;
+among N > 2 sites a site's contribution may be quantised once per hop of its part's
+tree (at most N hops with the way down) and so may its residual: ``2.02 x N x``.
 
 CHECK_AFTER_ALL: a rank checks its result only once every rank's step has ended (a barrier,
 untimed). A step lasts until the last rank's ends, and on a 2-core host a check run by a rank
@@ -63,8 +67,8 @@ class Checker:
     """This rank's expected result and tolerance, from every rank's input."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        ranks, count = spec["ranks_per_site"], spec["count"]
-        xs = inputs(spec["seed"], 2, ranks, count)
+        ranks, count, sites = spec["ranks_per_site"], spec["count"], spec.get("sites", 2)
+        xs = inputs(spec["seed"], sites, ranks, count)
         self.own = xs[spec["site"]][spec["rank"]]
         exact = np.zeros(count, dtype=np.float64)
         magnitude = np.zeros(count, dtype=np.float64)
@@ -72,7 +76,8 @@ class Checker:
             for x in site:
                 exact += x
                 magnitude += np.abs(x)
-        tol = magnitude * (4 * 2 * ranks * 2.0 ** -24)
+        tol = magnitude * (4 * sites * ranks * 2.0 ** -24)
+        hops = 1 if sites == 2 else sites
         compress = spec.get("compress")
         if compress is not None:
             for site in xs:
@@ -81,7 +86,7 @@ class Checker:
                     site_sum += x
                 for piece in _codec_slices(count, ranks, spec.get("chunk_bytes")):
                     # the codec sees each rank's slice of the site's sum
-                    tol[piece] += 2.02 * error_bound(compress, site_sum[piece]).astype(np.float64)
+                    tol[piece] += 2.02 * hops * error_bound(compress, site_sum[piece]).astype(np.float64)
         # Checked in float32 against bounds rounded outward from the float64 ones: the
         # float64 verdict (bounds never tightened, widened by under one float32 ulp) at a
         # quarter of the CPU (0.06 against 0.24 CPU-s per 16 M elements; 0.7 s of wall at
@@ -94,7 +99,8 @@ class Checker:
         self._scratch = np.empty(count, dtype=np.float32)
         # Two ranks, no compression: the sum has one float32 addition per element, the same
         # whatever the order, so a plain numpy sum is the exact expected result, bit for bit.
-        self.plain = xs[0][0] + xs[1][0] if spec.get("bitwise") and ranks == 1 and compress is None else None
+        two = sites == 2 and ranks == 1 and compress is None
+        self.plain = xs[0][0] + xs[1][0] if spec.get("bitwise") and two else None
 
     def check(self, result: np.ndarray) -> tuple[bool, float]:
         """Every element within its bound (and, where ``plain`` is set, bitwise equal to it),
@@ -176,7 +182,7 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     checker = Checker(spec)
     pki, names = spec["pki"], spec["names"]
     group = await join(spec["site"], names, identity=f"{pki}/{names[spec['site']]}", ca=f"{pki}/ca.pem",
-                       paths=spec["paths"], timeout=spec["timeout"], join_timeout=60.0)
+                       timeout=spec["timeout"], join_timeout=60.0, **join_paths(spec))
     work = np.empty(spec["count"], dtype=np.float32)
     emit({"event": "ready"})
     await asyncio.to_thread(sys.stdin.readline)
@@ -209,7 +215,7 @@ def hook_rank(spec: dict[str, Any]) -> None:
     dist = intra_group(spec)
     pki, names = spec["pki"], spec["names"]
     group = join_sync(spec["site"], names, identity=f"{pki}/{names[spec['site']]}", ca=f"{pki}/ca.pem",
-                      paths=spec["paths"], timeout=spec["timeout"], join_timeout=60.0)
+                      timeout=spec["timeout"], join_timeout=60.0, **join_paths(spec))
     options = {"chunk_bytes": spec["chunk_bytes"]} if spec.get("chunk_bytes") else {}
     state = HookState(group, timeout=spec["timeout"], compress=spec["compress"], **options)
     work, work_t, record = ready_for_go(spec["count"])
@@ -229,6 +235,15 @@ def hook_rank(spec: dict[str, Any]) -> None:
     state.close()
     group.close()
     emit({**done, **record.report(), "chunk_bytes": state.chunk_bytes})
+
+
+def join_paths(spec: dict[str, Any]) -> dict[str, Any]:
+    """``join``'s paths from the spec: one list (two sites), or {peer index: [...]} (JSON keys
+    are strings), and the schedule where the spec names one."""
+    paths = spec["paths"]
+    if isinstance(paths, dict):
+        paths = {int(peer): given for peer, given in paths.items()}
+    return {"paths": paths, **({"schedule": spec["schedule"]} if spec.get("schedule") else {})}
 
 
 def ready_for_go(count: int) -> tuple[np.ndarray, Any, StepRecord]:
@@ -274,9 +289,15 @@ async def group_report(group: Any) -> dict[str, Any]:
     """This rank's per-path bytes, collective bytes and session diagnostics (on the group's loop)."""
     paths = [[p.payload_bytes, p.retransmitted_bytes, p.srtt_s, p.state]
              for stats in group.path_stats().values() for p in stats]
-    sent = sum(s.sent_bytes for s in group.stats() if s.op == "all_reduce")
+    reduces = [s for s in group.stats() if s.op == "all_reduce"]
+    sent = sum(s.sent_bytes for s in reduces)
     diag = {link.name: session_diagnostics(link.session.endpoint) for link in group.links.values()}
-    return {"paths": paths, "collective_bytes_sent": sent, "diag": diag}
+    chosen = [[s.schedule, s.predicted_s, len(s.plan.relayed()) if s.plan else 0] for s in reduces]
+    planner = getattr(group, "planner", None)
+    plan = planner.covering(reduces[-1].seq) if planner is not None and reduces else None
+    mesh = {"rate_Bps": [[round(r) for r in row] for row in plan.mesh.rate],
+            "delay_s": [[round(d, 4) for d in row] for row in plan.mesh.delay]} if plan else None
+    return {"paths": paths, "collective_bytes_sent": sent, "diag": diag, "schedules": chosen, "mesh": mesh}
 
 
 def gloo_world(spec: dict[str, Any]) -> Any:
@@ -287,7 +308,7 @@ def gloo_world(spec: dict[str, Any]) -> Any:
     os.environ["GLOO_SOCKET_IFNAME"] = spec["ifname"]
     ranks = spec["ranks_per_site"]
     dist.init_process_group("gloo", init_method=f"tcp://{spec['master']}:{spec['master_port']}",
-                            rank=spec["site"] * ranks + spec["rank"], world_size=2 * ranks,
+                            rank=spec["site"] * ranks + spec["rank"], world_size=spec.get("sites", 2) * ranks,
                             timeout=timedelta(seconds=spec["timeout"]))
     return dist
 

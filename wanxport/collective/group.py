@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +40,10 @@ import numpy.typing as npt
 from wanxport.core.stats import PathStats
 
 from . import codec
+from .arrays import check_body, check_reduce, encode_part, fixed_sum, off_loop, refusing
 from .buffers import as_array, flat_work, write_back
+from .calls import CallSequence, CallStats, Handle, Tally
+from .costmodel import part_bounds
 from .errors import CollectiveError
 from .inflight import InFlight
 from .link import SiteLink
@@ -48,6 +51,7 @@ from .message import (
     ABORTS,
     COLLECTIVE,
     HEADER_BYTES,
+    PLANNING,
     Call,
     Header,
     body_of,
@@ -59,8 +63,11 @@ from .message import (
     wire_shape,
 )
 from .p2p import PointToPoint
+from .planning import Planner, session_row
 from .pool import SendPool, slot_of
+from .schedule import Plan, full_mesh, nearest_tree
 from .state import GroupEvent, GroupState, advance
+from .trees import TreeSchedules
 
 if TYPE_CHECKING:
     from .world import World
@@ -68,104 +75,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0
-REDUCE_OPS = ("sum", "mean")
+METER_MIN_S = 0.05  # a link's throughput meter counts once it has been busy this long ...
+METER_MIN_BYTES = 1 << 20  # ... with this much verified
 STATS_KEPT = 10_000
 ABORT_REASON_BYTES = 1024  # an abort message's body: why the call was refused, UTF-8
 Got = tuple[int, Header, npt.NDArray[np.uint8]]
 Channel = tuple[int, int, int]  # (kind, tag, peer rank): one sequence of calls
 Key = tuple[int, int, int, int, int]  # (peer rank, kind, tag, seq, phase): one expected message
 COLLECTIVES: Channel = (COLLECTIVE, 0, -1)
+__all__ = ["DEFAULT_TIMEOUT_S", "CallStats", "Group", "Handle", "part_bounds"]
 
 
-@dataclass(frozen=True)
-class CallStats:
-    """One collective as this site saw it: from its call to its result, on the monotonic clock."""
-
-    seq: int
-    op: str
-    count: int
-    compress: str | None
-    started_s: float
-    elapsed_s: float
-    sent_bytes: int  # collective bytes this site sent for it (headers included), all peers
-    received_bytes: int
-    ok: bool
-
-
-@dataclass
-class _Tally:
-    sent: int = 0
-    received: int = 0
-
-
-def part_bounds(count: int, n: int) -> list[tuple[int, int]]:
-    """The element range [start, end) of each site's part of a ``count``-element array."""
-    return [(k * count // n, (k + 1) * count // n) for k in range(n)]
-
-
-class Handle:
-    """A collective in flight: ``await handle`` (or ``await handle.wait()``) for its result."""
-
-    def __init__(self, call: Call, work: Coroutine[Any, Any, Any]) -> None:
-        self.call = call
-        self._started = time.monotonic()
-        self._elapsed: float | None = None
-        self._task = asyncio.ensure_future(self._timed(work))
-
-    async def _timed(self, work: Coroutine[Any, Any, Any]) -> Any:
-        try:
-            return await work
-        finally:
-            self._elapsed = time.monotonic() - self._started
-
-    @property
-    def seq(self) -> int:
-        return self.call.seq
-
-    @property
-    def elapsed_s(self) -> float | None:
-        """Seconds from the call to the result (None while it runs)."""
-        return self._elapsed
-
-    def done(self) -> bool:
-        return self._task.done()
-
-    async def wait(self) -> Any:
-        return await self._task
-
-    def __await__(self) -> Any:
-        return self._task.__await__()
-
-
-class _Sequence:
-    """One sequence of calls: the next number to take, and which numbers are over here."""
-
-    def __init__(self) -> None:
-        self.next = 0
-        self.low = 0  # every number below this is over
-        self.finished: set[int] = set()
-
-    def take(self) -> int:
-        self.next += 1
-        return self.next - 1
-
-    def over(self, seq: int) -> None:
-        self.finished.add(seq)
-        while self.low in self.finished:
-            self.finished.discard(self.low)
-            self.low += 1
-
-    def is_over(self, seq: int) -> bool:
-        return seq < self.low or seq in self.finished
-
-
-class Group(PointToPoint):
+class Group(PointToPoint, TreeSchedules):
     """This site's view of a group of sites; made by ``join`` (the world) or ``new_group``.
 
     ``site`` is this site's rank in the group and ``names`` the members' names in rank
     order (ranks follow world ranks, ascending). ``links`` maps each other member's rank
-    to the world's session with it. ``state`` is a ``GroupState``: calls run while it
-    is OPEN; ``error`` says why it is not.
+    to the world's session with it (a pair without a session has none: its traffic is
+    relayed). ``state`` is a ``GroupState``: calls run while it is OPEN; ``error`` says
+    why it is not. With three or more members ``planner`` chooses each all-reduce's
+    schedule (``planning``).
     """
 
     def __init__(self, world: World, gid: int, members: Sequence[int], timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -179,20 +108,26 @@ class Group(PointToPoint):
         self.size = len(self.members)
         self.timeout_s = timeout_s
         self.links: dict[int, SiteLink] = {self.rank_of[m]: world.links[m] for m in self.members
-                                       if m != world.site}
+                                           if m != world.site and m in world.links}
         self.state = GroupState.OPEN
         self.error: CollectiveError | None = None
         self.gone: dict[int, CollectiveError] = {}  # rank -> why that member is gone
         self.feedback = codec.ErrorFeedback()
         self.stale_messages = 0  # messages of calls already over here (dropped)
-        self._collectives = _Sequence()
-        self._sequences: dict[Channel, _Sequence] = {COLLECTIVES: self._collectives}
+        self._collectives = CallSequence()
+        self._sequences: dict[Channel, CallSequence] = {COLLECTIVES: self._collectives}
         self._inbox: dict[Key, Got] = {}
         self._waiters: dict[Key, asyncio.Future[Got]] = {}
         self._stats: deque[CallStats] = deque(maxlen=STATS_KEPT)
-        self._tallies: dict[int, _Tally] = {}
+        self._tallies: dict[int, Tally] = {}
         self._running: dict[int, tuple[Call, float]] = {}  # seq -> (call, its start): collectives in flight
         self.send_pool = SendPool()
+        self.planner: Planner | None = None
+        self._meters: dict[int, tuple[int, float]] = {}  # peer -> its link's meter at the last row
+        if self.size > 2:
+            self.planner = Planner(gid, self.site, self.size, list(self.links), self._send_planning,
+                                   self._measure, world.schedule, world.deterministic)
+            self.planner.report(force=True)
 
     @property
     def name(self) -> str:
@@ -206,6 +141,23 @@ class Group(PointToPoint):
     def new_group(self, members: Sequence[int], timeout_s: float | None = None) -> Group | None:
         """A group of the world ranks ``members`` on the same sessions (``World.new_group``)."""
         return self.world.new_group(members, timeout_s)
+
+    def _send_planning(self, peer: int, header: Header, payload: npt.NDArray[np.uint8]) -> None:
+        if self.state is GroupState.OPEN:
+            self.links[peer].send(header, payload)
+
+    def _measure(self) -> tuple[list[float], list[float]]:
+        """This site's row for the planner: its sessions' rates and one-way delays, now. A
+        rate is the larger of two floors of the pair's capacity: the session's delivery-rate
+        estimate and what the link carried while it had bulk data since the last row."""
+        rates, delays = session_row(self.size, {peer: link.path_stats() for peer, link in self.links.items()})
+        for peer, link in self.links.items():
+            meter = link.busy_meter()
+            sent, busy = (a - b for a, b in zip(meter, self._meters.get(peer, (0, 0.0)), strict=True))
+            if busy >= METER_MIN_S and sent >= METER_MIN_BYTES:
+                rates[peer] = max(rates[peer], sent / busy)
+                self._meters[peer] = meter
+        return rates, delays
 
     # -- collectives -----------------------------------------------------------
 
@@ -226,7 +178,7 @@ class Group(PointToPoint):
         their collectives in the same order."""
         with self._refusing("all_reduce"):
             arr = as_array(array)
-            _check_reduce(op, arr.dtype)
+            check_reduce(op, arr.dtype)
             codec.check_codec(compress, arr.dtype)
         call = self._call("all_reduce", arr, compress=compress, reduce=op)
         work = self._all_reduce(call, arr, array, name)
@@ -237,8 +189,9 @@ class Group(PointToPoint):
         """Site k ends with part k (``part_bounds``) of the reduction, written into that part of
         ``array`` and returned (a view when ``array`` is contiguous); other parts unchanged."""
         with self._refusing("reduce_scatter"):
+            self._need_full_mesh("reduce_scatter")
             arr = as_array(array)
-            _check_reduce(op, arr.dtype)
+            check_reduce(op, arr.dtype)
             codec.check_codec(compress, arr.dtype)
         call = self._call("reduce_scatter", arr, compress=compress, reduce=op)
         result: npt.NDArray[Any] = await self._run(call, self._reduce_scatter(call, arr, name), timeout)
@@ -248,6 +201,7 @@ class Group(PointToPoint):
         """Every site's ``array`` (same shape and dtype everywhere), stacked in site order:
         ``out[k]`` is site k's. ``out`` (shape ``(n, *array.shape)``) is filled when given."""
         with self._refusing("all_gather"):
+            self._need_full_mesh("all_gather")
             arr = as_array(array)
             result = None if out is None else as_array(out, "out")
             if result is not None and (result.shape != (self.size, *arr.shape) or result.dtype != arr.dtype):
@@ -260,6 +214,7 @@ class Group(PointToPoint):
     async def broadcast(self, array: Any, root: int = 0, timeout: float | None = None) -> Any:
         """Site ``root``'s ``array`` into every site's ``array`` (in place); returns it."""
         with self._refusing("broadcast"):
+            self._need_full_mesh("broadcast")
             if not 0 <= root < self.size:
                 raise ValueError(f"root: {root} is not a site index (0..{self.size - 1})")
             arr = as_array(array)
@@ -268,9 +223,18 @@ class Group(PointToPoint):
         return array
 
     async def barrier(self, timeout: float | None = None) -> None:
-        """Returns once every site has called it (the same number of collectives in)."""
+        """Returns once every site has called it (the same number of collectives in). Where
+        some pair has no session it runs as an empty all-reduce on one tree (up, then down)."""
         call = self._call("barrier", np.empty(0, dtype=np.uint8))
-        await self._run(call, self._header_only(call), timeout)
+        await self._run(call, self._barrier(call), timeout)
+
+    def _need_full_mesh(self, op: str) -> None:
+        """ValueError (refused at every site: ``refusing``) where this site lacks a session
+        with some member: only the all-reduce relays through a third site."""
+        if len(self.links) < self.size - 1:
+            missing = [self.names[k] for k in range(self.size) if k != self.site and k not in self.links]
+            raise ValueError(f"{op} needs a session between every pair of sites; site {self.name} has "
+                             f"none with {', '.join(missing)} (all_reduce relays)")
 
     def refuse(self, op: str, reason: str) -> ValueError:
         """A collective ``op`` refused by its caller before it reached the group (a wrapper's
@@ -342,6 +306,8 @@ class Group(PointToPoint):
         for fut in self._waiters.values():
             _fail(fut, self.error)
         self._waiters.clear()
+        if self.planner is not None:
+            self.planner.fail(self.error)
 
     async def __aenter__(self) -> Group:
         return self
@@ -350,25 +316,53 @@ class Group(PointToPoint):
         await self.close()
 
     # -- schedules ---------------------------------------------------------------
-    # Array work (copies, codecs, sums) goes through ``_cpu``: a worker thread for
+    # Array work (copies, codecs, sums) goes through ``off_loop``: a worker thread for
     # large arrays, so the loop keeps acknowledging and pacing meanwhile.
 
     async def _all_reduce(self, call: Call, arr: npt.NDArray[Any], original: Any, name: str | None,
                           ) -> Any:
         flat = flat_work(arr)
         key = self.feedback.key(name, arr)
+        if self.planner is not None:
+            call, plan = await self._planned(call, flat.itemsize)
+            if plan.kind != "direct":
+                await self._all_reduce_trees(call, flat, key, plan)
+                write_back(arr, flat)
+                self.planner.report()
+                return original
         if self.size == 2:
             bounds = [(0, call.count)] * 2
-            payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds,
+            payloads, mine = await off_loop(flat.nbytes, self._prepare, call.compress, key, flat, bounds,
                                         self._take_buffers(call.compress, flat, bounds))
             got = await self._exchange(call, 0, {p: (0, call.count, payloads[p]) for p in self.links})
-            await _cpu(flat.nbytes, self._reduce, call, flat, mine, got, 0)
+            await off_loop(flat.nbytes, self._reduce, call, flat, mine, got, 0)
         else:
             bounds = part_bounds(call.count, self.size)
             own = await self._scatter_reduce(call, flat, key, bounds)
             await self._gather_parts(call, flat, own, bounds)
         write_back(arr, flat)
+        if self.planner is not None:
+            self.planner.report()
         return original
+
+    async def _planned(self, call: Call, itemsize: int) -> tuple[Call, Plan]:
+        """``call`` with the schedule every site chooses for it (from the decider's plan);
+        the choice and its predicted time go to the call's figures."""
+        assert self.planner is not None
+        published = await self.planner.plan_for(call.seq)
+        compress = call.compress
+
+        def wire(elements: int) -> int:
+            return HEADER_BYTES + codec.encoded_bytes(compress, elements, itemsize)
+
+        plan, predicted = self.planner.choose(published, call.count, wire, f"{call.dtype}/{compress}")
+        if plan.kind == "direct" and len(self.links) < self.size - 1:
+            raise CollectiveError(f"all_reduce #{call.seq}: the direct schedule needs a session between "
+                                  "every pair of sites")
+        tally = self._tallies.get(call.seq)
+        if tally is not None:
+            tally.schedule, tally.predicted_s, tally.plan = plan.kind, predicted, plan
+        return dataclasses.replace(call, schedule=plan.kind, plan=published.ident), plan
 
     async def _reduce_scatter(self, call: Call, arr: npt.NDArray[Any], name: str | None) -> npt.NDArray[Any]:
         flat = flat_work(arr)
@@ -381,13 +375,13 @@ class Group(PointToPoint):
     async def _scatter_reduce(self, call: Call, flat: npt.NDArray[Any], key: object,
                               bounds: list[tuple[int, int]]) -> npt.NDArray[Any]:
         """Phase 0: part k of every site's (encoded) contribution goes to site k; ours summed."""
-        payloads, mine = await _cpu(flat.nbytes, self._prepare, call.compress, key, flat, bounds,
+        payloads, mine = await off_loop(flat.nbytes, self._prepare, call.compress, key, flat, bounds,
                                     self._take_buffers(call.compress, flat, bounds))
         sends = {p: (bounds[p][0], bounds[p][1] - bounds[p][0], payloads[p]) for p in self.links}
         got = await self._exchange(call, 0, sends)
         a, b = bounds[self.site]
         reduced = np.empty(b - a, dtype=flat.dtype)
-        await _cpu(reduced.nbytes, self._reduce, call, reduced, mine[a:b], got, a)
+        await off_loop(reduced.nbytes, self._reduce, call, reduced, mine[a:b], got, a)
         return reduced
 
     async def _gather_parts(self, call: Call, flat: npt.NDArray[Any], own: npt.NDArray[Any],
@@ -395,7 +389,7 @@ class Group(PointToPoint):
         """Phase 1: every site's reduced part to every site (encoded again when compressing;
         the owner keeps the decoded value, so all sites hold the same bytes)."""
         a, b = bounds[self.site]
-        payload, own = await _cpu(own.nbytes, _encode_part, call.compress, own)
+        payload, own = await off_loop(own.nbytes, encode_part, call.compress, own)
         got = await self._exchange(call, 1, {p: (a, b - a, payload) for p in self.links})
 
         def place() -> None:
@@ -405,11 +399,11 @@ class Group(PointToPoint):
                 if pb > pa:
                     flat[pa:pb] = self._decode(call, message)
 
-        await _cpu(flat.nbytes, place)
+        await off_loop(flat.nbytes, place)
 
     async def _all_gather(self, call: Call, arr: npt.NDArray[Any], out: npt.NDArray[Any] | None,
                           ) -> npt.NDArray[Any]:
-        payload = await _cpu(arr.nbytes, payload_of, flat_work(arr))
+        payload = await off_loop(arr.nbytes, payload_of, flat_work(arr))
         got = await self._exchange(call, 0, {p: (0, call.count, payload) for p in self.links})
         result = np.empty((self.size, *arr.shape), dtype=arr.dtype) if out is None else out
 
@@ -418,13 +412,13 @@ class Group(PointToPoint):
             for peer, message in got.items():
                 result[peer] = self._decode(call, message).reshape(arr.shape)
 
-        await _cpu(result.nbytes, place)
+        await off_loop(result.nbytes, place)
         return result
 
     async def _broadcast(self, call: Call, arr: npt.NDArray[Any]) -> None:
         flat = flat_work(arr)
         if self.site == call.root:
-            payload = await _cpu(flat.nbytes, payload_of, flat)
+            payload = await off_loop(flat.nbytes, payload_of, flat)
             await self._exchange(call, 0, {p: (0, call.count, payload) for p in self.links})
             return
         got = await self._exchange(call, 0, {p: (0, 0, None) for p in self.links})
@@ -433,7 +427,17 @@ class Group(PointToPoint):
             flat[:] = self._decode(call, got[call.root])
             write_back(arr, flat)
 
-        await _cpu(flat.nbytes, place)
+        await off_loop(flat.nbytes, place)
+
+    async def _barrier(self, call: Call) -> None:
+        if self.planner is None:
+            return await self._header_only(call)
+        published = await self.planner.plan_for(call.seq)
+        if full_mesh(published.mesh.links):
+            return await self._header_only(call)
+        plan = Plan("tree", (nearest_tree(0, published.mesh.delay, published.mesh.links),))
+        call = dataclasses.replace(call, schedule="tree", plan=published.ident)
+        await self._all_reduce_trees(call, np.empty(0, dtype=np.uint8), None, plan)
 
     async def _header_only(self, call: Call) -> None:
         await self._exchange(call, 0, {p: (0, 0, None) for p in self.links})
@@ -478,7 +482,7 @@ class Group(PointToPoint):
         """``out = ((c0 + c1) + c2) + ...`` over the decoded contributions in site order."""
         del offset  # every message of the phase carries the same part
         parts = [mine if k == self.site else self._decode(call, got[k]) for k in range(self.size)]
-        _fixed_sum(out, parts, call.reduce, self.size)
+        fixed_sum(out, parts, call.reduce, self.size)
 
     def _decode(self, call: Call, message: Got) -> npt.NDArray[Any]:
         _, header, body = message
@@ -497,11 +501,22 @@ class Group(PointToPoint):
 
     def _refuse_collective(self, op: str, exc: ValueError) -> None:
         self._check_usable()
-        call = Call(self._collectives.take(), "abort", 0, "", group=self.gid)
+        call = Call(self._take(), "abort", 0, "", group=self.gid)
         message = text_payload(f"{op}: {exc}", ABORT_REASON_BYTES)
         for link in self.links.values():
             link.send(Header(call, 0, 0, message.nbytes - HEADER_BYTES), message)
         self._over(COLLECTIVES, call.seq, list(self.links))  # the peers' messages for it: dropped
+
+    async def _receive_checked(self, call: Call, peer: int, phase: int) -> Got:
+        """The message of ``call``'s ``phase`` from ``peer``, its header and body checked."""
+        got = await self._receive((peer, COLLECTIVE, 0, call.seq, phase))
+        _, header, body = got
+        self._check_header(call, peer, header, body)
+        tally = self._tallies.get(call.seq)
+        if tally is not None:
+            tally.received += HEADER_BYTES + body.nbytes
+        check_body(call, header, body, self.names[peer])
+        return got
 
     async def _exchange(self, call: Call, phase: int,
                         sends: dict[int, tuple[int, int, npt.NDArray[np.uint8] | None]]) -> dict[int, Got]:
@@ -521,7 +536,7 @@ class Group(PointToPoint):
             self._check_header(call, peer, header, body)
             if tally is not None:
                 tally.received += HEADER_BYTES + body.nbytes
-            _check_body(call, header, body, self.names[peer])
+            check_body(call, header, body, self.names[peer])
             got[peer] = (peer, header, body)
         return got
 
@@ -538,10 +553,17 @@ class Group(PointToPoint):
             raise CollectiveError(f"{call.op} #{call.seq}: site {site} (rank {peer}) called a different "
                                   f"{what}: {problem}", site)
 
+    def _take(self) -> int:
+        """The next collective's number (the decider sends plans ahead as numbers go)."""
+        seq = self._collectives.take()
+        if self.planner is not None:
+            self.planner.on_take(seq)
+        return seq
+
     def _call(self, op: str, arr: npt.NDArray[Any], compress: str | None = None, reduce: str = "none",
               root: int = -1) -> Call:
         self._check_usable()
-        return Call(self._collectives.take(), op, int(arr.size), arr.dtype.str, compress, reduce, root,
+        return Call(self._take(), op, int(arr.size), arr.dtype.str, compress, reduce, root,
                     group=self.gid, shape=wire_shape(arr.shape), ndim=arr.ndim)
 
     async def _run(self, call: Call, work: Coroutine[Any, Any, Any], timeout: float | None,
@@ -549,7 +571,7 @@ class Group(PointToPoint):
         """Run a call's ``work`` within its timeout; its sequence number is over afterwards."""
         limit = self.timeout_s if timeout is None else timeout
         started = time.monotonic()
-        tally = _Tally()
+        tally = Tally()
         if channel == COLLECTIVES:
             self._tallies[call.seq] = tally
             self._running[call.seq] = (call, started)
@@ -561,14 +583,18 @@ class Group(PointToPoint):
             return result
         except TimeoutError:
             missing = sorted({k[0] for k in self._waiters if k[1:4] == (*channel[:2], call.seq)})
-            heard = {p: self.links[p].last_heard()[0] for p in missing}
+            heard = {p: self.links[p].last_heard()[0] for p in missing if p in self.links}
             who = ", ".join(f"{self.names[p]} (rank {p}, {self.links[p].describe_silence()})"
+                            if p in self.links else f"{self.names[p]} (rank {p})"
                             for p in missing) or "(none missing: local work was too slow)"
             first = missing[0] if missing else None
+            if self.planner is not None and self.planner.waiting(call.seq):
+                first = self.planner.decider
+                who = f"{self.names[first]} (rank {first}, the plan's decider)"
             error = CollectiveError(f"{call.op} #{call.seq}: no message from site {who} within {limit:g} s "
                                     f"(stalled; its session is alive); the group is poisoned, join again",
                                     None if first is None else self.names[first], first,
-                                    None if first is None else heard[first])
+                                    None if first is None else heard.get(first))
             self._poison(error)
             raise error from None
         finally:
@@ -577,7 +603,8 @@ class Group(PointToPoint):
                 self._running.pop(call.seq, None)
             self._over(channel, call.seq, list(self.links) if peers is None else peers)
             self._stats.append(CallStats(call.seq, call.op, call.count, call.compress, started,
-                                         time.monotonic() - started, tally.sent, tally.received, ok))
+                                         time.monotonic() - started, tally.sent, tally.received, ok,
+                                         tally.schedule, tally.predicted_s, tally.plan))
 
     def _check_usable(self) -> None:
         if self.state is not GroupState.OPEN:
@@ -595,15 +622,19 @@ class Group(PointToPoint):
             self._waiters[key] = fut
         return fut
 
-    def _sequence(self, channel: Channel) -> _Sequence:
+    def _sequence(self, channel: Channel) -> CallSequence:
         sequence = self._sequences.get(channel)
         if sequence is None:
-            sequence = self._sequences[channel] = _Sequence()
+            sequence = self._sequences[channel] = CallSequence()
         return sequence
 
     def deliver(self, peer: int, header: Header, body: npt.NDArray[np.uint8]) -> bool:
         """A message from member ``peer`` (its rank here); False: dropped (its call is over here)."""
         call = header.call
+        if call.kind == PLANNING:
+            if self.planner is not None:
+                self.planner.receive(peer, header, body)
+            return False
         channel = COLLECTIVES if call.kind == COLLECTIVE else (call.kind, call.tag, peer)
         if self._sequence(channel).is_over(call.seq):
             self.stale_messages += 1
@@ -631,6 +662,7 @@ class Group(PointToPoint):
         self.send_pool.release(slot)
 
 
+
 def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
     """Fail a waiter; its caller may have gone (timed out), so the error counts as seen."""
     if not fut.done():
@@ -638,57 +670,3 @@ def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
         fut.exception()
 
 
-def _check_reduce(op: str, dtype: np.dtype[Any]) -> None:
-    if op not in REDUCE_OPS:
-        raise ValueError(f"op: unknown {op!r}; valid: {', '.join(map(repr, REDUCE_OPS))}")
-    if op == "mean" and not np.issubdtype(dtype, np.inexact):
-        raise ValueError(f"op='mean' needs a floating dtype, got {dtype}")
-
-
-def _check_body(call: Call, header: Header, body: npt.NDArray[np.uint8], site: str) -> None:
-    if header.elements == 0:
-        want = 0
-    elif call.op in ("all_gather", "broadcast") or call.compress is None:
-        want = header.elements * np.dtype(call.dtype).itemsize
-    else:
-        want = codec.encoded_bytes(call.compress, header.elements)
-    if body.nbytes != want or header.offset + header.elements > call.count:
-        raise CollectiveError(f"{call.op} #{call.seq}: site {site} sent a malformed part "
-                              f"({body.nbytes} B for {header.elements} elements at {header.offset})", site)
-
-
-def _fixed_sum(out: npt.NDArray[Any], parts: list[npt.NDArray[Any]], reduce: str, n: int) -> None:
-    """``out = ((parts[0] + parts[1]) + ...)`` in site order; "mean" divides after."""
-    np.copyto(out, parts[0])
-    for part in parts[1:]:
-        np.add(out, part, out=out)
-    if reduce == "mean":
-        np.divide(out, out.dtype.type(n), out=out)
-
-
-def _encode_part(compress: str | None, part: npt.NDArray[Any],
-                 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[Any]]:
-    """A reduced part's message buffer and the value every site will hold for it."""
-    if compress is None or not part.size:
-        return payload_of(part), part
-    payload = new_payload(codec.encoded_bytes(compress, part.size))
-    codec.encode(compress, part, body_of(payload))
-    return payload, codec.decode(compress, body_of(payload), part.size)
-
-
-async def _cpu(nbytes: int, fn: Any, *args: Any) -> Any:
-    """Run ``fn`` in a worker thread when the arrays are large, inline when small."""
-    if nbytes > 1 << 18:
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)
-
-
-@contextlib.contextmanager
-def refusing(refuse: Callable[[ValueError], None]) -> Iterator[None]:
-    """Within the block a ValueError (the caller's bad argument) is first ``refuse``d: the
-    call takes its number and the other end hears why. Then it propagates."""
-    try:
-        yield
-    except ValueError as exc:
-        refuse(exc)
-        raise

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 LIVENESS_MIN_S = 3.0  # a peer silent on every path this long (at least) is dead or cut off
 LIVENESS_RTTS = 4  # ... or this many of its paths' largest smoothed RTT, when that is longer
+BULK_BYTES = 1 << 16  # messages at least this large count toward the link's throughput meter
 PING = Header(Call(0, "ping", 0, ""), 0, 0, 0)
 
 Deliver = Callable[["SiteLink", Header, npt.NDArray[np.uint8]], bool]  # False: dropped
@@ -70,6 +72,10 @@ class SiteLink:
         self._closing = False
         self.liveness_min_s = liveness_min_s
         self.heartbeats = 0
+        self._bulk_in_flight = 0  # the throughput meter: bulk messages not verified yet ...
+        self._busy_from = 0.0  # ... since when some were in flight ...
+        self._busy_s = 0.0  # ... how long some have been, in all ...
+        self._bulk_bytes = 0  # ... and the bytes of those verified
         self._born = session.endpoint.clock()
         self._reader = asyncio.create_task(self._read())
         self._watcher = asyncio.create_task(self._watch())
@@ -87,6 +93,28 @@ class SiteLink:
         return task
 
     async def _send(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
+        bulk = payload.nbytes >= BULK_BYTES
+        if bulk:
+            if not self._bulk_in_flight:
+                self._busy_from = time.monotonic()
+            self._bulk_in_flight += 1
+        try:
+            await self._deliver_one(shard_id, payload, seq)
+        finally:
+            if bulk:
+                self._bulk_in_flight -= 1
+                if not self._bulk_in_flight:
+                    self._busy_s += time.monotonic() - self._busy_from
+
+    def busy_meter(self) -> tuple[int, float]:
+        """(bytes, seconds): the bulk messages' bytes the peer verified, and how long some bulk
+        message was in flight, since the link began. Over an interval, their quotient is what
+        the session carried while it had bulk data: a floor of its capacity that, unlike a
+        delivery-rate sample, does not sink while the pair idles."""
+        busy = self._busy_s + (time.monotonic() - self._busy_from if self._bulk_in_flight else 0.0)
+        return self._bulk_bytes, busy
+
+    async def _deliver_one(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
             try:
                 large = payload.nbytes > 1 << 16  # worth a worker thread
@@ -107,6 +135,8 @@ class SiteLink:
             self._fail(f"{self.who}: did not verify collective message {seq}")
             return
         self.bytes_sent += payload.nbytes
+        if payload.nbytes >= BULK_BYTES:
+            self._bulk_bytes += payload.nbytes
 
     async def _read(self) -> None:
         try:

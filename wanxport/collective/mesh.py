@@ -26,6 +26,7 @@ from wanxport.presets import COLLECTIVE
 from .errors import CollectiveError
 from .group import DEFAULT_TIMEOUT_S, Group
 from .link import LIVENESS_MIN_S
+from .planning import KINDS
 from .pool import ReceivePool
 from .world import World
 
@@ -58,7 +59,8 @@ def certificate_refused(peer: str, exc: Exception, we_dialed: bool) -> Collectiv
 
 
 def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Address]]:
-    """Each peer index -> the paths of our session with it (ValueError, one line, if missing)."""
+    """Each peer index -> the paths of our session with it (ValueError, one line, if missing).
+    An empty list says the pair has no direct path: no session (the peer is left out)."""
     if not isinstance(paths, Mapping):
         if n_sites != 2:
             raise ValueError("paths: with more than two sites give a mapping {peer index: [HOST:PORT, ...]}")
@@ -68,10 +70,14 @@ def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Addre
         if peer == site:
             continue
         given = paths.get(peer)
+        if given is None:
+            raise ValueError(f"paths: no paths for peer site {peer} (an empty list: no direct path)")
         if not given:
-            raise ValueError(f"paths: no paths for peer site {peer}")
+            continue
         out[peer] = [parse_hostport(p, "paths") if isinstance(p, str) else (p[0], int(p[1])) for p in given]
-    extra = set(paths) - set(out)
+    if not out:
+        raise ValueError("paths: this site has a session with no other site")
+    extra = set(paths) - {p for p in range(n_sites) if p != site}
     if extra:
         raise ValueError(f"paths: {sorted(extra)} are not peer site indices (0..{n_sites - 1}, not {site})")
     return out
@@ -123,18 +129,25 @@ async def accept(paths: list[Address], identity: str | os.PathLike[str], ca: str
 async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[str],
                ca: str | os.PathLike[str], paths: PathsArg, options: GatewayOptions | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = JOIN_TIMEOUT_S,
-               liveness_min_s: float = LIVENESS_MIN_S) -> Group:
+               liveness_min_s: float = LIVENESS_MIN_S, schedule: str = "auto",
+               deterministic: bool = False) -> Group:
     """Join the group as site ``site``: one persistent session with every other site.
 
     ``peers``: every site's certificate name in site-index order (this site's included).
     ``identity``/``ca``: this site's key pair directory/prefix and the group's CA (mutual TLS).
     ``paths``: the ``HOST:PORT`` paths of each pair's session, as a mapping
     {peer index: [...]}, or, with two sites, the one list; for a pair (i, j), i < j, they
-    are site j's ports (j listens, i dials) and both sites pass the same list.
+    are site j's ports (j listens, i dials) and both sites pass the same list (both an
+    empty list where the pair has no direct path: the all-reduce relays its share).
     ``options``: gateway options (default ``default_options()``: the collective preset).
     ``timeout``: the default per-call timeout; ``join_timeout``: for the whole setup;
     ``liveness_min_s``: the least a peer may be silent on every path before it counts
     as dead (the bound is max(this, 4 x the largest smoothed RTT): ``link``).
+    ``schedule``: with three or more sites, the all-reduce's schedule: "auto" (chosen per
+    call from the sessions' measured rates and delays), or "direct", "relay", "ring",
+    "tree" (``planning``; the lowest-index site's setting counts). ``deterministic``: one
+    schedule per array size for the group's life, from the sessions alone, so every run
+    sums in the same order.
     Raises CollectiveError naming a site that did not come, or came with the wrong name.
     Returns the world's group; ``group.new_group(ranks)`` makes groups of subsets of it
     on the same sessions.
@@ -148,9 +161,11 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
         raise ValueError(f"site: {site} is not an index of peers (0..{len(names) - 1})")
     if not timeout > 0 or not join_timeout > 0:
         raise ValueError("timeout and join_timeout must be > 0 seconds")
+    if schedule not in KINDS:
+        raise ValueError(f"schedule: unknown {schedule!r}; valid: {', '.join(map(repr, KINDS))}")
     per_peer = pair_paths(site, len(names), paths)
     options = options or default_options()
-    world = World(site, names, timeout, liveness_min_s)
+    world = World(site, names, timeout, liveness_min_s, schedule, deterministic)
     deadline = time.monotonic() + join_timeout
 
     async def connect_one(peer: int) -> None:

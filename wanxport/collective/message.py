@@ -3,7 +3,9 @@
 Each message is one wanxport shard: a 128-byte header, then the body (raw array
 bytes or a codec's bytes). The header carries the call's signature — group id,
 sequence number, op, element count, dtype, shape, compression, reduction, root,
-peer and tag — and which part of the call this message is (phase, element offset
+peer, tag, and for an all-reduce among more than two sites the schedule and the
+plan it was chosen from (bytes that older peers leave zero: "direct", plan 0) —
+and which part of the call this message is (phase, element offset
 and count). A site compares every arriving header with its own call before it
 reads a byte of the body: any difference is a ``CollectiveError`` naming the field
 and both values, at every site (each site hears every peer's header in every
@@ -21,26 +23,30 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import CollectiveError
+from .schedule import SCHEDULES
 
 MAGIC = b"WXC2"
 SHAPE_SLOTS = 6  # dimensions carried as given; more are folded into the last slot (their product)
-HEADER = struct.Struct("<4sBBBB8sQQQQiiIqB7x6Q4x")
+HEADER = struct.Struct("<4sBBBB8sQQQQiiIqBBI2x6Q4x")
 HEADER_BYTES = HEADER.size
 assert HEADER_BYTES == 128
 
 # "send" is a point-to-point message's data, "recv" the receiver's answer (its own
 # signature), "ping" a liveness heartbeat; an "abort*" says a call was refused at its
 # site and carries the reason: for a collective, for a send (to the receiver), for a
-# receive (to the sender).
+# receive (to the sender). A "report" carries a site's measurements of its sessions to
+# the group's decider and a "plan" the decider's mesh to every site (``planning``).
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "abort",
-       "send", "recv", "abort_send", "abort_recv", "ping")
+       "send", "recv", "abort_send", "abort_recv", "ping", "report", "plan")
 COMPRESS = (None, "bf16", "int8", "int4")  # index on the wire: append only
 REDUCE = ("sum", "mean", "none")
 
 #: Which of a group's sequences a message belongs to: the collectives' one sequence,
-#: or the data or answers of one (peer, tag) point-to-point channel.
-COLLECTIVE, P2P_DATA, P2P_REPLY = 0, 1, 2
-KIND = {"send": P2P_DATA, "abort_send": P2P_DATA, "recv": P2P_REPLY, "abort_recv": P2P_REPLY}
+#: or the data or answers of one (peer, tag) point-to-point channel; ``PLANNING``
+#: messages belong to no sequence (the group's planner takes them).
+COLLECTIVE, P2P_DATA, P2P_REPLY, PLANNING = 0, 1, 2, 3
+KIND = {"send": P2P_DATA, "abort_send": P2P_DATA, "recv": P2P_REPLY, "abort_recv": P2P_REPLY,
+        "report": PLANNING, "plan": PLANNING}
 ABORTS = ("abort", "abort_send", "abort_recv")
 
 
@@ -67,6 +73,8 @@ class Call:
     peer: int = -1  # point-to-point: the destination's rank (send) or the source's (recv)
     shape: tuple[int, ...] = ()  # ``wire_shape`` of the array
     ndim: int = 0
+    schedule: str = "direct"  # all-reduce among n sites: the schedule it runs (``schedule.SCHEDULES``)
+    plan: int = 0  # ... and the first call of the decider's plan it was chosen from
 
     @property
     def kind(self) -> int:
@@ -122,7 +130,8 @@ def pack(header: Header) -> bytes:
     shape = list(c.shape) + [0] * (SHAPE_SLOTS - len(c.shape))
     return HEADER.pack(MAGIC, OPS.index(c.op), COMPRESS.index(c.compress), REDUCE.index(c.reduce),
                        header.phase, c.dtype.encode("ascii"), c.seq, c.count, header.offset,
-                       header.elements, c.root, c.peer, c.group, c.tag, c.ndim, *shape)
+                       header.elements, c.root, c.peer, c.group, c.tag, c.ndim, SCHEDULES.index(c.schedule),
+                       c.plan, *shape)
 
 
 def unpack(data: bytes | memoryview, site: str) -> Header:
@@ -130,15 +139,17 @@ def unpack(data: bytes | memoryview, site: str) -> Header:
     if len(data) < HEADER_BYTES:
         raise CollectiveError(f"site {site}: a collective message of {len(data)} bytes has no header", site)
     (magic, op, compress, reduce, phase, dtype, seq, count, offset, elements, root, peer, group, tag, ndim,
-     *shape) = HEADER.unpack_from(data)
-    if magic != MAGIC or op >= len(OPS) or compress >= len(COMPRESS) or reduce >= len(REDUCE):
+     schedule, plan, *shape) = HEADER.unpack_from(data)
+    if (magic != MAGIC or op >= len(OPS) or compress >= len(COMPRESS) or reduce >= len(REDUCE)
+            or schedule >= len(SCHEDULES)):
         raise CollectiveError(f"site {site}: not a collective message header", site)
     call = Call(seq, OPS[op], count, dtype.rstrip(b"\0").decode("ascii", "replace"), COMPRESS[compress],
-                REDUCE[reduce], root, group, tag, peer, tuple(shape[:min(ndim, SHAPE_SLOTS)]), ndim)
+                REDUCE[reduce], root, group, tag, peer, tuple(shape[:min(ndim, SHAPE_SLOTS)]), ndim,
+                SCHEDULES[schedule], plan)
     return Header(call, phase, offset, elements)
 
 
-SIGNATURE = ("op", "count", "dtype", "ndim", "shape", "compress", "reduce", "root")
+SIGNATURE = ("op", "count", "dtype", "ndim", "shape", "compress", "reduce", "root", "schedule", "plan")
 P2P_SIGNATURE = ("count", "dtype", "ndim", "shape")
 
 

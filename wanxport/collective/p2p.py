@@ -20,14 +20,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from .arrays import check_body, off_loop, refusing
 from .buffers import as_array, flat_work, write_back
+from .calls import Handle
 from .message import HEADER_BYTES, P2P_DATA, P2P_REPLY, Call, Header, new_payload, text_payload, wire_shape
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Coroutine
 
-    from .group import Channel, Got, Handle, Key, _Sequence
+    from .calls import CallSequence
+    from .group import Channel, Got, Key
     from .link import SiteLink
 
 TAG_LIMIT = 1 << 63
@@ -44,7 +47,7 @@ class PointToPoint:
         links: dict[int, SiteLink]
 
         def _check_usable(self) -> None: ...
-        def _sequence(self, channel: Channel) -> _Sequence: ...
+        def _sequence(self, channel: Channel) -> CallSequence: ...
         def _receive(self, key: Key) -> asyncio.Future[Got]: ...
         def _check_header(self, call: Call, peer: int, header: Header,
                           body: npt.NDArray[np.uint8]) -> None: ...
@@ -64,8 +67,6 @@ class PointToPoint:
 
     def isend(self, array: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Handle:
         """``send`` started now (its place in the (dst, tag) order is this call's); a handle."""
-        from .group import Handle
-
         self._check_peer(dst, "dst", tag)
         channel = (P2P_REPLY, tag, dst)  # our sends to (dst, tag) are numbered as their answers
         with self._refusing_p2p("send", channel, "abort_send", dst):
@@ -75,8 +76,6 @@ class PointToPoint:
 
     def irecv(self, array: Any, src: int, tag: int = 0, timeout: float | None = None) -> Handle:
         """``recv`` started now (its place in the (src, tag) order is this call's); a handle."""
-        from .group import Handle
-
         self._check_peer(src, "src", tag)
         channel = (P2P_DATA, tag, src)
         with self._refusing_p2p("recv", channel, "abort_recv", src):
@@ -89,16 +88,12 @@ class PointToPoint:
     # -- the two ends ------------------------------------------------------------
 
     async def _send(self, call: Call, arr: npt.NDArray[Any]) -> None:
-        from .group import _cpu
-
-        payload = await _cpu(arr.nbytes, _message_of, arr)
+        payload = await off_loop(arr.nbytes, _message_of, arr)
         self.links[call.peer].send(Header(call, 0, 0, call.count), payload)
         peer, header, body = await self._receive((call.peer, P2P_REPLY, call.tag, call.seq, 0))
         self._check_header(call, peer, header, body)
 
     async def _recv(self, call: Call, arr: npt.NDArray[Any], original: Any) -> Any:
-        from .group import _check_body, _cpu
-
         got = await self._receive((call.peer, P2P_DATA, call.tag, call.seq, 0))
         peer, header, body = got
         if header.call.op == "send":  # answer with our signature: the sender checks it too
@@ -106,14 +101,14 @@ class PointToPoint:
                          shape=call.shape, ndim=call.ndim)
             self.links[peer].send(Header(reply, 0, 0, 0), new_payload(0))
         self._check_header(call, peer, header, body)
-        _check_body(call, header, body, self.names[peer])
+        check_body(call, header, body, self.names[peer])
 
         def place() -> None:
             flat = flat_work(arr)
             flat[:] = body.view(flat.dtype)
             write_back(arr, flat)
 
-        await _cpu(arr.nbytes, place)
+        await off_loop(arr.nbytes, place)
         return original
 
     # -- checks ------------------------------------------------------------------
@@ -126,6 +121,9 @@ class PointToPoint:
                              f"not {self.site})")
         if isinstance(tag, bool) or not isinstance(tag, int) or not -TAG_LIMIT <= tag < TAG_LIMIT:
             raise ValueError(f"tag: {tag!r} is not a 64-bit integer")
+        if peer not in self.links:
+            raise ValueError(f"{what}: member {peer} has no direct session with this site (point-to-point "
+                             "needs one)")
 
     def _p2p_call(self, op: str, channel: tuple[int, int, int], arr: npt.NDArray[Any], peer: int,
                   tag: int) -> Call:
@@ -134,8 +132,6 @@ class PointToPoint:
                     peer=peer, shape=wire_shape(arr.shape), ndim=arr.ndim)
 
     def _refusing_p2p(self, op: str, channel: tuple[int, int, int], abort: str, peer: int) -> Any:
-        from .group import refusing
-
         def refuse(exc: ValueError) -> None:
             self._check_usable()
             seq = self._sequence(channel).take()

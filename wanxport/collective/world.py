@@ -1,7 +1,8 @@
 """The sessions a site holds with every other site, and the groups multiplexed on them.
 
-``join`` makes one ``World`` per site: one persistent session per pair of sites
-(``mesh``), and the whole-world group. Any subset of the sites that includes this
+``join`` makes one ``World`` per site: one persistent session per pair of sites that
+has paths (``mesh``; a pair without is relayed by the all-reduce), and the
+whole-world group. Any subset of the sites that includes this
 one forms another group with ``world.new_group(members)`` (or ``group.new_group``):
 it has no ports or sessions of its own — its messages carry its group id in the
 header and travel on the world's sessions, and the world hands each arriving
@@ -56,8 +57,11 @@ class World:
     """This site (``site``, an index of ``names``) and its links to every other site."""
 
     def __init__(self, site: int, names: Sequence[str], timeout_s: float,
-                 liveness_min_s: float = LIVENESS_MIN_S) -> None:
+                 liveness_min_s: float = LIVENESS_MIN_S, schedule: str = "auto",
+                 deterministic: bool = False) -> None:
         self.site = site
+        self.schedule = schedule  # the groups' all-reduce schedule ("auto" or one of schedule.SCHEDULES)
+        self.deterministic = deterministic  # ... and whether it stays one for each group's life
         self.names = list(names)
         self.timeout_s = timeout_s
         self.liveness_min_s = liveness_min_s

@@ -56,6 +56,19 @@ class Failover:
         health.answered()
         self.transmitter.dirty.add(path.path_id)
 
+    def on_timer(self, path: Path, now: float, session_open: bool) -> None:
+        """A path's timer fired: its probe timeout, its next failover probe, or a freshness
+        probe if its RTT estimate has gone unsampled too long (``core.freshness``)."""
+        pto = path.loss.pto_deadline(self.config.max_ack_delay_s) if path.usable else None
+        next_probe_at = path.health.next_probe_at
+        if pto is not None and pto <= now:
+            self.on_probe_timeout(path, now)
+        elif next_probe_at is not None and next_probe_at <= now:
+            self.on_probe_due(path, now)
+        probe = path.freshness.probe(path.rtt, path.usable, session_open, now)
+        if probe is not None:
+            self.transmitter.control_on(path, probe)
+
     def on_probe_timeout(self, path: Path, now: float) -> None:
         """No acknowledgement for a probe timeout: suspect the path, move its data elsewhere."""
         # Before the losses below touch the congestion state.

@@ -492,15 +492,7 @@ class Session:
         lost = path.loss.detect_losses(now)
         if lost:
             self._tx.requeue(lost)
-        pto = path.loss.pto_deadline(self.config.max_ack_delay_s) if path.usable else None
-        next_probe_at = path.health.next_probe_at
-        if pto is not None and pto <= now:
-            self._failover.on_probe_timeout(path, now)
-        elif next_probe_at is not None and next_probe_at <= now:
-            self._failover.on_probe_due(path, now)
-        probe = path.freshness.probe(path.rtt, path.usable, self.closed is None, now)
-        if probe is not None:
-            self._tx.control_on(path, probe)  # an idle path's RTT estimate went stale (core.freshness)
+        self._failover.on_timer(path, now, self.closed is None)
         self._tx.clear_wake(path, now)
         self._tx.dirty.add(path.path_id)
         self._tx.touch(path)
