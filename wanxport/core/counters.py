@@ -11,7 +11,19 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-__all__ = ["PathCounters", "RepairReceiveCounters", "ShardCounters"]
+__all__ = ["PATH_FIELDS", "REPAIR_RECEIVE_FIELDS", "SHARD_FIELDS", "PathCounters", "RepairReceiveCounters",
+           "ShardCounters"]
+
+#: Each group's fields in declaration order (its ``__slots__``; the snapshots' order too).
+PATH_FIELDS = (
+    "payload_bytes", "retransmitted_bytes", "hedged_bytes", "repair_bytes",
+    "packets_sent", "bytes_sent", "packets_lost", "spurious_losses",
+    "failures", "resumes", "resumes_dropped", "late_wakes", "rtt_probes", "reroutes",
+)
+SHARD_FIELDS = ("shards_submitted", "shards_acknowledged", "shards_received", "bytes_submitted",
+                "bytes_received", "data_dropped")
+REPAIR_RECEIVE_FIELDS = ("repaired_bytes", "retransmitted_after_repair_bytes", "blocks_rebuilt",
+                         "blocks_short")
 
 
 class PathCounters:
@@ -23,11 +35,7 @@ class PathCounters:
     (``core.freshness``); reroutes, by the idle guard (``core.warm``).
     """
 
-    __slots__ = FIELDS = (
-        "payload_bytes", "retransmitted_bytes", "hedged_bytes", "repair_bytes",
-        "packets_sent", "bytes_sent", "packets_lost", "spurious_losses",
-        "failures", "resumes", "resumes_dropped", "late_wakes", "rtt_probes", "reroutes",
-    )
+    __slots__ = PATH_FIELDS
 
     def __init__(self) -> None:
         # Payload
@@ -52,8 +60,7 @@ class PathCounters:
 class ShardCounters:
     """A session's shards both ways, and the DATA it could not accept."""
 
-    __slots__ = FIELDS = ("shards_submitted", "shards_acknowledged", "shards_received", "bytes_submitted",
-                          "bytes_received", "data_dropped")
+    __slots__ = SHARD_FIELDS
 
     def __init__(self) -> None:
         self.shards_submitted = 0
@@ -67,8 +74,7 @@ class ShardCounters:
 class RepairReceiveCounters:
     """What the erasure code did for incoming shards (``core.fec_receive``)."""
 
-    __slots__ = FIELDS = ("repaired_bytes", "retransmitted_after_repair_bytes", "blocks_rebuilt",
-                          "blocks_short")
+    __slots__ = REPAIR_RECEIVE_FIELDS
 
     def __init__(self) -> None:
         self.repaired_bytes = 0  # incoming bytes rebuilt from repair instead of received
@@ -78,6 +84,6 @@ class RepairReceiveCounters:
 
 
 #: Each group's fields in declaration order, as one tuple (one C call per group to copy).
-copy_path = attrgetter(*PathCounters.FIELDS)
-copy_shards = attrgetter(*ShardCounters.FIELDS)
-copy_repair_receive = attrgetter(*RepairReceiveCounters.FIELDS)
+copy_path = attrgetter(*PATH_FIELDS)
+copy_shards = attrgetter(*SHARD_FIELDS)
+copy_repair_receive = attrgetter(*REPAIR_RECEIVE_FIELDS)
