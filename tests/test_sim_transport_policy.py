@@ -6,6 +6,8 @@ and the simulator only apply them, so these runs exercise what production runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, SimRun
 
@@ -30,18 +32,16 @@ DOWN_FOR_GOOD = """
 
 
 def run(rtt_ms: float, *, size: str = "1MiB", events: str = "", direction: str = "a->b",
-        mbps: float = 20.0, **options: object) -> SimRun:
+        mbps: float = 20.0, **options: object) -> tuple[SimRun, dict[str, Any]]:
     scenario = parse_scenario(ONE_PATH.format(size=size, rtt_ms=rtt_ms, events=events, direction=direction,
                                               mbps=mbps))
     sim = SimRun(scenario, SimOptions(deadline_s=6.0, **options))  # type: ignore[arg-type]
-    sim.report = sim.run()  # type: ignore[attr-defined]
-    return sim
+    return sim, sim.run()
 
 
 def test_the_receive_holdoff_coalesces_datagrams_on_a_long_path() -> None:
-    held = run(40.0, receive_holdoff_s=0.001)
-    plain = run(40.0)
-    assert held.report["intact"] and plain.report["intact"]  # type: ignore[attr-defined]
+    (held, held_report), (plain, plain_report) = run(40.0, receive_holdoff_s=0.001), run(40.0)
+    assert held_report["intact"] and plain_report["intact"]
     holdoff = held.b.session.receive_holdoff
     # A 40 ms path is long beside 8 hold-offs of 1 ms: the receiver holds throughout, and each
     # pass hands the session several datagrams at once.
@@ -56,21 +56,21 @@ def test_the_receive_holdoff_coalesces_datagrams_on_a_long_path() -> None:
 def test_the_receive_holdoff_turns_itself_off_on_a_short_path() -> None:
     # Both ways, so each side measures the path's round trip with its own data; fast enough
     # that no queue builds up to lengthen it.
-    sim = run(2.0, receive_holdoff_s=0.001, direction="both", mbps=1000.0)
-    assert sim.report["intact"]  # type: ignore[attr-defined]
+    sim, report = run(2.0, receive_holdoff_s=0.001, direction="both", mbps=1000.0)
+    assert report["intact"]
     for side in (sim.a, sim.b):
         holdoff = side.session.receive_holdoff
         # Held until the first round trip was measured; then 2 ms < 8 x 1 ms: drained at once.
         assert not holdoff.holding and holdoff.passes > 0
         assert side.session.receive_holdoff.wait_s() == 0.0
     # The same run on a 40 ms path holds to the end on both sides.
-    long = run(40.0, receive_holdoff_s=0.001, direction="both", mbps=1000.0)
+    long, _ = run(40.0, receive_holdoff_s=0.001, direction="both", mbps=1000.0)
     assert all(side.session.receive_holdoff.holding for side in (long.a, long.b))
 
 
 def test_a_stalled_sender_is_reported_once_after_the_timeout() -> None:
-    sim = run(20.0, size="4MiB", events=DOWN_FOR_GOOD, stall_timeout_s=1.0)
-    assert not sim.report["intact"]  # type: ignore[attr-defined]
+    sim, report = run(20.0, size="4MiB", events=DOWN_FOR_GOOD, stall_timeout_s=1.0)
+    assert not report["intact"]
     [stall] = sim.b.stalls
     # The last byte crossed before the path went down at 0.3 s (one way: 10 ms); the stall
     # falls due exactly one timeout after it, in virtual time.
@@ -82,5 +82,5 @@ def test_a_stalled_sender_is_reported_once_after_the_timeout() -> None:
 
 
 def test_a_sender_that_keeps_sending_never_stalls() -> None:
-    sim = run(20.0, size="4MiB", stall_timeout_s=0.05)
-    assert sim.report["intact"] and not sim.b.stalls  # type: ignore[attr-defined]
+    sim, report = run(20.0, size="4MiB", stall_timeout_s=0.05)
+    assert report["intact"] and not sim.b.stalls
