@@ -122,7 +122,8 @@ async def test_mismatched_collectives_raise_at_every_site_and_the_group_goes_on(
         assert all(isinstance(r, CollectiveError) for r in results), results
         # Site 0 names whichever mismatch it hears of first: site 1's op or site 2's dtype.
         assert ("op 'all_reduce' here vs 'barrier'" in str(results[0])
-                or "site-2 called a different collective: dtype '<f4' here vs '<f8'" in str(results[0]))
+                or "site-2 (rank 2) called a different collective: dtype '<f4' here vs '<f8'"
+                in str(results[0]))
         assert "dtype" in str(results[2]) or "op" in str(results[2])
         arrays = [np.full(5, k, np.float32) for k in range(3)]  # the same group still works
         await asyncio.gather(*(g.all_reduce(a) for g, a in zip(groups, arrays, strict=True)))

@@ -43,11 +43,17 @@ def test_streaming_int4_is_identical_at_both_sites_and_counts_its_bytes(tmp_path
         assert result["byte_ratio_vs_uncompressed"][mode] == per_period["diloco-None"] / per_period[mode]
     bounds = [(p * params // fragments, (p + 1) * params // fragments) for p in range(fragments)]
     int4_messages = sum(HEADER_BYTES + encoded_bytes("int4", b - a) for a, b in bounds)
+    # A session counts a message it sent once the peer's verdict is back, so a site's last
+    # message may still be uncounted when the example reads the counters: one message of slack.
+    largest = max(b - a for a, b in bounds)
     for site in range(2):  # each site sends and receives every fragment once per period
-        assert counted["streaming-int4"][site] >= 2 * periods * int4_messages
-        assert counted["diloco-None"][site] >= 2 * periods * (HEADER_BYTES + 4 * params)
-        assert counted["streaming-None"][site] >= 2 * periods * (fragments * HEADER_BYTES + 4 * params)
-        assert counted["diloco-int8"][site] >= 2 * periods * (HEADER_BYTES + encoded_bytes("int8", params))
+        assert counted["streaming-int4"][site] >= (2 * periods * int4_messages
+                                                   - HEADER_BYTES - encoded_bytes("int4", largest))
+        assert counted["diloco-None"][site] >= (2 * periods - 1) * (HEADER_BYTES + 4 * params)
+        assert counted["streaming-None"][site] >= (2 * periods * (fragments * HEADER_BYTES + 4 * params)
+                                                   - HEADER_BYTES - 4 * largest)
+        int8_message = HEADER_BYTES + encoded_bytes("int8", params)
+        assert counted["diloco-int8"][site] >= (2 * periods - 1) * int8_message
     assert 0 <= result["syncs_done_before_wait"] <= result["syncs"] == periods * fragments
     # it trained, and ends near DiLoCo's loss on the same data and seeds
     losses = result["final_loss"]
