@@ -118,10 +118,7 @@ class GatewayClient:
             raw = response.read()
         finally:
             conn.close()
-        try:
-            return response.status, json.loads(raw) if raw else None
-        except ValueError:
-            raise ApiError(response.status, f"the daemon answered non-JSON: {raw[:100]!r}") from None
+        return _decoded(response.status, raw)
 
     def _ok(self, method: str, path: str, body: Any = None) -> Any:
         status, payload = self.request(method, path, body)
@@ -188,10 +185,7 @@ class GatewayClient:
             raw = response.read()
         finally:
             sock.close()
-        try:
-            return response.status, json.loads(raw) if raw else None
-        except ValueError:
-            raise ApiError(response.status, f"the daemon answered non-JSON: {raw[:100]!r}") from None
+        return _decoded(response.status, raw)
 
     def get(self, transfer_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._ok("GET", f"/v1/transfers/{transfer_id}")
@@ -249,3 +243,11 @@ class GatewayClient:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"transfer {transfer_id} still {transfer['state']} after {timeout_s} s")
             time.sleep(poll_s)
+
+
+def _decoded(status: int, raw: bytes) -> tuple[int, Any]:
+    """(status, the body's JSON, None when empty); ApiError when the daemon answered non-JSON."""
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        raise ApiError(status, f"the daemon answered non-JSON: {raw[:100]!r}") from None
