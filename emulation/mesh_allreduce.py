@@ -41,7 +41,7 @@ from emulation.api import Emulation, PathInfo
 from emulation.baselines import netconfig
 from emulation.baselines.programs import Program
 from emulation.errors import EmulationError
-from emulation.ranks import SETUP_TIMEOUT_S, engine_cpu_s, engine_drops
+from emulation.ranks import SETUP_TIMEOUT_S, engine_cpu_s, engine_drops, make_rank_pki
 from wanxport.presets import COLLECTIVE
 from wanxport.report import PathReport, build_report, step_summary
 from wanxport.scenario import Scenario, allreduce_ideal_time_s
@@ -180,10 +180,7 @@ def run_once(emu: Emulation, scenario: Scenario, options: AllreduceOptions, comm
     settings = {**settings, "run": run, "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="wx-allreduce-") as pki:
         if comm == "wanxport":
-            from wanxport.control.certs import make_test_pki
-
-            make_test_pki(pki, [f"{s}-r{r}" for s in scenario.sites for r in range(options.ranks_per_site)])
-            os.chmod(pki, 0o755)
+            make_rank_pki(pki, [f"{s}-r{r}" for s in scenario.sites for r in range(options.ranks_per_site)])
         try:
             for site, spec in _specs(emu, scenario, options, comm, schedule, run, pki, endpoints):
                 programs.append(Program(emu, site, "emulation.baselines.allreduce_app", comm, spec,
