@@ -4,7 +4,28 @@ Property tests must be reproducible on a small, noisy machine, so examples are
 derived from the test itself (``derandomize``) and never timed out per example.
 """
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("wanxport", derandomize=True, deadline=None, print_blob=True)
 settings.load_profile("wanxport")
+
+
+# Test files that change host-wide state (mounts, systemd units, the root namespace's
+# sockets under flood) without the netns marker: with the netns tests, they run one at
+# a time on one worker when the suite runs in parallel (`./dev test`, pytest-xdist's
+# --dist loadgroup), so none of them sees another's namespaces, mounts or load.
+HOST_STATE_FILES = frozenset({
+    "test_full_disk.py",  # mounts a tmpfs
+    "test_daemon_full_disk.py",  # mounts a tmpfs
+    "test_deploy_units.py",  # starts transient systemd units
+    "test_limits_flood.py",  # floods a socket to find the kernel's limits
+    "test_kernel_overflow.py",  # fills a socket's kernel buffer
+})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("netns") or item.path.name in HOST_STATE_FILES:
+            item.add_marker(pytest.mark.xdist_group("host-state"))
