@@ -43,8 +43,8 @@ class RoundMaxFilter:
         """Forget every sample (the round count starts over at 0)."""
         self._slots = [0.0] * self.rounds
         self._round = 0
-        # The maximum, kept as samples arrive (read it, never set it): a statistics
-        # snapshot copies it with the controller's other fields in one C-level call.
+        # The maximum, kept as samples arrive (read it, never set it): a field, not a
+        # property, so BBR's hot path and a statistics snapshot read it without a call.
         self.value = 0.0
 
     def update(self, round_count: int, value: float) -> None:

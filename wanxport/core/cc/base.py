@@ -222,8 +222,8 @@ class CongestionController(abc.ABC):
         snapshot reports on every path, and the function turns the whole tuple into
         :meth:`metrics`' dict. A snapshot keeps the pair and names the figures only if
         someone reads them (``core.stats``): every path of every snapshot asks, few readers
-        look. A controller whose figures are its own fields captures them in one C-level
-        call; by default the dict is built now and travels as the fourth figure.
+        look. A controller whose figures are its own fields hands them over as they are
+        (no property asked); by default the dict is built now and travels as the fourth figure.
         """
         return _metrics_built, (self.cwnd_bytes, self.pacing_rate_bps, self.state, self.metrics())
 
