@@ -70,6 +70,9 @@ def test_a_snapshot_is_frozen_and_does_not_follow_the_session(finished_run: Pair
     session = finished_run.a
     stats = session.stats()
     assert isinstance(stats, SessionStats) and isinstance(stats.paths[0], PathStats)
+    # Built from positional tuples without the named tuples' length check: a field added to
+    # one side only (the class or core.stats' builder) must not go unnoticed.
+    assert len(stats) == len(SessionStats._fields) and len(stats.paths[0]) == len(PathStats._fields)
     with pytest.raises(AttributeError):
         stats.hedged_bytes = 1  # type: ignore[misc]
     with pytest.raises(AttributeError):
