@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from test_core_session import Pair, all_acknowledged, make_config, payloads
 
+from wanxport.core.cc import available_congestion_controls, cc_config
 from wanxport.core.session import Session
 from wanxport.core.stats import PathStats, SessionStats
-from wanxport.wire.frames import Frame
+from wanxport.wire.frames import Frame, ShardAckFrame
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS, SHARD_BYTES = 4, 64_000
@@ -69,6 +70,9 @@ def test_a_snapshot_is_frozen_and_does_not_follow_the_session(finished_run: Pair
     session = finished_run.a
     stats = session.stats()
     assert isinstance(stats, SessionStats) and isinstance(stats.paths[0], PathStats)
+    # Built from positional tuples without the named tuples' length check: a field added to
+    # one side only (the class or core.stats' builder) must not go unnoticed.
+    assert len(stats) == len(SessionStats._fields) and len(stats.paths[0]) == len(PathStats._fields)
     with pytest.raises(AttributeError):
         stats.hedged_bytes = 1  # type: ignore[misc]
     with pytest.raises(AttributeError):
@@ -80,6 +84,60 @@ def test_a_snapshot_is_frozen_and_does_not_follow_the_session(finished_run: Pair
     assert session.poll_transmit(finished_run.now)
     assert stats.paths[0].packets_sent == before
     assert session.stats().paths[0].packets_sent > before
+
+
+def test_acked_bytes_is_what_the_acknowledged_ranges_cover_at_every_step() -> None:
+    """The sender's count is kept as acknowledgements arrive; at every step it equals the bytes
+    the open shards' acknowledged ranges cover plus the shards finished, and never goes down."""
+    rng = random.Random(11)
+
+    def drop(side: str, path_id: int, at: float, frames: list[Frame]) -> bool:
+        return rng.random() < 0.05  # both ways: DATA and ACKs go missing
+
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[40e6, 20e6], drop=drop)
+    seen: list[int] = []
+
+    def check(run: Pair) -> None:
+        outgoing = run.a.outgoing
+        covered = sum(shard.acked.total for shard in outgoing.shards.values())
+        finished = len(run.acknowledged("a")) * SHARD_BYTES
+        assert run.a.stats().acked_bytes == run.a.acked_bytes() == covered + finished
+        seen.append(run.a.acked_bytes())
+
+    pair.checks.append(check)
+    for shard_id, data in enumerate(payloads(SHARDS, SHARD_BYTES)):
+        pair.submit("a", shard_id, data)
+    pair.run(30.0, stop=all_acknowledged(SHARDS))
+    assert len(pair.acknowledged("a")) == SHARDS
+    assert seen == sorted(seen) and seen[-1] == SIZE and len(set(seen)) > SHARDS  # grew in steps
+
+
+def test_a_shard_ack_counts_only_the_bytes_it_adds_within_the_shard() -> None:
+    """SHARD_ACK (bytes the receiver rebuilt from repair) adds to ``acked_bytes`` what it newly
+    covers: overlaps count once, a range past the shard's end is cut at the end."""
+    session = Session(make_config())
+    session.submit(0, b"x" * 10_000, 0.0)
+    steps = [(((0, 1000), (5000, 6000)), 2000), (((500, 5500),), 6000), (((9000, 20_000),), 7000)]
+    for number, (ranges, acked) in enumerate(steps, 1):
+        session.receive_packet(0, number, [ShardAckFrame(0, ranges)], 0.01 * number)
+        assert session.acked_bytes() == session.stats().acked_bytes == acked
+
+
+@pytest.mark.parametrize("controller", available_congestion_controls())
+def test_every_controller_opens_its_figures_with_window_rate_and_state(controller: str) -> None:
+    """A snapshot reports each controller's window, pacing rate and state from the figures it
+    hands over (``metrics_figures``), and they agree with what the controller says itself."""
+    options = {"rate_bps": 10e6} if controller == "fixed" else None  # its one required option
+    pair = Pair(make_config(congestion_control=cc_config(controller, options)), owd_s=[0.01, 0.02],
+                rate_bps=[40e6, 20e6])
+    pair.submit("a", 0, payloads(1, SHARD_BYTES)[0])
+    pair.run(10.0, stop=all_acknowledged(1))
+    assert len(pair.acknowledged("a")) == 1
+    for path, stats in zip(pair.a.paths, pair.a.stats().paths, strict=True):
+        assert (stats.cwnd_bytes, stats.pacing_rate_bps, stats.cc_state) == (
+            path.cc.cwnd_bytes, path.cc.pacing_rate_bps, path.cc.state)
+        assert dict(stats.cc_metrics) == path.cc.metrics()
+        assert stats.cc_metrics["cwnd_bytes"] == stats.cwnd_bytes
 
 
 def test_a_path_without_rtt_samples_reports_none() -> None:

@@ -3,13 +3,11 @@
 In the manner of quinn-proto's ``ConnectionStats`` (``PathStats``, ``UdpStats``,
 ``FrameStats``): the part that sees an event bumps a field of its group (the loss
 detector counts packets, the transmitter payload, the health machine failures), and
-``Session.stats()`` copies each group with one C-level ``attrgetter`` call
-(``core.stats``) instead of asking some ten objects for their figures.
+``Session.stats()`` copies each group's fields (``core.stats``) instead of asking
+some ten objects for their figures.
 """
 
 from __future__ import annotations
-
-from operator import attrgetter
 
 __all__ = ["PATH_FIELDS", "REPAIR_RECEIVE_FIELDS", "SHARD_FIELDS", "PathCounters", "RepairReceiveCounters",
            "ShardCounters"]
@@ -81,9 +79,3 @@ class RepairReceiveCounters:
         self.retransmitted_after_repair_bytes = 0  # DATA for bytes already rebuilt: waste
         self.blocks_rebuilt = 0  # blocks whose lost data repair rebuilt
         self.blocks_short = 0  # blocks completed by retransmission: repair was not enough
-
-
-#: Each group's fields in declaration order, as one tuple (one C call per group to copy).
-copy_path = attrgetter(*PATH_FIELDS)
-copy_shards = attrgetter(*SHARD_FIELDS)
-copy_repair_receive = attrgetter(*REPAIR_RECEIVE_FIELDS)

@@ -30,10 +30,12 @@ class OutgoingData:
         self.unsent_bytes = 0  # in opened and waiting shards, not yet taken
         self.unfinished = 0  # shards without a SHARD_DONE yet
         # A done shard leaves ``shards`` (a warm session carries shards for months): only
-        # its id (to refuse a reused one; consecutive ids merge into one range) and its
-        # acknowledged bytes (``SessionStats.acked_bytes`` never goes down) remain.
+        # its id remains (to refuse a reused one; consecutive ids merge into one range).
         self.finished = RangeSet()
-        self.finished_bytes = 0
+        # Payload bytes the peer acknowledged over every shard submitted, done ones included
+        # (``SessionStats.acked_bytes`` never goes down): kept as acknowledgements arrive, so
+        # reading it (a statistics snapshot, from another thread too) sums nothing.
+        self.acked_bytes = 0
 
     def submit(self, shard: OutgoingShard) -> None:
         if shard.shard_id in self.shards or self.finished.contains_point(shard.shard_id):
@@ -55,11 +57,6 @@ class OutgoingData:
             self.sending.append(shard)
             opened.append(shard)
         return opened
-
-    def acked_bytes(self) -> int:
-        """Payload bytes the peer acknowledged, over every shard submitted (safe from another thread)."""
-        # Finished shards first: one leaving ``shards`` meanwhile dips the sum, never doubles it.
-        return self.finished_bytes + sum(shard.acked.total for shard in list(self.shards.values()))
 
     @property
     def remaining_bytes(self) -> int:
@@ -122,7 +119,11 @@ class OutgoingData:
         for shard_id, offset, length in chunks:
             shard = self.shards.get(shard_id)
             if shard is not None:
-                shard.acked.add(offset, offset + length)
+                self.acked_bytes += shard.acked.add(offset, offset + length)
+
+    def on_shard_ack(self, shard: OutgoingShard, start: int, end: int) -> None:
+        """The peer reports ``[start, end)`` of ``shard`` received (a SHARD_ACK), whatever path carried it."""
+        self.acked_bytes += shard.acked.add(start, min(end, shard.size))
 
     def is_acked(self, chunk: Chunk) -> bool:
         shard = self.shards.get(chunk[0])
@@ -135,10 +136,9 @@ class OutgoingData:
             return None
         shard.done_status = status
         shard.data = None  # the application's buffer is free again
-        shard.acked.add(0, shard.size)
+        self.acked_bytes += shard.acked.add(0, shard.size)
         del self.shards[shard_id]
         self.finished.add(shard_id, shard_id + 1)
-        self.finished_bytes += shard.size
         self.unfinished -= 1
         if shard.next_offset < shard.size:
             self.unsent_bytes -= shard.size - shard.next_offset

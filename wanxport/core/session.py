@@ -156,12 +156,13 @@ class Session:
     def stats(self) -> SessionStats:
         """A frozen snapshot of the session's and every path's figures (safe from another thread):
         a copy of the counter groups kept in place (``core.counters``) and the gauges of now."""
-        return session_stats(self.counters, self.acked_bytes(), self.receiving_bytes(), self._tx.hedged_bytes,
-                             self._tx.fec.repair_bytes, self._fec_rx.counters, self.paths)
+        tx = self._tx
+        return session_stats(self.counters, self.outgoing.acked_bytes, self.incoming.placed_bytes(),
+                             tx.hedged_bytes, tx.fec.repair_bytes, self._fec_rx.counters, self.paths)
 
     def acked_bytes(self) -> int:
         """Payload bytes the peer acknowledged so far: one figure, no ``stats()`` snapshot taken."""
-        return self.outgoing.acked_bytes()
+        return self.outgoing.acked_bytes
 
     def receiving_bytes(self) -> int:
         """Payload bytes held in incoming shards not yet handed to the application."""
@@ -437,7 +438,7 @@ class Session:
             shard = self.outgoing.shards.get(frame.shard_id)
             if shard is not None:
                 for start, end in frame.ranges:
-                    shard.acked.add(start, min(end, shard.size))
+                    self.outgoing.on_shard_ack(shard, start, end)
         elif isinstance(frame, RepairFrame):
             self._on_repair(frame, now)
         elif isinstance(frame, ProbeFrame):

@@ -31,7 +31,7 @@ class RoundMaxFilter:
     Round numbers must not decrease between :meth:`reset` calls.
     """
 
-    __slots__ = ("rounds", "_slots", "_round", "_max")
+    __slots__ = ("rounds", "_slots", "_round", "value")
 
     def __init__(self, rounds: int) -> None:
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -43,11 +43,9 @@ class RoundMaxFilter:
         """Forget every sample (the round count starts over at 0)."""
         self._slots = [0.0] * self.rounds
         self._round = 0
-        self._max = 0.0
-
-    @property
-    def value(self) -> float:
-        return self._max
+        # The maximum, kept as samples arrive (read it, never set it): a field, not a
+        # property, so BBR's hot path and a statistics snapshot read it without a call.
+        self.value = 0.0
 
     def update(self, round_count: int, value: float) -> None:
         """Take ``value``, a sample of round ``round_count``."""
@@ -59,11 +57,11 @@ class RoundMaxFilter:
                 slots[(r + 1) % n] = 0.0
             self._round = round_count
             slots[round_count % n] = value
-            self._max = max(slots)
+            self.value = max(slots)
         elif value > slots[round_count % n]:
             slots[round_count % n] = value
-            if value > self._max:
-                self._max = value
+            if value > self.value:
+                self.value = value
 
 
 class RunningMinFilter:

@@ -215,12 +215,20 @@ class CongestionController(abc.ABC):
             "bandwidth_bps": self.bandwidth_bps,
         }
 
-    def metrics_figures(self) -> tuple[Callable[[Any], dict[str, float]], Any]:
+    def metrics_figures(self) -> tuple[Callable[[Any], dict[str, float]], tuple[Any, ...]]:
         """:meth:`metrics` as a pair: the figures captured now, and the function that names them.
 
-        A statistics snapshot keeps the pair and names the figures only if someone reads
-        them (``core.stats``): every path of every snapshot asks, few readers look. A
-        controller whose figures are its own fields captures them in one C-level call;
-        by default the dict is built now.
+        The figures open with ``(cwnd_bytes, pacing_rate_bps, state)``, the three a statistics
+        snapshot reports on every path, and the function turns the whole tuple into
+        :meth:`metrics`' dict. A snapshot keeps the pair and names the figures only if
+        someone reads them (``core.stats``): every path of every snapshot asks, few readers
+        look. A controller whose figures are its own fields hands them over as they are
+        (no property asked); by default the dict is built now and travels as the fourth figure.
         """
-        return dict, self.metrics()
+        return _metrics_built, (self.cwnd_bytes, self.pacing_rate_bps, self.state, self.metrics())
+
+
+def _metrics_built(figures: tuple[Any, ...]) -> dict[str, float]:
+    """The default controller's figures name themselves: the fourth is :meth:`metrics`' dict."""
+    built: dict[str, float] = figures[3]
+    return built

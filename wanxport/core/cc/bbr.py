@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
-from wanxport.core.cc.bbr_figures import capture_figures, named_figures
+from wanxport.core.cc.bbr_figures import named_figures
 from wanxport.core.cc.coupling import coupled_gain
 from wanxport.core.delivery_rate import RateSample
 from wanxport.core.rtt import RttEstimator
@@ -117,8 +117,8 @@ class BbrCongestionController(CongestionController):
     """BBRv1 state machine with loss counted as congestion only when a queue stands."""
 
     __slots__ = (
-        "_mss", "_initial_cwnd", "_probe_rtt_enabled", "_rng", "_mode", "_pacing_gain", "_cwnd_gain",
-        "_cwnd", "_pacing_rate", "_srtt_s", "_bw_filter", "_has_bw", "_bw_cap", "_round_count",
+        "_mss", "_initial_cwnd", "_probe_rtt_enabled", "_rng", "_mode", "_state", "_pacing_gain",
+        "_cwnd_gain", "_cwnd", "_pacing_rate", "_srtt_s", "_bw_filter", "_has_bw", "_bw_cap", "_round_count",
         "_next_round_delivered", "_round_start", "_full_bw", "_full_bw_count", "_full_bw_reached",
         "_min_rtt_s", "_min_rtt_stamp", "_round_min_rtt", "_prev_round_min_rtt", "_round_max_rate",
         "_prev_round_max_rate", "_idle_restart", "_probe_rtt_done", "_prior_cwnd", "_cycle_index",
@@ -389,8 +389,13 @@ class BbrCongestionController(CongestionController):
 
     # -- states ---------------------------------------------------------------
 
+    def _set_mode(self, mode: int) -> None:
+        """The mode and its label, kept together: a statistics snapshot copies the label."""
+        self._mode = mode
+        self._state = _STATE_NAMES[mode]
+
     def _enter_startup(self) -> None:
-        self._mode = STARTUP
+        self._set_mode(STARTUP)
         self._pacing_gain = STARTUP_GAIN
         self._cwnd_gain = STARTUP_GAIN
 
@@ -407,19 +412,19 @@ class BbrCongestionController(CongestionController):
         self._note_reduction(now)
         # The search is over; ProbeBW may look beyond the saved (or restart) rate.
         self._resume_cap, self._restart_capped = math.inf, False
-        self._mode = DRAIN
+        self._set_mode(DRAIN)
         self._pacing_gain = DRAIN_GAIN
         self._cwnd_gain = STARTUP_GAIN
 
     def _enter_probe_bw(self, now: float) -> None:
-        self._mode = PROBE_BW
+        self._set_mode(PROBE_BW)
         self._cwnd_gain = CWND_GAIN
         # Any phase but the draining 0.75 one, so a new flow does not start by backing off.
         start = self._rng.choice((0, 2, 3, 4, 5, 6, 7))  # not DRAIN_PHASE
         self._set_cycle_phase(now, start)
 
     def _enter_probe_rtt(self) -> None:
-        self._mode = PROBE_RTT
+        self._set_mode(PROBE_RTT)
         self._pacing_gain = 1.0
         self._cwnd_gain = 1.0
         self._probe_rtt_done = None
@@ -486,11 +491,14 @@ class BbrCongestionController(CongestionController):
 
     @property
     def state(self) -> str:
-        return _STATE_NAMES[self._mode]
+        return self._state
 
     def metrics(self) -> dict[str, float]:
         """Adds the model: ``max_bw_bps`` (before any cap), ``bw_cap_bps`` (while one holds), gains."""
-        return named_figures(capture_figures(self))
+        return named_figures(self.metrics_figures()[1])
 
-    def metrics_figures(self) -> tuple[Callable[[Any], dict[str, float]], Any]:
-        return named_figures, capture_figures(self)
+    def metrics_figures(self) -> tuple[Callable[[Any], dict[str, float]], tuple[Any, ...]]:
+        """The fields ``metrics()`` names, read as they are (``core.cc.bbr_figures`` names them)."""
+        return named_figures, (self._cwnd, self._pacing_rate, self._state, self._has_bw,
+                               self._bw_filter.value, self._bw_cap, self._pacing_gain, self._cwnd_gain,
+                               self._round_count, self._min_rtt_s)

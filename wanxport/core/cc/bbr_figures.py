@@ -1,26 +1,21 @@
 """BBR's metrics as captured fields and the function that names them (``metrics_figures``).
 
 A statistics snapshot asks every path's controller for its figures, and building
-BBR's dict was about half of a path's share of a snapshot; capturing them in one
-C-level ``attrgetter`` call and naming them only when someone reads them
-(``core.stats``) leaves the capture. Kept beside ``core.cc.bbr``: these are its
-private fields.
+BBR's dict was about half of a path's share of a snapshot; the controller hands
+over its fields as a tuple (``BbrCongestionController.metrics_figures``) and this
+names them only when someone reads them (``core.stats``). Kept beside
+``core.cc.bbr``: these are its private fields, in the order that method reads them.
 """
 
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 from typing import Any
-
-#: The fields ``metrics()`` reports, captured in one C-level call (``metrics_figures``).
-capture_figures = attrgetter("_cwnd", "_pacing_rate", "_has_bw", "_bw_filter.value", "_bw_cap",
-                             "_pacing_gain", "_cwnd_gain", "_round_count", "_min_rtt_s")
 
 
 def named_figures(figures: tuple[Any, ...]) -> dict[str, float]:
     """BBR's metrics from its captured fields: the common three first, then the model's."""
-    cwnd, pacing_rate, has_bw, max_bw, bw_cap, pacing_gain, cwnd_gain, round_count, min_rtt_s = figures
+    cwnd, pacing_rate, _, has_bw, max_bw, bw_cap, pacing_gain, cwnd_gain, round_count, min_rtt_s = figures
     named = {
         "cwnd_bytes": float(cwnd),
         "pacing_rate_bps": pacing_rate,
