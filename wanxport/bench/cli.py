@@ -198,6 +198,8 @@ def _print_summary(report: dict[str, Any]) -> None:
     if "cpu_s_per_gb" in report:
         cpu = report["cpu_s_per_gb"]
         print(f"CPU per GB: sender {cpu['sender']:.3f} s, receiver {cpu['receiver']:.3f} s")
+    for end, roles in report.get("cpu", {}).items():
+        print(f"  {end} CPU-s by thread role: " + ", ".join(f"{role} {s:.3f}" for role, s in roles.items()))
     if "baseline_iperf3_udp_bps" in report:
         print(f"baseline iperf3 -u (1472 B): {format_rate(report['baseline_iperf3_udp_bps'])} received")
     limits = report.get("limits", {})

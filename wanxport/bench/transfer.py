@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import resource
 import select
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from typing import IO, Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from wanxport.aio import threadcpu
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Allocator, Endpoint, ReceivedShard
 from wanxport.aio.loop import run
@@ -117,12 +117,6 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
 # -- receiver process ----------------------------------------------------------
 
 
-def process_cpu_s() -> float:
-    """User + system seconds of this process, all its threads (not its children)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def receiver_main() -> None:
     """Child process entry (this module as ``__main__``): one JSON line in, lines out.
 
@@ -184,14 +178,14 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
     try:
         endpoint.connect(sender_addrs)
         _emit("ports", endpoint.local_addresses)
-        cpu_start, loop_start = process_cpu_s(), time.thread_time()
+        cpu_start = threadcpu.snapshot()
         endpoint.start()
         expected = len(shard_sizes(spec.size, spec.shards))
         got: dict[int, ReceivedShard] = {}
         while len(got) < expected:
             shard = await asyncio.wait_for(endpoint.receive_shard(), spec.timeout_s)
             got[shard.shard_id] = shard
-        cpu_s, loop_cpu_s = process_cpu_s() - cpu_start, time.thread_time() - loop_start
+        cpu = threadcpu.roles_between(cpu_start, threadcpu.snapshot())
         done_at = max(s.at for s in got.values())
         digest = hashlib.sha256()
         for shard_id in sorted(got):
@@ -204,8 +198,7 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
                 "bytes": sum(len(s.data) for s in got.values()),
                 "rejected": endpoint.datagrams_rejected, "counters": dict(endpoint.datapath.counters),
                 "data_runs": endpoint.intake.data_runs, "data_records": endpoint.intake.data_records,
-                "cpu_s": cpu_s,
-                "loop_cpu_s": loop_cpu_s}
+                "cpu": cpu}
     finally:
         await endpoint.close()
 
@@ -241,17 +234,13 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
             # endpoint's own memory, reused for every later step: like the receiver's
             # buffers (warm_allocator), touched before the clock starts.
             endpoint.datapath.make_rings_resident()
-        cpu_start = process_cpu_s()  # the shard digests are the sender's work too
+        cpu_start = threadcpu.snapshot()  # the shard digests are the sender's work too
         started = endpoint.clock()  # the user's call: the digests are inside the clock
-        digest_start = time.thread_time()
-        digests = [shard_digest(s) for s in shards]
+        with threadcpu.hashing():
+            digests = [shard_digest(s) for s in shards]
         digest_s = endpoint.clock() - started
-        loop_start = time.thread_time()  # the event loop's thread: the serial part (the core)
-        sent = run(_send(endpoint, shards, digests, spec.timeout_s))
+        sent = run(_send(endpoint, shards, digests, spec.timeout_s, cpu_start))
         sent.update(started=started, digest_s=digest_s)
-        sent["loop_cpu_s"] = time.thread_time() - loop_start
-        sent["digest_cpu_s"] = loop_start - digest_start
-        sent["cpu_s"] = process_cpu_s() - cpu_start
         result = _expect(child.stdout, "ok", spec.timeout_s)
     finally:
         endpoint.abort()
@@ -293,13 +282,16 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
 
 
 async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[bytes],
-                timeout_s: float) -> dict[str, Any]:
+                timeout_s: float, cpu_start: threadcpu.CpuSnapshot) -> dict[str, Any]:
+    """Send and wait for every verdict; the CPU is read before the close stops the release
+    threads (an ended thread's clock can no longer be read by its role)."""
     endpoint.start()
     try:
         futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
                                                                                  strict=True))]
         verdicts = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
-        return {"acked_at": endpoint.clock(), "verdicts": verdicts}
+        return {"acked_at": endpoint.clock(), "verdicts": verdicts,
+                "cpu": threadcpu.roles_between(cpu_start, threadcpu.snapshot())}
     finally:
         await endpoint.close()
 
@@ -338,30 +330,26 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         receiver_counters=received["counters"], fec=spec.fec,
         repair_bytes=endpoint.stats().repair_bytes,
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
-        cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
-                      "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
-        loop_cpu_s_per_gb={"sender": round(sent["loop_cpu_s"] / spec.size * 1e9, 4),
-                           "receiver": round(received["loop_cpu_s"] / spec.size * 1e9, 4)},
+        cpu={"sender": threadcpu.rounded(sent["cpu"]), "receiver": threadcpu.rounded(received["cpu"])},
+        cpu_s_per_gb={"sender": threadcpu.cpu_s_per_gb(sent["cpu"], spec.size),
+                      "receiver": threadcpu.cpu_s_per_gb(received["cpu"], spec.size)},
+        loop_cpu_s_per_gb={"sender": round(sent["cpu"]["loop"] / spec.size * 1e9, 4),
+                           "receiver": round(received["cpu"]["loop"] / spec.size * 1e9, 4)},
         **_sender_breakdown(spec, endpoint, sent),
     )
 
 
 def _sender_breakdown(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any]) -> dict[str, Any]:
-    """Where the sender's CPU per GB went: its loop thread, the shard digests (hashed on
-    the main thread before the loop starts), the pacer's release thread(s) (each GSO
-    send carries the loopback receiver's kernel work too), and the rest. Its wake-ups
-    per GB tell a pacer that sleeps per datagram run from one that sleeps per burst; the
-    loop's events per GB (ACKs decoded, services, plans) turn its CPU into CPU per event."""
+    """What the sender's threads did per GB (their CPU is ``cpu``): the release threads'
+    wake-ups per GB tell a pacer that sleeps per datagram from one that sleeps per burst;
+    the loop's events per GB (ACKs decoded, services, plans) turn its CPU into CPU per event."""
     if not isinstance(endpoint.datapath, NativeDatapath):
         return {}
     pacer = endpoint.datapath.pacer_thread_stats()
     per_gb = 1e9 / spec.size
-    parts = {"loop": sent["loop_cpu_s"], "digest": sent["digest_cpu_s"], "pacer": pacer.cpu_s}
-    parts["other"] = sent["cpu_s"] - sum(parts.values())
     events = {"control_packets": endpoint.intake.control_records, "services": endpoint.services,
               "plans": endpoint.plans_sent}
-    return {"sender_cpu_s_per_gb_by_thread": {k: round(v * per_gb, 4) for k, v in parts.items()},
-            "sender_loop_events_per_gb": {k: round(v * per_gb) for k, v in events.items()},
+    return {"sender_loop_events_per_gb": {k: round(v * per_gb) for k, v in events.items()},
             "pacer_sleeps_per_gb": round(pacer.sleeps * per_gb),
             "pacer_send_rounds_per_gb": round(pacer.send_rounds * per_gb)}
 

@@ -29,10 +29,9 @@ import numpy as np
 import numpy.typing as npt
 
 from wanxport.control import ShardAnnounce
-from wanxport.core.digest import shard_digest_hex
 from wanxport.core.stats import PathStats
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, SessionFailed, digest_hex_async
+from wanxport.gateway.session import GatewaySession, SessionFailed, counted_digest_hex, digest_hex_async
 
 from .errors import CollectiveError
 from .message import HEADER_BYTES, Call, Header, new_payload, pack, unpack
@@ -118,7 +117,7 @@ class SiteLink:
         try:
             try:
                 large = payload.nbytes > 1 << 16  # worth a worker thread
-                digest = await digest_hex_async(payload) if large else shard_digest_hex(payload)
+                digest = await digest_hex_async(payload) if large else counted_digest_hex(payload)
                 announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
                 ok = await self.session.send_shard(shard_id, payload.data, announce)
             finally:

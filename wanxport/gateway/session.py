@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
+from wanxport.aio.threadcpu import hashing
 from wanxport.control import (
     PROTOCOL_VERSION,
     Bye,
@@ -48,7 +49,13 @@ ROTATION_CHECK_S = 0.05
 
 async def digest_hex_async(data: Any) -> str:
     """The shard digest (``core.digest``) off the event loop: the hash releases the GIL."""
-    return await asyncio.to_thread(shard_digest_hex, data)
+    return await asyncio.to_thread(counted_digest_hex, data)
+
+
+def counted_digest_hex(data: Any) -> str:
+    """``shard_digest_hex``, its CPU counted as the ``digest`` role (``aio.threadcpu``)."""
+    with hashing():
+        return shard_digest_hex(data)
 
 
 class GatewaySession:
