@@ -54,6 +54,7 @@ import numpy as np
 
 from emulation.baselines.tcp_app import emit
 from emulation.baselines.wanxport_app import diagnostics
+from wanxport.aio import threadcpu
 from wanxport.aio.loop import run
 from wanxport.collective import error_bound, join
 
@@ -262,15 +263,18 @@ class StepRecord:
     def __init__(self) -> None:
         self.steps: list[list[float]] = []
         self.step_cpu: list[float] = []  # this process's CPU-s inside each timed step (all threads)
+        self.roles = threadcpu.RoleMeter()  # the same CPU by thread role, summed over the steps
         self.digests: list[str] = []
         self.worst, self.correct, self.error = 0.0, True, None
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
+        self.roles.start()
         t0, c0 = time.monotonic(), _cpu_now()
         yield
         self.steps.append([t0, time.monotonic()])
         self.step_cpu.append(round(_cpu_now() - c0, 3))
+        self.roles.stop()
 
     def verdict(self, ok: bool, ratio: float, digest: str) -> None:
         self.correct, self.worst = self.correct and ok, max(self.worst, ratio)
@@ -282,7 +286,8 @@ class StepRecord:
     def report(self) -> dict[str, Any]:
         return {"event": "done", "steps": self.steps, "correct": self.correct,
                 "worst_error_ratio": self.worst, "digests": self.digests, "error": self.error,
-                "cpu_s": cpu_seconds(), "step_cpu_s": self.step_cpu}
+                "cpu_s": cpu_seconds(), "step_cpu_s": self.step_cpu,
+                "cpu": threadcpu.rounded(self.roles.total)}
 
 
 async def group_report(group: Any) -> dict[str, Any]:
@@ -291,13 +296,15 @@ async def group_report(group: Any) -> dict[str, Any]:
              for stats in group.path_stats().values() for p in stats]
     reduces = [s for s in group.stats() if s.op == "all_reduce"]
     sent = sum(s.sent_bytes for s in reduces)
+    received = sum(s.received_bytes for s in reduces)
     diag = {link.name: session_diagnostics(link.session.endpoint) for link in group.links.values()}
     chosen = [[s.schedule, s.predicted_s, len(s.plan.relayed()) if s.plan else 0] for s in reduces]
     planner = getattr(group, "planner", None)
     plan = planner.covering(reduces[-1].seq) if planner is not None and reduces else None
     mesh = {"rate_Bps": [[round(r) for r in row] for row in plan.mesh.rate],
             "delay_s": [[round(d, 4) for d in row] for row in plan.mesh.delay]} if plan else None
-    return {"paths": paths, "collective_bytes_sent": sent, "diag": diag, "schedules": chosen, "mesh": mesh}
+    return {"paths": paths, "collective_bytes_sent": sent, "collective_bytes_received": received,
+            "diag": diag, "schedules": chosen, "mesh": mesh}
 
 
 def gloo_world(spec: dict[str, Any]) -> Any:
