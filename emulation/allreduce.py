@@ -204,14 +204,16 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
 
 def rank_cpu(done: list[dict[str, Any]], ranks_per_site: int) -> list[dict[str, Any]]:
     """Each rank's CPU-s per thread role over its timed steps and per GB it moved across
-    sites (collective bytes sent plus received; None where the comm counts none: gloo).
+    sites (collective bytes sent plus received; None where the comm counts none: gloo), and
+    what its control channels carried per timed step (``control.counters``; None for gloo).
     ``done`` is in ``_specs`` order: site by site, rank by rank."""
     out = []
     for k, d in enumerate(done):
         moved = (d.get("collective_bytes_sent") or 0) + (d.get("collective_bytes_received") or 0)
         cpu = d.get("cpu")
         out.append({"site": k // ranks_per_site, "rank": k % ranks_per_site, "cpu": cpu,
-                    "cpu_s_per_gb": threadcpu.cpu_s_per_gb(cpu, moved) if cpu else None})
+                    "cpu_s_per_gb": threadcpu.cpu_s_per_gb(cpu, moved) if cpu else None,
+                    "control_per_step": d.get("control_per_step")})
     return out
 
 

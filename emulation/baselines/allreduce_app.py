@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +58,7 @@ from emulation.baselines.wanxport_app import diagnostics
 from wanxport.aio import threadcpu
 from wanxport.aio.loop import run
 from wanxport.collective import error_bound, join
+from wanxport.control import counters
 
 
 def inputs(seed: int, sites: int, ranks: int, count: int) -> list[list[np.ndarray]]:
@@ -187,7 +189,7 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     work = np.empty(spec["count"], dtype=np.float32)
     emit({"event": "ready"})
     await asyncio.to_thread(sys.stdin.readline)
-    record = StepRecord()
+    record = StepRecord(control=lambda: control_totals(group))
     try:
         for _ in range(spec["steps"]):
             await asyncio.to_thread(np.copyto, work, checker.own)
@@ -219,7 +221,7 @@ def hook_rank(spec: dict[str, Any]) -> None:
                       timeout=spec["timeout"], join_timeout=60.0, **join_paths(spec))
     options = {"chunk_bytes": spec["chunk_bytes"]} if spec.get("chunk_bytes") else {}
     state = HookState(group, timeout=spec["timeout"], compress=spec["compress"], **options)
-    work, work_t, record = ready_for_go(spec["count"])
+    work, work_t, record = ready_for_go(spec["count"], control=functools.partial(sync_control_totals, group))
     try:
         for _ in range(spec["steps"]):
             np.copyto(work, checker.own)
@@ -247,20 +249,24 @@ def join_paths(spec: dict[str, Any]) -> dict[str, Any]:
     return {"paths": paths, **({"schedule": spec["schedule"]} if spec.get("schedule") else {})}
 
 
-def ready_for_go(count: int) -> tuple[np.ndarray, Any, StepRecord]:
+def ready_for_go(count: int, control: Callable[[], dict[str, Any]] | None = None
+                 ) -> tuple[np.ndarray, Any, StepRecord]:
     """The step's float32 array and its torch view; "ready" to the runner, then wait for "go"."""
     import torch
 
     work = np.empty(count, dtype=np.float32)
     emit({"event": "ready"})
     sys.stdin.readline()
-    return work, torch.from_numpy(work), StepRecord()
+    return work, torch.from_numpy(work), StepRecord(control)
 
 
 class StepRecord:
     """Each timed step's (start, end) on CLOCK_MONOTONIC and CPU-s, and the verdicts."""
 
-    def __init__(self) -> None:
+    def __init__(self, control: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``control``: the rank's control channels' totals now (``control_totals``)."""
+        self.control = control
+        self.control_steps: dict[str, Any] = {}  # the control traffic inside the timed steps, summed
         self.steps: list[list[float]] = []
         self.step_cpu: list[float] = []  # this process's CPU-s inside each timed step (all threads)
         self.roles = threadcpu.RoleMeter()  # the same CPU by thread role, summed over the steps
@@ -269,12 +275,15 @@ class StepRecord:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
+        control = self.control() if self.control is not None else None
         self.roles.start()
         t0, c0 = time.monotonic(), _cpu_now()
         yield
         self.steps.append([t0, time.monotonic()])
         self.step_cpu.append(round(_cpu_now() - c0, 3))
         self.roles.stop()
+        if self.control is not None and control is not None:
+            counters.add(self.control_steps, counters.difference(self.control(), control))
 
     def verdict(self, ok: bool, ratio: float, digest: str) -> None:
         self.correct, self.worst = self.correct and ok, max(self.worst, ratio)
@@ -287,7 +296,33 @@ class StepRecord:
         return {"event": "done", "steps": self.steps, "correct": self.correct,
                 "worst_error_ratio": self.worst, "digests": self.digests, "error": self.error,
                 "cpu_s": cpu_seconds(), "step_cpu_s": self.step_cpu,
-                "cpu": threadcpu.rounded(self.roles.total)}
+                "cpu": threadcpu.rounded(self.roles.total),
+                "control_per_step": per_step(self.control_steps, len(self.steps)) if self.control else None}
+
+
+def control_totals(group: Any) -> dict[str, Any]:
+    """The rank's control channels (one per peer site) counted together (``control.counters``);
+    on the group's loop."""
+    total: dict[str, Any] = {}
+    for link in group.links.values():
+        counters.add(total, link.session.channel.counters.totals())
+    return total
+
+
+def per_step(summed: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Control traffic per step: the steps' sum over their number, by type too."""
+    if not steps:
+        return {}
+    return {key: ({k: round(n / steps, 2) for k, n in value.items()} if isinstance(value, dict)
+                  else round(value / steps, 6 if key == "cpu_s" else 2))
+            for key, value in summed.items()}
+
+
+def sync_control_totals(group: Any) -> dict[str, Any]:
+    """``control_totals`` of a ``join_sync`` group, read on its loop thread."""
+    async def read() -> dict[str, Any]:
+        return control_totals(group.group)
+    return asyncio.run_coroutine_threadsafe(read(), group.loop).result()
 
 
 async def group_report(group: Any) -> dict[str, Any]:
