@@ -119,7 +119,9 @@ class SiteLink:
                 large = payload.nbytes > 1 << 16  # worth a worker thread
                 digest = await digest_hex_async(payload) if large else counted_digest_hex(payload)
                 announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
-                ok = await self.session.send_shard(shard_id, payload.data, announce)
+                # On the data plane alone (protocol 5): a message's receiver has nothing to
+                # do once it is verified, so the control channel need carry nothing per message.
+                ok = await self.session.send_shard(shard_id, payload.data, announce, data_plane_only=True)
             finally:
                 # Its verdict is read (or moot): a group sends a shard per message for months,
                 # so the session must not keep one verdict per message.

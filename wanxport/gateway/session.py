@@ -35,12 +35,20 @@ from wanxport.control import (
     ShardComplete,
     for_version,
 )
+from wanxport.control.messages import message_to_dict
 from wanxport.core.digest import shard_digest_hex
 from wanxport.core.stats import SessionStats
 from wanxport.core.warm import PathMemory
 
 from .rekey import DataKeys
-from .shards import DeliveredShard, GatewayTotals, SessionFailed, meta_for_peer
+from .shards import (
+    DATA_PLANE_ONLY,
+    DeliveredShard,
+    GatewayTotals,
+    SessionFailed,
+    meta_for_peer,
+    riding_announcement,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +91,7 @@ class GatewaySession:
         self._completions: dict[int, asyncio.Future[str]] = {}
         self._reasons: dict[int, str] = {}  # the receiver's reason for a verdict (protocol 4)
         self._empty: asyncio.Queue[ShardAnnounce] = asyncio.Queue()
+        self._quiet: set[int] = set()  # data-plane-only shards received, not yet completed
         # The responder's answer to a ResumeQuery (the daemon's inbox); without one it holds nothing.
         self.resume_handler: Callable[[ResumeQuery], Awaitable[ResumeHave]] | None = None
         self._resume_answers: dict[int, asyncio.Future[ResumeHave]] = {}
@@ -103,7 +112,8 @@ class GatewaySession:
 
     async def send_shard(self, shard_id: int, data: Any, announce: ShardAnnounce,
                          meta: dict[str, Any] | None = None,
-                         on_acked: Callable[[], None] | None = None) -> bool:
+                         on_acked: Callable[[], None] | None = None, *,
+                         data_plane_only: bool = False) -> bool:
         """Announce, send and wait for the receiver's verdict over both channels.
 
         True only when the data plane acknowledged the shard as verified *and*
@@ -111,14 +121,21 @@ class GatewaySession:
         after the file is in place). ``on_acked`` runs once the data plane is done
         with ``data`` (acknowledged, or the session ended while it was in flight):
         a file's verdict comes after its last piece, each piece's buffer is free before.
+        ``data_plane_only``: the shard travels on the data plane alone with a peer of
+        protocol 5 (``gateway.shards.DATA_PLANE_ONLY``), on both channels with older peers.
         """
         self._check_alive()
-        verdict = self._completion(shard_id)
-        await self.channel.send(for_version(announce, self.protocol_version))
+        quiet = data_plane_only and self.protocol_version >= 5
+        verdict = None if quiet else self._completion(shard_id)
+        if verdict is not None:
+            await self.channel.send(for_version(announce, self.protocol_version))
         now = self.endpoint.clock()
         if self.totals.first_submit is None:
             self.totals.first_submit = now
-        wire_meta = json.dumps(meta_for_peer(meta, self.protocol_version)).encode()
+        peer_meta = meta_for_peer(meta, self.protocol_version)
+        if quiet:
+            peer_meta = {**peer_meta, DATA_PLANE_ONLY: message_to_dict(announce)}
+        wire_meta = json.dumps(peer_meta).encode()
         acked = self.endpoint.submit(shard_id, data, wire_meta, bytes.fromhex(announce.digest))
         del data  # the data plane holds it until acknowledged, and no longer
         try:
@@ -128,7 +145,7 @@ class GatewaySession:
             # answers for the data plane too. A receiver that leaves right after its verdict
             # ends the session before its data-plane acknowledgement (sent first, but on
             # another channel, and never repeated after a close) need have reached us.
-            if not verdict.done() or verdict.cancelled():
+            if verdict is None or not verdict.done() or verdict.cancelled():
                 raise
             ok = True
         finally:
@@ -137,6 +154,8 @@ class GatewaySession:
         self.totals.last_ack = self.endpoint.clock()
         self.totals.bytes_sent += announce.size_bytes
         self.totals.shards_sent += 1
+        if verdict is None:
+            return bool(ok)
         status = await self._until_ended(verdict)
         return bool(ok) and status == "verified"
 
@@ -173,16 +192,22 @@ class GatewaySession:
     async def receive(self) -> DeliveredShard:
         """The next shard that arrived, once its announcement is here too."""
         got: ReceivedShard = await self._until_ended(asyncio.ensure_future(self.endpoint.receive_shard()))
-        announce = await self._until_ended(self._announcement(got.shard_id))
-        self.totals.bytes_received += len(got.data)
-        self.totals.shards_received += 1
         try:
             meta = json.loads(got.meta) if got.meta else {}
         except ValueError:
             meta = {}
+        meta = meta if isinstance(meta, dict) else {}
+        riding = meta.pop(DATA_PLANE_ONLY, None) if self.protocol_version >= 5 else None
+        if riding is not None:  # its verdict is the data plane's: ``complete`` sends nothing
+            announce = riding_announcement(got.shard_id, riding)
+            self._quiet.add(got.shard_id)
+        else:
+            announce = await self._until_ended(self._announcement(got.shard_id))
+        self.totals.bytes_received += len(got.data)
+        self.totals.shards_received += 1
         ok = got.ok and announce.size_bytes == len(got.data)
-        return DeliveredShard(got.shard_id, got.data, ok, announce, meta if isinstance(meta, dict) else {},
-                             got.at)
+        return DeliveredShard(got.shard_id, got.data, ok, announce, meta, got.at)
+
 
     def announcement(self, shard_id: int) -> ShardAnnounce | None:
         return self._announced.get(shard_id)
@@ -196,6 +221,9 @@ class GatewaySession:
         # The shard is answered: its announcement is not needed again (a warm session
         # receives shards for months, so nothing per shard may stay behind).
         self._announced.pop(shard_id, None)
+        if shard_id in self._quiet:  # its data-plane acknowledgement was the verdict
+            self._quiet.discard(shard_id)
+            return
         await self.channel.send(for_version(ShardComplete(shard_id, status, reason), self.protocol_version))
 
     def forget(self, shard_ids: Iterable[int]) -> None:

@@ -11,9 +11,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from wanxport.control import ShardAnnounce
+from wanxport.control import ControlProtocolError, ShardAnnounce
+from wanxport.control.messages import message_from_dict
 
 META_SINCE_VERSION_4 = ("mode", "mtime_ns", "symlink")  # file piece meta keys a peer of 3 is not sent
+#: The data-plane meta key that carries a shard's announcement when the shard travels on the
+#: data plane alone (protocol 5, ``GatewaySession.send_shard(data_plane_only=True)``): no
+#: ShardAnnounce and no ShardComplete on the control channel; the data plane's acknowledgement
+#: is the verdict. As safe as both channels: the data plane is authenticated under keys from
+#: the control channel, and its acknowledgement says the receiver verified the digest the
+#: shard was opened with. For shards whose receiver has nothing left to do once they are
+#: verified (collective messages); a file's verdict waits for the file to be in place.
+DATA_PLANE_ONLY = "announce"
 
 
 class SessionFailed(ConnectionError):
@@ -52,3 +61,17 @@ def meta_for_peer(meta: dict[str, Any] | None, protocol_version: int) -> dict[st
     if not meta or protocol_version >= 4:
         return meta or {}
     return {k: v for k, v in meta.items() if k not in META_SINCE_VERSION_4}
+
+
+def riding_announcement(shard_id: int, riding: Any) -> ShardAnnounce:
+    """The announcement a data-plane-only shard carried in its meta (``DATA_PLANE_ONLY``).
+
+    One that does not parse, or announces another shard, fails the session: the peer's
+    data plane is authenticated, so that is a broken peer, not noise on the wire."""
+    try:
+        announce = message_from_dict(riding)
+    except ControlProtocolError as exc:
+        raise SessionFailed(f"shard {shard_id}: its data-plane announcement is invalid ({exc})") from None
+    if not isinstance(announce, ShardAnnounce) or announce.shard_id != shard_id:
+        raise SessionFailed(f"shard {shard_id}: its data-plane meta announces another shard")
+    return announce
