@@ -18,6 +18,7 @@ from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import SetupError, initiate
 from wanxport.gateway.listener import GatewayListener
 from wanxport.gateway.session import GatewaySession
+from wanxport.gateway.shards import UNHASHED
 
 pytestmark = pytest.mark.timeout(60)
 PAYLOAD = bytes(range(256)) * 1000
@@ -38,7 +39,7 @@ async def accept(listener: GatewayListener) -> GatewaySession:
             continue
 
 
-async def send_one(pki: Path, announce: ShardAnnounce) -> dict[str, Any]:
+async def send_one(pki: Path, announce: ShardAnnounce, data_plane_only: bool = True) -> dict[str, Any]:
     """One shard sent with ``data_plane_only`` over a fresh pair: the sender's result, what
     the receiver was handed, and what each control channel sent."""
     listens = [("127.0.0.1", p) for p in free_path_ports(1)]
@@ -56,7 +57,8 @@ async def send_one(pki: Path, announce: ShardAnnounce) -> dict[str, Any]:
             return got
 
         receiving = asyncio.create_task(receive())
-        ok = await sender.send_shard(announce.shard_id, memoryview(PAYLOAD), announce, data_plane_only=True)
+        ok = await sender.send_shard(announce.shard_id, memoryview(PAYLOAD), announce,
+                                     data_plane_only=data_plane_only)
         got = await receiving
         sent = {"sender": sender.channel.counters.totals()["sent_by_type"],
                 "receiver": receiver.channel.counters.totals()["sent_by_type"]}
@@ -100,3 +102,21 @@ async def test_an_older_peer_gets_both_channels(pki: Path, monkeypatch: pytest.M
     assert out["version"] == 3
     assert out["ok"] is True and out["got"].ok is True and out["got"].announce == announce
     assert out["control"] == {"sender": {"ShardAnnounce": 1}, "receiver": {"ShardComplete": 1}}
+
+
+@pytest.mark.parametrize("data_plane_only", [True, False])
+async def test_an_unhashed_shard_is_hashed_while_it_flows(pki: Path, data_plane_only: bool) -> None:
+    """``UNHASHED``: the session hashes the shard after its first datagrams left; the receiver
+    learns the same digest (on the data plane, and in the announcement when one is sent)."""
+    out = await send_one(pki, ShardAnnounce(0, len(PAYLOAD), UNHASHED, 2), data_plane_only)
+    assert out["ok"] is True and out["got"].ok is True and bytes(out["got"].data) == PAYLOAD
+    assert out["got"].announce == ShardAnnounce(0, len(PAYLOAD), shard_digest_hex(PAYLOAD), 2)
+    both = {"sender": {"ShardAnnounce": 1}, "receiver": {"ShardComplete": 1}}
+    assert out["control"] == ({"sender": {}, "receiver": {}} if data_plane_only else both)
+
+
+async def test_an_older_peer_gets_the_shard_hashed_first(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    speak_3_only(monkeypatch, "responder")
+    out = await send_one(pki, ShardAnnounce(0, len(PAYLOAD), UNHASHED, 2))
+    assert out["version"] == 3 and out["ok"] is True
+    assert out["got"].announce.digest == shard_digest_hex(PAYLOAD)

@@ -44,6 +44,7 @@ class ReceivedShard:
     meta: bytes
     ok: bool
     at: float
+    digest: bytes | None = None  # what it was checked against (the sender's digest)
 
 
 class ShardHasher:

@@ -31,7 +31,8 @@ import numpy.typing as npt
 from wanxport.control import ShardAnnounce
 from wanxport.core.stats import PathStats
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, SessionFailed, counted_digest_hex, digest_hex_async
+from wanxport.gateway.session import GatewaySession, SessionFailed, counted_digest_hex
+from wanxport.gateway.shards import UNHASHED
 
 from .errors import CollectiveError
 from .message import HEADER_BYTES, Call, Header, new_payload, pack, unpack
@@ -116,8 +117,10 @@ class SiteLink:
     async def _deliver_one(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
             try:
-                large = payload.nbytes > 1 << 16  # worth a worker thread
-                digest = await digest_hex_async(payload) if large else counted_digest_hex(payload)
+                # A large message is hashed by the session in a worker thread while its first
+                # datagrams leave (protocol 5); a small one here, before: no thread hop.
+                large = payload.nbytes > 1 << 16
+                digest = UNHASHED if large else counted_digest_hex(payload)
                 announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
                 # On the data plane alone (protocol 5): a message's receiver has nothing to
                 # do once it is verified, so the control channel need carry nothing per message.

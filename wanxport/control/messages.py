@@ -27,7 +27,9 @@ from typing import Any, ClassVar
 #    piece meta of a data shard); ShardComplete.reason says why a shard was not verified.
 # 5: a shard may travel on the data plane alone: its announcement rides in its data-plane
 #    meta and the receiver's verification is its data-plane acknowledgement, with no
-#    ShardAnnounce or ShardComplete (``gateway.session``, ``DATA_PLANE_ONLY``).
+#    ShardAnnounce or ShardComplete (``gateway.session``, ``DATA_PLANE_ONLY``); and a shard's
+#    first datagrams may leave before it is hashed, its digest following on the data plane
+#    (SHARD_OPEN_UNHASHED, SHARD_DIGEST: ``core.late_digest``).
 # Two gateways agree on the lower of their versions, down to MIN_PROTOCOL_VERSION: fields
 # newer than the agreed version are never sent (``for_version``), since a gateway refuses
 # fields it does not know.

@@ -36,11 +36,15 @@ class IncomingData:
         """
         existing = self.shards.get(frame.shard_id)
         if existing is not None or self.finished.contains_point(frame.shard_id):
-            if existing is not None and (existing.size != frame.size or existing.digest != frame.digest):
+            digests = (existing.digest, frame.digest) if existing is not None else (None, None)
+            if existing is not None and (existing.size != frame.size
+                                         or None not in digests and digests[0] != digests[1]):
                 self.protocol_errors += 1
                 self.refusal = (f"shard {frame.shard_id} re-opened as {frame.size} bytes with another "
                                 f"digest (opened as {existing.size} bytes)")
                 return False
+            if existing is not None and existing.digest is None:  # an unhashed copy came first
+                existing.digest = frame.digest
             return True
         if not self.budget.try_open(frame.size):
             self.protocol_errors += 1

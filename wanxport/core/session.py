@@ -40,6 +40,7 @@ from wanxport.core.fec_receive import FecReceiver
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.holdoff import ReceiveHoldoff
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
+from wanxport.core.late_digest import LateDigests
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.scheduler import create_scheduler
@@ -62,6 +63,7 @@ from wanxport.wire.frames import (
     ProbeFrame,
     RepairFrame,
     ShardAckFrame,
+    ShardDigestFrame,
     ShardDoneFrame,
     ShardOpenFrame,
 )
@@ -103,6 +105,7 @@ class Session:
         self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)
         self._fec_rx = FecReceiver()
         self._early = EarlyData()  # DATA that overtook its shard's SHARD_OPEN
+        self._late = LateDigests()  # digests of shards opened unhashed
         self.closed: SessionClosed | None = None
         # Shards (and their bytes) submitted, acknowledged by the peer, received; DATA dropped.
         self.counters = ShardCounters()
@@ -114,8 +117,10 @@ class Session:
     # -- application side ----------------------------------------------------
 
     def submit(self, shard_id: int, data: bytes | bytearray | memoryview | None, now: float, *,
-               size: int | None = None, meta: bytes = b"", digest: bytes | None = None) -> None:
-        """Queue a shard. ``data=None`` makes it virtual: ``size`` bytes tracked, none moved."""
+               size: int | None = None, meta: bytes = b"", digest: bytes | None = None,
+               digest_later: bool = False) -> None:
+        """Queue a shard. ``data=None`` makes it virtual: ``size`` bytes tracked, none moved.
+        ``digest_later``: it opens unhashed and its digest follows (``set_digest``)."""
         if self.closed is not None:
             raise RuntimeError("session is closed")
         if not 0 <= shard_id < 1 << 32:
@@ -127,7 +132,7 @@ class Session:
         if length > self.config.peer_credit_bytes:
             raise ValueError(f"shard {shard_id} has {length} bytes, more than the peer's whole receive "
                              f"budget ({self.config.peer_credit_bytes} bytes); split it or raise the budget")
-        if digest is None:
+        if digest is None and not digest_later:
             digest = shard_digest(view) if view is not None else bytes(DIGEST_BYTES)
         shard = OutgoingShard(shard_id, length, view, digest, meta, submitted_at=now)
         self.outgoing.submit(shard)
@@ -138,6 +143,16 @@ class Session:
         for path in self.paths:
             if path.freshness.start(now):  # even a path never measured gets probed (core.freshness)
                 self._tx.touch(path)
+
+    def set_digest(self, shard_id: int, digest: bytes) -> None:
+        """The digest of a shard submitted with ``digest_later``: it goes with the shard's
+        SHARD_OPEN if that has not left yet, else in a SHARD_DIGEST of its own."""
+        shard = self.outgoing.shards.get(shard_id)
+        if shard is None or shard.digest is not None:
+            return  # finished (the peer cannot have verified it: it failed), or already set
+        shard.digest = digest
+        if shard.opened:
+            self._tx.control.append(ShardDigestFrame(shard_id, digest))
 
     @property
     def sending_done(self) -> bool:
@@ -367,9 +382,10 @@ class Session:
             self._tx.control.append(ShardAckFrame(shard.shard_id, tuple(merged[i:i + MAX_SHARD_RANGES])))
 
     def _check_complete(self, shard: IncomingShard, now: float) -> None:
-        if shard.complete and not shard.verifying:
+        if shard.checkable and not shard.verifying:
             if self.defer_verification and shard.buffer is not None:
                 shard.verifying = True
+                assert shard.digest is not None  # checkable: a buffered shard has its digest
                 self._events.append(ShardFilled(shard.shard_id, shard.buffer, shard.digest, now))
             else:
                 self._hand_over(shard, self.incoming.finish(shard, now), now)
@@ -397,11 +413,12 @@ class Session:
     def _hand_over(self, shard: IncomingShard, status: int, now: float) -> None:
         """A checked shard goes to the application, its verdict and our credit to the peer."""
         self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
-                                          shard.verified is True, now))
+                                          shard.verified is True, now, shard.digest))
         self.counters.shards_received += 1
         self.counters.bytes_received += shard.size
         self._stall.progress(now)
         self._fec_rx.forget_shard(shard.shard_id)
+        self._late.forget(shard.shard_id)
         self._tx.control.append(ShardDoneFrame(shard.shard_id, status))
         self._tx.control.append(CreditFrame(self.incoming.budget.limit))
 
@@ -411,14 +428,28 @@ class Session:
             if not self.incoming.open(frame):
                 self._violation(now, self.incoming.refusal)
                 return
+            opened = self.incoming.shards.get(frame.shard_id)
+            if opened is not None and not self._late.opened(opened):
+                self._violation(now, self._late.refusal)
+                return
             if opening:
                 self._stall.progress(now)
+            elif opened is not None:  # a copy that carries the digest the first one lacked
+                self._check_complete(opened, now)
             for held in self._early.release(frame.shard_id):
                 if not self._on_data(held, now):  # acknowledged, so it must fit
                     self._violation(now, f"DATA [{held.offset}, {held.offset + held.length}) sent "
                                          f"before shard {frame.shard_id} was opened lies outside "
                                          f"its {frame.size} bytes")
                     return
+        elif isinstance(frame, ShardDigestFrame):
+            if self.incoming.finished.contains_point(frame.shard_id):
+                return
+            incoming = self.incoming.shards.get(frame.shard_id)
+            if not self._late.learn(incoming, frame.shard_id, frame.digest):
+                self._violation(now, self._late.refusal)
+            elif incoming is not None:
+                self._check_complete(incoming, now)
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -35,7 +36,6 @@ from wanxport.control import (
     ShardComplete,
     for_version,
 )
-from wanxport.control.messages import message_to_dict
 from wanxport.core.digest import shard_digest_hex
 from wanxport.core.stats import SessionStats
 from wanxport.core.warm import PathMemory
@@ -43,11 +43,13 @@ from wanxport.core.warm import PathMemory
 from .rekey import DataKeys
 from .shards import (
     DATA_PLANE_ONLY,
+    UNHASHED,
     DeliveredShard,
     GatewayTotals,
     SessionFailed,
     meta_for_peer,
     riding_announcement,
+    riding_meta,
 )
 
 log = logging.getLogger(__name__)
@@ -123,20 +125,31 @@ class GatewaySession:
         a file's verdict comes after its last piece, each piece's buffer is free before.
         ``data_plane_only``: the shard travels on the data plane alone with a peer of
         protocol 5 (``gateway.shards.DATA_PLANE_ONLY``), on both channels with older peers.
+        An announcement whose digest is ``UNHASHED`` has it computed here: with a peer of
+        protocol 5 while the shard flows (``core.late_digest``), else before it leaves.
         """
         self._check_alive()
+        late = announce.digest == UNHASHED and self.protocol_version >= 5
+        if announce.digest == UNHASHED and not late:
+            announce = dataclasses.replace(announce, digest=await digest_hex_async(data))
         quiet = data_plane_only and self.protocol_version >= 5
         verdict = None if quiet else self._completion(shard_id)
-        if verdict is not None:
+        if verdict is not None and not late:
             await self.channel.send(for_version(announce, self.protocol_version))
         now = self.endpoint.clock()
         if self.totals.first_submit is None:
             self.totals.first_submit = now
         peer_meta = meta_for_peer(meta, self.protocol_version)
         if quiet:
-            peer_meta = {**peer_meta, DATA_PLANE_ONLY: message_to_dict(announce)}
+            peer_meta = {**peer_meta, DATA_PLANE_ONLY: riding_meta(announce)}
         wire_meta = json.dumps(peer_meta).encode()
-        acked = self.endpoint.submit(shard_id, data, wire_meta, bytes.fromhex(announce.digest))
+        digest = None if late else bytes.fromhex(announce.digest)
+        acked = self.endpoint.submit(shard_id, data, wire_meta, digest, digest_later=late)
+        if late:  # the first datagrams are on their way: hash meanwhile
+            announce = dataclasses.replace(announce, digest=await digest_hex_async(data))
+            self.endpoint.set_digest(shard_id, bytes.fromhex(announce.digest))
+            if verdict is not None:
+                await self.channel.send(for_version(announce, self.protocol_version))
         del data  # the data plane holds it until acknowledged, and no longer
         try:
             ok = await self._until_ended(acked)
@@ -199,7 +212,7 @@ class GatewaySession:
         meta = meta if isinstance(meta, dict) else {}
         riding = meta.pop(DATA_PLANE_ONLY, None) if self.protocol_version >= 5 else None
         if riding is not None:  # its verdict is the data plane's: ``complete`` sends nothing
-            announce = riding_announcement(got.shard_id, riding)
+            announce = riding_announcement(got.shard_id, riding, got.digest)
             self._quiet.add(got.shard_id)
         else:
             announce = await self._until_ended(self._announcement(got.shard_id))
