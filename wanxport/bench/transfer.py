@@ -6,10 +6,11 @@ is random; the receiver hashes what it got and the sender compares with the
 hash of what it sent. The session is the gateway preset's (``wanxport.presets``)
 unless the spec sets other values; the report names those (``preset_overrides``).
 
-Completion runs from the moment the sender starts the shard digests — the work
-the API's ``send`` does before the first datagram — to the last shard verified at
-the receiver (both processes read CLOCK_MONOTONIC); ``verdict_s`` is when the
-sender holds every verdict, ``digest_s`` the digests' share of the clock.
+Completion runs from the moment the sender starts the shard digests — hashed while the
+shards are sent, as the API's ``send`` does with a peer of protocol 5, or all before the
+first datagram with ``digest_first`` — to the last shard verified at the receiver (both
+processes read CLOCK_MONOTONIC); ``verdict_s`` is when the sender holds every verdict,
+``digest_s`` when its last digest was known.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class TransferSpec:
     workers: int = 1  # data-path worker threads at each end (EndpointConfig.workers)
     ack_every: int | None = None  # the receiver's ack_threshold (None: the preset's)
     ack_delay_s: float = GATEWAY.ack_delay_s  # its max_ack_delay_s
+    # Hash every shard before the first datagram leaves; False: the shards open unhashed and
+    # each digest follows once hashed (core.late_digest), as the API sends to a peer of 5.
+    digest_first: bool = False
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -236,11 +240,14 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
             endpoint.datapath.make_rings_resident()
         cpu_start = threadcpu.snapshot()  # the shard digests are the sender's work too
         started = endpoint.clock()  # the user's call: the digests are inside the clock
-        with threadcpu.hashing():
-            digests = [shard_digest(s) for s in shards]
-        digest_s = endpoint.clock() - started
+        digests = None
+        if spec.digest_first:
+            with threadcpu.hashing():
+                digests = [shard_digest(s) for s in shards]
+        digests_at = endpoint.clock()
         sent = run(_send(endpoint, shards, digests, spec.timeout_s, cpu_start))
-        sent.update(started=started, digest_s=digest_s)
+        sent["started"] = started
+        sent["digest_s"] = sent.get("digests_at", digests_at) - started
         result = _expect(child.stdout, "ok", spec.timeout_s)
     finally:
         endpoint.abort()
@@ -281,16 +288,33 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
             child.stdout.close()
 
 
-async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[bytes],
+async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[bytes] | None,
                 timeout_s: float, cpu_start: threadcpu.CpuSnapshot) -> dict[str, Any]:
     """Send and wait for every verdict; the CPU is read before the close stops the release
-    threads (an ended thread's clock can no longer be read by its role)."""
+    threads (an ended thread's clock can no longer be read by its role).
+
+    ``digests`` None: every shard leaves unhashed and one worker thread hashes them in the
+    order they are sent, each digest handed to the session as soon as it is known."""
     endpoint.start()
+    out: dict[str, Any] = {}
     try:
-        futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
-                                                                                 strict=True))]
+        if digests is None:
+            futures = [endpoint.submit(i, s, digest_later=True) for i, s in enumerate(shards)]
+            loop = asyncio.get_running_loop()
+
+            def hash_all() -> None:
+                for i, shard in enumerate(shards):
+                    with threadcpu.hashing():
+                        digest = shard_digest(shard)
+                    loop.call_soon_threadsafe(endpoint.set_digest, i, digest)
+
+            await asyncio.to_thread(hash_all)
+            out["digests_at"] = endpoint.clock()
+        else:
+            futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
+                                                                                     strict=True))]
         verdicts = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
-        return {"acked_at": endpoint.clock(), "verdicts": verdicts,
+        return {**out, "acked_at": endpoint.clock(), "verdicts": verdicts,
                 "cpu": threadcpu.roles_between(cpu_start, threadcpu.snapshot())}
     finally:
         await endpoint.close()
@@ -323,7 +347,7 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         verdict_s=round(sent["acked_at"] - sent["started"], 6), digest_s=round(sent["digest_s"], 6),
         preset=GATEWAY.name, preset_overrides=preset_overrides(spec),
         pacer=endpoint.datapath.pacer.name if spec.datapath == "native" else None,
-        cipher=spec.cipher, datapath=spec.datapath,
+        cipher=spec.cipher, datapath=spec.datapath, digest_first=spec.digest_first,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
         mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, workers=spec.workers,
