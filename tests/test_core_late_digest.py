@@ -106,3 +106,23 @@ def test_unhashed_open_and_digest_frames_round_trip() -> None:
     encoded = encode_frames(frames)
     assert len(encoded) == sum(f.wire_size for f in frames)
     assert decode_frames(encoded) == frames
+
+
+def test_a_lost_digest_is_sent_again() -> None:
+    (data,) = payloads(1, 30_000, seed=5)
+    lost = [0]
+
+    def drop(side: str, path_id: int, at: float, frames: list[Frame]) -> bool:
+        if side == "a" and not lost[0] and any(isinstance(f, ShardDigestFrame) for f in frames):
+            lost[0] += 1
+            return True
+        return False
+
+    pair = Pair(make_config(), owd_s=[0.01, 0.02], rate_bps=[50e6, 50e6], drop=drop)
+    submit_unhashed(pair, 0, data)
+    pair.run(until=0.5)
+    pair.a.set_digest(0, shard_digest(data))
+    pair.service("a")
+    pair.run(until=20.0, stop=all_acknowledged(1))
+    assert lost[0] == 1
+    assert [(e.shard_id, e.ok) for e in pair.received("b")] == [(0, True)]
