@@ -371,7 +371,8 @@ def _report(scenario: Scenario, transport: str, cc: str | None, directions: list
 def _session_fields(sent: list[dict[str, Any]], received: list[dict[str, Any]], complete: bool
                     ) -> dict[str, Any]:
     """What the wanxport gateways add (docs/design.md section 5): ``verdict_s``, when the last
-    sender held every verdict; ``digest_s``, one step's shard digests (inside the clock);
+    sender held every verdict; ``digest_s``, one step's shard digests timed alone (inside
+    the clock: hashed while the shards flow with a peer of protocol 5, before with older);
     ``setup_s``, the session setup before the clock; how the session was set up and keyed
     (``control``) and the senders' certificate names as each receiver verified them
     (``peers``); and the preset it ran with what the run changed."""

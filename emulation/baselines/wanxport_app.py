@@ -198,7 +198,8 @@ async def send(spec: dict[str, Any]) -> None:
 
 async def digest_seconds(data: np.ndarray[Any, Any], slices: list[tuple[int, int]]) -> float:
     """One step's shard digests, computed as ``send`` computes them (each in a thread, all
-    at once), timed alone after the transfer: the digests' share of a step's clock."""
+    at once), timed alone after the transfer: what hashing costs a step's clock at most
+    (``send`` hashes while the shards flow, with a peer of protocol 5)."""
     start = time.monotonic()
     await asyncio.gather(*(digest_hex_async(data[o:o + n]) for o, n in slices))
     return round(time.monotonic() - start, 6)
