@@ -6,8 +6,9 @@ from __future__ import annotations
 from test_core_session import Pair, all_acknowledged, data_frames, make_config, payloads
 
 from wanxport.core.digest import shard_digest
+from wanxport.core.flow import ReceiveBudget
+from wanxport.core.incoming import IncomingData, allocate_bytearray
 from wanxport.core.late_digest import MAX_EARLY, LateDigests
-from wanxport.core.shards import IncomingShard
 from wanxport.wire.frames import (
     DataFrame,
     Frame,
@@ -87,17 +88,20 @@ def test_a_substituted_digest_or_byte_still_fails_the_shard() -> None:
 
 
 def test_early_and_conflicting_digests() -> None:
-    late = LateDigests()
-    assert late.learn(None, 5, b"d" * 32)  # before its shard opened: held
-    shard = IncomingShard(5, 10, None, b"", memoryview(bytearray(10)))
-    assert late.opened(shard) and shard.digest == b"d" * 32
-    assert not late.learn(shard, 5, b"e" * 32) and "differs" in late.refusal
-    assert not late.learn(shard, 5, b"short") and "5 bytes" in late.refusal
+    incoming = IncomingData(ReceiveBudget(1 << 20), allocate_bytearray)
+    late = LateDigests(incoming)
+    assert late.learn(5, b"d" * 32)  # before its shard opened: held
+    assert incoming.open(ShardOpenFrame(5, 10, None))
+    assert late.opened(5) and incoming.shards[5].digest == b"d" * 32
+    assert not late.learn(5, b"e" * 32) and "differs" in late.refusal
+    assert not late.learn(5, b"short") and "5 bytes" in late.refusal
     for shard_id in range(MAX_EARLY):
-        assert late.learn(None, 100 + shard_id, b"x" * 32)
-    assert not late.learn(None, 99, b"x" * 32) and "not opened" in late.refusal
-    late.forget(100)
-    assert late.learn(None, 99, b"x" * 32)
+        assert late.learn(100 + shard_id, b"x" * 32)
+    assert not late.learn(99, b"x" * 32) and "not opened" in late.refusal
+    assert incoming.open(ShardOpenFrame(100, 10, None)) and late.opened(100)  # no longer held
+    assert late.learn(99, b"x" * 32)
+    incoming.finish(incoming.shards[5], 0.0)
+    assert late.learn(5, b"f" * 32), "a digest for a shard already handed over is moot"
 
 
 def test_unhashed_open_and_digest_frames_round_trip() -> None:

@@ -43,9 +43,7 @@ class IncomingData:
                 self.refusal = (f"shard {frame.shard_id} re-opened as {frame.size} bytes with another "
                                 f"digest (opened as {existing.size} bytes)")
                 return False
-            if existing is not None and existing.digest is None:  # an unhashed copy came first
-                existing.digest = frame.digest
-            return True
+            return True  # a copy without the digest, or with it: SHARD_DIGEST gives it either way
         if not self.budget.try_open(frame.size):
             self.protocol_errors += 1
             self.refusal = (f"shard {frame.shard_id} of {frame.size} bytes exceeds the receive credit "

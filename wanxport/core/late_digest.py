@@ -14,26 +14,42 @@ A SHARD_DIGEST may overtake its shard's SHARD_OPEN on another path: it is held
 
 from __future__ import annotations
 
-from wanxport.core.shards import IncomingShard
-from wanxport.wire.frames import DIGEST_LEN
+from wanxport.core.incoming import IncomingData
+from wanxport.core.outgoing import OutgoingData
+from wanxport.wire.frames import DIGEST_LEN, Frame, ShardDigestFrame
 
 MAX_EARLY = 1024  # digests held for shards not opened yet; more is a protocol violation
+
+
+def give_digest(outgoing: OutgoingData, control: list[Frame], shard_id: int, digest: bytes) -> None:
+    """The sender learnt the digest of a shard it submitted unhashed: it rides in the shard's
+    SHARD_OPEN if that has not left yet, else in a SHARD_DIGEST of its own (``control``)."""
+    shard = outgoing.shards.get(shard_id)
+    if shard is None or shard.digest is not None:
+        return  # finished (the peer cannot have verified it: it failed), or already given
+    shard.digest = digest
+    if shard.opened:
+        control.append(ShardDigestFrame(shard_id, digest))
 
 
 class LateDigests:
     """The receiver's side: digests learnt for shards opened unhashed, or not opened yet."""
 
-    def __init__(self) -> None:
+    def __init__(self, incoming: IncomingData) -> None:
+        self._incoming = incoming
         self._early: dict[int, bytes] = {}
         self.refusal = ""
 
-    def learn(self, shard: IncomingShard | None, shard_id: int, digest: bytes) -> bool:
-        """Record ``digest`` for a shard (``shard`` None: not opened yet; held). False, with
-        ``refusal`` saying why, for a digest that contradicts the one the shard has, or one
-        too many held."""
+    def learn(self, shard_id: int, digest: bytes) -> bool:
+        """A SHARD_DIGEST (or one held for a shard that just opened). False, with ``refusal``
+        saying why, for a digest that contradicts the one its shard has, or one too many
+        held; a shard already handed over needs none."""
         if len(digest) != DIGEST_LEN:
             self.refusal = f"shard {shard_id}: a digest of {len(digest)} bytes"
             return False
+        if self._incoming.finished.contains_point(shard_id):
+            return True
+        shard = self._incoming.shards.get(shard_id)
         if shard is None:
             if shard_id not in self._early and len(self._early) >= MAX_EARLY:
                 self.refusal = f"shard {shard_id}: more than {MAX_EARLY} digests for shards not opened"
@@ -46,11 +62,7 @@ class LateDigests:
         shard.digest = digest
         return True
 
-    def opened(self, shard: IncomingShard) -> bool:
-        """A shard just opened: give it a digest that came first (False: they differ)."""
-        digest = self._early.pop(shard.shard_id, None)
-        return digest is None or self.learn(shard, shard.shard_id, digest)
-
-    def forget(self, shard_id: int) -> None:
-        """A finished shard's digest, held or late, is of no use any more."""
-        self._early.pop(shard_id, None)
+    def opened(self, shard_id: int) -> bool:
+        """A SHARD_OPEN was accepted: give its shard a digest that came first (False: they differ)."""
+        digest = self._early.pop(shard_id, None)
+        return digest is None or self.learn(shard_id, digest)
