@@ -5,7 +5,10 @@
 Two site processes (this script with ``--site 0`` / ``--site 1``) join a group over
 ``--paths`` loopback paths and run ``--steps`` all_reduce calls of ``--size`` float32.
 Each prints one JSON line: per-step wall seconds, CPU seconds (user + system of the
-whole process, so the loop, the hashing and the native data path all count) and
+whole process, so the loop, the hashing and the native data path all count; ``cpu``
+splits the steps' CPU by thread role), what the control channel carried per step
+(``control_per_step``: messages by type, acknowledgements, keepalives, QUIC datagrams
+and bytes, its handlers' loop CPU) and
 run-queue seconds (threads ready to run but not running: the loaded host's share).
 The event loop's thread is also split alone: wall = its CPU + its run-queue wait +
 the time it was blocked in epoll (on the peer, the network, timers, round trips or
@@ -35,8 +38,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from emulation.baselines.allreduce_app import control_totals, per_step  # noqa: E402
+from wanxport.aio import threadcpu  # noqa: E402
 from wanxport.collective import join  # noqa: E402
 from wanxport.collective.mesh import default_options  # noqa: E402
+from wanxport.control import counters  # noqa: E402
 from wanxport.control.certs import make_test_pki  # noqa: E402
 from wanxport.report import step_summary  # noqa: E402
 from wanxport.units import parse_size  # noqa: E402
@@ -77,11 +83,17 @@ async def site(index: int, pki: Path, paths: list[str], size: int, steps: int,
     array = np.full(size // 4, float(index + 1), dtype=np.float32)
     await asyncio.sleep(pause)
     walls, cpus, waits, loop_cpu, loop_wait = [], [], [], [], []
+    roles = threadcpu.RoleMeter()
+    control: dict[str, object] = {}
     try:
         for _ in range(steps):
             array.fill(float(index + 1))  # all_reduce works in place
+            before = control_totals(group)
+            roles.start()
             w, c, q, (lc, lq) = time.perf_counter(), cpu_s(), runqueue_wait_s(), loop_thread_s()
             out = await group.all_reduce(array)
+            roles.stop()
+            counters.add(control, counters.difference(control_totals(group), before))
             walls.append(time.perf_counter() - w)
             cpus.append(cpu_s() - c)
             waits.append(runqueue_wait_s() - q)
@@ -100,7 +112,8 @@ async def site(index: int, pki: Path, paths: list[str], size: int, steps: int,
     figures = {k: v for k, v in step_summary(walls).items() if k != "step_s"}
     return {"site": index, "pid": os.getpid(), "step_s": r(walls), **figures, "cpu_s": r(cpus),
             "runqueue_wait_s": r(waits), "loop_cpu_s": r(loop_cpu), "loop_runqueue_s": r(loop_wait),
-            "loop_blocked_s": r(blocked), "load": os.getloadavg()[0]}
+            "loop_blocked_s": r(blocked), "load": os.getloadavg()[0],
+            "cpu": threadcpu.rounded(roles.total, 3), "control_per_step": per_step(control, steps)}
 
 
 def free_ports(count: int) -> list[int]:
@@ -135,8 +148,9 @@ def main() -> None:
     args = parser.parse_args()
     size = parse_size(args.size)
     if args.site is not None:
-        result = asyncio.run(site(args.site, Path(args.pki), args.path_list.split(","), size, args.steps,
-                                  args.pause, args.segments))
+        with threadcpu.thread_role("loop"):  # asyncio.run's thread runs the group's loop
+            result = asyncio.run(site(args.site, Path(args.pki), args.path_list.split(","), size,
+                                      args.steps, args.pause, args.segments))
         print(json.dumps(result), flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,6 +49,7 @@ from emulation.api import Emulation
 from emulation.baselines.stripes import capacity_split, route_capacity_bps
 from emulation.bundled import resolve_scenario
 from emulation.ranks import host_congestion_control, make_rank_pki, path_reports, prepare_network, run_ranks
+from wanxport.aio import threadcpu
 from wanxport.presets import COLLECTIVE
 from wanxport.report import build_report, step_summary
 from wanxport.scenario import Scenario, ideal_time_s
@@ -158,7 +159,10 @@ def _run(emu: Emulation, scenario: Scenario, options: AllreduceOptions, wall_sta
             make_rank_pki(pki, [f"{s}-r{r}" for s in "ab" for r in range(options.ranks_per_site)])
         done, meter = run_ranks(emu, "emulation.baselines.allreduce_app", options.comm,
                                 _specs(emu, options, best, pki, stripes), deadline_s, settings)
-    return _report(scenario, options, emu, done, meter.wire, ideal, cc, settings, wall_start)
+    report = _report(scenario, options, emu, done, meter.wire, ideal, cc, settings, wall_start)
+    if meter.engine_s is not None:
+        report["cpu_other"] = {"engine": meter.engine_s}  # "go" to the last rank's "done"
+    return report
 
 
 def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done: list[dict[str, Any]],
@@ -192,9 +196,25 @@ def _report(scenario: Scenario, options: AllreduceOptions, emu: Emulation, done:
         rank_diag=[d.get("diag") for d in done],
         collective_bytes_sent=sum(collective) if collective else None,
         cc=cc if options.comm in GLOO_COMMS else "bbr", backend=emu.backend, settings=settings, errors=errors)
+    report["ranks"] = rank_cpu(done, ranks)
     if options.steps == 1:  # build_report summarises steps only from two on
         report.update(steps=1, **step_summary(step_s))
     return report
+
+
+def rank_cpu(done: list[dict[str, Any]], ranks_per_site: int) -> list[dict[str, Any]]:
+    """Each rank's CPU-s per thread role over its timed steps and per GB it moved across
+    sites (collective bytes sent plus received; None where the comm counts none: gloo), and
+    what its control channels carried per timed step (``control.counters``; None for gloo).
+    ``done`` is in ``_specs`` order: site by site, rank by rank."""
+    out = []
+    for k, d in enumerate(done):
+        moved = (d.get("collective_bytes_sent") or 0) + (d.get("collective_bytes_received") or 0)
+        cpu = d.get("cpu")
+        out.append({"site": k // ranks_per_site, "rank": k % ranks_per_site, "cpu": cpu,
+                    "cpu_s_per_gb": threadcpu.cpu_s_per_gb(cpu, moved) if cpu else None,
+                    "control_per_step": d.get("control_per_step")})
+    return out
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -259,6 +259,19 @@ class Emulation:
             return None
         return max((c["rx_lag_max_s"] for dirs in counters.values() for c in dirs.values()), default=0.0)
 
+    def engine_cpu_s(self) -> float | None:
+        """CPU-s the impairment engine (every thread) has used so far; None without one (netem).
+        On a 2-core host the engine forwards every datagram next to the gateways: its CPU is
+        part of what a run costs here and nothing a real WAN would charge (``cpu_other``)."""
+        try:
+            with open(f"{self.plan.state_dir}/engine.pid") as fh:
+                pid = int(fh.read().strip())
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rpartition(")")[2].split()
+        except (OSError, ValueError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stats_path(self) -> str:
         """Where the daemon writes its per-path counters (on SIGUSR2 and at exit)."""
         return f"{self.plan.state_dir}/stats.json"
@@ -328,6 +341,9 @@ class PairView:
 
     def lag_max_s(self) -> float | None:
         return self.emulation.lag_max_s()
+
+    def engine_cpu_s(self) -> float | None:
+        return self.emulation.engine_cpu_s()
 
 
 #: What a two-site runner drives: a whole two-site emulation, or two sites of an N-site one.

@@ -41,7 +41,7 @@ from emulation.api import Emulation, PathInfo
 from emulation.baselines import netconfig
 from emulation.baselines.programs import Program
 from emulation.errors import EmulationError
-from emulation.ranks import SETUP_TIMEOUT_S, engine_cpu_s, engine_drops, make_rank_pki
+from emulation.ranks import SETUP_TIMEOUT_S, engine_drops, make_rank_pki
 from wanxport.presets import COLLECTIVE
 from wanxport.report import PathReport, build_report, step_summary
 from wanxport.scenario import Scenario, allreduce_ideal_time_s
@@ -189,7 +189,7 @@ def run_once(emu: Emulation, scenario: Scenario, options: AllreduceOptions, comm
                 if program.expect("ready", SETUP_TIMEOUT_S) is None:
                     raise EmulationError(f"{program.label}: not ready within {SETUP_TIMEOUT_S:.0f} s")
             before, drops_before = _tx_bytes(emu, scenario), engine_drops(emu)
-            engine_before, go_at = engine_cpu_s(emu), time.monotonic()
+            engine_before, go_at = emu.engine_cpu_s(), time.monotonic()
             emu.start_events()
             for program in programs:
                 program.tell("go")
@@ -200,7 +200,7 @@ def run_once(emu: Emulation, scenario: Scenario, options: AllreduceOptions, comm
                     raise EmulationError(f"{program.label}: no result within the {deadline_s:.0f} s deadline")
                 done.append(report)
             settings["run_wall_s"] = round(time.monotonic() - go_at, 2)
-            after, drops_after, engine_after = _tx_bytes(emu, scenario), engine_drops(emu), engine_cpu_s(emu)
+            after, drops_after, engine_after = _tx_bytes(emu, scenario), engine_drops(emu), emu.engine_cpu_s()
         finally:
             for program in programs:
                 program.close()

@@ -97,15 +97,16 @@ class WanMeter:
         self.emu = emu
         self.before = tx_counter(emu, TX_BYTES)
         self.wire: dict[str, list[int]] = {}
+        self.engine_s: float | None = None  # the impairment engine's CPU-s over the run (None: netem)
         self._datagrams = _sent_datagrams(emu)
         self._drops = engine_drops(emu)
-        self._engine = engine_cpu_s(emu)
+        self._engine = emu.engine_cpu_s()
 
     def stop(self, settings: dict[str, Any]) -> None:
         after = tx_counter(self.emu, TX_BYTES)
         self.wire = {side: [b - a for a, b in zip(self.before[side], after[side], strict=True)]
                      for side in self.before}
-        engine, drops = engine_cpu_s(self.emu), engine_drops(self.emu)
+        engine, drops = self.emu.engine_cpu_s(), engine_drops(self.emu)
         if self._drops and drops:
             settings["engine_drops"] = {
                 path: {d: {cause: n if cause == "lag_max_s" else n - self._drops[path][d][cause]
@@ -113,7 +114,8 @@ class WanMeter:
                        for d, by_cause in dirs.items()}
                 for path, dirs in drops.items()}
         if self._engine is not None and engine is not None:
-            settings["engine_cpu_s"] = round(engine - self._engine, 2)  # over run_wall_s
+            self.engine_s = round(engine - self._engine, 2)
+            settings["engine_cpu_s"] = self.engine_s  # over run_wall_s
             datagrams = _sent_datagrams(self.emu) - self._datagrams
             settings["engine_datagrams"] = datagrams
             if datagrams:
@@ -136,20 +138,6 @@ def _sent_datagrams(emu: Emulation) -> int:
     """Frames both sites' path interfaces have transmitted so far: what the engine must
     forward, the denominator of its CPU per datagram."""
     return sum(sum(counts) for counts in tx_counter(emu, TX_PACKETS).values())
-
-
-def engine_cpu_s(emu: Emulation) -> float | None:
-    """CPU-s the impairment engine (every thread) has used so far; None without one (netem).
-    On a 2-core host the engine forwards every datagram next to the ranks: its CPU is part
-    of what a step costs here and nothing a real WAN would charge."""
-    try:
-        with open(f"{emu.plan.state_dir}/engine.pid") as fh:
-            pid = int(fh.read().strip())
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-    except (OSError, ValueError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def engine_drops(emu: Emulation) -> dict[str, dict[str, dict[str, float]]]:

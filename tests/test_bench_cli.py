@@ -37,13 +37,16 @@ def test_loopback_transfer_report(capsys: pytest.CaptureFixture[str]) -> None:
     paths = report["paths"]
     assert isinstance(paths, list) and [p["name"] for p in paths] == ["lo0", "lo1"]
     assert sum(p["payload_bytes"] for p in paths) >= 4 << 20
-    # The sender's CPU, split by thread, adds up to the process's figure.
-    parts = report["sender_cpu_s_per_gb_by_thread"]
-    cpu = report["cpu_s_per_gb"]
-    assert isinstance(parts, dict) and isinstance(cpu, dict)
-    assert set(parts) == {"loop", "digest", "pacer", "other"}
-    assert parts["loop"] > 0 and parts["digest"] > 0 and parts["pacer"] > 0
-    assert sum(parts.values()) == pytest.approx(cpu["sender"], abs=1e-3)
+    # Each end's CPU by thread role adds up to its CPU per GB; the sender hashed its
+    # shards, its pacer released the datagrams, the receiver hashed what arrived.
+    roles, per_gb = report["cpu"], report["cpu_s_per_gb"]
+    assert isinstance(roles, dict) and isinstance(per_gb, dict)
+    for end in ("sender", "receiver"):
+        assert set(roles[end]) == {"loop", "release", "receive", "digest", "other"}
+        assert all(v >= 0 for v in roles[end].values())
+        assert sum(roles[end].values()) / (4 << 20) * 1e9 == pytest.approx(per_gb[end], rel=1e-3, abs=1e-3)
+        assert roles[end]["loop"] > 0 and roles[end]["digest"] > 0
+    assert roles["sender"]["release"] > 0
     assert report["pacer_send_rounds_per_gb"] > 0  # type: ignore[operator]
     # The loop's events: the sender decoded the receiver's ACKs and handed out at least
     # one plan, and never more plans than datagrams.

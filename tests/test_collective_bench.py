@@ -101,6 +101,15 @@ def test_two_ranks_per_site_run_the_hooks_chunked_path_over_the_emulated_wan(com
     sent = report["collective_bytes_sent"]
     raw = 2 * 2 * (options.size_bytes // 2) * 2  # 2 sites x 2 ranks, each its half, x 2 steps
     assert (sent < raw / 3.5) if compress == "int8" else (raw <= sent < raw * 1.01), (sent, raw)
+    # Each rank's CPU by thread role over its timed steps: its group's loop thread ran the
+    # sessions and hashed shards; the roles add up to no more than the process's CPU then.
+    assert [(r["site"], r["rank"]) for r in report["ranks"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for rank, step_cpu in zip(report["ranks"], report["rank_step_cpu_s"], strict=True):
+        roles = rank["cpu"]
+        assert all(v >= 0 for v in roles.values()) and roles["loop"] > 0 and roles["digest"] > 0
+        assert sum(roles.values()) <= sum(step_cpu) + 0.01  # step_cpu_s is rounded to ms
+        assert rank["cpu_s_per_gb"] > 0
+    assert report["backend"] != "engine" or report["cpu_other"]["engine"] >= 0
 
 
 TWO_ROUTES = """

@@ -201,9 +201,9 @@ def test_answer_hello_pairs_paths_and_picks_cipher() -> None:
                      conn_id=9)
 
 
-@pytest.mark.parametrize(("offered", "agreed"), [(3, 3), (4, 4), (5, 4), (9, 4)])
+@pytest.mark.parametrize(("offered", "agreed"), [(3, 3), (4, 4), (5, 5), (9, 5)])
 def test_versions_agree_on_the_lower_of_both(offered: int, agreed: int) -> None:
-    assert (PROTOCOL_VERSION, MIN_PROTOCOL_VERSION) == (4, 3)
+    assert (PROTOCOL_VERSION, MIN_PROTOCOL_VERSION) == (5, 3)
     hello = Hello(offered, "initiator", "gw-a", ["10.0.0.1:9000"], ["aes-256-gcm"], 7)
     welcome = answer_hello(hello, gateway="gw-b", endpoints=["10.0.0.2:9000"], ciphers=["aes-256-gcm"],
                            conn_id=9)

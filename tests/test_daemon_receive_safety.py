@@ -74,7 +74,7 @@ async def test_mode_and_mtime_are_kept_under_the_umask_and_group(pki: Path, tmp_
     async with running(a_cfg) as a, running(b_cfg) as b:
         client = GatewayClient(str(a.config.api_socket))
         done = await submit_and_wait(client, src, "run")
-        assert a.sessions["gw-b"].protocol_version == b.sessions["gw-a"].protocol_version == 4
+        assert a.sessions["gw-b"].protocol_version == b.sessions["gw-a"].protocol_version == 5
     assert done["state"] == "done", done
     inbox = b.config.received_dir / "gw-a/run"
     arrived = {name: stat.S_IMODE((inbox / name).stat().st_mode) for name in modes}

@@ -152,6 +152,16 @@ def test_wanxport_uses_every_path_and_reports_a_timeline(two_paths: Scenario) ->
     assert report["control"] == "quic" and report["peers"] == ["a"]
     assert report["preset"] == "gateway" and report["preset_overrides"] == {}
     assert 0 < report["digest_s"] < report["completion_s"] <= report["verdict_s"]
+    # Each gateway's CPU by thread role: the loop ran the session, the sender's release
+    # thread sent the datagrams, both ends hashed the shards; the engine's CPU beside them.
+    for end in ("sender", "receiver"):
+        roles = report["cpu"][end]
+        assert set(roles) == {"loop", "release", "receive", "digest", "other"}
+        assert all(v >= 0 for v in roles.values())
+        assert roles["loop"] > 0 and roles["digest"] > 0
+        assert report["cpu_s_per_gb"][end] == pytest.approx(sum(roles.values()) / SIZE * 1e9, rel=1e-3)
+    assert report["cpu"]["sender"]["release"] > 0
+    assert report["backend"] != "engine" or report["cpu_other"]["engine"] >= 0
 
 
 def test_run_cli_prints_one_report(tmp_path: Path) -> None:

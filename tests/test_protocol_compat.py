@@ -91,7 +91,7 @@ async def send_two_files(pki: Path, tmp_path: Path) -> tuple[int, int, Path]:
 
 async def test_two_gateways_of_protocol_4_keep_mode_and_mtime(pki: Path, tmp_path: Path) -> None:
     versions = await send_two_files(pki, tmp_path)
-    assert versions[:2] == (PROTOCOL_VERSION, PROTOCOL_VERSION) == (4, 4)
+    assert versions[:2] == (PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 5)
     for name in ("secret.bin", "empty"):
         st = (versions[2] / name).stat()
         assert (stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (0o600 & ~process_umask(), OLD_MTIME_NS)
@@ -104,8 +104,8 @@ async def test_a_gateway_of_protocol_3_still_gets_the_files(
     before_ns = time.time_ns()
     sender_version, receiver_version, out = await send_two_files(pki, tmp_path)
     assert sender_version == receiver_version == 3
-    # Our Hello offered 4 and the old responder refused it: we dialled again with 3.
-    assert offered == ([3] if old_side == "initiator" else [4, 3])
+    # Our Hello offered ours and the old responder refused it: we dialled again with 3.
+    assert offered == ([3] if old_side == "initiator" else [PROTOCOL_VERSION, 3])
     for name in ("secret.bin", "empty"):
         st = (out / name).stat()
         assert stat.S_IMODE(st.st_mode) == 0o666 & ~process_umask(), "the default mode: not carried"

@@ -26,6 +26,7 @@ from wanxport.wire.frames import (
     ProbeAckFrame,
     ProbeFrame,
     ShardAckFrame,
+    ShardDigestFrame,
     ShardDoneFrame,
     ShardOpenFrame,
     decode_frames,
@@ -76,9 +77,10 @@ control_frames = st.one_of(
         ShardOpenFrame,
         st.integers(0, U32),
         st.integers(0, MAX_OFFSET),
-        st.binary(min_size=32, max_size=32),
+        st.one_of(st.none(), st.binary(min_size=32, max_size=32)),  # None: opened unhashed
         st.text(max_size=40).map(str.encode),
     ),
+    st.builds(ShardDigestFrame, st.integers(0, U32), st.binary(min_size=32, max_size=32)),
     st.builds(ShardDoneFrame, st.integers(0, U32), st.integers(0, 2)),
     st.builds(ProbeFrame, st.integers(0, U64)),
     st.builds(ProbeAckFrame, st.integers(0, U64)),
@@ -205,7 +207,7 @@ def test_empty_payload_is_an_error() -> None:
         decode_frames(b"")
 
 
-@pytest.mark.parametrize("kind", [0x0B, 0x0F, 0x21, 0x80, 0xFF])
+@pytest.mark.parametrize("kind", [0x0D, 0x0F, 0x21, 0x80, 0xFF])
 def test_unknown_frame_type(kind: int) -> None:
     with pytest.raises(WireError) as info:
         decode_frames(frame_bytes(ProbeFrame(1)) + bytes([kind]) + bytes(16))

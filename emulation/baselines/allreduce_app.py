@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -54,8 +55,10 @@ import numpy as np
 
 from emulation.baselines.tcp_app import emit
 from emulation.baselines.wanxport_app import diagnostics
+from wanxport.aio import threadcpu
 from wanxport.aio.loop import run
 from wanxport.collective import error_bound, join
+from wanxport.control import counters
 
 
 def inputs(seed: int, sites: int, ranks: int, count: int) -> list[list[np.ndarray]]:
@@ -186,7 +189,7 @@ async def wanxport_rank(spec: dict[str, Any]) -> None:
     work = np.empty(spec["count"], dtype=np.float32)
     emit({"event": "ready"})
     await asyncio.to_thread(sys.stdin.readline)
-    record = StepRecord()
+    record = StepRecord(control=lambda: control_totals(group))
     try:
         for _ in range(spec["steps"]):
             await asyncio.to_thread(np.copyto, work, checker.own)
@@ -218,7 +221,7 @@ def hook_rank(spec: dict[str, Any]) -> None:
                       timeout=spec["timeout"], join_timeout=60.0, **join_paths(spec))
     options = {"chunk_bytes": spec["chunk_bytes"]} if spec.get("chunk_bytes") else {}
     state = HookState(group, timeout=spec["timeout"], compress=spec["compress"], **options)
-    work, work_t, record = ready_for_go(spec["count"])
+    work, work_t, record = ready_for_go(spec["count"], control=functools.partial(sync_control_totals, group))
     try:
         for _ in range(spec["steps"]):
             np.copyto(work, checker.own)
@@ -246,31 +249,41 @@ def join_paths(spec: dict[str, Any]) -> dict[str, Any]:
     return {"paths": paths, **({"schedule": spec["schedule"]} if spec.get("schedule") else {})}
 
 
-def ready_for_go(count: int) -> tuple[np.ndarray, Any, StepRecord]:
+def ready_for_go(count: int, control: Callable[[], dict[str, Any]] | None = None
+                 ) -> tuple[np.ndarray, Any, StepRecord]:
     """The step's float32 array and its torch view; "ready" to the runner, then wait for "go"."""
     import torch
 
     work = np.empty(count, dtype=np.float32)
     emit({"event": "ready"})
     sys.stdin.readline()
-    return work, torch.from_numpy(work), StepRecord()
+    return work, torch.from_numpy(work), StepRecord(control)
 
 
 class StepRecord:
     """Each timed step's (start, end) on CLOCK_MONOTONIC and CPU-s, and the verdicts."""
 
-    def __init__(self) -> None:
+    def __init__(self, control: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``control``: the rank's control channels' totals now (``control_totals``)."""
+        self.control = control
+        self.control_steps: dict[str, Any] = {}  # the control traffic inside the timed steps, summed
         self.steps: list[list[float]] = []
         self.step_cpu: list[float] = []  # this process's CPU-s inside each timed step (all threads)
+        self.roles = threadcpu.RoleMeter()  # the same CPU by thread role, summed over the steps
         self.digests: list[str] = []
         self.worst, self.correct, self.error = 0.0, True, None
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
+        control = self.control() if self.control is not None else None
+        self.roles.start()
         t0, c0 = time.monotonic(), _cpu_now()
         yield
         self.steps.append([t0, time.monotonic()])
         self.step_cpu.append(round(_cpu_now() - c0, 3))
+        self.roles.stop()
+        if self.control is not None and control is not None:
+            counters.add(self.control_steps, counters.difference(self.control(), control))
 
     def verdict(self, ok: bool, ratio: float, digest: str) -> None:
         self.correct, self.worst = self.correct and ok, max(self.worst, ratio)
@@ -282,7 +295,34 @@ class StepRecord:
     def report(self) -> dict[str, Any]:
         return {"event": "done", "steps": self.steps, "correct": self.correct,
                 "worst_error_ratio": self.worst, "digests": self.digests, "error": self.error,
-                "cpu_s": cpu_seconds(), "step_cpu_s": self.step_cpu}
+                "cpu_s": cpu_seconds(), "step_cpu_s": self.step_cpu,
+                "cpu": threadcpu.rounded(self.roles.total),
+                "control_per_step": per_step(self.control_steps, len(self.steps)) if self.control else None}
+
+
+def control_totals(group: Any) -> dict[str, Any]:
+    """The rank's control channels (one per peer site) counted together (``control.counters``);
+    on the group's loop."""
+    total: dict[str, Any] = {}
+    for link in group.links.values():
+        counters.add(total, link.session.channel.counters.totals())
+    return total
+
+
+def per_step(summed: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Control traffic per step: the steps' sum over their number, by type too."""
+    if not steps:
+        return {}
+    return {key: ({k: round(n / steps, 2) for k, n in value.items()} if isinstance(value, dict)
+                  else round(value / steps, 6 if key == "cpu_s" else 2))
+            for key, value in summed.items()}
+
+
+def sync_control_totals(group: Any) -> dict[str, Any]:
+    """``control_totals`` of a ``join_sync`` group, read on its loop thread."""
+    async def read() -> dict[str, Any]:
+        return control_totals(group.group)
+    return asyncio.run_coroutine_threadsafe(read(), group.loop).result()
 
 
 async def group_report(group: Any) -> dict[str, Any]:
@@ -291,13 +331,15 @@ async def group_report(group: Any) -> dict[str, Any]:
              for stats in group.path_stats().values() for p in stats]
     reduces = [s for s in group.stats() if s.op == "all_reduce"]
     sent = sum(s.sent_bytes for s in reduces)
+    received = sum(s.received_bytes for s in reduces)
     diag = {link.name: session_diagnostics(link.session.endpoint) for link in group.links.values()}
     chosen = [[s.schedule, s.predicted_s, len(s.plan.relayed()) if s.plan else 0] for s in reduces]
     planner = getattr(group, "planner", None)
     plan = planner.covering(reduces[-1].seq) if planner is not None and reduces else None
     mesh = {"rate_Bps": [[round(r) for r in row] for row in plan.mesh.rate],
             "delay_s": [[round(d, 4) for d in row] for row in plan.mesh.delay]} if plan else None
-    return {"paths": paths, "collective_bytes_sent": sent, "diag": diag, "schedules": chosen, "mesh": mesh}
+    return {"paths": paths, "collective_bytes_sent": sent, "collective_bytes_received": received,
+            "diag": diag, "schedules": chosen, "mesh": mesh}
 
 
 def gloo_world(spec: dict[str, Any]) -> Any:

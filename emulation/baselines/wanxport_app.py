@@ -34,6 +34,7 @@ import numpy as np
 
 from emulation.baselines import payload
 from emulation.baselines.tcp_app import emit, run_async_role
+from wanxport.aio import threadcpu
 from wanxport.aio.endpoint import Endpoint
 from wanxport.aio.loop import run
 from wanxport.api import GatewayOptions, Peer, ShardFailed, connect, listen
@@ -85,6 +86,7 @@ async def receive(spec: dict[str, Any]) -> None:
     listens = [(p["local"], int(p["port"])) for p in spec["paths"]]
     total = len(slices) * steps
     got: dict[int, tuple[bool, float, int]] = {}  # shard id -> (ok, verified_at, bytes)
+    cpu: dict[str, float] | None = None  # CPU-s per thread role over the transfer (aio.threadcpu)
     async with listen(me, ca, listens, gateway_options(spec)) as server:
         for step in range(steps):
             for i, (offset, length) in enumerate(slices):
@@ -94,14 +96,17 @@ async def receive(spec: dict[str, Any]) -> None:
         try:
             try:
                 peer = await server.accept()
+                cpu_start = threadcpu.snapshot()  # the session is set up: the transfer's CPU from here
                 while len(got) < total:
                     shard = await peer.receive()
                     got[shard.shard_id] = (shard.ok, shard.verified_at, shard.array.nbytes)
+                cpu = threadcpu.roles_between(cpu_start, threadcpu.snapshot())
             except asyncio.CancelledError:
                 pass
             complete = len(got) == total and all(ok for ok, _, _ in got.values())
             endpoint = peer.session.endpoint if peer is not None else None
             emit({"event": "done", "complete": complete, "control": CONTROL,
+                  "cpu": threadcpu.rounded(cpu) if cpu is not None else None,
                   # the sender's certificate name, as mutual TLS verified it
                   "peer": peer.peer_name if peer is not None else None,
                   "diag": diagnostics(endpoint) if endpoint is not None else None,
@@ -145,6 +150,7 @@ async def send(spec: dict[str, Any]) -> None:
     emit({"event": "ready", "paths_agreed": len(endpoint.stats().paths)})
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     t0 = time.monotonic()
+    cpu_start = threadcpu.snapshot()
     sampler = Sampler(endpoint, t0, [p["name"] for p in spec["paths"]])
     sampling = asyncio.create_task(sampler.run())
     verdicts: list[bool] = []
@@ -171,9 +177,11 @@ async def send(spec: dict[str, Any]) -> None:
         pass
     finally:
         sampling.cancel()
+    # Before the digests are timed again below and the close stops the release threads.
+    cpu = threadcpu.roles_between(cpu_start, threadcpu.snapshot())
     sampler.record()
     finished = len(verdicts) == len(slices) * steps
-    emit({"event": "done", "t0": t0, "finished": finished, "control": CONTROL,
+    emit({"event": "done", "t0": t0, "finished": finished, "control": CONTROL, "cpu": threadcpu.rounded(cpu),
           "verdicts": verdicts, "submitted": submitted, "verdict_at": verdict_at,
           "setup_s": round(setup_s, 6), "digest_s": await digest_seconds(data, slices) if finished else None,
           "preset": GATEWAY.name, "preset_overrides": overrides(GATEWAY, run_preset(spec)),
@@ -190,7 +198,8 @@ async def send(spec: dict[str, Any]) -> None:
 
 async def digest_seconds(data: np.ndarray[Any, Any], slices: list[tuple[int, int]]) -> float:
     """One step's shard digests, computed as ``send`` computes them (each in a thread, all
-    at once), timed alone after the transfer: the digests' share of a step's clock."""
+    at once), timed alone after the transfer: what hashing costs a step's clock at most
+    (``send`` hashes while the shards flow, with a peer of protocol 5)."""
     start = time.monotonic()
     await asyncio.gather(*(digest_hex_async(data[o:o + n]) for o, n in slices))
     return round(time.monotonic() - start, 6)

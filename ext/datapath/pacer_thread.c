@@ -132,6 +132,9 @@ WxPacer *wx_pacer_create(const WxPacerConfig *cfg, int *err) {
         *err = rc;
         return NULL;
     }
+    /* Named before anyone can look: CPU accounting (wanxport.aio.threadcpu) and top -H
+     * tell the release thread by it. */
+    pthread_setname_np(pc->thread, "wx-release");
     pc->started = 1;
     return pc;
 }

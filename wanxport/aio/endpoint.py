@@ -252,16 +252,22 @@ class Endpoint(SessionWindow):
 
     # -- application side ----------------------------------------------------
 
-    def submit(self, shard_id: int, data: Any, meta: bytes = b"", digest: bytes | None = None
-               ) -> asyncio.Future[bool]:
-        """Queue a shard; the future resolves to the receiver's verdict (True: verified)."""
+    def submit(self, shard_id: int, data: Any, meta: bytes = b"", digest: bytes | None = None,
+               digest_later: bool = False) -> asyncio.Future[bool]:
+        """Queue a shard; the future resolves to the receiver's verdict (True: verified).
+        ``digest_later``: it leaves unhashed and ``set_digest`` gives its digest (protocol 5)."""
         assert self.loop is not None, "start() the endpoint first"
         view = memoryview(data).cast("B")
         fut: asyncio.Future[bool] = self.loop.create_future()
         self._acks[shard_id] = fut
-        self.session.submit(shard_id, view, self.clock(), meta=meta, digest=digest)
+        self.session.submit(shard_id, view, self.clock(), meta=meta, digest=digest, digest_later=digest_later)
         self._service()
         return fut
+
+    def set_digest(self, shard_id: int, digest: bytes) -> None:
+        """The digest of a shard submitted with ``digest_later`` (``core.late_digest``)."""
+        self.session.set_digest(shard_id, digest)
+        self._service()
 
     async def send_shard(self, shard_id: int, data: Any, meta: bytes = b"") -> bool:
         return await self.submit(shard_id, data, meta)
@@ -364,7 +370,8 @@ class Endpoint(SessionWindow):
         elif isinstance(event, ShardReceived):
             view = self.verifier.take(event.shard_id)
             assert self._received is not None
-            self._received.put_nowait(ReceivedShard(event.shard_id, view, event.meta, event.ok, event.at))
+            self._received.put_nowait(ReceivedShard(event.shard_id, view, event.meta, event.ok, event.at,
+                                                     event.digest))
         elif isinstance(event, ShardAcknowledged):
             fut = self._acks.pop(event.shard_id, None)
             if fut is not None and not fut.done():

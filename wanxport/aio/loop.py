@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from wanxport.aio.threadcpu import thread_role
+
 T = TypeVar("T")
 
 
@@ -18,6 +20,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on uvloop when available."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+    """``asyncio.run`` on uvloop when available; the calling thread counts as the ``loop``
+    role (``aio.threadcpu``) while it runs."""
+    with thread_role("loop"), asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)

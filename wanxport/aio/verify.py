@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from wanxport.aio.threadcpu import hashing
 from wanxport.core.digest import new_hasher
 
 Allocator = Callable[[int, int, bytes], Any]  # (shard_id, size, meta) -> writable buffer of `size` bytes
@@ -43,6 +44,7 @@ class ReceivedShard:
     meta: bytes
     ok: bool
     at: float
+    digest: bytes | None = None  # what it was checked against (the sender's digest)
 
 
 class ShardHasher:
@@ -71,7 +73,7 @@ class ShardHasher:
             self._freeze(prefix)
         part = self._buffer[self.hashed:prefix]
         self.hashed = prefix
-        self._job = self._loop.run_in_executor(None, self._hasher.update, part)
+        self._job = self._loop.run_in_executor(None, self._update, part)
 
     async def finish(self) -> bytes:
         """The digest of the whole buffer, once no more bytes will be written to it."""
@@ -80,8 +82,13 @@ class ShardHasher:
         rest = self._buffer[self.hashed:]
         self.hashed = len(self._buffer)
         if len(rest):
-            await self._loop.run_in_executor(None, self._hasher.update, rest)
+            await self._loop.run_in_executor(None, self._update, rest)
         return self._hasher.digest()
+
+    def _update(self, part: memoryview) -> None:
+        """Fold ``part`` in (in a worker thread), its CPU counted as ``digest`` (``aio.threadcpu``)."""
+        with hashing():
+            self._hasher.update(part)
 
 
 class ShardVerifier:

@@ -33,6 +33,7 @@ from wanxport.aio.config import Address, DirectionKey
 from wanxport.aio.datapath import Deliver, Received
 from wanxport.aio.native_lanes import ReceiveLane, SendLane
 from wanxport.aio.plan import Plan
+from wanxport.aio.threadcpu import thread_role
 from wanxport.wire import native
 
 log = logging.getLogger(__name__)
@@ -76,16 +77,18 @@ class PathWorker:
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
         self._loop, self._deliver = loop, deliver
-        for target, role in ((self._send_loop, "send"), (self._recv_loop, "recv")):
-            thread = threading.Thread(target=self._guard(target), name=f"wanxport-w{self.index}-{role}",
-                                      daemon=True)
+        for target, role, cpu_role in ((self._send_loop, "send", "release"),
+                                       (self._recv_loop, "recv", "receive")):
+            thread = threading.Thread(target=self._guard(target, cpu_role),
+                                      name=f"wanxport-w{self.index}-{role}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
+    def _guard(self, target: Callable[[], None], cpu_role: str) -> Callable[[], None]:
         def run() -> None:
             try:
-                target()
+                with thread_role(cpu_role):  # what its CPU counts as (aio.threadcpu)
+                    target()
             except BaseException as exc:  # a worker must not die silently: logged, kept for close()
                 self.error = exc
                 log.exception("data-path worker %d failed", self.index)

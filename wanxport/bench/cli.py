@@ -57,6 +57,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="receive into untouched memory and send from untouched pacer rings (a "
                              "first step: the kernel zeroes each page on first write) instead of "
                              "memory touched before the clock starts")
+    parser.add_argument("--digest-first", action="store_true",
+                        help="hash every shard before the first datagram leaves (as a peer of control "
+                             "protocol 4 needs) instead of while the shards are sent")
     parser.add_argument("--workers", type=int, default=1,
                         help="data-path worker threads at each end (native; at most one per path)")
     parser.add_argument("--seed", type=int, default=1)
@@ -165,7 +168,8 @@ def _run(args: argparse.Namespace, size: int) -> dict[str, Any]:
                             args.seed, timeout, pacer_spin_ns=round(args.pacer_spin_us * 1000),
                             pacer_burst_ns=round(args.pacer_burst_us * 1000),
                             ack_every=args.ack_every, ack_delay_s=args.ack_delay_ms / 1000,
-                            fresh_buffers=args.fresh_buffers, fec=args.fec, workers=args.workers)
+                            fresh_buffers=args.fresh_buffers, fec=args.fec, workers=args.workers,
+                            digest_first=args.digest_first)
         report = run_transfer(spec)
     if baseline is not None:
         report["baseline_iperf3_udp_bps"] = round(baseline.received_bps)
@@ -192,12 +196,15 @@ def _print_summary(report: dict[str, Any]) -> None:
               f"goodput {format_rate(report['goodput_bps'])}, intact {report['intact']}, "
               f"{report['datagrams_rejected']} datagrams rejected")
         if "digest_s" in report:
-            print(f"clock from the first shard digest: digests {report['digest_s']:.3f} s of it, "
+            print(f"clock from the first shard digest: last digest at {report['digest_s']:.3f} s "
+                  f"({'before the first datagram' if report['digest_first'] else 'while sending'}), "
                   f"verdict at {report['verdict_s']:.3f} s; preset {report['preset']}"
                   + (f" with {report['preset_overrides']}" if report["preset_overrides"] else ""))
     if "cpu_s_per_gb" in report:
         cpu = report["cpu_s_per_gb"]
         print(f"CPU per GB: sender {cpu['sender']:.3f} s, receiver {cpu['receiver']:.3f} s")
+    for end, roles in report.get("cpu", {}).items():
+        print(f"  {end} CPU-s by thread role: " + ", ".join(f"{role} {s:.3f}" for role, s in roles.items()))
     if "baseline_iperf3_udp_bps" in report:
         print(f"baseline iperf3 -u (1472 B): {format_rate(report['baseline_iperf3_udp_bps'])} received")
     limits = report.get("limits", {})

@@ -6,10 +6,11 @@ is random; the receiver hashes what it got and the sender compares with the
 hash of what it sent. The session is the gateway preset's (``wanxport.presets``)
 unless the spec sets other values; the report names those (``preset_overrides``).
 
-Completion runs from the moment the sender starts the shard digests — the work
-the API's ``send`` does before the first datagram — to the last shard verified at
-the receiver (both processes read CLOCK_MONOTONIC); ``verdict_s`` is when the
-sender holds every verdict, ``digest_s`` the digests' share of the clock.
+Completion runs from the moment the sender starts the shard digests — hashed while the
+shards are sent, as the API's ``send`` does with a peer of protocol 5, or all before the
+first datagram with ``digest_first`` — to the last shard verified at the receiver (both
+processes read CLOCK_MONOTONIC); ``verdict_s`` is when the sender holds every verdict,
+``digest_s`` when its last digest was known.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import resource
 import select
 import subprocess
 import sys
@@ -30,6 +30,7 @@ from typing import IO, Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from wanxport.aio import threadcpu
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Allocator, Endpoint, ReceivedShard
 from wanxport.aio.loop import run
@@ -67,6 +68,9 @@ class TransferSpec:
     workers: int = 1  # data-path worker threads at each end (EndpointConfig.workers)
     ack_every: int | None = None  # the receiver's ack_threshold (None: the preset's)
     ack_delay_s: float = GATEWAY.ack_delay_s  # its max_ack_delay_s
+    # Hash every shard before the first datagram leaves; False: the shards open unhashed and
+    # each digest follows once hashed (core.late_digest), as the API sends to a peer of 5.
+    digest_first: bool = False
 
 
 def shard_sizes(size: int, shards: int) -> list[int]:
@@ -115,12 +119,6 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
 
 
 # -- receiver process ----------------------------------------------------------
-
-
-def process_cpu_s() -> float:
-    """User + system seconds of this process, all its threads (not its children)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def receiver_main() -> None:
@@ -184,14 +182,14 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
     try:
         endpoint.connect(sender_addrs)
         _emit("ports", endpoint.local_addresses)
-        cpu_start, loop_start = process_cpu_s(), time.thread_time()
+        cpu_start = threadcpu.snapshot()
         endpoint.start()
         expected = len(shard_sizes(spec.size, spec.shards))
         got: dict[int, ReceivedShard] = {}
         while len(got) < expected:
             shard = await asyncio.wait_for(endpoint.receive_shard(), spec.timeout_s)
             got[shard.shard_id] = shard
-        cpu_s, loop_cpu_s = process_cpu_s() - cpu_start, time.thread_time() - loop_start
+        cpu = threadcpu.roles_between(cpu_start, threadcpu.snapshot())
         done_at = max(s.at for s in got.values())
         digest = hashlib.sha256()
         for shard_id in sorted(got):
@@ -204,8 +202,7 @@ async def _receive(spec: TransferSpec, send: DirectionKey, recv: DirectionKey,
                 "bytes": sum(len(s.data) for s in got.values()),
                 "rejected": endpoint.datagrams_rejected, "counters": dict(endpoint.datapath.counters),
                 "data_runs": endpoint.intake.data_runs, "data_records": endpoint.intake.data_records,
-                "cpu_s": cpu_s,
-                "loop_cpu_s": loop_cpu_s}
+                "cpu": cpu}
     finally:
         await endpoint.close()
 
@@ -241,17 +238,16 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
             # endpoint's own memory, reused for every later step: like the receiver's
             # buffers (warm_allocator), touched before the clock starts.
             endpoint.datapath.make_rings_resident()
-        cpu_start = process_cpu_s()  # the shard digests are the sender's work too
+        cpu_start = threadcpu.snapshot()  # the shard digests are the sender's work too
         started = endpoint.clock()  # the user's call: the digests are inside the clock
-        digest_start = time.thread_time()
-        digests = [shard_digest(s) for s in shards]
-        digest_s = endpoint.clock() - started
-        loop_start = time.thread_time()  # the event loop's thread: the serial part (the core)
-        sent = run(_send(endpoint, shards, digests, spec.timeout_s))
-        sent.update(started=started, digest_s=digest_s)
-        sent["loop_cpu_s"] = time.thread_time() - loop_start
-        sent["digest_cpu_s"] = loop_start - digest_start
-        sent["cpu_s"] = process_cpu_s() - cpu_start
+        digests = None
+        if spec.digest_first:
+            with threadcpu.hashing():
+                digests = [shard_digest(s) for s in shards]
+        digests_at = endpoint.clock()
+        sent = run(_send(endpoint, shards, digests, spec.timeout_s, cpu_start))
+        sent["started"] = started
+        sent["digest_s"] = sent.get("digests_at", digests_at) - started
         result = _expect(child.stdout, "ok", spec.timeout_s)
     finally:
         endpoint.abort()
@@ -292,14 +288,34 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
             child.stdout.close()
 
 
-async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[bytes],
-                timeout_s: float) -> dict[str, Any]:
+async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[bytes] | None,
+                timeout_s: float, cpu_start: threadcpu.CpuSnapshot) -> dict[str, Any]:
+    """Send and wait for every verdict; the CPU is read before the close stops the release
+    threads (an ended thread's clock can no longer be read by its role).
+
+    ``digests`` None: every shard leaves unhashed and one worker thread hashes them in the
+    order they are sent, each digest handed to the session as soon as it is known."""
     endpoint.start()
+    out: dict[str, Any] = {}
     try:
-        futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
-                                                                                 strict=True))]
+        if digests is None:
+            futures = [endpoint.submit(i, s, digest_later=True) for i, s in enumerate(shards)]
+            loop = asyncio.get_running_loop()
+
+            def hash_all() -> None:
+                for i, shard in enumerate(shards):
+                    with threadcpu.hashing():
+                        digest = shard_digest(shard)
+                    loop.call_soon_threadsafe(endpoint.set_digest, i, digest)
+
+            await asyncio.to_thread(hash_all)
+            out["digests_at"] = endpoint.clock()
+        else:
+            futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
+                                                                                     strict=True))]
         verdicts = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
-        return {"acked_at": endpoint.clock(), "verdicts": verdicts}
+        return {**out, "acked_at": endpoint.clock(), "verdicts": verdicts,
+                "cpu": threadcpu.roles_between(cpu_start, threadcpu.snapshot())}
     finally:
         await endpoint.close()
 
@@ -331,37 +347,33 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
         verdict_s=round(sent["acked_at"] - sent["started"], 6), digest_s=round(sent["digest_s"], 6),
         preset=GATEWAY.name, preset_overrides=preset_overrides(spec),
         pacer=endpoint.datapath.pacer.name if spec.datapath == "native" else None,
-        cipher=spec.cipher, datapath=spec.datapath,
+        cipher=spec.cipher, datapath=spec.datapath, digest_first=spec.digest_first,
         datagrams_rejected=received["rejected"] + endpoint.datagrams_rejected,
         segments_per_packet=spec.segments, shards=len(shard_sizes(spec.size, spec.shards)),
         mtu=spec.mtu, fresh_buffers=spec.fresh_buffers, workers=spec.workers,
         receiver_counters=received["counters"], fec=spec.fec,
         repair_bytes=endpoint.stats().repair_bytes,
         receiver_data_runs=received["data_runs"], receiver_data_records=received["data_records"],
-        cpu_s_per_gb={"sender": round(sent["cpu_s"] / spec.size * 1e9, 4),
-                      "receiver": round(received["cpu_s"] / spec.size * 1e9, 4)},
-        loop_cpu_s_per_gb={"sender": round(sent["loop_cpu_s"] / spec.size * 1e9, 4),
-                           "receiver": round(received["loop_cpu_s"] / spec.size * 1e9, 4)},
+        cpu={"sender": threadcpu.rounded(sent["cpu"]), "receiver": threadcpu.rounded(received["cpu"])},
+        cpu_s_per_gb={"sender": threadcpu.cpu_s_per_gb(sent["cpu"], spec.size),
+                      "receiver": threadcpu.cpu_s_per_gb(received["cpu"], spec.size)},
+        loop_cpu_s_per_gb={"sender": round(sent["cpu"]["loop"] / spec.size * 1e9, 4),
+                           "receiver": round(received["cpu"]["loop"] / spec.size * 1e9, 4)},
         **_sender_breakdown(spec, endpoint, sent),
     )
 
 
 def _sender_breakdown(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any]) -> dict[str, Any]:
-    """Where the sender's CPU per GB went: its loop thread, the shard digests (hashed on
-    the main thread before the loop starts), the pacer's release thread(s) (each GSO
-    send carries the loopback receiver's kernel work too), and the rest. Its wake-ups
-    per GB tell a pacer that sleeps per datagram run from one that sleeps per burst; the
-    loop's events per GB (ACKs decoded, services, plans) turn its CPU into CPU per event."""
+    """What the sender's threads did per GB (their CPU is ``cpu``): the release threads'
+    wake-ups per GB tell a pacer that sleeps per datagram from one that sleeps per burst;
+    the loop's events per GB (ACKs decoded, services, plans) turn its CPU into CPU per event."""
     if not isinstance(endpoint.datapath, NativeDatapath):
         return {}
     pacer = endpoint.datapath.pacer_thread_stats()
     per_gb = 1e9 / spec.size
-    parts = {"loop": sent["loop_cpu_s"], "digest": sent["digest_cpu_s"], "pacer": pacer.cpu_s}
-    parts["other"] = sent["cpu_s"] - sum(parts.values())
     events = {"control_packets": endpoint.intake.control_records, "services": endpoint.services,
               "plans": endpoint.plans_sent}
-    return {"sender_cpu_s_per_gb_by_thread": {k: round(v * per_gb, 4) for k, v in parts.items()},
-            "sender_loop_events_per_gb": {k: round(v * per_gb) for k, v in events.items()},
+    return {"sender_loop_events_per_gb": {k: round(v * per_gb) for k, v in events.items()},
             "pacer_sleeps_per_gb": round(pacer.sleeps * per_gb),
             "pacer_send_rounds_per_gb": round(pacer.send_rounds * per_gb)}
 

@@ -29,10 +29,10 @@ import numpy as np
 import numpy.typing as npt
 
 from wanxport.control import ShardAnnounce
-from wanxport.core.digest import shard_digest_hex
 from wanxport.core.stats import PathStats
 from wanxport.gateway.listener import GatewayListener
-from wanxport.gateway.session import GatewaySession, SessionFailed, digest_hex_async
+from wanxport.gateway.session import GatewaySession, SessionFailed, counted_digest_hex
+from wanxport.gateway.shards import UNHASHED
 
 from .errors import CollectiveError
 from .message import HEADER_BYTES, Call, Header, new_payload, pack, unpack
@@ -117,10 +117,14 @@ class SiteLink:
     async def _deliver_one(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
             try:
-                large = payload.nbytes > 1 << 16  # worth a worker thread
-                digest = await digest_hex_async(payload) if large else shard_digest_hex(payload)
+                # A large message is hashed by the session in a worker thread while its first
+                # datagrams leave (protocol 5); a small one here, before: no thread hop.
+                large = payload.nbytes > 1 << 16
+                digest = UNHASHED if large else counted_digest_hex(payload)
                 announce = ShardAnnounce(shard_id, payload.nbytes, digest, seq)
-                ok = await self.session.send_shard(shard_id, payload.data, announce)
+                # On the data plane alone (protocol 5): a message's receiver has nothing to
+                # do once it is verified, so the control channel need carry nothing per message.
+                ok = await self.session.send_shard(shard_id, payload.data, announce, data_plane_only=True)
             finally:
                 # Its verdict is read (or moot): a group sends a shard per message for months,
                 # so the session must not keep one verdict per message.

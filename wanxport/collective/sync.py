@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from wanxport.aio.loop import loop_factory
+from wanxport.aio.threadcpu import thread_role
 
 from .group import CallStats, Group, Handle
 from .mesh import join
@@ -159,12 +160,17 @@ async def _value(fn: Any, *args: Any) -> Any:
     return fn(*args)
 
 
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    with thread_role("loop"):  # its CPU counts as the loop's (aio.threadcpu)
+        loop.run_forever()
+
+
 def join_sync(site: int, peers: list[str], **kwargs: Any) -> SyncGroup:
     """``join`` from non-async code (same arguments); the group runs on its own loop thread,
     on uvloop when installed, as ``wanxport.aio.loop.run`` gives async callers: the stdlib
     loop costs the collective's sessions more CPU per datagram."""
     loop = loop_factory()()
-    thread = threading.Thread(target=loop.run_forever, name="wanxport-collective", daemon=True)
+    thread = threading.Thread(target=_run_loop, args=(loop,), name="wanxport-collective", daemon=True)
     thread.start()
     try:
         group = asyncio.run_coroutine_threadsafe(join(site, peers, **kwargs), loop).result()

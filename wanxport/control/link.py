@@ -31,6 +31,7 @@ from aioquic.quic.connection import NetworkAddress, QuicConnection
 from wanxport.aio.sockets import set_dscp
 
 from .certs import CertificateError, check_ca_file
+from .counters import ControlCounters, CountedLink
 from .framing import Attach, Attached, Frame, FrameDecoder, Refused, encode_frame
 from .messages import ControlProtocolError
 from .tlsauth import crypto_error, install_server_check_wording, peer_certificate_name
@@ -125,7 +126,7 @@ def _ignore_lost(link: ControlConnection, exc: Exception, resumable: bool) -> No
     """Default end sink of a link nobody owns any more."""
 
 
-class ControlConnection(QuicConnectionProtocol):
+class ControlConnection(CountedLink, QuicConnectionProtocol):
     """A QUIC connection with one control stream and keepalive."""
 
     def __init__(
@@ -137,6 +138,7 @@ class ControlConnection(QuicConnectionProtocol):
         keepalive_s: float,
     ) -> None:
         super().__init__(quic)
+        self.counters = ControlCounters()  # the channel's own once it carries one (session._attach)
         self.where = where
         self.address: tuple[str, int] | None = None  # the control address dialled (client links)
         self.peer_name = ""
@@ -238,6 +240,7 @@ class ControlConnection(QuicConnectionProtocol):
                 f"{self.where}: connection lost (nothing heard for {silent:.1f} s)"), True)
             return
         self._quic.send_ping(0)
+        self.counters.pings_sent += 1
         self.transmit()
         self._tick_due = now + self._keepalive_s
         self._keepalive = self._loop.call_later(self._keepalive_s, self._ping)

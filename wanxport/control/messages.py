@@ -25,10 +25,15 @@ from typing import Any, ClassVar
 # 3: shard and piece digests are BLAKE3 (``core.digest``), fields ``digest``, no longer ``sha256``.
 # 4: a file's mode, mtime and symlink entries (ShardAnnounce of a zero-size entry, and the
 #    piece meta of a data shard); ShardComplete.reason says why a shard was not verified.
+# 5: a shard may travel on the data plane alone: its announcement rides in its data-plane
+#    meta and the receiver's verification is its data-plane acknowledgement, with no
+#    ShardAnnounce or ShardComplete (``gateway.session``, ``DATA_PLANE_ONLY``); and a shard's
+#    first datagrams may leave before it is hashed, its digest following on the data plane
+#    (SHARD_OPEN_UNHASHED, SHARD_DIGEST: ``core.late_digest``).
 # Two gateways agree on the lower of their versions, down to MIN_PROTOCOL_VERSION: fields
 # newer than the agreed version are never sent (``for_version``), since a gateway refuses
 # fields it does not know.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MIN_PROTOCOL_VERSION = 3
 CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 ROLES = ("initiator", "responder")

@@ -20,6 +20,7 @@ import logging
 import os
 from collections import deque
 
+from .counters import ControlCounters
 from .framing import Ack, Frame, MsgFrame
 from .link import APP_BYE, APP_SUPERSEDED, ControlClosed, ControlConnection, ControlConnectionLost
 from .messages import ControlProtocolError, Message, message_from_dict, message_to_dict
@@ -35,6 +36,7 @@ class ControlChannel:
         self.session_id = session_id
         self.peer_name = peer_name
         self.malformed_total = 0
+        self.counters = ControlCounters()  # what this session's control traffic cost (counters)
         self._state = ReliableState(window)
         self._link: ControlConnection | None = None
         self._inbox: deque[Message] = deque()
@@ -77,6 +79,7 @@ class ControlChannel:
                 break
             await self._wait_change()
         frame = self._state.stamp(body)
+        self.counters.messages_sent[type(msg).__name__] += 1
         if self._link is not None:
             self._link.send_frame(frame)
 
@@ -127,6 +130,7 @@ class ControlChannel:
             old.shutdown(APP_SUPERSEDED, "superseded by a newer connection")
         link.on_frame = self._on_frame
         link.on_lost = self._on_lost
+        link.counters = self.counters
         try:
             frames = self._state.resend(peer_ack)
         except ControlProtocolError as exc:
@@ -170,6 +174,7 @@ class ControlChannel:
         self._ack_scheduled = False
         if self._link is not None and self._state.ack_due():
             self._state.ack_sent = self._state.consumed
+            self.counters.acks_sent += 1
             self._link.send_frame(Ack(self._state.consumed))
 
     def _on_frame(self, link: ControlConnection, frame: Frame) -> None:
@@ -195,6 +200,7 @@ class ControlChannel:
             log.warning("dropped control message %d from %s: %s", frame.seq, self.peer_name, exc)
             self._consumed()
             return
+        self.counters.messages_received[type(msg).__name__] += 1
         self._inbox.append(msg)
 
     def _on_lost(self, link: ControlConnection, exc: Exception, resumable: bool) -> None:

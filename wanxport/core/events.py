@@ -14,6 +14,7 @@ class ShardReceived:
     meta: bytes
     ok: bool
     at: float
+    digest: bytes | None = None  # the digest the shard was checked against (None: virtual)
 
 
 @dataclass(frozen=True, slots=True)

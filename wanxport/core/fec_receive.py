@@ -20,7 +20,7 @@ from wanxport.core import fec_code
 from wanxport.core.counters import RepairReceiveCounters
 from wanxport.core.ranges import RangeSet
 from wanxport.core.shards import IncomingShard
-from wanxport.wire.frames import RepairFrame
+from wanxport.wire.frames import MAX_SHARD_RANGES, RepairFrame, ShardAckFrame
 
 Buffer = bytes | bytearray | memoryview
 
@@ -128,3 +128,15 @@ class FecReceiver:
             self.counters.repaired_bytes += new
             repaired.add(start, stop)
         return ranges
+
+
+def rebuilt_acks(shard_id: int, rebuilt: list[tuple[int, int]]) -> list[ShardAckFrame]:
+    """SHARD_ACKs telling the sender which bytes were rebuilt, so it does not re-send them too."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(rebuilt):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return [ShardAckFrame(shard_id, tuple(merged[i:i + MAX_SHARD_RANGES]))
+            for i in range(0, len(merged), MAX_SHARD_RANGES)]

@@ -36,12 +36,14 @@ class IncomingData:
         """
         existing = self.shards.get(frame.shard_id)
         if existing is not None or self.finished.contains_point(frame.shard_id):
-            if existing is not None and (existing.size != frame.size or existing.digest != frame.digest):
+            digests = (existing.digest, frame.digest) if existing is not None else (None, None)
+            if existing is not None and (existing.size != frame.size
+                                         or None not in digests and digests[0] != digests[1]):
                 self.protocol_errors += 1
                 self.refusal = (f"shard {frame.shard_id} re-opened as {frame.size} bytes with another "
                                 f"digest (opened as {existing.size} bytes)")
                 return False
-            return True
+            return True  # a copy without the digest, or with it: SHARD_DIGEST gives it either way
         if not self.budget.try_open(frame.size):
             self.protocol_errors += 1
             self.refusal = (f"shard {frame.shard_id} of {frame.size} bytes exceeds the receive credit "

@@ -36,12 +36,14 @@ from wanxport.core.events import (
     ShardReceived,
 )
 from wanxport.core.failover import Failover
-from wanxport.core.fec_receive import FecReceiver
+from wanxport.core.fec_receive import FecReceiver, rebuilt_acks
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.holdoff import ReceiveHoldoff
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
+from wanxport.core.late_digest import LateDigests, give_digest
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
+from wanxport.core.rate_caps import apply_rate_caps, rate_caps
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sender_acks import SenderAcks
 from wanxport.core.shards import IncomingShard, OutgoingShard
@@ -51,7 +53,6 @@ from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
 from wanxport.core.warm import PathMemory
 from wanxport.wire.frames import (
-    MAX_SHARD_RANGES,
     AckFrame,
     CloseFrame,
     CreditFrame,
@@ -62,6 +63,7 @@ from wanxport.wire.frames import (
     ProbeFrame,
     RepairFrame,
     ShardAckFrame,
+    ShardDigestFrame,
     ShardDoneFrame,
     ShardOpenFrame,
 )
@@ -103,6 +105,7 @@ class Session:
         self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)
         self._fec_rx = FecReceiver()
         self._early = EarlyData()  # DATA that overtook its shard's SHARD_OPEN
+        self._late = LateDigests(self.incoming)  # digests of shards opened unhashed
         self.closed: SessionClosed | None = None
         # Shards (and their bytes) submitted, acknowledged by the peer, received; DATA dropped.
         self.counters = ShardCounters()
@@ -114,7 +117,8 @@ class Session:
     # -- application side ----------------------------------------------------
 
     def submit(self, shard_id: int, data: bytes | bytearray | memoryview | None, now: float, *,
-               size: int | None = None, meta: bytes = b"", digest: bytes | None = None) -> None:
+               size: int | None = None, meta: bytes = b"", digest: bytes | None = None,
+               digest_later: bool = False) -> None:
         """Queue a shard. ``data=None`` makes it virtual: ``size`` bytes tracked, none moved."""
         if self.closed is not None:
             raise RuntimeError("session is closed")
@@ -127,7 +131,7 @@ class Session:
         if length > self.config.peer_credit_bytes:
             raise ValueError(f"shard {shard_id} has {length} bytes, more than the peer's whole receive "
                              f"budget ({self.config.peer_credit_bytes} bytes); split it or raise the budget")
-        if digest is None:
+        if digest is None and not digest_later:
             digest = shard_digest(view) if view is not None else bytes(DIGEST_BYTES)
         shard = OutgoingShard(shard_id, length, view, digest, meta, submitted_at=now)
         self.outgoing.submit(shard)
@@ -138,6 +142,10 @@ class Session:
         for path in self.paths:
             if path.freshness.start(now):  # even a path never measured gets probed (core.freshness)
                 self._tx.touch(path)
+
+    def set_digest(self, shard_id: int, digest: bytes) -> None:
+        """The digest of a shard submitted with ``digest_later`` (``core.late_digest``)."""
+        give_digest(self.outgoing, self._tx.control, shard_id, digest)
 
     @property
     def sending_done(self) -> bool:
@@ -177,19 +185,13 @@ class Session:
         return [path.pacing_rate_bps for path in self.paths]
 
     def set_rate_caps(self, caps_bps: tuple[float | None, ...]) -> None:
-        """The operator's sending rate cap of each path (bits/s, in path order; None or a
-        missing entry: none), from the next packet on: a gateway's reload lowers or lifts
-        its caps on a running session instead of setting up a new one."""
-        for index, path in enumerate(self.paths):
-            cap = caps_bps[index] if index < len(caps_bps) else None
-            if cap is not None and not cap > 0:
-                raise ValueError(f"path {path.name!r}: a rate cap must be > 0 bits/s (or None), got {cap!r}")
-            path.max_rate_bps = float("inf") if cap is None else float(cap)
+        """The operator's sending rate cap of each path, from the next packet on (``core.rate_caps``)."""
+        apply_rate_caps(self.paths, caps_bps)
         self._tx.dirty.update(range(len(self.paths)))
 
     def rate_caps_bps(self) -> tuple[float | None, ...]:
         """Each path's rate cap in force (None: uncapped), in path order."""
-        return tuple(None if p.max_rate_bps == float("inf") else p.max_rate_bps for p in self.paths)
+        return rate_caps(self.paths)
 
     def resume_path(self, path_id: int, memory: PathMemory, now: float) -> bool:
         """Careful resume of a new session's path from state a previous session saved.
@@ -355,21 +357,13 @@ class Session:
         self._check_complete(shard, now)
 
     def _confirm_rebuilt(self, shard: IncomingShard, rebuilt: list[tuple[int, int]]) -> None:
-        """Tell the sender which bytes were rebuilt, so it does not re-send them too."""
-        if not rebuilt or shard.complete:
-            return  # a complete shard's SHARD_DONE says it all
-        merged: list[tuple[int, int]] = []
-        for start, end in sorted(rebuilt):
-            if merged and start <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
-            else:
-                merged.append((start, end))
-        for i in range(0, len(merged), MAX_SHARD_RANGES):
-            self._tx.control.append(ShardAckFrame(shard.shard_id, tuple(merged[i:i + MAX_SHARD_RANGES])))
+        """Tell the sender which bytes were rebuilt (a complete shard's SHARD_DONE says it all)."""
+        if rebuilt and not shard.complete:
+            self._tx.control.extend(rebuilt_acks(shard.shard_id, rebuilt))
 
     def _check_complete(self, shard: IncomingShard, now: float) -> None:
-        if shard.complete and not shard.verifying:
-            if self.defer_verification and shard.buffer is not None:
+        if shard.checkable and not shard.verifying:
+            if self.defer_verification and shard.buffer is not None and shard.digest is not None:
                 shard.verifying = True
                 self._events.append(ShardFilled(shard.shard_id, shard.buffer, shard.digest, now))
             else:
@@ -398,7 +392,7 @@ class Session:
     def _hand_over(self, shard: IncomingShard, status: int, now: float) -> None:
         """A checked shard goes to the application, its verdict and our credit to the peer."""
         self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
-                                          shard.verified is True, now))
+                                          shard.verified is True, now, shard.digest))
         self.counters.shards_received += 1
         self.counters.bytes_received += shard.size
         self._stall.progress(now)
@@ -412,6 +406,9 @@ class Session:
             if not self.incoming.open(frame):
                 self._violation(now, self.incoming.refusal)
                 return
+            if not self._late.opened(frame.shard_id):
+                self._violation(now, self._late.refusal)
+                return
             if opening:
                 self._stall.progress(now)
             for held in self._early.release(frame.shard_id):
@@ -420,6 +417,11 @@ class Session:
                                          f"before shard {frame.shard_id} was opened lies outside "
                                          f"its {frame.size} bytes")
                     return
+        elif isinstance(frame, ShardDigestFrame):
+            if not self._late.learn(frame.shard_id, frame.digest):
+                self._violation(now, self._late.refusal)
+            elif frame.shard_id in self.incoming.shards:
+                self._check_complete(self.incoming.shards[frame.shard_id], now)
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:

@@ -25,7 +25,7 @@ class OutgoingShard:
     shard_id: int
     size: int
     data: memoryview | None
-    digest: bytes
+    digest: bytes | None  # None: still being hashed (opened unhashed, ``core.late_digest``)
     meta: bytes = b""
     acked: RangeSet = field(default_factory=RangeSet)
     next_offset: int = 0  # first byte never sent
@@ -49,7 +49,7 @@ class IncomingShard:
 
     shard_id: int
     size: int
-    digest: bytes
+    digest: bytes | None  # None: opened unhashed, its digest not in yet (``core.late_digest``)
     meta: bytes
     buffer: memoryview | None
     received: RangeSet = field(default_factory=RangeSet)
@@ -61,6 +61,11 @@ class IncomingShard:
     @property
     def complete(self) -> bool:
         return self.received.total >= self.size
+
+    @property
+    def checkable(self) -> bool:
+        """Every byte is in, and the digest to check them against (a virtual shard needs none)."""
+        return self.complete and (self.digest is not None or self.buffer is None)
 
     def place(self, offset: int, data: bytes | memoryview | None, length: int, now: float) -> int:
         """Write a chunk at its offset; return the number of new bytes (duplicates are free)."""
@@ -85,5 +90,5 @@ class IncomingShard:
         if self.buffer is None:
             self.verified = self.complete
         else:
-            self.verified = shard_digest(self.buffer) == self.digest
+            self.verified = self.digest is not None and shard_digest(self.buffer) == self.digest
         return self.verified

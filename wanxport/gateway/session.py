@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from wanxport.aio.endpoint import Endpoint, ReceivedShard
+from wanxport.aio.threadcpu import hashing
 from wanxport.control import (
     PROTOCOL_VERSION,
     Bye,
@@ -39,7 +41,16 @@ from wanxport.core.stats import SessionStats
 from wanxport.core.warm import PathMemory
 
 from .rekey import DataKeys
-from .shards import DeliveredShard, GatewayTotals, SessionFailed, meta_for_peer
+from .shards import (
+    DATA_PLANE_ONLY,
+    UNHASHED,
+    DeliveredShard,
+    GatewayTotals,
+    SessionFailed,
+    meta_for_peer,
+    riding_announcement,
+    riding_meta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +59,13 @@ ROTATION_CHECK_S = 0.05
 
 async def digest_hex_async(data: Any) -> str:
     """The shard digest (``core.digest``) off the event loop: the hash releases the GIL."""
-    return await asyncio.to_thread(shard_digest_hex, data)
+    return await asyncio.to_thread(counted_digest_hex, data)
+
+
+def counted_digest_hex(data: Any) -> str:
+    """``shard_digest_hex``, its CPU counted as the ``digest`` role (``aio.threadcpu``)."""
+    with hashing():
+        return shard_digest_hex(data)
 
 
 class GatewaySession:
@@ -76,6 +93,7 @@ class GatewaySession:
         self._completions: dict[int, asyncio.Future[str]] = {}
         self._reasons: dict[int, str] = {}  # the receiver's reason for a verdict (protocol 4)
         self._empty: asyncio.Queue[ShardAnnounce] = asyncio.Queue()
+        self._quiet: set[int] = set()  # data-plane-only shards received, not yet completed
         # The responder's answer to a ResumeQuery (the daemon's inbox); without one it holds nothing.
         self.resume_handler: Callable[[ResumeQuery], Awaitable[ResumeHave]] | None = None
         self._resume_answers: dict[int, asyncio.Future[ResumeHave]] = {}
@@ -96,7 +114,8 @@ class GatewaySession:
 
     async def send_shard(self, shard_id: int, data: Any, announce: ShardAnnounce,
                          meta: dict[str, Any] | None = None,
-                         on_acked: Callable[[], None] | None = None) -> bool:
+                         on_acked: Callable[[], None] | None = None, *,
+                         data_plane_only: bool = False) -> bool:
         """Announce, send and wait for the receiver's verdict over both channels.
 
         True only when the data plane acknowledged the shard as verified *and*
@@ -104,15 +123,33 @@ class GatewaySession:
         after the file is in place). ``on_acked`` runs once the data plane is done
         with ``data`` (acknowledged, or the session ended while it was in flight):
         a file's verdict comes after its last piece, each piece's buffer is free before.
+        ``data_plane_only``: the shard travels on the data plane alone with a peer of
+        protocol 5 (``gateway.shards.DATA_PLANE_ONLY``), on both channels with older peers.
+        An announcement whose digest is ``UNHASHED`` has it computed here: with a peer of
+        protocol 5 while the shard flows (``core.late_digest``), else before it leaves.
         """
         self._check_alive()
-        verdict = self._completion(shard_id)
-        await self.channel.send(for_version(announce, self.protocol_version))
+        late = announce.digest == UNHASHED and self.protocol_version >= 5
+        if announce.digest == UNHASHED and not late:
+            announce = dataclasses.replace(announce, digest=await digest_hex_async(data))
+        quiet = data_plane_only and self.protocol_version >= 5
+        verdict = None if quiet else self._completion(shard_id)
+        if verdict is not None and not late:
+            await self.channel.send(for_version(announce, self.protocol_version))
         now = self.endpoint.clock()
         if self.totals.first_submit is None:
             self.totals.first_submit = now
-        wire_meta = json.dumps(meta_for_peer(meta, self.protocol_version)).encode()
-        acked = self.endpoint.submit(shard_id, data, wire_meta, bytes.fromhex(announce.digest))
+        peer_meta = meta_for_peer(meta, self.protocol_version)
+        if quiet:
+            peer_meta = {**peer_meta, DATA_PLANE_ONLY: riding_meta(announce)}
+        wire_meta = json.dumps(peer_meta).encode()
+        digest = None if late else bytes.fromhex(announce.digest)
+        acked = self.endpoint.submit(shard_id, data, wire_meta, digest, digest_later=late)
+        if late:  # the first datagrams are on their way: hash meanwhile
+            announce = dataclasses.replace(announce, digest=await digest_hex_async(data))
+            self.endpoint.set_digest(shard_id, bytes.fromhex(announce.digest))
+            if verdict is not None:
+                await self.channel.send(for_version(announce, self.protocol_version))
         del data  # the data plane holds it until acknowledged, and no longer
         try:
             ok = await self._until_ended(acked)
@@ -121,7 +158,7 @@ class GatewaySession:
             # answers for the data plane too. A receiver that leaves right after its verdict
             # ends the session before its data-plane acknowledgement (sent first, but on
             # another channel, and never repeated after a close) need have reached us.
-            if not verdict.done() or verdict.cancelled():
+            if verdict is None or not verdict.done() or verdict.cancelled():
                 raise
             ok = True
         finally:
@@ -130,6 +167,8 @@ class GatewaySession:
         self.totals.last_ack = self.endpoint.clock()
         self.totals.bytes_sent += announce.size_bytes
         self.totals.shards_sent += 1
+        if verdict is None:
+            return bool(ok)
         status = await self._until_ended(verdict)
         return bool(ok) and status == "verified"
 
@@ -166,16 +205,22 @@ class GatewaySession:
     async def receive(self) -> DeliveredShard:
         """The next shard that arrived, once its announcement is here too."""
         got: ReceivedShard = await self._until_ended(asyncio.ensure_future(self.endpoint.receive_shard()))
-        announce = await self._until_ended(self._announcement(got.shard_id))
-        self.totals.bytes_received += len(got.data)
-        self.totals.shards_received += 1
         try:
             meta = json.loads(got.meta) if got.meta else {}
         except ValueError:
             meta = {}
+        meta = meta if isinstance(meta, dict) else {}
+        riding = meta.pop(DATA_PLANE_ONLY, None) if self.protocol_version >= 5 else None
+        if riding is not None:  # its verdict is the data plane's: ``complete`` sends nothing
+            announce = riding_announcement(got.shard_id, riding, got.digest)
+            self._quiet.add(got.shard_id)
+        else:
+            announce = await self._until_ended(self._announcement(got.shard_id))
+        self.totals.bytes_received += len(got.data)
+        self.totals.shards_received += 1
         ok = got.ok and announce.size_bytes == len(got.data)
-        return DeliveredShard(got.shard_id, got.data, ok, announce, meta if isinstance(meta, dict) else {},
-                             got.at)
+        return DeliveredShard(got.shard_id, got.data, ok, announce, meta, got.at)
+
 
     def announcement(self, shard_id: int) -> ShardAnnounce | None:
         return self._announced.get(shard_id)
@@ -189,6 +234,9 @@ class GatewaySession:
         # The shard is answered: its announcement is not needed again (a warm session
         # receives shards for months, so nothing per shard may stay behind).
         self._announced.pop(shard_id, None)
+        if shard_id in self._quiet:  # its data-plane acknowledgement was the verdict
+            self._quiet.discard(shard_id)
+            return
         await self.channel.send(for_version(ShardComplete(shard_id, status, reason), self.protocol_version))
 
     def forget(self, shard_ids: Iterable[int]) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from wanxport.wire.errors import WireError
 
 PADDING, DATA, ACK, SHARD_ACK, SHARD_OPEN, SHARD_DONE, PROBE, PROBE_ACK, CLOSE, CREDIT, REPAIR = range(11)
+SHARD_OPEN_UNHASHED, SHARD_DIGEST = 11, 12  # a shard opened before its digest is known; the digest
 
 MAX_OFFSET = 1 << 62
 MAX_ACK_RANGES = 256
@@ -34,6 +35,8 @@ _RANGE = struct.Struct(">QQ")
 _RANGES: dict[int, struct.Struct] = {}  # count -> that many ranges in one struct (_ranges_struct)
 _SHARD_ACK = struct.Struct(">BIH")
 _SHARD_OPEN = struct.Struct(">BIQ32sH")
+_SHARD_OPEN_UNHASHED = struct.Struct(">BIQH")
+_SHARD_DIGEST = struct.Struct(">BI32s")
 _SHARD_DONE = struct.Struct(">BIB")
 _TOKEN = struct.Struct(">BQ")
 _CLOSE = struct.Struct(">BHH")
@@ -82,14 +85,29 @@ class ShardAckFrame:
 
 @dataclass(frozen=True, slots=True)
 class ShardOpenFrame:
+    """``digest`` None: the shard's first datagrams leave while it is still being hashed
+    (SHARD_OPEN_UNHASHED); its digest follows in a SHARD_DIGEST frame."""
+
     shard_id: int
     size: int
-    digest: bytes
+    digest: bytes | None
     meta: bytes = b""
 
     @property
     def wire_size(self) -> int:
-        return _SHARD_OPEN.size + len(self.meta)
+        return (_SHARD_OPEN if self.digest is not None else _SHARD_OPEN_UNHASHED).size + len(self.meta)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDigestFrame:
+    """The digest of a shard opened unhashed."""
+
+    shard_id: int
+    digest: bytes
+
+    @property
+    def wire_size(self) -> int:
+        return _SHARD_DIGEST.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +208,7 @@ Frame = (
     | AckFrame
     | ShardAckFrame
     | ShardOpenFrame
+    | ShardDigestFrame
     | ShardDoneFrame
     | ProbeFrame
     | ProbeAckFrame
@@ -237,8 +256,13 @@ def encode_frame(frame: Frame, out: bytearray) -> None:
         for lo, hi in frame.ranges:
             out += _RANGE.pack(lo, hi)
     elif isinstance(frame, ShardOpenFrame):
-        out += _SHARD_OPEN.pack(SHARD_OPEN, frame.shard_id, frame.size, frame.digest, len(frame.meta))
+        if frame.digest is None:
+            out += _SHARD_OPEN_UNHASHED.pack(SHARD_OPEN_UNHASHED, frame.shard_id, frame.size, len(frame.meta))
+        else:
+            out += _SHARD_OPEN.pack(SHARD_OPEN, frame.shard_id, frame.size, frame.digest, len(frame.meta))
         out += frame.meta
+    elif isinstance(frame, ShardDigestFrame):
+        out += _SHARD_DIGEST.pack(SHARD_DIGEST, frame.shard_id, frame.digest)
     elif isinstance(frame, ShardDoneFrame):
         out += _SHARD_DONE.pack(SHARD_DONE, frame.shard_id, frame.status)
     elif isinstance(frame, ProbeFrame):
@@ -323,10 +347,14 @@ def decode_frames(payload: bytes | memoryview) -> list[Frame]:
             ranges, pos = _read_ranges(buf, pos + _SHARD_ACK.size, count)
             _check_ranges(ranges, False, MAX_SHARD_RANGES, 0)
             frames.append(ShardAckFrame(shard_id, ranges))
-        elif kind == SHARD_OPEN:
-            _need(buf, pos, _SHARD_OPEN.size)
-            _, shard_id, size, digest, meta_len = _SHARD_OPEN.unpack_from(buf, pos)
-            pos += _SHARD_OPEN.size
+        elif kind in (SHARD_OPEN, SHARD_OPEN_UNHASHED):
+            layout = _SHARD_OPEN if kind == SHARD_OPEN else _SHARD_OPEN_UNHASHED
+            _need(buf, pos, layout.size)
+            if kind == SHARD_OPEN:
+                _, shard_id, size, digest, meta_len = layout.unpack_from(buf, pos)
+            else:
+                (_, shard_id, size, meta_len), digest = layout.unpack_from(buf, pos), None
+            pos += layout.size
             _need(buf, pos, meta_len)
             if size > MAX_OFFSET:
                 raise WireError("offset", f"shard size {size}")
@@ -334,8 +362,14 @@ def decode_frames(payload: bytes | memoryview) -> list[Frame]:
                 bytes(buf[pos : pos + meta_len]).decode()
             except UnicodeDecodeError as exc:
                 raise WireError("utf8", "SHARD_OPEN metadata") from exc
-            frames.append(ShardOpenFrame(shard_id, size, bytes(digest), bytes(buf[pos : pos + meta_len])))
+            frames.append(ShardOpenFrame(shard_id, size, None if digest is None else bytes(digest),
+                                         bytes(buf[pos : pos + meta_len])))
             pos += meta_len
+        elif kind == SHARD_DIGEST:
+            _need(buf, pos, _SHARD_DIGEST.size)
+            _, shard_id, digest = _SHARD_DIGEST.unpack_from(buf, pos)
+            frames.append(ShardDigestFrame(shard_id, bytes(digest)))
+            pos += _SHARD_DIGEST.size
         elif kind == SHARD_DONE:
             _need(buf, pos, _SHARD_DONE.size)
             _, shard_id, status = _SHARD_DONE.unpack_from(buf, pos)
