@@ -23,7 +23,7 @@ from wanxport.core.numbering import WireNumbering
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.scheduler import ChunkKind, Scheduler
-from wanxport.core.scheduling.burst import BURST_MAX_BYTES, burst_rate_bps
+from wanxport.core.scheduling.burst import burst_rate_bps, small_messages
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.transmit import DataSource, Transmit, number_datagrams
 from wanxport.wire.frames import AckFrame, DataFrame, Frame, ProbeFrame, ShardOpenFrame
@@ -174,8 +174,9 @@ class Transmitter:
         """
         if not self.outgoing.unfinished or not self.dirty:
             return
-        if self.bursting and self.scheduler.remaining_bytes > BURST_MAX_BYTES:
-            self.end_bursts()  # a large transfer: the controllers' pacing again
+        if self.bursting and (self.outgoing.retransmit_bytes
+                              or not small_messages(self.paths, self.scheduler.remaining_bytes)):
+            self.end_bursts()  # a large transfer or a loss: the controllers' pacing again
         if self.scheduler.refresh(self.paths, now):
             self.dirty.update(range(len(self.paths)))  # data became free for every path
         # A path without window room, or whose pacing holds it beyond the horizon,
@@ -202,8 +203,6 @@ class Transmitter:
             self.bursting.add(burst.path_id)
             self._fill(burst, now, now + self._horizon_s(burst), out)
             ready.remove(burst)  # the others find nothing left, or hedge the tail as usual
-        elif self.bursting and self.scheduler.remaining_bytes:
-            self.end_bursts()  # data waits that no burst takes: the controllers' pacing again
         if len(ready) > 1:
             ready = self.scheduler.order(ready, now)
         for path in ready:

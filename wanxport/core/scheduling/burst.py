@@ -13,14 +13,17 @@ the simulator where TCP, which sends a window's worth at the line rate, takes
 So, as TCP does with its window, a message that fits in a path's congestion
 window is sent as one burst: when the bytes waiting and the bytes in flight on
 every path together are at most ``BURST_MAX_BYTES`` (small messages, not the
-tail of a large transfer), none of them is a retransmission (a loss may mean
-a full queue) and the waiting ones fit the window room of a path
-that is idle (or already carrying such a burst), that path takes them all, paced ``BURST_SPAN_RTT`` of
-its minimum RTT for a whole window (the bottleneck's queue, which the window
-bounds, spreads them at its own rate). The path is the one whose propagation
-delay (half its recent minimum RTT) lands the message first; a busy path that
-would still land sooner keeps the ordinary schedule. Large transfers never
-qualify, so their pacing, order and tail are unchanged.
+tail of a large transfer), none of them is a retransmission (a loss may mean a
+full queue) and the waiting ones fit the window room of a path that is idle (or
+already carrying such a burst), that path takes them all, paced at a whole
+window per ``BURST_SPAN_RTT`` of its minimum RTT (the bottleneck's queue, which
+the window bounds, spreads them at its own rate). The path is the one whose
+propagation delay (half its recent minimum RTT) lands the message first; a busy
+path that would still land sooner keeps the ordinary schedule. A path keeps its
+burst pace while the session's messages stay small (its datagrams may still wait
+in the data path's pacer) and drops it as soon as a large transfer or a
+retransmission is waiting: large transfers never burst, so their pacing, order
+and tail are unchanged.
 """
 
 from __future__ import annotations
@@ -48,12 +51,16 @@ def can_burst(path: Path, waiting_bytes: int) -> bool:
             and (path.burst_rate_bps > 0.0 or path.bytes_in_flight < path.mss))
 
 
+def small_messages(paths: list[Path], waiting_bytes: int) -> bool:
+    """Whether the ``waiting_bytes`` and every path's bytes in flight together are small
+    (at most ``BURST_MAX_BYTES``): a few small messages, not a large transfer or its tail."""
+    return waiting_bytes + sum(p.bytes_in_flight for p in paths) <= BURST_MAX_BYTES
+
+
 def burst_path(ready: list[Path], paths: list[Path], now: float, waiting_bytes: int) -> Path | None:
     """The path of ``ready`` that takes the ``waiting_bytes`` as one burst, or None: the ordinary
     schedule. ``paths``: all the session's (their bytes in flight count toward the bound)."""
-    if not 0 < waiting_bytes <= BURST_MAX_BYTES:
-        return None
-    if waiting_bytes + sum(p.bytes_in_flight for p in paths) > BURST_MAX_BYTES:
+    if waiting_bytes <= 0 or not small_messages(paths, waiting_bytes):
         return None
     best: Path | None = None
     best_at = float("inf")
