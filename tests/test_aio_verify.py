@@ -1,11 +1,11 @@
-"""ShardHasher: a shard's SHA-256 advanced over frozen prefixes while the shard arrives."""
+"""ShardHasher: a shard's digest advanced over frozen prefixes as it arrives (a small one at once)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 
-from wanxport.aio.verify import HASH_STEP_BYTES, ShardHasher
+from wanxport.aio.verify import HASH_STEP_BYTES, INLINE_HASH_BYTES, ShardHasher
 from wanxport.core.digest import shard_digest
 
 
@@ -55,3 +55,18 @@ async def test_an_empty_or_short_shard_is_hashed_at_finish() -> None:
         hasher = ShardHasher(memoryview(payload), asyncio.get_running_loop())
         hasher.advance(len(payload))
         assert await hasher.finish() == shard_digest(payload)
+
+
+async def test_a_small_shard_is_hashed_on_the_loop_and_a_large_one_is_not() -> None:
+    small = data(64 << 10)
+    hasher = ShardHasher(memoryview(small), asyncio.get_running_loop())
+    assert hasher.finish_inline() == shard_digest(small)
+    large = data(INLINE_HASH_BYTES + 1)
+    hasher = ShardHasher(memoryview(large), asyncio.get_running_loop())
+    assert hasher.finish_inline() is None  # its rest goes to a worker thread
+    assert await hasher.finish() == shard_digest(large)
+    started = data(2 * HASH_STEP_BYTES)
+    hasher = ShardHasher(memoryview(started), asyncio.get_running_loop())
+    hasher.advance(HASH_STEP_BYTES)
+    assert hasher.finish_inline() is None  # a job ran in the background: finish() awaits it
+    assert await hasher.finish() == shard_digest(started)

@@ -74,8 +74,9 @@ def make_cc() -> CongestionController:
     return config.congestion_control.build(config.cc_context(0, PathGroup()))
 
 
-def stalled_run(probes: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[SimRun, list[int]]:
-    """60 small steps; the fast path's first acknowledgements are all ~0.8 s late."""
+def stalled_run(probes: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[SimRun, list[int], list[int]]:
+    """60 small steps; the fast path's first acknowledgements are all ~0.8 s late. Returns the
+    run and each path's payload bytes once the fast path's estimate recovered, then at the end."""
     if not probes:
         monkeypatch.setattr(RttFreshness, "due_at", lambda self, rtt: float("inf"))
     run = SimRun(parse_scenario(SMALL_STEPS), SimOptions(payload_mode="virtual"))
@@ -86,27 +87,34 @@ def stalled_run(probes: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[SimRun, 
     # By then the late acknowledgements are in (STALL_S + 0.8 s), the estimate (~0.82 s)
     # has gone stale (STALE_AFTER_RTTS of it) and a probe's answer has come back.
     recovered_at = STALL_S + 0.82 * (1 + STALE_AFTER_RTTS) + 0.2
+    fast_payload: list[int] = []
     slow_payload: list[int] = []
-    run.loop.call_at(recovered_at, lambda: slow_payload.append(run.a.session.stats().paths[1].payload_bytes))
+
+    def note() -> None:
+        fast, slow = run.a.session.stats().paths
+        fast_payload.append(fast.payload_bytes)
+        slow_payload.append(slow.payload_bytes)
+
+    run.loop.call_at(recovered_at, note)
     report = run.run()
     assert report["intact"] is True and len(report["step_s"]) == 60
-    slow_payload.append(run.a.session.stats().paths[1].payload_bytes)
-    return run, slow_payload
+    note()
+    return run, fast_payload, slow_payload
 
 
 def test_small_messages_return_to_the_fast_path_once_it_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
-    run, slow_payload = stalled_run(True, monkeypatch)
+    run, fast_payload, slow_payload = stalled_run(True, monkeypatch)
     fast, slow = run.a.session.stats().paths
     assert fast.rtt_probes >= 1
     assert slow_payload[0] == slow_payload[1], "every step after the probe went on the fast path"
-    assert fast.payload_bytes > slow.payload_bytes
+    assert fast_payload[1] - fast_payload[0] >= 10 * 64 * 1024  # ... and there were many
 
 
 @pytest.mark.skipif(freshness.__file__.endswith(".so"),
                     reason="switching the probes off patches a class, which a mypyc-compiled build forbids")
 def test_without_the_probes_the_inflated_estimate_sticks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The contrast: the fast path carries nothing after the stall, so nothing corrects it."""
-    run, slow_payload = stalled_run(False, monkeypatch)
+    run, _, slow_payload = stalled_run(False, monkeypatch)
     fast, slow = run.a.session.stats().paths
     assert fast.rtt_probes == 0
     assert slow_payload[1] > slow_payload[0]

@@ -48,7 +48,8 @@ class Path:
 
     __slots__ = ("path_id", "name", "mss", "sizer", "rtt", "rate", "cc", "loss", "acks", "health", "warm",
                  "counters", "freshness", "next_send_at", "last_departure_at", "pacing_wake", "bandwidth_bps",
-                 "_bw_round_at", "needs_open", "pending_control", "max_rate_bps", "pending_resume")
+                 "_bw_round_at", "needs_open", "pending_control", "max_rate_bps", "pending_resume",
+                 "burst_rate_bps")
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
                  initial_rtt_s: float, *, max_rate_bps: float | None = None,
@@ -75,6 +76,7 @@ class Path:
         self.pending_control: list[Frame] = []  # path-specific frames: probes, probe answers
         self.max_rate_bps = float("inf") if max_rate_bps is None else max_rate_bps
         self.pending_resume: PathMemory | None = None
+        self.burst_rate_bps = 0.0  # while the path carries a small message as one burst (else 0)
 
     @property
     def state(self) -> PathState:
@@ -95,8 +97,11 @@ class Path:
 
     @property
     def pacing_rate_bps(self) -> float:
-        """The rate the path is paced at: the controller's, never above the operator's cap."""
+        """The rate the path is paced at: the controller's (or a small message's burst rate,
+        ``core.scheduling.burst``, when higher), never above the operator's cap."""
         rate = self.cc.pacing_rate_bps
+        if self.burst_rate_bps > rate:
+            rate = self.burst_rate_bps
         return rate if rate <= self.max_rate_bps else self.max_rate_bps
 
     @property

@@ -23,7 +23,10 @@ earliest-arrival-no-stripes     expected arrival  water-filling cutoff  none (on
                                                                                                     tail
 ==============================  ================  ====================  ==========================  ========
 
-The last three are ablations: each leaves one part of the default out.
+The last three are ablations: each leaves one part of the default out. Every
+earliest-arrival variant sends a small message that fits a path's window as one
+burst on the path that lands it first (``burst_path``, ``core.scheduling.burst``);
+round-robin never does.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from enum import Enum
 from wanxport.core.config import SessionConfig
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
+from wanxport.core.scheduling.burst import burst_path
 from wanxport.core.scheduling.hedge import Hedger
 from wanxport.core.scheduling.order import ExpectedArrivalOrder, PathOrder, RotatingOrder
 from wanxport.core.scheduling.stripes import Stripes
@@ -77,6 +81,11 @@ class Scheduler(ABC):
     def next_chunk(self, path: Path, now: float, paths: list[Path]) -> tuple[Chunk, ChunkKind] | None:
         """The next chunk ``path`` carries, or None: it has nothing to send."""
 
+    def burst_path(self, ready: list[Path], now: float, paths: list[Path]) -> Path | None:
+        """The path of ``ready`` that takes every byte waiting as one burst (a small message,
+        ``core.scheduling.burst``), or None: the ordinary fill. None unless a scheduler bursts."""
+        return None
+
     @abstractmethod
     def release(self, path_id: int) -> bool:
         """The path takes no new data for now (failed, or held): hand what it reserved to others.
@@ -97,8 +106,9 @@ class ComposedScheduler(Scheduler):
     """A scheduler made of parts; ``None`` leaves a part out (see the module's table)."""
 
     def __init__(self, name: str, outgoing: OutgoingData, *, order: PathOrder, tail: Tail | None,
-                 stripe_chunks: int, hedger: Hedger | None) -> None:
+                 stripe_chunks: int, hedger: Hedger | None, bursts: bool = False) -> None:
         self.name = name
+        self.bursts = bursts
         self.outgoing = outgoing
         self.path_order = order
         self.tail = tail
@@ -124,6 +134,11 @@ class ComposedScheduler(Scheduler):
 
     def order(self, ready: list[Path], now: float) -> list[Path]:
         return self.path_order.order(ready, now)
+
+    def burst_path(self, ready: list[Path], now: float, paths: list[Path]) -> Path | None:
+        if not self.bursts or self.outgoing.retransmit_bytes:
+            return None  # lost data is re-sent at the controllers' pace (a loss may be a full queue)
+        return burst_path(ready, paths, now, self.remaining_bytes)
 
     def hold(self, path: Path, now: float) -> float | None:
         tail = self.tail
@@ -190,7 +205,7 @@ def _earliest_arrival(name: str, *, water_fill: bool = True, stripes: bool = Tru
             name, outgoing, order=ExpectedArrivalOrder(),
             tail=Tail(config.pacing_horizon_s, water_fill=water_fill),
             stripe_chunks=config.stripe_chunks if stripes else 0,
-            hedger=Hedger() if hedge else None)
+            hedger=Hedger() if hedge else None, bursts=True)
     return factory
 
 

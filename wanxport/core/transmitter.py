@@ -23,6 +23,7 @@ from wanxport.core.numbering import WireNumbering
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.scheduler import ChunkKind, Scheduler
+from wanxport.core.scheduling.burst import burst_rate_bps, small_messages
 from wanxport.core.sent_packets import Chunk, SentPacket
 from wanxport.core.transmit import DataSource, Transmit, number_datagrams
 from wanxport.wire.frames import AckFrame, DataFrame, Frame, ProbeFrame, ShardOpenFrame
@@ -50,6 +51,7 @@ class Transmitter:
         self.segments = [config.datagram_payload(p) for p in config.paths]  # per path: datagram payload
         self.hedged_bytes = 0
         self.fec = FecSender(config, paths, outgoing)
+        self.bursting: set[int] = set()  # paths pacing a small message's burst (core.scheduling.burst)
 
     def touch(self, path: Path) -> None:
         """The path's state changed: its deadline is recomputed before control returns."""
@@ -172,6 +174,9 @@ class Transmitter:
         """
         if not self.outgoing.unfinished or not self.dirty:
             return
+        if self.bursting and (self.outgoing.retransmit_bytes
+                              or not small_messages(self.paths, self.scheduler.remaining_bytes)):
+            self.end_bursts()  # a large transfer or a loss: the controllers' pacing again
         if self.scheduler.refresh(self.paths, now):
             self.dirty.update(range(len(self.paths)))  # data became free for every path
         # A path without window room, or whose pacing holds it beyond the horizon,
@@ -192,6 +197,12 @@ class Transmitter:
                 continue
             ready.append(path)
         self.dirty.clear()
+        burst = self.scheduler.burst_path(ready, now, self.paths) if ready else None
+        if burst is not None:
+            burst.burst_rate_bps = burst_rate_bps(burst)
+            self.bursting.add(burst.path_id)
+            self._fill(burst, now, now + self._horizon_s(burst), out)
+            ready.remove(burst)  # the others find nothing left, or hedge the tail as usual
         if len(ready) > 1:
             ready = self.scheduler.order(ready, now)
         for path in ready:
@@ -202,6 +213,12 @@ class Transmitter:
                 self.touch(path)
                 continue
             self._fill(path, now, now + self._horizon_s(path), out)
+
+    def end_bursts(self) -> None:
+        """Paths carrying a small message's burst pace at their controllers' rates again."""
+        for path_id in self.bursting:
+            self.paths[path_id].burst_rate_bps = 0.0
+        self.bursting.clear()
 
     def release_stripe(self, path: Path) -> None:
         """Give the data the path reserved to the others, and let them know."""
