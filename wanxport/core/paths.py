@@ -40,6 +40,7 @@ from wanxport.core.recovery import LossDetector
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
 from wanxport.core.warm import IdleGuard, PathMemory
+from wanxport.wire.ack_record import PacketRecord
 from wanxport.wire.frames import Frame
 
 
@@ -52,7 +53,8 @@ class Path:
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
                  initial_rtt_s: float, *, max_rate_bps: float | None = None,
-                 sizer: PacketSizer | None = None) -> None:
+                 sizer: PacketSizer | None = None, ack_record: PacketRecord | None = None) -> None:
+        """``ack_record``: where the path's received packet numbers are kept (``AckTracker``)."""
         self.path_id = path_id
         self.name = name
         self.mss = mss  # data bytes of the path's next core packets (core.packet_size)
@@ -62,7 +64,7 @@ class Path:
         self.cc = cc
         self.counters = PathCounters()  # bumped by each part where its events happen (core.counters)
         self.loss = LossDetector(self.rtt, self.rate, cc, self.counters)
-        self.acks = AckTracker()
+        self.acks = AckTracker(ack_record)
         self.health = PathHealth(self.counters)
         self.warm = IdleGuard(self.counters)
         self.freshness = RttFreshness(self.counters)

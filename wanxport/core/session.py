@@ -20,7 +20,7 @@ and are translated here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
@@ -50,6 +50,7 @@ from wanxport.core.stats import SessionStats, session_stats
 from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
 from wanxport.core.warm import PathMemory
+from wanxport.wire.ack_record import PacketRecord
 from wanxport.wire.frames import (
     MAX_SHARD_RANGES,
     AckFrame,
@@ -73,18 +74,21 @@ class Session:
     """Both directions of one multipath session with one peer."""
 
     def __init__(self, config: SessionConfig, allocator: Allocator | None = None, *,
-                 defer_verification: bool = False, receive_holdoff_s: float = 0.0) -> None:
+                 defer_verification: bool = False, receive_holdoff_s: float = 0.0,
+                 ack_record: Callable[[], PacketRecord] | None = None) -> None:
         """``defer_verification``: a complete shard is announced as ``ShardFilled`` and the
         driver checks its digest (off its event loop) and calls ``shard_verified``;
         otherwise the session hashes it on the spot (the simulator's choice: no threads).
         ``receive_holdoff_s``: the receive coalescing a driver may apply (``core.holdoff``),
-        never beyond the ACK delay."""
+        never beyond the ACK delay. ``ack_record``: makes each path's record of received
+        packet numbers (``wire.ack_record``; the native data path's driver passes its C twin)."""
         self.config = config
         self.defer_verification = defer_verification
         group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
             Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s,
-                 max_rate_bps=p.max_rate_bps, sizer=config.packet_sizer(p))
+                 max_rate_bps=p.max_rate_bps, sizer=config.packet_sizer(p),
+                 ack_record=None if ack_record is None else ack_record())
             for i, p in enumerate(config.paths)
         ]
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
