@@ -90,6 +90,11 @@ class EndpointConfig:
     # bulk receiver's CPU and 18 % of an all-reduce rank's, but made hetero-8path 3-9 %
     # slower in each of 4 quiet same-run pairs.
     receive_holdoff_s: float = 0.0
+    # The hold-off as the session's control interval (core.holdoff): from receive_holdoff_s
+    # it grows to an eighth of the shortest smoothed RTT, at most max_ack_delay_s, so the
+    # loop runs once per interval on a long path whatever its packet rate. False: a fixed
+    # hold-off of receive_holdoff_s.
+    receive_interval: bool = True
 
     def __post_init__(self) -> None:
         if len(self.sockets) != len(self.session.paths):

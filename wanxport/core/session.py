@@ -75,13 +75,16 @@ class Session:
 
     def __init__(self, config: SessionConfig, allocator: Allocator | None = None, *,
                  defer_verification: bool = False, receive_holdoff_s: float = 0.0,
+                 receive_interval: bool = False,
                  ack_record: Callable[[], PacketRecord] | None = None) -> None:
         """``defer_verification``: a complete shard is announced as ``ShardFilled`` and the
         driver checks its digest (off its event loop) and calls ``shard_verified``;
         otherwise the session hashes it on the spot (the simulator's choice: no threads).
         ``receive_holdoff_s``: the receive coalescing a driver may apply (``core.holdoff``),
-        never beyond the ACK delay. ``ack_record``: makes each path's record of received
-        packet numbers (``wire.ack_record``; the native data path's driver passes its C twin)."""
+        never beyond the ACK delay; ``receive_interval``: it grows with the round trip (to an
+        eighth of the shortest, at most the ACK delay: ``core.holdoff``). ``ack_record``: makes
+        each path's record of received packet numbers (``wire.ack_record``; the driver of the
+        native data path passes its C twin)."""
         self.config = config
         self.defer_verification = defer_verification
         group = PathGroup()  # lets coupled controllers see their siblings
@@ -101,7 +104,8 @@ class Session:
         self._stall = StallWatch(self._deadlines, len(self.paths), self._events)
         # Receive coalescing, for the driver to apply: ``receive_holdoff.wait_s()`` when a path
         # wakes, ``receive_holdoff.after_pass(now, pressed)`` after each receive pass.
-        self.receive_holdoff = ReceiveHoldoff(min(receive_holdoff_s, config.max_ack_delay_s), self.paths)
+        self.receive_holdoff = ReceiveHoldoff(min(receive_holdoff_s, config.max_ack_delay_s), self.paths,
+                                              max_s=config.max_ack_delay_s if receive_interval else None)
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
         self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)

@@ -83,6 +83,7 @@ class SimOptions:
     # The transport policies a gateway runs, off unless asked for (core.holdoff, core.stall):
     # receive coalescing as aio's endpoint applies it, and the receiver's stall timeout.
     receive_holdoff_s: float = 0.0
+    receive_interval: bool = False  # the hold-off grows with the round trip (core.holdoff)
     stall_timeout_s: float | None = None
 
 
@@ -90,10 +91,11 @@ class SimEndpoint:
     """One simulated gateway: a session's driver plus its side of the data path (bytes or virtual)."""
 
     def __init__(self, name: str, config: SessionConfig, cutter: DatagramCutter,
-                 receiver: ReferenceReceiver | VirtualReceiver, receive_holdoff_s: float = 0.0) -> None:
+                 receiver: ReferenceReceiver | VirtualReceiver, receive_holdoff_s: float = 0.0,
+                 receive_interval: bool = False) -> None:
         self.name = name
         self.session = Session(config, allocator=self.allocate, defer_verification=True,
-                               receive_holdoff_s=receive_holdoff_s)
+                               receive_holdoff_s=receive_holdoff_s, receive_interval=receive_interval)
         self.driver = Driver(self.session)
         self.cutter = cutter
         self.receiver = receiver
@@ -199,9 +201,10 @@ class SimRun:
 
     def _endpoint(self, name: str, config: SessionConfig, index: int) -> SimEndpoint:
         n = len(config.paths)
-        holdoff = self.options.receive_holdoff_s
+        holdoff, interval = self.options.receive_holdoff_s, self.options.receive_interval
         if self.mode == "virtual":
-            return SimEndpoint(name, config, DatagramCutter(None, config), VirtualReceiver(n), holdoff)
+            return SimEndpoint(name, config, DatagramCutter(None, config), VirtualReceiver(n), holdoff,
+                               interval)
         # Key 0 seals a->b, key 1 seals b->a; each side opens with the other's.
         rng = random.Random(self.seed)
         keys: list[Protection] = [
@@ -209,7 +212,7 @@ class SimRun:
         receiver = ReferenceReceiver(0, n)
         receiver.set_key(0, keys[1 - index])
         return SimEndpoint(name, config, DatagramCutter(PacketSealer(0, {0: keys[index]}), config), receiver,
-                           holdoff)
+                           holdoff, interval)
 
     # -- running -------------------------------------------------------------
 
