@@ -152,10 +152,11 @@ class Path:
             return min(self.bandwidth_bps, self.max_rate_bps) / 8
         return self.pacing_rate_bps / 8
 
-    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float
-               ) -> tuple[list[SentPacket], list[SentPacket]]:
-        """Apply an ACK frame for this path's packets; return (newly acknowledged, newly lost)."""
-        acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now)
+    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float,
+               held_s: float = 0.0) -> tuple[list[SentPacket], list[SentPacket]]:
+        """Apply an ACK frame for this path's packets; return (newly acknowledged, newly lost).
+        ``held_s``: how long it waited in our driver (``LossDetector.on_ack``)."""
+        acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now, held_s)
         if acked and self.pending_resume is not None:
             self._resume_saved(self.pending_resume, now)
         if acked:

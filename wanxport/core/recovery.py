@@ -179,9 +179,12 @@ class LossDetector:
 
     # -- acknowledgements ------------------------------------------------------------
 
-    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float
-               ) -> tuple[list[SentPacket], list[SentPacket], RateSample | None]:
-        """Apply an ACK frame's ranges; return (newly acknowledged, newly lost, rate sample)."""
+    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float,
+               held_s: float = 0.0) -> tuple[list[SentPacket], list[SentPacket], RateSample | None]:
+        """Apply an ACK frame's ranges; return (newly acknowledged, newly lost, rate sample).
+
+        ``held_s``: how long the ACK waited in our driver before this call (the receive
+        hold-off, ``core.holdoff``); it is no part of the path's round trip."""
         sent = self._sent
         acked: list[SentPacket] = []
         lowest = next(iter(sent), self.next_pn)
@@ -207,7 +210,7 @@ class LossDetector:
         if largest.pn > self.largest_acked:
             self.largest_acked = largest.pn
             if largest.ack_eliciting:
-                self.rtt.update(now - largest.sent_at, ack_delay_s, now)
+                self.rtt.update(now - held_s - largest.sent_at, ack_delay_s, now)
         acked_bytes = 0
         rate = self.rate
         for packet in acked:

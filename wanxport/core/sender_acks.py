@@ -38,9 +38,10 @@ class SenderAcks:
         self.tx = tx
         self.failover = failover
 
-    def apply(self, path_id: int, frames: list[AckFrame], now: float) -> None:
+    def apply(self, path_id: int, frames: list[AckFrame], now: float, held_s: float = 0.0) -> None:
         """ACKs of one path in arrival order: whole core packets acknowledged, partly covered
-        ones confirmed. An ACK for a path we do not have is ignored.
+        ones confirmed. An ACK for a path we do not have is ignored. ``held_s``: how long the
+        newest of them waited in our driver (the receive hold-off): not part of the round trip.
 
         A core packet counts as acknowledged only when all its datagrams are, but
         the datagrams of a partly acknowledged one did arrive: their bytes count, so
@@ -62,7 +63,7 @@ class SenderAcks:
         if not translated:
             return
         delay = min(delay_us / 1e6, self.config.max_ack_delay_s)
-        acked, lost = path.on_ack(translated, delay, now)
+        acked, lost = path.on_ack(translated, delay, now, held_s)
         if acked:
             outgoing = self.outgoing
             for packet in acked:
