@@ -159,7 +159,7 @@ class Intake:
             except WireError:
                 self.malformed_controls += 1
         if opened:
-            waits = [held_s if i == path_id else 0.0 for i in range(len(session.paths))] if held_s else ()
+            waits = [held_s if i == path_id else 0.0 for i in range(len(ep.sockets))] if held_s else ()
             session.receive_packets(opened, now, waits)  # a path's ACKs of one drain applied as one
 
 

@@ -153,10 +153,10 @@ class Path:
         return self.pacing_rate_bps / 8
 
     def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float,
-               held_s: float = 0.0) -> tuple[list[SentPacket], list[SentPacket]]:
+               arrived_at: float | None = None) -> tuple[list[SentPacket], list[SentPacket]]:
         """Apply an ACK frame for this path's packets; return (newly acknowledged, newly lost).
-        ``held_s``: how long it waited in our driver (``LossDetector.on_ack``)."""
-        acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now, held_s)
+        ``arrived_at``: when it arrived (``LossDetector.arrival``; default ``now``)."""
+        acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now, arrived_at)
         if acked and self.pending_resume is not None:
             self._resume_saved(self.pending_resume, now)
         if acked:

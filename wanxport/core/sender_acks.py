@@ -55,15 +55,16 @@ class SenderAcks:
         if oldest is None:
             return  # nothing outstanding or remembered: nothing to learn
         tx = self.tx
+        at = path.loss.arrival(now, held_s)
         translated, parts, delay_us = tx.wire[path_id].translate_fresh(frames, oldest)
         if parts:
             segment = tx.segments[path_id]
             for core_pn, first, last in parts:
-                self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, now)
+                self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, at)
         if not translated:
             return
         delay = min(delay_us / 1e6, self.config.max_ack_delay_s)
-        acked, lost = path.on_ack(translated, delay, now, held_s)
+        acked, lost = path.on_ack(translated, delay, now, at)
         if acked:
             outgoing = self.outgoing
             for packet in acked:

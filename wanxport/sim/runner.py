@@ -301,7 +301,7 @@ class SimRun:
         now = self.loop.now
         runs: list[Run] = []
         controls: list[Control] = []
-        waited = [0.0] * len(endpoint.session.paths)  # per path: its newest datagram's wait
+        waited = [0.0] * len(endpoint.session.config.paths)  # per path: its newest datagram's wait
         for path_index, packet, arrived in held:
             self._open(endpoint, path_index, packet, runs, controls)
             if 0 <= path_index < len(waited):
