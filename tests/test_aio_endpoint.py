@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from wanxport.aio import native_io
 from wanxport.aio.config import DirectionKey, EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Endpoint
+from wanxport.aio.native_lanes import ReceiveLane
 from wanxport.aio.verify import ShardHasher
 from wanxport.core import holdoff as holdoff_module
 from wanxport.core.config import PathConfig, SessionConfig
@@ -448,3 +450,20 @@ async def stall_in_io_callback(seconds: float, before: Callable[[], None]) -> No
     finally:
         wake.close()
         trigger.close()
+
+
+@pytest.mark.skipif(not native.NATIVE_AVAILABLE, reason=str(native.import_error))
+def test_a_drain_reports_the_kernel_receive_time_of_its_newest_datagram() -> None:
+    """What the intake subtracts from a held pass's round trips (``Received.rx_ns``)."""
+    a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with a, b:
+        b.bind(("127.0.0.1", 0))
+        b.setblocking(False)
+        native_io.enable_timestamps(b)
+        before = time.time_ns()
+        for _ in range(3):
+            a.sendto(b"\x21" + bytes(40), b.getsockname())
+        lane = ReceiveLane(7, 1, native.Protector("aes-256-gcm", bytes(32), bytes(12)), False, 2048)
+        received = lane.receive(b)
+        assert before <= received.rx_ns <= time.time_ns()
+        assert lane.counters["rejected_conn"] == 3  # not ours: dropped, but heard

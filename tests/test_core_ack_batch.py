@@ -161,7 +161,7 @@ class RecordingAcks:
     def __init__(self) -> None:
         self.calls: list[tuple[int, list[AckFrame]]] = []
 
-    def apply(self, path_id: int, frames: list[AckFrame], now: float) -> None:
+    def apply(self, path_id: int, frames: list[AckFrame], now: float, held_s: float = 0.0) -> None:
         self.calls.append((path_id, list(frames)))
 
 

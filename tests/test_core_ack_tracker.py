@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wanxport.core.ack_tracker import MAX_ACK_RANGES, RECEIVED_RANGES_KEPT, AckTracker
+from wanxport.core.ack_tracker import AckTracker
+from wanxport.wire.ack_record import ACK_FRAME_RANGES as MAX_ACK_RANGES
+from wanxport.wire.ack_record import ACK_RANGES_KEPT as RECEIVED_RANGES_KEPT
 
 THRESHOLD = 4
 DELAY_S = 0.025

@@ -106,6 +106,23 @@ def test_bytes_in_flight_follow_sends_acks_and_losses() -> None:
     assert loss.largest_acked == 5 and loss.last_ack_at == 0.1
 
 
+def test_the_time_an_ack_waited_in_the_driver_is_no_part_of_the_round_trip() -> None:
+    held, prompt = new_detector(), new_detector()
+    for loss in (held, prompt):
+        send(loss, 0.0)
+        send(loss, 0.010)
+    # The same ACKs: one drained at once, one after a 4 ms receive hold-off.
+    prompt.on_ack(((0, 0),), 0.0, 0.050)
+    held.on_ack(((0, 0),), 0.0, 0.054, held.arrival(0.054, 0.004))
+    prompt.on_ack(((1, 1),), 0.0, 0.070)
+    held.on_ack(((1, 1),), 0.0, 0.073, held.arrival(0.073, 0.003))
+    for rtt in (held.rtt, prompt.rtt):
+        assert (rtt.min_s, rtt.latest_s) == (pytest.approx(0.050), pytest.approx(0.060))
+    assert held.rtt.smoothed_s == pytest.approx(prompt.rtt.smoothed_s)
+    assert held.last_ack_at == 0.073  # handled when it was: only the samples are taken earlier
+    assert held.arrival(0.080, 0.020) == pytest.approx(0.070)  # never before the previous arrival
+
+
 def test_an_ack_of_nothing_outstanding_changes_nothing() -> None:
     loss = new_detector()
     send(loss, 0.0)

@@ -497,6 +497,20 @@ def test_receive_data_run_equals_one_packet_at_a_time(first_pn: int) -> None:
     assert [a.ranges for a in acks(plain)] == [a.ranges for a in acks(batched_session)]
 
 
+def test_the_ack_delay_covers_the_time_a_run_waited_in_the_driver() -> None:
+    """A receive hold-off delays the ACK: the delay it reports starts at the arrival, so the
+    sender's round-trip sample leaves the hold out (``core.holdoff``)."""
+    delays = []
+    for held_s in (0.0, 0.004):
+        session = Session(make_config(paths=1, ack_threshold=1))
+        session.receive_packet(0, 0, [ShardOpenFrame(9, 8000, bytes(32))], 0.0)
+        session.poll_transmit(0.0)
+        session.receive_data_run(0, 1, 4, 9, 0, 4000, 0.5, held_s)
+        [ack] = [f for tx in session.poll_transmit(0.5) for f in tx.frames if isinstance(f, AckFrame)]
+        delays.append(ack.ack_delay_us)
+    assert delays[1] - delays[0] == 4000
+
+
 def test_receive_data_run_for_an_unopened_shard_is_not_acknowledged() -> None:
     session = Session(make_config(paths=1))
     session.receive_data_run(0, 0, 4, 3, 0, 4000, 0.0)

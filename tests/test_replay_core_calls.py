@@ -79,17 +79,18 @@ def replay(config: SessionConfig, calls: list[Call]) -> int:
             # One receive batch: its runs, then its controls (one call, which applies a
             # path's ACKs together), all at one ``now`` (the endpoint services once for
             # several batches of one loop iteration).
+            # (No receive hold-off here: nothing waited, ``held_s`` is 0 throughout.)
             runs: list[Run] = []
             controls: list[Control] = []
-            now = call.args[-1]
+            now = call.args[6] if call.method == "receive_data_run" else call.args[1]
             while (i < len(calls) and calls[i].method == "receive_data_run"
-                   and calls[i].args[-1] == now):
-                path_id, first_pn, count, shard_id, offset, length, now = calls[i].args
+                   and calls[i].args[6] == now):
+                path_id, first_pn, count, shard_id, offset, length, now = calls[i].args[:7]
                 runs.append((path_id, first_pn, count, shard_id, offset, length))
                 i += 1
             if (i < len(calls) and calls[i].method == "receive_packets"
-                    and calls[i].args[-1] == now):
-                packets, now = calls[i].args
+                    and calls[i].args[1] == now):
+                packets, now = calls[i].args[:2]
                 controls.extend(packets)
                 i += 1
             driver.receive(runs, controls, now)

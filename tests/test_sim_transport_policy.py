@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from wanxport.scenario import parse_scenario
 from wanxport.sim.runner import SimOptions, SimRun
 
@@ -40,7 +42,8 @@ def run(rtt_ms: float, *, size: str = "1MiB", events: str = "", direction: str =
 
 
 def test_the_receive_holdoff_coalesces_datagrams_on_a_long_path() -> None:
-    (held, held_report), (plain, plain_report) = run(40.0, receive_holdoff_s=0.001), run(40.0)
+    (held, held_report), (plain, plain_report) = (run(40.0, receive_holdoff_s=0.001, receive_interval=False),
+                                                  run(40.0, receive_holdoff_s=0.0))
     assert held_report["intact"] and plain_report["intact"]
     holdoff = held.b.session.receive_holdoff
     # A 40 ms path is long beside 8 hold-offs of 1 ms: the receiver holds throughout, and each
@@ -56,7 +59,7 @@ def test_the_receive_holdoff_coalesces_datagrams_on_a_long_path() -> None:
 def test_the_receive_holdoff_turns_itself_off_on_a_short_path() -> None:
     # Both ways, so each side measures the path's round trip with its own data; fast enough
     # that no queue builds up to lengthen it.
-    sim, report = run(2.0, receive_holdoff_s=0.001, direction="both", mbps=1000.0)
+    sim, report = run(2.0, receive_holdoff_s=0.001, receive_interval=False, direction="both", mbps=1000.0)
     assert report["intact"]
     for side in (sim.a, sim.b):
         holdoff = side.session.receive_holdoff
@@ -64,8 +67,27 @@ def test_the_receive_holdoff_turns_itself_off_on_a_short_path() -> None:
         assert not holdoff.holding and holdoff.passes > 0
         assert side.session.receive_holdoff.wait_s() == 0.0
     # The same run on a 40 ms path holds to the end on both sides.
-    long, _ = run(40.0, receive_holdoff_s=0.001, direction="both", mbps=1000.0)
+    long, _ = run(40.0, receive_holdoff_s=0.001, receive_interval=False, direction="both", mbps=1000.0)
     assert all(side.session.receive_holdoff.holding for side in (long.a, long.b))
+
+
+def test_the_control_interval_grows_with_the_round_trip_up_to_the_ack_delay() -> None:
+    # Both ways, so each side measures the path. On 24 ms an eighth is 3 ms: each side holds
+    # that long, and fewer, fuller passes carry the same transfer than with a fixed 1 ms.
+    (grown, grown_report), (fixed, fixed_report) = (
+        run(24.0, receive_holdoff_s=0.001, direction="both", mbps=100.0),  # growing with the round trip
+        run(24.0, receive_holdoff_s=0.001, receive_interval=False, direction="both", mbps=100.0))
+    assert grown_report["intact"] and fixed_report["intact"]
+    for side, other in ((grown.a, fixed.a), (grown.b, fixed.b)):
+        holdoff = side.session.receive_holdoff
+        srtt = min(p.rtt.smoothed_s for p in side.session.paths)
+        assert holdoff.holding and holdoff.wait_s() == pytest.approx(srtt / 8)
+        assert 0.001 < holdoff.wait_s() <= side.session.config.max_ack_delay_s
+        assert other.session.receive_holdoff.wait_s() == 0.001
+        assert 0 < holdoff.passes < other.session.receive_holdoff.passes
+    # A 200 ms path would ask for 25 ms: the interval stops at the ACK delay.
+    long, _ = run(200.0, receive_holdoff_s=0.001, direction="both")
+    assert long.b.session.receive_holdoff.wait_s() == long.b.session.config.max_ack_delay_s
 
 
 def test_a_stalled_sender_is_reported_once_after_the_timeout() -> None:

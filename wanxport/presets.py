@@ -15,6 +15,9 @@ Two presets exist because two workloads differ:
   ms), where a delayed ACK of 10 ms costs no window and saves Python work at both
   ends; 64 datagrams per core packet halve the per-packet work again. The control
   channel shares the paths the collective saturates, so its idle timeout is longer.
+  Its endpoints run the session once per control interval (the receive hold-off from
+  1 ms, growing to an eighth of the shortest RTT: ``core.holdoff``) instead of once per
+  wake-up of a few datagrams.
 """
 
 from __future__ import annotations
@@ -40,10 +43,14 @@ class Preset:
     congestion_control: str = "bbr"  # a wanxport.core.cc registered name
     fec: str = "auto"  # the sender's erasure-coded tail; a receiver always decodes
     control_timeout_s: float = 2.0  # QUIC idle timeout: how fast a dead control path is noticed
+    # Our endpoint's receive hold-off floor (EndpointConfig.receive_holdoff_s; 0: none), the
+    # session's control interval on long paths; not agreed with the peer.
+    receive_holdoff_s: float = 0.0
 
 
 GATEWAY = Preset("gateway")
-COLLECTIVE = Preset("collective", segments=64, ack_delay_s=0.010, control_timeout_s=10.0)
+COLLECTIVE = Preset("collective", segments=64, ack_delay_s=0.010, control_timeout_s=10.0,
+                    receive_holdoff_s=0.001)
 
 
 def offload_chunk_bytes(paths: tuple[PathConfig, ...], segments: int, tag_bytes: int = 16) -> int:

@@ -34,6 +34,8 @@
 #define WX_MAX_OFFSET (((uint64_t)1) << 62)
 #define WX_MAX_PN ((((uint64_t)1) << 62) - 1)
 #define WX_MAX_UDP_PAYLOAD 65507
+#define ACK_RANGES_KEPT 256 /* a path's received-pn record keeps at most these ranges */
+#define ACK_FRAME_RANGES 32 /* ranges an ACK frame reports, the newest first */
 
 /* One descriptor of a datagram inside a batch buffer: three native int64s.
  * recv_batch() produces these and Receiver.process() consumes them, so a
@@ -132,6 +134,7 @@ int wx_seal_data(WxProtector *p, uint8_t *d, uint32_t conn_id, uint16_t path_id,
 
 extern PyTypeObject WxReceiver_Type;
 extern PyTypeObject WxPacer_Type;
+extern PyTypeObject WxAckRecord_Type; /* ack_record.c */
 
 PyObject *wx_seal_packet(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *wx_open_packet(PyObject *self, PyObject *args, PyObject *kwargs);

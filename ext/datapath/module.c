@@ -76,6 +76,8 @@ static int add_constants(PyObject *m) {
         {"REPLAY_WINDOW", WX_REPLAY_WINDOW},
         {"RECORD_SIZE", (long long)sizeof(WxRecord)},
         {"DESC_SIZE", (long long)sizeof(WxDesc)},
+        {"ACK_RANGES_KEPT", ACK_RANGES_KEPT},
+        {"ACK_FRAME_RANGES", ACK_FRAME_RANGES},
     };
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++) {
         PyObject *v = PyLong_FromLongLong(constants[i].value);
@@ -92,6 +94,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     if (add_type(m, &WxProtector_Type, "Protector") < 0 ||
         add_type(m, &WxReceiver_Type, "Receiver") < 0 || add_type(m, &WxPacer_Type, "Pacer") < 0 ||
+        add_type(m, &WxAckRecord_Type, "AckRecord") < 0 ||
         add_constants(m) < 0) {
         Py_DECREF(m);
         return NULL;

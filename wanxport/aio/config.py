@@ -86,10 +86,16 @@ class EndpointConfig:
     # all. 0: drain at once. Inline data path only (worker threads drain their own sockets).
     # It yields to a socket that fills (a drain stopped at its cap, or kernel drops:
     # core.holdoff.HOLDOFF_YIELD_S), which keeps a datagram flood from halving the goodput
-    # as it did before the yield. Off by default all the same: at 1 ms it saves 9-16 % of a
-    # bulk receiver's CPU and 18 % of an all-reduce rank's, but made hetero-8path 3-9 %
-    # slower in each of 4 quiet same-run pairs.
+    # as it did before the yield. What a datagram waited out the hold-off is left out of
+    # the round-trip and delivery samples (core.holdoff). Off by default: a fixed 1 ms made
+    # hetero-8path 3-9 % slower in each of 4 quiet same-run pairs (before those samples left
+    # the wait out); the collective's preset turns it on (presets.COLLECTIVE).
     receive_holdoff_s: float = 0.0
+    # The hold-off as the session's control interval (core.holdoff): from receive_holdoff_s
+    # it grows to an eighth of the shortest smoothed RTT, at most max_ack_delay_s, so the
+    # loop runs once per interval on a long path whatever its packet rate. False: a fixed
+    # hold-off of receive_holdoff_s.
+    receive_interval: bool = True
 
     def __post_init__(self) -> None:
         if len(self.sockets) != len(self.session.paths):

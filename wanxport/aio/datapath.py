@@ -37,6 +37,9 @@ class Received:
     # datagrams left, or the kernel dropped some for a full buffer since the last drain.
     # The endpoint's receive hold-off yields then (aio.endpoint).
     pressed: bool = False
+    # The kernel's receive time (CLOCK_REALTIME ns) of the newest datagram drained, 0 when
+    # unknown: how long it waited out a receive hold-off is no part of a round trip.
+    rx_ns: int = 0
 
 
 class ShardReceiver(Protocol):

@@ -49,6 +49,7 @@ from wanxport.core.events import (
     ShardReceived,
 )
 from wanxport.core.session import Session
+from wanxport.wire import native
 from wanxport.wire.frames import DATA_OVERHEAD
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,12 @@ class Endpoint(SessionWindow):
         # arrives (aio.verify): hashing a large shard on the loop would hold back every
         # path's acknowledgements, and hashing it only once complete would delay it.
         self.verifier = ShardVerifier(self.datapath, allocator, self._on_verdict)
-        # Receive coalescing (EndpointConfig.receive_holdoff_s) is the core's decision (core.holdoff).
+        # Receive coalescing (EndpointConfig.receive_holdoff_s) is the core's decision (core.holdoff);
+        # with the native data path each path's received packet numbers are kept in C.
         self.session = Session(config.session, allocator=self.verifier.allocate, defer_verification=True,
-                               receive_holdoff_s=config.receive_holdoff_s)
+                               receive_holdoff_s=config.receive_holdoff_s,
+                               receive_interval=config.receive_interval,
+                               ack_record=native.ack_record if self.datapath_name == "native" else None)
         self._received: asyncio.Queue[ReceivedShard] | None = None
         self._acks: dict[int, asyncio.Future[bool]] = {}
         #: Called with each ``PathChanged`` (a path's health state moved), on the loop.

@@ -9,6 +9,7 @@ decision (``core.holdoff``); this module only holds the sockets and drains them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ class Intake:
         self._ep = endpoint
         self._held: list[int] = []  # paths readable and waiting out the hold-off
         self._held_timer: asyncio.TimerHandle | None = None
+        self._held_since = 0.0  # clock() when the hold-off began
         self.passes = 0  # drains of one or more paths handed to the session together
         self.malformed_controls = 0
         self.data_runs = 0
@@ -52,6 +54,7 @@ class Intake:
         self._watch(path_id, False)
         self._held.append(path_id)
         if self._held_timer is None:
+            self._held_since = self._ep.clock()
             self._held_timer = loop.call_later(wait_s, self._release_held)
 
     def _release_held(self, paths: Sequence[int] | None = None) -> None:
@@ -59,7 +62,8 @@ class Intake:
         self._held_timer = None
         held, self._held = self._held, []
         try:
-            self._drain(held if paths is None else paths)
+            waited = self._ep.clock() - self._held_since if held else 0.0
+            self._drain(held if paths is None else paths, waited)
         finally:
             if self._ep.loop is not None:  # not closed by what the drain handed on
                 for path_id in held:
@@ -97,13 +101,14 @@ class Intake:
         else:
             ep.loop.remove_reader(ep.sockets[path_id].fileno())
 
-    def _drain(self, path_ids: Sequence[int]) -> None:
-        """Drain these paths' sockets and hand everything to the session in one pass."""
+    def _drain(self, path_ids: Sequence[int], held_s: float = 0.0) -> None:
+        """Drain these paths' sockets and hand everything to the session in one pass; ``held_s``:
+        how long the pass was held back (none of what arrived waited longer)."""
         ep = self._ep
         now = ep.clock()
         self.passes += 1
         drained = [(path_id, ep.datapath.receive(path_id)) for path_id in path_ids]
-        self.deliver(drained, now)
+        self.deliver(drained, now, held_s)
         holdoff = ep.session.receive_holdoff
         if holdoff.holdoff_s > 0.0:
             holdoff.after_pass(now, any(received.pressed for _, received in drained))
@@ -114,19 +119,23 @@ class Intake:
             return  # closed meanwhile
         self.deliver(items, self._ep.clock())
 
-    def deliver(self, items: Sequence[tuple[int, Received]], now: float) -> None:
+    def deliver(self, items: Sequence[tuple[int, Received]], now: float, held_s: float = 0.0) -> None:
         """One pass: everything to the session, then the digests, then QUIC datagrams to their side."""
         ep = self._ep
         grown: set[int] = set()
+        wall = time.time() if held_s > 0.0 else 0.0
         for path_id, received in items:
-            self._absorb(path_id, received, now, grown)
+            # How long the path's newest datagram waited out the hold-off (kernel receive time;
+            # unknown: none), so the session leaves it out of its round-trip samples.
+            waited = min(held_s, max(0.0, wall - received.rx_ns * 1e-9)) if received.rx_ns and wall else 0.0
+            self._absorb(path_id, received, now, grown, waited)
         ep.verifier.advance(grown, ep.session.received_prefix)
         ep.service_soon()
         for path_id, received in items:
             if received.quic:
                 ep.handoff.hand(path_id, received.quic)
 
-    def _absorb(self, path_id: int, received: Received, now: float, grown: set[int]) -> None:
+    def _absorb(self, path_id: int, received: Received, now: float, grown: set[int], held_s: float) -> None:
         """Hand what a path received to the session; add to ``grown`` the shards it may have grown."""
         ep = self._ep
         session = ep.session
@@ -136,7 +145,7 @@ class Intake:
             self.data_records += received.datagrams
             self.data_runs += len(received.runs)
             for pid, first_pn, count, shard_id, offset, length in received.runs:
-                session.receive_data_run(pid, first_pn, count, shard_id, offset, length, now)
+                session.receive_data_run(pid, first_pn, count, shard_id, offset, length, now, held_s)
                 grown.add(shard_id)
         if received.controls:
             # DATA on the Python path, a repair symbol, a SHARD_OPEN releasing early data:
@@ -150,6 +159,7 @@ class Intake:
             except WireError:
                 self.malformed_controls += 1
         if opened:
-            session.receive_packets(opened, now)  # a path's ACKs of one drain applied as one
+            waits = [held_s if i == path_id else 0.0 for i in range(len(ep.sockets))] if held_s else ()
+            session.receive_packets(opened, now, waits)  # a path's ACKs of one drain applied as one
 
 

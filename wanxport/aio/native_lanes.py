@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 RECV_SLOTS = 64
 GRO_SLOT_BYTES = 65536
 MAX_BATCHES_PER_WAKE = 16
+_RX_TIME = struct.Struct("=q")
+_RX_TIME_AT = (native.DESC_DTYPE.itemsize, native.DESC_DTYPE.fields["rx_time_ns"][1])  # stride, offset
 RELEASE_BATCH_PER_PATH = 64  # datagrams a path may release per pacer round
 MAX_RELEASE_BATCH = 1024  # the pacer's own bound on one round (its sendmmsg vectors)
 
@@ -53,6 +56,12 @@ class _Pending:
         self.key_phase = key_phase
         self.datagram = datagram
         self.not_before_ns = not_before_ns
+
+
+def newest_rx_ns(batch: native.DatagramBatch) -> int:
+    """The receive time of a batch's last datagram (the newest), CLOCK_REALTIME ns."""
+    stride, at = _RX_TIME_AT
+    return int(_RX_TIME.unpack_from(batch.descriptors, (batch.count - 1) * stride + at)[0])
 
 
 def _address(addr: object) -> Address:
@@ -219,6 +228,7 @@ class ReceiveLane:
             if batch.count == 0:
                 out.pressed = False
                 break
+            out.rx_ns = newest_rx_ns(batch)
             result = self.receiver.process(batch)
             if len(result.records):
                 runs += native.fold_runs(result.records)

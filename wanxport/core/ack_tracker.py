@@ -10,18 +10,7 @@ this bookkeeping.
 
 from __future__ import annotations
 
-from wanxport.core.ranges import RangeSet
-
-# Ranges per ACK frame, the most recent first. Every ACK repeats them, so with
-# a loss in one packet of 100 a range is still reported ~3000 packets later:
-# enough for ACK loss and late (reordered) packets, while the ACK stays about
-# 500 bytes instead of 1 KB that, with data flowing both ways, competes with
-# the data (16 ranges were too few with 10 % ACK loss and reordering jitter).
-# The receiver remembers many more: reordering can open dozens of gaps at once,
-# and forgetting the ranges below them would leave packets whose ACKs were lost
-# never acknowledged (the sender would re-send them).
-MAX_ACK_RANGES = 32
-RECEIVED_RANGES_KEPT = 256
+from wanxport.wire.ack_record import AckRecord, PacketRecord, Ranges
 
 
 class AckTracker:
@@ -30,8 +19,10 @@ class AckTracker:
     __slots__ = ("received", "largest", "largest_eliciting", "largest_at", "unacked_eliciting", "ack_at",
                  "ack_now")
 
-    def __init__(self) -> None:
-        self.received = RangeSet()
+    def __init__(self, record: PacketRecord | None = None) -> None:
+        """``record``: where the received numbers are kept (``wire.ack_record``; a driver with
+        the native data path passes the native one, the same record in C)."""
+        self.received = AckRecord() if record is None else record
         self.largest = -1  # largest packet number received, -1 before the first
         self.largest_eliciting = -1  # ... of the ack-eliciting ones: where a gap is judged from
         self.largest_at = 0.0  # when it arrived (the ACK's delay is measured from it)
@@ -49,10 +40,7 @@ class AckTracker:
             if self._gap_before(pn):
                 self.ack_now = True
             self.largest_eliciting = max(self.largest_eliciting, pn)
-        self.received.add(pn, pn + 1)
-        if len(self.received) > RECEIVED_RANGES_KEPT:
-            highest = self.received.last(RECEIVED_RANGES_KEPT // 2)
-            self.received.discard_below(highest[-1][0])
+        self.received.add(pn, pn + 1)  # (the record keeps itself bounded)
         if pn > self.largest:
             self.largest = pn
             self.largest_at = now
@@ -77,10 +65,7 @@ class AckTracker:
         last = end_pn - 1
         if last > self.largest_eliciting:
             self.largest_eliciting = last
-        received = self.received
-        received.add(first_pn, end_pn)
-        if len(received) > RECEIVED_RANGES_KEPT:
-            received.discard_below(received.last(RECEIVED_RANGES_KEPT // 2)[-1][0])
+        self.received.add(first_pn, end_pn)
         if last > self.largest:
             self.largest = last
             self.largest_at = now
@@ -116,9 +101,9 @@ class AckTracker:
         """Something was received that the last ACK did not cover, or an ACK was asked for."""
         return self.largest >= 0 and (self.unacked_eliciting > 0 or self.ack_now)
 
-    def ack_ranges(self) -> tuple[tuple[int, int], ...]:
+    def ack_ranges(self) -> Ranges:
         """Inclusive packet-number ranges, highest first, for an ACK frame."""
-        return tuple((lo, hi - 1) for lo, hi in self.received.last(MAX_ACK_RANGES))
+        return self.received.ranges()
 
     def ack_sent(self) -> None:
         """An ACK covering everything received went out: nothing is owed until more arrives."""

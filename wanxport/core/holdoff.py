@@ -1,11 +1,17 @@
-"""Receive coalescing policy: whether a path that wakes now waits before it is drained.
+"""Receive coalescing policy: whether a path that wakes now waits before it is drained, and how long.
 
-Like a NIC's interrupt moderation: the first datagram arms a short hold-off and
+Like a NIC's interrupt moderation: the first datagram arms a hold-off and
 whatever arrives on any path until it ends is handed to the session in one
 pass, so the per-wake costs are paid once per hold-off instead of once per
-datagram or two. It adds the hold-off to every round trip, so the decision
+datagram or two. The hold-off is the session's control interval: at least the
+configured one, growing to 1/HOLDOFF_RTT_RATIO of the shortest smoothed RTT and
+never past the ACK delay the protocol allows. The session then runs once per
+interval whatever the packet rate (a path of 100 Mb/s and 60 ms hands it ~60
+datagrams a pass instead of 7-8), its acknowledgements leave once per interval
+(a pass owes the ACK of everything it held), and the peer's loop hears them at
+that cadence too. It adds at most one interval to a round trip, so the decision
 belongs with the round-trip estimates, here in the core, where the simulator
-runs it too; the driver only holds and drains (``aio.receive``, ``sim.runner``).
+runs it too; the driver only holds and drains (``aio.intake``, ``sim.runner``).
 """
 
 from __future__ import annotations
@@ -23,13 +29,16 @@ HOLDOFF_YIELD_S = 0.5
 class ReceiveHoldoff:
     """The hold-off a waking path waits out (``holdoff_s`` while ``holding``, else none)."""
 
-    __slots__ = ("holdoff_s", "holding", "yields", "passes", "_paths", "_yield_until")
+    __slots__ = ("holdoff_s", "max_s", "interval_s", "holding", "yields", "passes", "_paths", "_yield_until")
 
-    def __init__(self, holdoff_s: float, paths: Sequence[Path] = ()) -> None:
-        """``paths``: the session's, whose smoothed RTTs bound the hold-off."""
+    def __init__(self, holdoff_s: float, paths: Sequence[Path] = (), max_s: float | None = None) -> None:
+        """``holdoff_s``: the shortest hold-off (0: none); ``max_s``: the longest (default
+        ``holdoff_s``: a fixed hold-off); ``paths``: the session's, whose smoothed RTTs bound it."""
         if not holdoff_s >= 0.0:
             raise ValueError(f"a receive hold-off must be >= 0 s, got {holdoff_s!r}")
         self.holdoff_s = holdoff_s
+        self.max_s = holdoff_s if max_s is None else max(holdoff_s, max_s)
+        self.interval_s = holdoff_s  # the hold-off while holding: recomputed after each pass
         self.holding = holdoff_s > 0.0  # no RTT sample yet: a receiver holds from the start
         self.yields = 0  # passes that found a socket pressed and turned the hold-off off
         self.passes = 0  # receive passes reported (one drain of one or more paths)
@@ -58,9 +67,11 @@ class ReceiveHoldoff:
         if pressed:
             self.yields += 1
             self._yield_until = now + HOLDOFF_YIELD_S
-        self.holding = (now >= self._yield_until
-                        and self.shortest_srtt_s() >= self.holdoff_s * HOLDOFF_RTT_RATIO)
+        shortest = self.shortest_srtt_s()
+        self.holding = now >= self._yield_until and shortest >= self.holdoff_s * HOLDOFF_RTT_RATIO
+        if shortest < float("inf"):
+            self.interval_s = min(max(self.holdoff_s, shortest / HOLDOFF_RTT_RATIO), self.max_s)
 
     def wait_s(self) -> float:
         """How long a path that wakes now waits before it is drained (0.0: drain at once)."""
-        return self.holdoff_s if self.holding else 0.0
+        return self.interval_s if self.holding else 0.0

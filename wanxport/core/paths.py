@@ -40,6 +40,7 @@ from wanxport.core.recovery import LossDetector
 from wanxport.core.rtt import RttEstimator
 from wanxport.core.sent_packets import SentPacket
 from wanxport.core.warm import IdleGuard, PathMemory
+from wanxport.wire.ack_record import PacketRecord
 from wanxport.wire.frames import Frame
 
 
@@ -53,7 +54,8 @@ class Path:
 
     def __init__(self, path_id: int, name: str, mss: int, cc: CongestionController,
                  initial_rtt_s: float, *, max_rate_bps: float | None = None,
-                 sizer: PacketSizer | None = None) -> None:
+                 sizer: PacketSizer | None = None, ack_record: PacketRecord | None = None) -> None:
+        """``ack_record``: where the path's received packet numbers are kept (``AckTracker``)."""
         self.path_id = path_id
         self.name = name
         self.mss = mss  # data bytes of the path's next core packets (core.packet_size)
@@ -63,7 +65,7 @@ class Path:
         self.cc = cc
         self.counters = PathCounters()  # bumped by each part where its events happen (core.counters)
         self.loss = LossDetector(self.rtt, self.rate, cc, self.counters)
-        self.acks = AckTracker()
+        self.acks = AckTracker(ack_record)
         self.health = PathHealth(self.counters)
         self.warm = IdleGuard(self.counters)
         self.freshness = RttFreshness(self.counters)
@@ -155,10 +157,11 @@ class Path:
             return min(self.bandwidth_bps, self.max_rate_bps) / 8
         return self.pacing_rate_bps / 8
 
-    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float
-               ) -> tuple[list[SentPacket], list[SentPacket]]:
-        """Apply an ACK frame for this path's packets; return (newly acknowledged, newly lost)."""
-        acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now)
+    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float,
+               arrived_at: float | None = None) -> tuple[list[SentPacket], list[SentPacket]]:
+        """Apply an ACK frame for this path's packets; return (newly acknowledged, newly lost).
+        ``arrived_at``: when it arrived (``LossDetector.arrival``; default ``now``)."""
+        acked, lost, sample = self.loss.on_ack(ranges, ack_delay_s, now, arrived_at)
         if acked and self.pending_resume is not None:
             self._resume_saved(self.pending_resume, now)
         if acked:

@@ -49,7 +49,7 @@ class LossDetector:
                  "last_ack_at", "pto_count", "reorder_threshold", "time_threshold",
                  "_recently_lost", "_recently_lost_pns", "_timed_out", "counters", "detected_lost",
                  "detected_lost_bytes",
-                 "_quiet", "_resumed_at")
+                 "_quiet", "_resumed_at", "_arrived_at")
 
     def __init__(self, rtt: RttEstimator, rate: DeliveryRateEstimator, cc: CongestionController,
                  counters: PathCounters | None = None) -> None:
@@ -64,6 +64,7 @@ class LossDetector:
         self.bytes_in_flight = 0
         self.largest_acked = -1
         self.last_ack_at = 0.0
+        self._arrived_at = 0.0  # when the latest ACK arrived (``arrival``)
         self.pto_count = 0
         self.reorder_threshold = INITIAL_REORDER_THRESHOLD
         self.time_threshold = INITIAL_TIME_THRESHOLD
@@ -179,9 +180,23 @@ class LossDetector:
 
     # -- acknowledgements ------------------------------------------------------------
 
-    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float
+    def arrival(self, now: float, held_s: float) -> float:
+        """When an ACK handled at ``now`` arrived: ``held_s`` earlier (it waited out the receive
+        hold-off, ``core.holdoff``), never before the previous one. Its round-trip and delivery
+        samples are taken at this time: the wait is no part of the path's round trip, and ACKs
+        held and then handled together must not look like a burst of delivery."""
+        at = now - held_s
+        if at < self._arrived_at:
+            at = self._arrived_at
+        self._arrived_at = at
+        return at
+
+    def on_ack(self, ranges: tuple[tuple[int, int], ...], ack_delay_s: float, now: float,
+               arrived_at: float | None = None
                ) -> tuple[list[SentPacket], list[SentPacket], RateSample | None]:
-        """Apply an ACK frame's ranges; return (newly acknowledged, newly lost, rate sample)."""
+        """Apply an ACK frame's ranges; return (newly acknowledged, newly lost, rate sample).
+        ``arrived_at``: when it arrived (``arrival``; default ``now``)."""
+        at = now if arrived_at is None else arrived_at
         sent = self._sent
         acked: list[SentPacket] = []
         lowest = next(iter(sent), self.next_pn)
@@ -207,7 +222,7 @@ class LossDetector:
         if largest.pn > self.largest_acked:
             self.largest_acked = largest.pn
             if largest.ack_eliciting:
-                self.rtt.update(now - largest.sent_at, ack_delay_s, now)
+                self.rtt.update(at - largest.sent_at, ack_delay_s, now)
         acked_bytes = 0
         rate = self.rate
         for packet in acked:
@@ -215,9 +230,9 @@ class LossDetector:
                 self.bytes_in_flight -= packet.size
                 acked_bytes += packet.size
                 if packet.rate_state is not None:
-                    rate.on_packet_acked(packet.rate_state, packet.size - packet.credited, now)
-        sample = rate.generate_sample(now, self.rtt.min_s)
-        self.cc.on_ack(now, acked_bytes, self.rtt, sample, self.bytes_in_flight)
+                    rate.on_packet_acked(packet.rate_state, packet.size - packet.credited, at)
+        sample = rate.generate_sample(at, self.rtt.min_s)
+        self.cc.on_ack(at, acked_bytes, self.rtt, sample, self.bytes_in_flight)
         lost = self.detect_losses(now)
         return acked, lost, sample
 

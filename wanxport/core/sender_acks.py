@@ -38,9 +38,10 @@ class SenderAcks:
         self.tx = tx
         self.failover = failover
 
-    def apply(self, path_id: int, frames: list[AckFrame], now: float) -> None:
+    def apply(self, path_id: int, frames: list[AckFrame], now: float, held_s: float = 0.0) -> None:
         """ACKs of one path in arrival order: whole core packets acknowledged, partly covered
-        ones confirmed. An ACK for a path we do not have is ignored.
+        ones confirmed. An ACK for a path we do not have is ignored. ``held_s``: how long the
+        newest of them waited in our driver (the receive hold-off): not part of the round trip.
 
         A core packet counts as acknowledged only when all its datagrams are, but
         the datagrams of a partly acknowledged one did arrive: their bytes count, so
@@ -54,15 +55,16 @@ class SenderAcks:
         if oldest is None:
             return  # nothing outstanding or remembered: nothing to learn
         tx = self.tx
+        at = path.loss.arrival(now, held_s)
         translated, parts, delay_us = tx.wire[path_id].translate_fresh(frames, oldest)
         if parts:
             segment = tx.segments[path_id]
             for core_pn, first, last in parts:
-                self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, now)
+                self._confirm_part(path, core_pn, first * segment, (last + 1) * segment, at)
         if not translated:
             return
         delay = min(delay_us / 1e6, self.config.max_ack_delay_s)
-        acked, lost = path.on_ack(translated, delay, now)
+        acked, lost = path.on_ack(translated, delay, now, at)
         if acked:
             outgoing = self.outgoing
             for packet in acked:

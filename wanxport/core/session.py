@@ -20,7 +20,7 @@ and are translated here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from wanxport.core.cc import CongestionController, PathGroup
 from wanxport.core.config import SessionConfig
@@ -52,6 +52,7 @@ from wanxport.core.stats import SessionStats, session_stats
 from wanxport.core.transmit import Transmit
 from wanxport.core.transmitter import Transmitter
 from wanxport.core.warm import PathMemory
+from wanxport.wire.ack_record import PacketRecord
 from wanxport.wire.frames import (
     AckFrame,
     CloseFrame,
@@ -75,18 +76,24 @@ class Session:
     """Both directions of one multipath session with one peer."""
 
     def __init__(self, config: SessionConfig, allocator: Allocator | None = None, *,
-                 defer_verification: bool = False, receive_holdoff_s: float = 0.0) -> None:
+                 defer_verification: bool = False, receive_holdoff_s: float = 0.0,
+                 receive_interval: bool = False,
+                 ack_record: Callable[[], PacketRecord] | None = None) -> None:
         """``defer_verification``: a complete shard is announced as ``ShardFilled`` and the
         driver checks its digest (off its event loop) and calls ``shard_verified``;
         otherwise the session hashes it on the spot (the simulator's choice: no threads).
         ``receive_holdoff_s``: the receive coalescing a driver may apply (``core.holdoff``),
-        never beyond the ACK delay."""
+        never beyond the ACK delay; ``receive_interval``: it grows with the round trip (to an
+        eighth of the shortest, at most the ACK delay: ``core.holdoff``). ``ack_record``: makes
+        each path's record of received packet numbers (``wire.ack_record``; the driver of the
+        native data path passes its C twin)."""
         self.config = config
         self.defer_verification = defer_verification
         group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
             Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s,
-                 max_rate_bps=p.max_rate_bps, sizer=config.packet_sizer(p))
+                 max_rate_bps=p.max_rate_bps, sizer=config.packet_sizer(p),
+                 ack_record=None if ack_record is None else ack_record())
             for i, p in enumerate(config.paths)
         ]
         self.outgoing = OutgoingData(SendCredit(config.peer_credit_bytes))
@@ -99,7 +106,8 @@ class Session:
         self._stall = StallWatch(self._deadlines, len(self.paths), self._events)
         # Receive coalescing, for the driver to apply: ``receive_holdoff.wait_s()`` when a path
         # wakes, ``receive_holdoff.after_pass(now, pressed)`` after each receive pass.
-        self.receive_holdoff = ReceiveHoldoff(min(receive_holdoff_s, config.max_ack_delay_s), self.paths)
+        self.receive_holdoff = ReceiveHoldoff(min(receive_holdoff_s, config.max_ack_delay_s), self.paths,
+                                              max_s=config.max_ack_delay_s if receive_interval else None)
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
         self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)
@@ -239,8 +247,13 @@ class Session:
         """An authenticated, de-duplicated datagram (wire ``packet_number``) arrived on ``path_id``."""
         self.receive_packets(((path_id, packet_number, frames),), now)
 
-    def receive_packets(self, packets: Iterable[tuple[int, int, list[Frame]]], now: float) -> None:
+    def receive_packets(self, packets: Iterable[tuple[int, int, list[Frame]]], now: float,
+                        held_s: Sequence[float] = ()) -> None:
         """Datagrams ``(path_id, packet_number, frames)`` that arrived together (one drain).
+
+        ``held_s``: per path (index), how long its datagrams of this drain waited in the
+        driver (the newest one's wait: the receive hold-off, ``core.holdoff``); none is
+        counted into a round trip. Missing entries: none waited.
 
         The same as ``receive_packet`` of each in turn, except that the ACK frames of
         one path that follow each other (nothing but other ACKs and padding between
@@ -250,13 +263,16 @@ class Session:
         the ACKs before it, so every frame still sees what came before it.
         """
         pending: dict[int, list[AckFrame]] = {}
+        waits: dict[int, float] = {}  # per acknowledged path: its ACKs' shortest wait here
         for path_id, packet_number, frames in packets:
-            self._receive(path_id, packet_number, frames, now, pending)
+            held = held_s[path_id] if 0 <= path_id < len(held_s) else 0.0
+            self._receive(path_id, packet_number, frames, now, pending, held, waits)
         if pending:
-            self._apply_acks(pending, now)
+            self._apply_acks(pending, now, waits)
 
     def _receive(self, path_id: int, packet_number: int, frames: list[Frame], now: float,
-                 pending: dict[int, list[AckFrame]]) -> None:
+                 pending: dict[int, list[AckFrame]], held: float = 0.0,
+                 waits: dict[int, float] | None = None) -> None:
         if not 0 <= path_id < len(self.paths):
             self.counters.data_dropped += 1
             return
@@ -270,11 +286,13 @@ class Session:
                     pending[frame.path_id] = [frame]
                 else:
                     acks.append(frame)
+                if waits is not None:
+                    waits[frame.path_id] = min(held, waits.get(frame.path_id, held))
                 continue
             if isinstance(frame, PaddingFrame):
                 continue
             if pending:
-                self._apply_acks(pending, now)
+                self._apply_acks(pending, now, waits)
             if isinstance(frame, DataFrame):
                 eliciting = True
                 accept = self._on_data(frame, now) and accept
@@ -285,25 +303,29 @@ class Session:
                 self._on_control(path, frame, now)
         if not accept:
             return  # not acknowledged: the sender will re-send it once the shard is open
-        path.acks.on_packet_received(packet_number, eliciting, now, self.config.ack_threshold,
+        path.acks.on_packet_received(packet_number, eliciting, now - held, self.config.ack_threshold,
                                      self.config.max_ack_delay_s)
         if path.acks.ack_now:
             self._tx.needs_ack.add(path_id)  # otherwise the ack timer (ack_at) will add it
         self._tx.touch(path)
 
-    def _apply_acks(self, pending: dict[int, list[AckFrame]], now: float) -> None:
+    def _apply_acks(self, pending: dict[int, list[AckFrame]], now: float,
+                    waits: dict[int, float] | None) -> None:
         """The ACKs held back, one call per acknowledged path, in the order paths first appeared."""
         for acked_path, acks in pending.items():
-            self._acks.apply(acked_path, acks, now)
+            self._acks.apply(acked_path, acks, now, waits.get(acked_path, 0.0) if waits else 0.0)
         pending.clear()
+        if waits:
+            waits.clear()
 
     def receive_data_run(self, path_id: int, first_pn: int, count: int, shard_id: int, offset: int,
-                         length: int, now: float) -> None:
+                         length: int, now: float, held_s: float = 0.0) -> None:
         """``count`` data datagrams, packet numbers ``first_pn...``, carried ``[offset, offset+length)``.
 
         The native data path has already authenticated them and placed their bytes;
         this records them for acknowledgement and reassembly in one call per run,
         with the same outcome as ``receive_packet`` of each datagram's DATA frame.
+        ``held_s``: how long the run waited in the driver (``receive_packets``).
         """
         if not 0 <= path_id < len(self.paths) or count < 1:
             self.counters.data_dropped += 1
@@ -315,7 +337,7 @@ class Session:
         if verdict:
             self._place(self.incoming.shards[shard_id], offset, None, length, now)
         path = self.paths[path_id]
-        path.acks.on_data_run(first_pn, first_pn + count, now, self.config.ack_threshold,
+        path.acks.on_data_run(first_pn, first_pn + count, now - held_s, self.config.ack_threshold,
                               self.config.max_ack_delay_s)
         if path.acks.ack_now:
             self._tx.needs_ack.add(path_id)

@@ -208,7 +208,8 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
                        rate_caps_bps=options.rate_caps_bps),
         tuple(PathSocket(locals_[i], remotes[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
-        local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath)
+        local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath,
+        receive_holdoff_s=options.receive_holdoff_s)
     endpoint = Endpoint(cfg, allocator=allocator, ports=None if ports is None else ports[:n])
     endpoint.start()
     mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
@@ -294,7 +295,8 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
                        rate_caps_bps=options.rate_caps_bps),
         tuple(PathSocket(listens[i], peers[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
-        local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath)
+        local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath,
+        receive_holdoff_s=options.receive_holdoff_s)
     try:
         endpoint = Endpoint(cfg, allocator=allocator, ports=None if ports is None else ports[:n])
     except OSError as exc:

@@ -47,13 +47,16 @@ class Driver:
                size: int | None = None, meta: bytes = b"", digest: bytes | None = None) -> None:
         self.session.submit(shard_id, data, now, size=size, meta=meta, digest=digest)
 
-    def receive(self, runs: Sequence[Run], controls: Sequence[Control], now: float) -> None:
-        """One receive batch, as the data path hands it over: placed runs first, then controls."""
+    def receive(self, runs: Sequence[Run], controls: Sequence[Control], now: float,
+                held_s: Sequence[float] = ()) -> None:
+        """One receive batch, as the data path hands it over: placed runs first, then controls.
+        ``held_s``: per path, how long its newest datagram waited out the receive hold-off."""
         session = self.session
         for path_id, first_pn, count, shard_id, offset, length in runs:
-            session.receive_data_run(path_id, first_pn, count, shard_id, offset, length, now)
+            held = held_s[path_id] if path_id < len(held_s) else 0.0
+            session.receive_data_run(path_id, first_pn, count, shard_id, offset, length, now, held)
         if controls:
-            session.receive_packets(controls, now)
+            session.receive_packets(controls, now, held_s)
 
     def receive_pass(self, now: float) -> None:
         """A receive pass ended (with a receive hold-off in force): the simulated sockets never fill."""

@@ -81,8 +81,10 @@ class SimOptions:
     corrupt: float = 0.0
     session: dict[str, Any] = field(default_factory=dict)  # extra SessionConfig fields
     # The transport policies a gateway runs, off unless asked for (core.holdoff, core.stall):
-    # receive coalescing as aio's endpoint applies it, and the receiver's stall timeout.
+    # receive coalescing as aio's endpoint applies it (with the same defaults: a hold-off
+    # given grows with the round trip), and the receiver's stall timeout.
     receive_holdoff_s: float = 0.0
+    receive_interval: bool = True
     stall_timeout_s: float | None = None
 
 
@@ -90,16 +92,17 @@ class SimEndpoint:
     """One simulated gateway: a session's driver plus its side of the data path (bytes or virtual)."""
 
     def __init__(self, name: str, config: SessionConfig, cutter: DatagramCutter,
-                 receiver: ReferenceReceiver | VirtualReceiver, receive_holdoff_s: float = 0.0) -> None:
+                 receiver: ReferenceReceiver | VirtualReceiver, receive_holdoff_s: float = 0.0,
+                 receive_interval: bool = False) -> None:
         self.name = name
         self.session = Session(config, allocator=self.allocate, defer_verification=True,
-                               receive_holdoff_s=receive_holdoff_s)
+                               receive_holdoff_s=receive_holdoff_s, receive_interval=receive_interval)
         self.driver = Driver(self.session)
         self.cutter = cutter
         self.receiver = receiver
         self.timer_at = float("inf")
         self.coalescing = self.session.receive_holdoff.holdoff_s > 0.0
-        self.held: list[tuple[int, object]] = []  # datagrams waiting out the receive hold-off
+        self.held: list[tuple[int, object, float]] = []  # (path, datagram, arrival) held back
         self.release_at = float("inf")  # when they go in
         self.received: list[ShardReceived] = []
         self.stalls: list[ReceiveStalled] = []
@@ -199,9 +202,10 @@ class SimRun:
 
     def _endpoint(self, name: str, config: SessionConfig, index: int) -> SimEndpoint:
         n = len(config.paths)
-        holdoff = self.options.receive_holdoff_s
+        holdoff, interval = self.options.receive_holdoff_s, self.options.receive_interval
         if self.mode == "virtual":
-            return SimEndpoint(name, config, DatagramCutter(None, config), VirtualReceiver(n), holdoff)
+            return SimEndpoint(name, config, DatagramCutter(None, config), VirtualReceiver(n), holdoff,
+                               interval)
         # Key 0 seals a->b, key 1 seals b->a; each side opens with the other's.
         rng = random.Random(self.seed)
         keys: list[Protection] = [
@@ -209,7 +213,7 @@ class SimRun:
         receiver = ReferenceReceiver(0, n)
         receiver.set_key(0, keys[1 - index])
         return SimEndpoint(name, config, DatagramCutter(PacketSealer(0, {0: keys[index]}), config), receiver,
-                           holdoff)
+                           holdoff, interval)
 
     # -- running -------------------------------------------------------------
 
@@ -279,7 +283,7 @@ class SimRun:
                 if not endpoint.held:
                     endpoint.release_at = now + wait_s
                     self.loop.call_at(endpoint.release_at, self._release_held, endpoint)
-                endpoint.held.append((path_index, packet))
+                endpoint.held.append((path_index, packet, now))
                 return
         runs: list[Run] = []
         controls: list[Control] = []
@@ -294,15 +298,20 @@ class SimRun:
     def _flush_held(self, endpoint: SimEndpoint) -> None:
         held, endpoint.held = endpoint.held, []
         endpoint.release_at = float("inf")
+        now = self.loop.now
         runs: list[Run] = []
         controls: list[Control] = []
-        for path_index, packet in held:
+        waited = [0.0] * len(endpoint.session.config.paths)  # per path: its newest datagram's wait
+        for path_index, packet, arrived in held:
             self._open(endpoint, path_index, packet, runs, controls)
-        self._hand_in(endpoint, runs, controls, self.loop.now)
+            if 0 <= path_index < len(waited):
+                waited[path_index] = now - arrived
+        self._hand_in(endpoint, runs, controls, now, waited)
 
-    def _hand_in(self, endpoint: SimEndpoint, runs: list[Run], controls: list[Control], now: float) -> None:
+    def _hand_in(self, endpoint: SimEndpoint, runs: list[Run], controls: list[Control], now: float,
+                 held_s: list[float] | None = None) -> None:
         if runs or controls:
-            endpoint.driver.receive(runs, controls, now)
+            endpoint.driver.receive(runs, controls, now, held_s or ())
         if endpoint.coalescing:
             endpoint.driver.receive_pass(now)
         if runs or controls:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wanxport.wire.ack_record import ACK_FRAME_RANGES, ACK_RANGES_KEPT, PacketRecord
 from wanxport.wire.frames import DATA, DATA_OVERHEAD, MAX_OFFSET
 from wanxport.wire.header import HEADER_LEN, KEY_PHASE_BIT, MARKER, MAX_PACKET_NUMBER, QUIC_FIXED_BIT
 from wanxport.wire.protection import IV_LEN, KEY_LEN, TAG_LEN
@@ -66,6 +67,8 @@ WIRE_CONSTANTS: dict[str, int] = {
     "REPLAY_WINDOW": WINDOW,
     "RECORD_SIZE": RECORD_DTYPE.itemsize,
     "DESC_SIZE": DESC_DTYPE.itemsize,
+    "ACK_RANGES_KEPT": ACK_RANGES_KEPT,
+    "ACK_FRAME_RANGES": ACK_FRAME_RANGES,
 }
 
 
@@ -277,6 +280,12 @@ class ProcessResult:
     # QUIC-looking datagrams (first byte & 0x40), untouched, with their index in the
     # batch: they belong to the control channel sharing the socket (aioquic).
     quic: list[tuple[int, bytes]]
+
+
+def ack_record() -> PacketRecord:
+    """A path's received packet numbers kept in C: ``wire.ack_record.AckRecord``'s twin."""
+    record: PacketRecord = require().AckRecord()
+    return record
 
 
 class Receiver:
