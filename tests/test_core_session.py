@@ -329,10 +329,10 @@ def test_data_before_its_shard_open_is_held_acknowledged_and_placed_on_open() ->
 
 def test_early_data_past_the_hold_limit_is_dropped_unacknowledged() -> None:
     b = Session(make_config(paths=1))
-    b._early.limit = 6
+    b._rx.early.limit = 6
     b.receive_packet(0, 0, [DataFrame(5, 0, 4, b"abcd")], 0.0)  # held
     b.receive_packet(0, 1, [DataFrame(5, 4, 4, b"efgh")], 0.0)  # 8 > 6 bytes: dropped
-    assert (b.counters.data_dropped, b._early.refused) == (1, 1)
+    assert (b.counters.data_dropped, b._rx.early.refused) == (1, 1)
     b.receive_packet(0, 2, [ProbeFrame(9)], 0.002)  # eliciting and accepted: acknowledged
     acked = acknowledged_pns(b, 1.0)
     assert {0, 2} <= acked and 1 not in acked  # the ACK leaves the dropped packet out

@@ -20,6 +20,9 @@ ALLOWED = {
                                  "daemon's outbox into one planner",
     "wanxport/collective/group.py": "the process group's public calls; the schedules move out with "
                                     "the N-site collectives",
+    "wanxport/gateway/session.py": "both roles' calls wait on futures its one control reader "
+                                   "settles; the data-plane-only verdicts (protocol 5) leave the "
+                                   "control half to files, and it splits by role once files follow",
     "wanxport/daemon/config.py": "the daemon's TOML schema and its validation, being cut by role",
     "wanxport/daemon/inbox.py": "the daemon's receiver, being cut by role with the shared planner",
     "wanxport/daemon/service.py": "the daemon's service loop, being cut by role (routes, metrics, "

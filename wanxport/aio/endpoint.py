@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +32,7 @@ from wanxport.aio.datapath import Datapath
 from wanxport.aio.datapath_choice import open_datapath, resolve_datapath
 from wanxport.aio.handoff import QuicHandoff, check_ports
 from wanxport.aio.intake import Intake
+from wanxport.aio.loop import timer_delay_s
 from wanxport.aio.plan import plan_transmits
 from wanxport.aio.port import PathPort
 from wanxport.aio.ratelog import RateLimitedLog
@@ -54,7 +54,7 @@ from wanxport.wire.frames import DATA_OVERHEAD
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Allocator", "Endpoint", "ReceivedShard", "resolve_datapath", "timer_delay_s"]
+__all__ = ["Allocator", "Endpoint", "ReceivedShard", "resolve_datapath"]
 
 BACKLOG_RETRY_S = 0.0005
 PATH_LOG_INTERVAL_S = 60.0  # at most one "path X: a -> b" line per path per minute
@@ -392,16 +392,3 @@ class Endpoint(SessionWindow):
             if self._stalled is not None and not self._stalled.done():
                 self._stalled.set_result(event)
 
-
-def timer_delay_s(remaining_s: float) -> float:
-    """The delay to arm a timer with so that it fires at, not before, ``remaining_s`` from now.
-
-    uvloop counts timers in whole milliseconds and rounds: below 0.5 ms a timer
-    runs on the next loop iteration, i.e. early. Each early run found nothing
-    due and re-armed for the same deadline, so a paced sender spun through
-    ~8,000 empty timer runs a second. Rounding up to the millisecond fires at
-    most 1 ms late, well inside the pacing horizon that hands packets out ahead.
-    """
-    if remaining_s <= 0.0:
-        return 0.0
-    return math.ceil(remaining_s * 1000.0) / 1000.0

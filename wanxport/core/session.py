@@ -6,7 +6,8 @@ to send, asks when the next timer is due and fires it, and pops events. The
 session never reads a clock, opens a socket or draws randomness; it composes
 the parts that do the thinking (paths, recovery, scheduler, outgoing and
 incoming data, credits), each in its own module; the send mechanics live in
-``core.transmitter`` and path failure and readmission in ``core.failover``.
+``core.transmitter``, path failure and readmission in ``core.failover``, and the
+receiving half (placing, rebuilding and handing over shards) in ``core.reception``.
 
 Packets cross this boundary *opened*: header fields plus frames. The session
 owns the datagram: a ``Transmit`` names the wire packet numbers of each
@@ -27,26 +28,23 @@ from wanxport.core.config import SessionConfig
 from wanxport.core.counters import ShardCounters
 from wanxport.core.deadlines import DeadlineHeap
 from wanxport.core.digest import DIGEST_BYTES, shard_digest
-from wanxport.core.early import EarlyData
 from wanxport.core.events import (
     Event,
     SessionClosed,
     ShardAcknowledged,
-    ShardFilled,
-    ShardReceived,
 )
 from wanxport.core.failover import Failover
-from wanxport.core.fec_receive import FecReceiver, rebuilt_acks
 from wanxport.core.flow import ReceiveBudget, SendCredit
 from wanxport.core.holdoff import ReceiveHoldoff
 from wanxport.core.incoming import Allocator, IncomingData, allocate_bytearray
-from wanxport.core.late_digest import LateDigests, give_digest
+from wanxport.core.late_digest import give_digest
 from wanxport.core.outgoing import OutgoingData
 from wanxport.core.paths import Path
 from wanxport.core.rate_caps import apply_rate_caps, rate_caps
+from wanxport.core.reception import Reception
 from wanxport.core.scheduler import create_scheduler
 from wanxport.core.sender_acks import SenderAcks
-from wanxport.core.shards import IncomingShard, OutgoingShard
+from wanxport.core.shards import OutgoingShard
 from wanxport.core.stall import StallWatch
 from wanxport.core.stats import SessionStats, session_stats
 from wanxport.core.transmit import Transmit
@@ -88,7 +86,6 @@ class Session:
         each path's record of received packet numbers (``wire.ack_record``; the driver of the
         native data path passes its C twin)."""
         self.config = config
-        self.defer_verification = defer_verification
         group = PathGroup()  # lets coupled controllers see their siblings
         self.paths = [
             Path(i, p.name, config.data_payload(p), self._make_cc(config, i, group), config.initial_rtt_s,
@@ -111,12 +108,11 @@ class Session:
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
         self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)
-        self._fec_rx = FecReceiver()
-        self._early = EarlyData()  # DATA that overtook its shard's SHARD_OPEN
-        self._late = LateDigests(self.incoming)  # digests of shards opened unhashed
         self.closed: SessionClosed | None = None
         # Shards (and their bytes) submitted, acknowledged by the peer, received; DATA dropped.
         self.counters = ShardCounters()
+        self._rx = Reception(self.incoming, self.counters, self._stall, self._tx, self._events,
+                             defer_verification)
 
     @staticmethod
     def _make_cc(config: SessionConfig, index: int, group: PathGroup) -> CongestionController:
@@ -174,7 +170,7 @@ class Session:
         a copy of the counter groups kept in place (``core.counters``) and the gauges of now."""
         tx = self._tx
         return session_stats(self.counters, self.outgoing.acked_bytes, self.incoming.placed_bytes(),
-                             tx.hedged_bytes, tx.fec.repair_bytes, self._fec_rx.counters, self.paths)
+                             tx.hedged_bytes, tx.fec.repair_bytes, self._rx.fec.counters, self.paths)
 
     def acked_bytes(self) -> int:
         """Payload bytes the peer acknowledged so far: one figure, no ``stats()`` snapshot taken."""
@@ -295,7 +291,7 @@ class Session:
                 self._apply_acks(pending, now, waits)
             if isinstance(frame, DataFrame):
                 eliciting = True
-                accept = self._on_data(frame, now) and accept
+                accept = self._rx.on_data(frame, now) and accept
             elif isinstance(frame, ProbeAckFrame):
                 self._on_control(path, frame, now)  # an answer: nothing to acknowledge
             else:
@@ -335,7 +331,7 @@ class Session:
             self.counters.data_dropped += 1  # not acknowledged: the sender re-sends once the shard is open
             return
         if verdict:
-            self._place(self.incoming.shards[shard_id], offset, None, length, now)
+            self._rx.place(self.incoming.shards[shard_id], offset, None, length, now)
         path = self.paths[path_id]
         path.acks.on_data_run(first_pn, first_pn + count, now - held_s, self.config.ack_threshold,
                               self.config.max_ack_delay_s)
@@ -343,107 +339,27 @@ class Session:
             self._tx.needs_ack.add(path_id)
         self._tx.touch(path)
 
-    def _on_data(self, frame: DataFrame, now: float) -> bool:
-        verdict = self.incoming.accepts(frame.shard_id, frame.offset, frame.length)
-        if verdict is None:
-            return True
-        if not verdict:
-            if frame.shard_id not in self.incoming.shards and self._early.hold(frame):
-                return True  # acknowledged: placed when its SHARD_OPEN arrives (core.early)
-            self.counters.data_dropped += 1
-            return False
-        self._place(self.incoming.shards[frame.shard_id], frame.offset, frame.data, frame.length, now)
-        return True
-
-    def _place(self, shard: IncomingShard, offset: int, data: bytes | memoryview | None, length: int,
-               now: float) -> None:
-        """Accepted DATA ``[offset, offset + length)`` of an open shard (``data=None``: placed by
-        the native data path, or virtual): record it, let the erasure code see it, finish."""
-        new_bytes = shard.place(offset, data, length, now)
-        if new_bytes:
-            self._stall.progress(now)
-        if shard.shard_id in self._fec_rx.blocks or shard.shard_id in self._fec_rx.repaired:
-            self._confirm_rebuilt(shard, self._fec_rx.on_data(shard, offset, length, new_bytes, now))
-        self._check_complete(shard, now)
-
-    def _on_repair(self, frame: RepairFrame, now: float) -> None:
-        """A repair symbol: rebuild its block's lost data once it holds k symbols (core.fec_receive)."""
-        verdict = self.incoming.accepts(frame.shard_id, 0, 0)  # the block's range: core.fec_receive
-        if not verdict:
-            if verdict is False:
-                self.counters.data_dropped += 1
-            return
-        shard = self.incoming.shards[frame.shard_id]
-        self._stall.progress(now)
-        self._confirm_rebuilt(shard, self._fec_rx.on_repair(frame, shard, now))
-        self._check_complete(shard, now)
-
-    def _confirm_rebuilt(self, shard: IncomingShard, rebuilt: list[tuple[int, int]]) -> None:
-        """Tell the sender which bytes were rebuilt (a complete shard's SHARD_DONE says it all)."""
-        if rebuilt and not shard.complete:
-            self._tx.control.extend(rebuilt_acks(shard.shard_id, rebuilt))
-
-    def _check_complete(self, shard: IncomingShard, now: float) -> None:
-        if shard.checkable and not shard.verifying:
-            if self.defer_verification and shard.buffer is not None and shard.digest is not None:
-                shard.verifying = True
-                self._events.append(ShardFilled(shard.shard_id, shard.buffer, shard.digest, now))
-            else:
-                self._hand_over(shard, self.incoming.finish(shard, now), now)
-
     def received_prefix(self, shard_id: int) -> int:
         """How many bytes from the start of an incoming shard are in (0 if unknown).
 
         They are never written again, so a driver may hash them while the rest
         arrives (``defer_verification``).
         """
-        shard = self.incoming.shards.get(shard_id)
-        return 0 if shard is None else shard.received_prefix
+        return self._rx.received_prefix(shard_id)
 
     def shard_verified(self, shard_id: int, ok: bool, now: float) -> None:
-        """The driver's verdict on a ``ShardFilled`` shard: ``ok`` when its digest matched.
-
-        A verdict for a shard that is not awaiting one (unknown, already handed
-        over) is ignored.
-        """
-        shard = self.incoming.shards.get(shard_id)
-        if shard is None or not shard.verifying:
-            return
-        self._hand_over(shard, self.incoming.release(shard, ok, now), now)
-
-    def _hand_over(self, shard: IncomingShard, status: int, now: float) -> None:
-        """A checked shard goes to the application, its verdict and our credit to the peer."""
-        self._events.append(ShardReceived(shard.shard_id, shard.size, shard.meta,
-                                          shard.verified is True, now, shard.digest))
-        self.counters.shards_received += 1
-        self.counters.bytes_received += shard.size
-        self._stall.progress(now)
-        self._fec_rx.forget_shard(shard.shard_id)
-        self._tx.control.append(ShardDoneFrame(shard.shard_id, status))
-        self._tx.control.append(CreditFrame(self.incoming.budget.limit))
+        """The driver's verdict on a ``ShardFilled`` shard: ``ok`` when its digest matched."""
+        self._rx.shard_verified(shard_id, ok, now)
 
     def _on_control(self, path: Path, frame: Frame, now: float) -> None:
         if isinstance(frame, ShardOpenFrame):
-            opening = frame.shard_id not in self.incoming.shards
-            if not self.incoming.open(frame):
-                self._violation(now, self.incoming.refusal)
-                return
-            if not self._late.opened(frame.shard_id):
-                self._violation(now, self._late.refusal)
-                return
-            if opening:
-                self._stall.progress(now)
-            for held in self._early.release(frame.shard_id):
-                if not self._on_data(held, now):  # acknowledged, so it must fit
-                    self._violation(now, f"DATA [{held.offset}, {held.offset + held.length}) sent "
-                                         f"before shard {frame.shard_id} was opened lies outside "
-                                         f"its {frame.size} bytes")
-                    return
+            refusal = self._rx.on_open(frame, now)
+            if refusal is not None:
+                self._violation(now, refusal)
         elif isinstance(frame, ShardDigestFrame):
-            if not self._late.learn(frame.shard_id, frame.digest):
-                self._violation(now, self._late.refusal)
-            elif frame.shard_id in self.incoming.shards:
-                self._check_complete(self.incoming.shards[frame.shard_id], now)
+            refusal = self._rx.on_digest(frame.shard_id, frame.digest, now)
+            if refusal is not None:
+                self._violation(now, refusal)
         elif isinstance(frame, ShardDoneFrame):
             shard = self.outgoing.on_done(frame.shard_id, frame.status)
             if shard is not None:
@@ -464,7 +380,7 @@ class Session:
                 for start, end in frame.ranges:
                     self.outgoing.on_shard_ack(shard, start, end)
         elif isinstance(frame, RepairFrame):
-            self._on_repair(frame, now)
+            self._rx.on_repair(frame, now)
         elif isinstance(frame, ProbeFrame):
             self._tx.control_on(path, ProbeAckFrame(frame.token))
         elif isinstance(frame, CloseFrame):

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from wanxport.core.cc.base import CcConfig, CcContext, CongestionController, PathGroup
-from wanxport.core.cc.bbr import BbrConfig
+from wanxport.core.cc.bbr_config import BbrConfig
 from wanxport.core.cc.cubic import CubicConfig
 from wanxport.core.cc.fixed import FixedConfig
 from wanxport.core.cc.ledbat import LedbatConfig

@@ -49,10 +49,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from wanxport.core.cc.base import CcConfig, CcContext, CongestionController
+from wanxport.core.cc.base import CcContext, CongestionController
+from wanxport.core.cc.bbr_config import BbrConfig
 from wanxport.core.cc.bbr_figures import named_figures
 from wanxport.core.cc.coupling import coupled_gain
 from wanxport.core.delivery_rate import RateSample
@@ -85,32 +85,6 @@ RESTART_STARTUP_GAIN = 1.25
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = 0, 1, 2, 3
 _STATE_NAMES = ("startup", "drain", "probe_bw", "probe_rtt")
-
-
-@dataclass(frozen=True)
-class BbrConfig(CcConfig):
-    """Options of the BBR-family controller (the default)."""
-
-    #: ProbeRTT drains a path to 4 packets for a round trip every ~10 s to
-    #: re-measure the minimum RTT. On provisioned long-haul paths that costs ~3 %
-    #: of every long transfer for a route change that rarely happens, and the
-    #: windowed minimum still follows a path whose RTT really moved, so it is
-    #: off by default. Set it for shared paths.
-    probe_rtt: bool = False
-    #: Each path's RNG (its first ProbeBW phase) is seeded with this plus the path's index.
-    seed: int = 0
-    #: Links shared with other traffic: couple the paths, hold the min RTT (core.cc.coupling).
-    shared: bool = False
-
-    def __post_init__(self) -> None:
-        for option in ("probe_rtt", "shared"):
-            if not isinstance(getattr(self, option), bool):
-                raise ValueError(f"bbr option {option} must be true or false, got {getattr(self, option)!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"bbr option seed must be an integer, got {self.seed!r}")
-
-    def build(self, context: CcContext) -> BbrCongestionController:
-        return BbrCongestionController(self, context)
 
 
 class BbrCongestionController(CongestionController):
