@@ -163,7 +163,7 @@ def test_authenticated_but_malformed_frames_are_counted_and_do_not_spend_the_num
     keys: dict[int, Protection] = {0: aead("aes-256-gcm")}
     opener = PacketOpener(CONN, PATHS, keys)
     key = keys[0]
-    for payload, reason in [(b"", "empty"), (b"\x0b", "frame_type"), (b"\x00\x01", "padding"),
+    for payload, reason in [(b"", "empty"), (b"\x3f", "frame_type"), (b"\x00\x01", "padding"),
                             (b"\x08\x00\x01\x00\x02\xc3\x28", "utf8"), (b"\x01\x00", "truncated")]:
         header = encode_header(0, CONN, 7)
         assert opener.open(header + key.seal(header, 0, 7, payload)) is None
