@@ -25,7 +25,8 @@ def say(**fields: object) -> None:
 
 
 async def main(spec: dict) -> None:
-    import logging, os
+    import logging
+    import os
     if os.environ.get("ELASTIC_DEBUG"):
         logging.basicConfig(level=logging.INFO, format=f"[{spec['site']}] %(name)s %(message)s")
         for noisy in ("quic", "wanxport.aio", "wanxport.control"):

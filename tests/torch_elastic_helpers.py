@@ -39,7 +39,7 @@ def ddp_elastic_worker(global_rank: int, work: Path, store_port: int, first_port
     config = wt.SiteConfig.make(pki / f"site-{site}", pki / "ca.pem",
                                 [f"127.0.0.1:{first_port + site * 128 + path * 64}" for path in range(2)])
     group = wt.elastic_group(store, site, SITES, config=config, rank_in_site=rank, timeout=timeout,
-                             liveness_min_s=1.0)
+                             liveness_min_s=3.0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
     ddp = DDP(model, bucket_cap_mb=0.002)  # a bucket per layer or so: several calls per backward
