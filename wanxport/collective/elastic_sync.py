@@ -88,7 +88,7 @@ class ElasticSyncGroup:
             if done.cancelled():
                 future.cancel()
             elif done.exception() is not None:
-                future.set_exception(done.exception())  # type: ignore[arg-type]
+                future.set_exception(done.exception())
             else:
                 future.set_result(done.result())
 

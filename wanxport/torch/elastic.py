@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch.distributed import PrefixStore
 
 from wanxport.collective import JOIN_TIMEOUT_S, ElasticSyncGroup, elastic_join_sync
 from wanxport.torch.config import SiteConfig
@@ -52,6 +51,8 @@ def elastic_group(store: Any, site: int, n_sites: int, *, config: SiteConfig | N
     as ``cross_site_group``. ``timeout``: each call's; ``join_timeout``: setting up (a
     restarted site waits this long for the members' next step boundary);
     ``liveness_min_s``: the least silence that counts a site as gone."""
+    from torch.distributed import PrefixStore
+
     config = config or SiteConfig.from_env()
     here = local_rank() if rank_in_site is None else rank_in_site
     paths, release = PORTS.take(config, here, ports_per_rank, n_sites - 1)
