@@ -273,7 +273,7 @@ class MetricsEndpoint:
         self.port = self._server.port
         self.url = self._server.url
 
-    def watch(self, group: Group) -> None:
+    def watch(self, group: Group | ElasticGroup) -> None:
         self.metrics.watch(group)
 
     def close(self) -> None:
