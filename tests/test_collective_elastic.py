@@ -60,6 +60,9 @@ async def test_a_member_lost_mid_call_the_survivors_finish_it_with_the_mean_over
     metrics.register(collector)
     try:
         assert [g.epoch.members for g in groups] == [(0, 1, 2)] * N
+        refused = await asyncio.gather(*(g.all_reduce(np.ones(3), op="max") for g in groups),
+                                       return_exceptions=True)
+        assert all(isinstance(e, ValueError) and "max" in str(e) for e in refused), refused
         arrays = [grad(k, 0) for k in range(2)]
         pending = [asyncio.ensure_future(g.all_reduce(a, op="mean"))
                    for g, a in zip(groups, arrays, strict=False)]

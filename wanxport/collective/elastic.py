@@ -67,7 +67,7 @@ class _Call:
     name: str | None
     group: Group | None = None
     handle: Handle | None = None
-    failed: CollectiveError | None = None
+    failed: CollectiveError | ValueError | None = None
 
 
 class ElasticGroup:
@@ -150,7 +150,7 @@ class ElasticGroup:
         try:
             call.handle = self.group.all_reduce_async(call.array, call.op, call.compress, call.timeout,
                                                       call.name)
-        except CollectiveError as exc:
+        except (CollectiveError, ValueError) as exc:  # refused here and at every member: raised
             call.failed = exc
 
     async def _drive(self, call: _Call) -> Any:
