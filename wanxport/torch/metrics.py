@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from wanxport.collective import Group, SyncGroup
+from wanxport.collective import ElasticGroup, Group, SyncGroup
 from wanxport.collective import metrics as collective_metrics
 
 __all__ = ["JobMetrics", "collective_group", "serve_metrics", "transport_bytes"]
@@ -42,6 +42,16 @@ def collective_group(source: Any) -> Group:
                      "SyncGroup or Group)")
 
 
+def elastic_group_of(source: Any) -> ElasticGroup | None:
+    """The elastic group behind ``source`` (an ``ElasticGroup``, the ``elastic_group`` face, or
+    a ``HookState`` holding one); None for any other group."""
+    for _ in range(3):
+        if isinstance(source, ElasticGroup):
+            return source
+        source = getattr(source, "group", None)
+    return None
+
+
 class JobMetrics:
     """This rank's metrics endpoint; ``watch`` adds a group, ``close`` stops serving."""
 
@@ -51,7 +61,8 @@ class JobMetrics:
         self.url = endpoint.url
 
     def watch(self, group: Any) -> None:
-        self.endpoint.watch(collective_group(group))
+        elastic = elastic_group_of(group)
+        self.endpoint.watch(collective_group(group) if elastic is None else elastic)
 
     def close(self) -> None:
         self.endpoint.close()
