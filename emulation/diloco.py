@@ -187,8 +187,6 @@ class DilocoRun:
 
     def close(self) -> None:
         for proc in self.procs:
-            if proc.label == "store":
-                proc.tell("")
             proc.close()
 
 
