@@ -16,14 +16,20 @@
 """
 
 from .codec import CODECS, INT8_BLOCK, error_bound
+from .elastic import ElasticGroup, MembershipChanged
+from .elastic_join import elastic_join
+from .elastic_state import ArrayState, StateHolder
+from .elastic_sync import ElasticSyncGroup, elastic_join_sync
 from .errors import CollectiveError
 from .group import DEFAULT_TIMEOUT_S, CallStats, Group, Handle, part_bounds
 from .link import LIVENESS_MIN_S
 from .mesh import JOIN_TIMEOUT_S, join
-from .state import GroupEvent, GroupState
+from .state import ElasticState, GroupEvent, GroupState
 from .sync import SyncGroup, SyncHandle, join_sync
 from .world import World
 
-__all__ = ["CODECS", "DEFAULT_TIMEOUT_S", "INT8_BLOCK", "JOIN_TIMEOUT_S", "LIVENESS_MIN_S", "CallStats",
-           "CollectiveError", "Group", "GroupEvent", "GroupState", "Handle", "SyncGroup", "SyncHandle",
-           "World", "error_bound", "join", "join_sync", "part_bounds"]
+__all__ = ["CODECS", "DEFAULT_TIMEOUT_S", "INT8_BLOCK", "JOIN_TIMEOUT_S", "LIVENESS_MIN_S", "ArrayState",
+           "CallStats", "CollectiveError", "ElasticGroup", "ElasticState", "ElasticSyncGroup", "Group",
+           "GroupEvent", "GroupState", "Handle", "MembershipChanged", "StateHolder", "SyncGroup",
+           "SyncHandle", "World", "elastic_join", "elastic_join_sync", "error_bound", "join", "join_sync",
+           "part_bounds"]

@@ -126,6 +126,27 @@ async def accept(paths: list[Address], identity: str | os.PathLike[str], ca: str
             task.cancel()
 
 
+async def connect_pair(site: int, peer: int, names: Sequence[str], paths: list[Address],
+                       identity: str | os.PathLike[str], ca: str | os.PathLike[str],
+                       options: GatewayOptions | None, deadline: float,
+                       ) -> tuple[GatewaySession, GatewayListener | None, ReceivePool]:
+    """The session of the pair (``site``, ``peer``): the lower index dials, the higher accepts;
+    the peer's certificate must carry ``names[peer]``. Returns what ``World.add_link`` takes."""
+    listener = None
+    pool = ReceivePool()
+    if site < peer:
+        session = await dial(paths, identity, ca, options, deadline, names[peer], pool)
+    else:
+        session, listener = await accept(paths, identity, ca, options, deadline, names[peer], pool)
+    if session.peer_name != names[peer]:
+        await session.close("wrong site")
+        if listener is not None:
+            listener.close()
+        raise CollectiveError(f"site {peer}: expected certificate {names[peer]!r}, "
+                              f"got {session.peer_name!r}", names[peer])
+    return session, listener, pool
+
+
 async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[str],
                ca: str | os.PathLike[str], paths: PathsArg, options: GatewayOptions | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = JOIN_TIMEOUT_S,
@@ -169,20 +190,8 @@ async def join(site: int, peers: Sequence[str], *, identity: str | os.PathLike[s
     deadline = time.monotonic() + join_timeout
 
     async def connect_one(peer: int) -> None:
-        listener = None
-        pool = ReceivePool()
-        if site < peer:
-            session = await dial(per_peer[peer], identity, ca, options, deadline, names[peer], pool)
-        else:
-            session, listener = await accept(per_peer[peer], identity, ca, options, deadline, names[peer],
-                                             pool)
-        if session.peer_name != names[peer]:
-            await session.close("wrong site")
-            if listener is not None:
-                listener.close()
-            raise CollectiveError(f"site {peer}: expected certificate {names[peer]!r}, "
-                                  f"got {session.peer_name!r}", names[peer])
-        world.add_link(peer, session, listener, pool)
+        world.add_link(peer, *await connect_pair(site, peer, names, per_peer[peer], identity, ca, options,
+                                                 deadline))
 
     results = await asyncio.gather(*(connect_one(p) for p in per_peer), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]

@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 EARLY_KEPT = 4096  # messages held for groups not created here yet (beyond: the link fails)
 
 
-def group_id(members: Sequence[int], index: int) -> int:
-    """The id of the ``index``-th group created with ``members`` (sorted world ranks)."""
+def group_id(members: Sequence[int], index: int | str) -> int:
+    """The id of the ``index``-th group created with ``members`` (sorted world ranks), or of
+    the one tagged ``index``."""
     text = ",".join(map(str, members)) + f"/{index}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little")
 
@@ -82,9 +83,12 @@ class World:
         self.links[peer] = SiteLink(peer, self.names[peer], session, self._deliver, self._link_failed,
                                     listener, pool, self.liveness_min_s)
 
-    def new_group(self, members: Iterable[int], timeout_s: float | None = None) -> Group | None:
+    def new_group(self, members: Iterable[int], timeout_s: float | None = None, tag: str | None = None,
+                  ) -> Group | None:
         """A group of the world ranks ``members`` (this site among them), on the world's sessions;
-        None where this site is not a member (it may skip the call: ids do not depend on it)."""
+        None where this site is not a member (it may skip the call: ids do not depend on it).
+        ``tag`` names the group instead of the count of groups of ``members`` made here (an
+        elastic epoch: a site that restarted has made none yet)."""
         from .group import Group
 
         ranks = tuple(sorted(set(members)))
@@ -95,8 +99,9 @@ class World:
         if self._closed:
             raise CollectiveError("the world is closed")
         index = self._created.get(ranks, 0)
-        self._created[ranks] = index + 1
-        gid = group_id(ranks, index)
+        if tag is None:
+            self._created[ranks] = index + 1
+        gid = group_id(ranks, index if tag is None else tag)
         if gid in self.groups or gid in self._retired:
             raise CollectiveError(f"group id {gid:#x} of {list(ranks)} #{index} collides with another "
                                   "group's")
@@ -109,6 +114,20 @@ class World:
             self._early_count -= 1
             group.deliver(group.rank_of[peer], header, body)
         return group
+
+    async def replace_link(self, peer: int, session: GatewaySession, listener: GatewayListener | None,
+                           pool: ReceivePool) -> None:
+        """A new session with ``peer`` (it restarted, or came back after a cut): the old link
+        ends and ``peer`` is no longer gone for groups made from now on."""
+        await self.drop_link(peer)
+        self.gone.pop(peer, None)
+        self.add_link(peer, session, listener, pool)
+
+    async def drop_link(self, peer: int) -> None:
+        """End the session with ``peer`` (gone, or left out of the membership); its ports go back."""
+        link = self.links.pop(peer, None)
+        if link is not None:
+            await link.close()
 
     def retire(self, group: Group) -> None:
         """``group`` is closed here: later messages for it are dropped."""
@@ -141,6 +160,8 @@ class World:
         return True
 
     def _link_failed(self, link: SiteLink, error: CollectiveError) -> None:
+        if self.links.get(link.index) is not link:
+            return  # a link replaced or dropped already
         self.gone.setdefault(link.index, error)
         for group in list(self.groups.values()):
             if link.index in group.rank_of:

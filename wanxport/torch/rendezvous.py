@@ -121,11 +121,21 @@ def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, tim
     listens (default: the config's, as with one rank per site)."""
     if size < 2:
         raise ValueError("the wanxport process group needs at least two sites (world_size >= 2)")
+    join_timeout = min(timeout, JOIN_TIMEOUT_S)
+    names, pairs = meet_through_store(store, rank, size, config, join_timeout, paths)
+    return join_sync(rank, names, identity=config.identity, ca=config.ca,
+                     paths=pairs if size > 2 else pairs[1 - rank], timeout=timeout,
+                     join_timeout=join_timeout)
+
+
+def meet_through_store(store: Any, rank: int, size: int, config: SiteConfig, join_timeout: float,
+                       paths: list[str] | None = None) -> tuple[list[str], dict[int, list[str]]]:
+    """Publish this site, wait (up to ``join_timeout``) for every other's: every site's
+    certificate name and the paths of this site's session with each."""
     name = _identity_name(config)
     mine = list(config.paths) if paths is None else paths
     store.set(KEY.format(rank), json.dumps({"name": name, "paths": mine}))
     keys = [KEY.format(r) for r in range(size)]
-    join_timeout = min(timeout, JOIN_TIMEOUT_S)
     try:
         store.wait(keys, timedelta(seconds=join_timeout))
     except Exception as exc:  # noqa: BLE001 - the store's timeout error names no one; this does
@@ -138,10 +148,7 @@ def join_through_store(store: Any, rank: int, size: int, config: SiteConfig, tim
         twins = sorted(r for r, n in enumerate(names) if names.count(n) > 1)
         raise ConfigError(f"group ranks {twins} share one identity ({names[twins[0]]}): a wanxport group's "
                           f"members must be different sites (the cross-site dimension of the mesh)")
-    paths = _pair_paths(rank, published)
-    return join_sync(rank, names, identity=config.identity, ca=config.ca,
-                     paths=paths if size > 2 else paths[1 - rank], timeout=timeout,
-                     join_timeout=join_timeout)
+    return names, _pair_paths(rank, published)
 
 
 def cross_site_group(store: Any, site: int, n_sites: int, *, config: SiteConfig | None = None,

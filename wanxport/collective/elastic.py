@@ -1,0 +1,399 @@
+"""An elastic group: the sites that are alive go on when one dies or is cut off.
+
+A training run across datacenters outlives its links. A plain group fails every
+call once a member is gone (``state``); an elastic group (opt-in: ``elastic_join``)
+moves its survivors to a group of the next *epoch* instead. Epochs are agreed
+through the job's c10d store (``membership``) and detected by the sessions'
+liveness (``link``), nothing else:
+
+- A member gone (its session ended or went silent past the liveness bound): a
+  survivor proposes epoch N+1 without it by compare-and-set; every survivor adopts
+  the highest epoch. Only a majority of the *configured* sites may continue (so at
+  least three sites): a site that cannot form one, is left out of the epoch, or
+  cannot reach the store stops and waits to be admitted again.
+- Each epoch runs on its own group on the world's sessions (its id is the epoch's
+  number), so calls of two epochs never pair. Its first call is an *agreement*:
+  every member's [state is current, step, first call not done, calls done beyond
+  it]. Where every survivor stopped at the same call, the calls in flight are
+  retried among the survivors (their inputs restored; "mean" divides by the live
+  count); otherwise they raise ``MembershipChanged`` and the next ``boundary``
+  copies the state from the member that got furthest.
+- Joining (a restarted site, or one cut off and healed): the site files a ticket
+  in the store; at a step boundary a survivor proposes an epoch that admits it from
+  the next step on, the sites open sessions with it, and ``boundary`` sends it the
+  state (``elastic_state``) bit-identical, so it takes part from that step on.
+
+Each step must run at least one collective of the group and call ``boundary`` once
+before it: that keeps every survivor within one step of the others, so an epoch that
+starts at "the proposer's step + 1" is adopted by all before they reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wanxport.gateway.config import Address, GatewayOptions
+
+from .buffers import as_array
+from .elastic_state import StateHolder, transfer_state
+from .errors import CollectiveError
+from .group import Group, Handle
+from .membership import Epoch, Membership
+from .mesh import connect_pair
+from .state import ElasticEvent, ElasticState, GroupState, elastic_advance
+from .world import World
+
+log = logging.getLogger("wanxport.collective.elastic")
+
+ADMIT_RETRY_S = 1.0  # a site admitted but dropped again asks again after this (doubling) ...
+ADMIT_RETRY_MAX_S = 30.0  # ... up to this: each try costs the members up to ``admit_s`` at a boundary
+
+
+class MembershipChanged(CollectiveError):
+    """The membership changed while this call was in flight and the survivors had not all
+    reached the same call: redo the step after ``boundary``, which makes the state equal."""
+
+
+@dataclass(eq=False)
+class _Call:
+    index: int
+    array: Any
+    saved: npt.NDArray[Any]
+    op: str
+    compress: str | None
+    timeout: float | None
+    name: str | None
+    group: Group | None = None
+    handle: Handle | None = None
+    failed: CollectiveError | None = None
+
+
+@dataclass(eq=False)
+class Sites:
+    """How to reach every configured site: names, per-peer paths, this site's credentials."""
+
+    site: int
+    names: list[str]
+    paths: dict[int, list[Address]]
+    identity: str | os.PathLike[str]
+    ca: str | os.PathLike[str]
+    options: GatewayOptions | None
+    connect_s: float  # a joiner's session setup with the members (they come at their next step)
+    admit_s: float  # a member's session setup with a joiner (which is waiting already)
+    quorum: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.quorum = len(self.names) // 2 + 1
+
+
+class ElasticGroup:
+    """This site's member of an elastic group (``elastic_join``). ``members``: the live sites
+    of the current epoch (configured indices); ``all_reduce`` and ``boundary`` are the step
+    loop's calls; ``changes`` counts the membership changes seen here."""
+
+    def __init__(self, world: World, membership: Membership, sites: Sites, prefix: str) -> None:
+        self.world = world
+        self.membership = membership
+        self.sites = sites
+        self.prefix = prefix
+        self.state = ElasticState.RECONFIGURING
+        self.epoch = Epoch(-1, ())
+        self.group: Group | None = None
+        self.changes = 0
+        self._calls: dict[int, _Call] = {}  # calls not done, by index
+        self._done_ahead: set[int] = set()  # calls done while an earlier one was not
+        self._next = 0  # the next call's index
+        self._step = 0  # the step of the last boundary (a joiner's: the one it received)
+        self._current = True  # this site's state is the run's (False: restarted, excluded, or mid-copy)
+        self._table: npt.NDArray[np.int64] | None = None  # the current epoch's agreement
+        self._resync = False
+        self._due: Epoch | None = None  # an adopted epoch that starts at a later step
+        self._recovery: asyncio.Task[None] | None = None
+
+    @property
+    def site(self) -> int:
+        return self.sites.site
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return self.epoch.members
+
+    @property
+    def size(self) -> int:
+        return len(self.epoch.members)
+
+    @property
+    def name(self) -> str:
+        return self.sites.names[self.site]
+
+    # -- calls -------------------------------------------------------------------
+
+    async def all_reduce(self, array: Any, op: str = "sum", compress: str | None = None,
+                         timeout: float | None = None, name: str | None = None) -> Any:
+        """``Group.all_reduce`` over the live sites; retried among the survivors when a member
+        goes (``MembershipChanged`` where it cannot be)."""
+        return await self.all_reduce_async(array, op, compress, timeout, name)
+
+    def all_reduce_async(self, array: Any, op: str = "sum", compress: str | None = None,
+                         timeout: float | None = None, name: str | None = None) -> asyncio.Future[Any]:
+        """Start it now (its place in the sequence is this call's); a future of the result."""
+        arr = as_array(array)
+        call = _Call(self._next, array, arr.copy(), op, compress, timeout, name)
+        self._next += 1
+        self._calls[call.index] = call
+        if self._resync:
+            call.failed = MembershipChanged(f"site {self.name}: the state is copied at the next boundary; "
+                                            "redo the step after it")
+        elif self._recovery is None and self.state is ElasticState.RUNNING:
+            self._issue(call)
+        return asyncio.ensure_future(self._drive(call))
+
+    def _issue(self, call: _Call) -> None:
+        assert self.group is not None
+        as_array(call.array)[...] = call.saved
+        call.group, call.handle, call.failed = self.group, None, None
+        try:
+            call.handle = self.group.all_reduce_async(call.array, call.op, call.compress, call.timeout,
+                                                      call.name)
+        except CollectiveError as exc:
+            call.failed = exc
+
+    async def _drive(self, call: _Call) -> Any:
+        """The call's result, across epochs: an attempt that fails because a member went waits
+        for the next epoch, which retries the call (a new attempt) or fails it."""
+        try:
+            while True:
+                handle = call.handle
+                if handle is not None:
+                    try:
+                        result = await handle
+                    except CollectiveError:
+                        if call.handle is not handle:
+                            continue  # a newer attempt replaced this one
+                        if not self._lost(call.group):
+                            raise
+                    else:
+                        if call.handle is not handle:
+                            continue
+                        self._done(call)
+                        return result
+                elif call.failed is not None and (isinstance(call.failed, MembershipChanged)
+                                                  or not self._lost(call.group)):
+                    raise call.failed
+                await self._recovered()
+        finally:
+            self._calls.pop(call.index, None)
+            if not self._calls:
+                self._done_ahead.clear()
+
+    def _done(self, call: _Call) -> None:
+        del self._calls[call.index]
+        if self._calls and min(self._calls) < call.index:
+            self._done_ahead.add(call.index)
+
+    def _lost(self, group: Group | None) -> bool:
+        """Whether a failure on ``group`` is a membership change (not a stall or a mismatch)."""
+        return group is None or group is not self.group or group.state is GroupState.MEMBER_GONE \
+            or self.state is not ElasticState.RUNNING
+
+    async def _recovered(self) -> None:
+        if self._recovery is None:
+            self._recovery = asyncio.ensure_future(self._recover())
+        recovery = self._recovery
+        try:
+            await asyncio.shield(recovery)
+        finally:
+            if self._recovery is recovery and recovery.done():
+                self._recovery = None
+
+    async def _recover(self) -> None:
+        """Move to the next epoch; then retry the calls not done, or fail them."""
+        self._event(ElasticEvent.MEMBER_GONE)
+        await self._advance(None)
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            if self._resync:
+                call.handle, call.failed = None, MembershipChanged(
+                    f"{call.op} #{index}: the membership changed to epoch {self.epoch.number} "
+                    f"({self._names(self.members)}) and the survivors had not all reached this call; "
+                    "redo the step after boundary()", None)
+            else:
+                self._issue(call)
+
+    # -- the step boundary -------------------------------------------------------
+
+    async def boundary(self, step: int, state: StateHolder) -> int:
+        """Call before every step, at every site: admits sites that asked to join (from the
+        next step), adopts an epoch another site proposed, and copies ``state`` from the
+        member furthest along to any member whose state is stale (a joiner, or a survivor
+        that lost a step). Returns the step to run (a joiner's: the survivors')."""
+        if self._recovery is not None:
+            await self._recovered()
+        if self._current:
+            self._step = step
+        current = await self.membership.read()
+        if current is None:
+            raise CollectiveError("the store has no epoch record: was it reset?")
+        if current.number > self.epoch.number and (self._due is None or current.number > self._due.number):
+            self._due = current
+        if self._due is not None and (self._due.start <= self._step or self.site not in self._due.members):
+            due, self._due = self._due, None
+            await self._advance(due)
+        elif self._due is None:
+            await self._answer_tickets(current)
+        if self._resync:
+            assert self.group is not None and self._table is not None
+            self._current = False
+            self._step = await transfer_state(self.group, self._table, state, self._step)
+            self._current, self._resync = True, False
+            self._calls.clear()  # every call in flight failed: numbering starts again everywhere
+            self._done_ahead.clear()
+            self._next = 0
+        return self._step
+
+    async def _answer_tickets(self, current: Epoch) -> None:
+        tickets = await self.membership.tickets(current.answered)
+        joining = sorted({site for _, site in tickets if site not in current.members})
+        if not joining:
+            return
+        proposal = Epoch(current.number + 1, tuple(sorted({*current.members, *joining})), self._step + 1,
+                         tuple(joining), tickets[-1][0])
+        adopted = await self.membership.propose(current, proposal)
+        if adopted.number > self.epoch.number:
+            self._due = adopted
+
+    # -- epochs ------------------------------------------------------------------
+
+    async def _advance(self, target: Epoch | None) -> None:
+        """Enter ``target`` (or the epoch after this one's losses), waiting out any epoch that
+        leaves this site out, until one opens with this site in it."""
+        while True:
+            if target is None:
+                target = await self._next_epoch()
+            if self.site not in target.members:
+                target = await self._wait_for_admission(target)
+            if await self._enter(target):
+                return
+            target = None
+
+    async def _next_epoch(self) -> Epoch:
+        current = await self.membership.read()
+        assert current is not None
+        if current.number > self.epoch.number:
+            return current
+        live = tuple(m for m in self.epoch.members if m not in self.world.gone)
+        if len(live) >= self.sites.quorum:
+            proposal = Epoch(current.number + 1, live, -1, (), current.answered)
+            return await self.membership.propose(current, proposal)
+        self._event(ElasticEvent.CANNOT_CONTINUE)
+        log.warning("site %s: only %s of %d configured sites are reachable, not a majority: waiting",
+                    self.name, self._names(live), len(self.sites.names))
+        return await self.membership.newer_than(current.number)
+
+    async def _wait_for_admission(self, target: Epoch) -> Epoch:
+        """Left out of ``target``: stop, drop every session, ask to join; the epoch that admits us."""
+        self._event(ElasticEvent.CANNOT_CONTINUE)
+        log.warning("site %s: not a member of epoch %d (%s): waiting to be admitted", self.name,
+                    target.number, self._names(target.members))
+        self._current = False
+        await self._close_group()
+        for peer in list(self.world.links):
+            await self.world.drop_link(peer)
+        self.world.gone.clear()
+        self.epoch = target
+        ticket = await self.membership.file_ticket(self.site)
+        backoff = ADMIT_RETRY_S
+        while self.site not in target.members:
+            target = await self.membership.newer_than(target.number)
+            if target.answered >= ticket and self.site not in target.members:
+                # admitted and dropped again (the sessions could not be set up: still cut off)
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, ADMIT_RETRY_MAX_S)
+                ticket = await self.membership.file_ticket(self.site)
+        return target
+
+    async def _enter(self, target: Epoch) -> bool:
+        """Open ``target``'s group (sessions with members this site has none with) and run its
+        agreement; False when a member went meanwhile (the caller moves on)."""
+        self._event(ElasticEvent.NEWER_EPOCH)
+        await self._close_group()
+        for peer in [p for p in self.world.links if p not in target.members]:
+            await self.world.drop_link(peer)
+        await self._connect([m for m in target.members if m != self.site and (
+            m not in self.world.links or (m in target.admitted and m in self.world.gone))],
+            joining=not self._current)
+        previous, self.epoch = self.epoch, target
+        group = self.world.new_group(target.members, tag=f"{self.prefix}epoch/{target.number}")
+        assert group is not None
+        self.group = group
+        first = min(self._calls, default=self._next)
+        row = np.array([int(self._current), self._step, first, sum(1 for i in self._done_ahead if i > first)],
+                       dtype=np.int64)
+        try:
+            table = await group.all_gather(row)
+        except CollectiveError:
+            if group.state is GroupState.MEMBER_GONE:
+                return False
+            raise
+        self._table = table
+        rows = table[table[:, 0] == 1]
+        self._resync = len(rows) < len(table) or bool((rows[:, 1:3] != rows[0, 1:3]).any()
+                                                      or rows[:, 3].any())
+        self.changes += 1
+        self._log_change(previous, target)
+        self._event(ElasticEvent.OPENED)
+        return True
+
+    async def _connect(self, peers: list[int], joining: bool) -> None:
+        """Sessions with ``peers``: a joiner waits up to ``connect_s`` for the members to reach
+        the epoch's first step; a member admitting a joiner (already waiting) ``admit_s``."""
+        sites = self.sites
+        deadline = time.monotonic() + (sites.connect_s if joining else sites.admit_s)
+        results = await asyncio.gather(*(connect_pair(sites.site, p, sites.names, sites.paths[p],
+                                                      sites.identity, sites.ca, sites.options, deadline)
+                                         for p in peers), return_exceptions=True)
+        for peer, result in zip(peers, results, strict=True):
+            if isinstance(result, BaseException):
+                why = result if isinstance(result, CollectiveError) else CollectiveError(
+                    f"site {sites.names[peer]}: no session ({type(result).__name__}: {result})",
+                    sites.names[peer])
+                self.world.gone[peer] = why
+            else:
+                await self.world.replace_link(peer, *result)
+
+    async def _close_group(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            await group.close()
+
+    def _event(self, event: ElasticEvent) -> None:
+        self.state = elastic_advance(self.state, event)
+
+    def _names(self, members: Sequence[int]) -> str:
+        return "[" + ", ".join(self.sites.names[m] for m in members) + "]"
+
+    def _log_change(self, previous: Epoch, target: Epoch) -> None:
+        left = [m for m in previous.members if m not in target.members]
+        came = [m for m in target.members if m not in previous.members]
+        why = "; ".join([*(f"{self.sites.names[m]} gone: {self.world.gone.get(m, 'left out by another site')}"
+                           for m in left),
+                         *(f"{self.sites.names[m]} admitted" for m in came)]) or "formed"
+        log.info("site %s: membership epoch %d: live %s (%s)", self.name, target.number,
+                 self._names(target.members), why)
+
+    async def close(self) -> None:
+        self._event(ElasticEvent.CLOSE)
+        if self._recovery is not None:
+            self._recovery.cancel()
+        await self._close_group()
+        await self.world.close(drain_s=0.0)
+        self.membership.close()
