@@ -167,6 +167,18 @@ def back_after_heal_s(log: RunLog, fault: Fault) -> float | None:
     return round(max(d[steps[0]] for d in done) - healed, 3) if steps else None
 
 
+def membership_changes(log: RunLog) -> list[dict[str, Any]]:
+    """Each epoch after the first, once: its live sites, when a site first saw it, and which
+    processes saw it."""
+    epochs: dict[int, dict[str, Any]] = {}
+    for m in sorted(log.membership, key=lambda m: m["t"]):
+        if m["epoch"] > 0:
+            row = epochs.setdefault(m["epoch"], {"epoch": m["epoch"], "members": m["members"],
+                                                 "first_seen_s": log.rel(m["t"]), "seen_by": []})
+            row["seen_by"].append(m["label"])
+    return [epochs[k] for k in sorted(epochs)]
+
+
 def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backend: str | None,
                         commit: str | None, host: dict[str, Any], wall_s: float) -> dict[str, Any]:
     steps = outer_steps(log)
@@ -210,8 +222,7 @@ def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backen
         rejoin_s=next((f["rejoin_s"] for f in faults if f["rejoin_s"] is not None), None),
         final_loss=first["final_loss"] if first else None,
         final_loss_per_site={s: d["final_loss"] for s, d in finished.items()},
-        membership_changes=[{k: v for k, v in m.items() if k != "event"} | {"t_s": log.rel(m["t"])}
-                            for m in log.membership if "t" in m],
+        membership_changes=membership_changes(log),
         site_cpu_s={label: d.get("cpu_s") for label, d in log.done.items()},
         lag_max_s=log.engine.get("lag_max_s"), cpu_other={"engine": log.engine.get("engine_cpu_s")},
         backend=backend, commit=commit, host=host, errors=errors)

@@ -1,4 +1,4 @@
-"""DiLoCo among N sites, one process per site, that reports every outer step as a JSON line.
+"""DiLoCo among N sites that keeps training when a site dies, one process per site.
 
     python examples/diloco_elastic.py local [--sites 3] [--outer-steps 10] [--inner-steps 20]
                                             [--hidden 2048] [--compress int8] [--json FILE]
@@ -8,7 +8,12 @@
 Each site trains its own replica of a fixed MLP (about 5 M parameters at the default width,
 Adam inner optimizer) for H inner steps on its own data, then the sites average their
 pseudo-gradients (global - local) with one all-reduce over wanxport and apply the mean with an
-outer Nesterov-momentum SGD (DiLoCo's recipe). ``local`` runs every site as a process on this
+outer Nesterov-momentum SGD (DiLoCo's recipe). With three sites or more the group is elastic
+(``wanxport.collective.elastic_join_sync``, membership agreed through the job's c10d store):
+when a site dies or is cut off, the survivors average over the live sites and go on; a site
+that restarts joins at an outer-step boundary and receives the state (global parameters,
+outer momentum, Adam's moments, the step) bit-identical from a live site; a site cut off
+from the majority waits, then rejoins the same way. ``local`` runs every site as a process on this
 machine over loopback paths, with the store in this process; ``python -m emulation diloco``
 starts ``store`` in its control namespace and one ``site`` per site namespace, then kills,
 blackholes or partitions sites while they train.
@@ -38,6 +43,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from wanxport.collective import MembershipChanged
 
 FEATURES, BATCH, DEFAULT_HIDDEN, HEAD = 32, 32, 2048, 384
 INNER_LR, OUTER_LR, OUTER_MOMENTUM = 1e-3, 0.7, 0.9
@@ -88,6 +95,7 @@ class Trainer:
         self.inner = torch.optim.Adam(self.params, lr=INNER_LR)
         self.pseudo = torch.empty_like(self.global_flat)
         self.step = 0  # completed outer steps
+        self._adam_before: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
 
     @property
     def n_params(self) -> int:
@@ -95,6 +103,7 @@ class Trainer:
 
     def inner_steps(self, seed: int, site: int, inner_steps: int) -> float:
         """H inner steps on this site's batches for the coming outer step; their mean loss."""
+        self._adam_before = {p: {k: v.clone() for k, v in st.items()} for p, st in self.inner.state.items()}
         total = 0.0
         for x, y in batches(seed, site, self.step, inner_steps):
             self.inner.zero_grad()
@@ -116,6 +125,21 @@ class Trainer:
         with torch.no_grad():
             vector_to_parameters(self.global_flat, self.params)
         self.step += 1
+
+    def roll_back(self) -> None:
+        """Undo the inner steps of an outer step whose all-reduce was abandoned (the membership
+        changed under it): the replica back to the global parameters, Adam to before."""
+        with torch.no_grad():
+            vector_to_parameters(self.global_flat, self.params)
+        self.inner.state.clear()
+        self.inner.state.update(self._adam_before)
+
+    def pack(self) -> dict[str, np.ndarray]:
+        """The state as named numpy arrays (``StateHolder``: what a joining site receives)."""
+        return {name: t.numpy() for name, t in self.state_arrays().items()}
+
+    def unpack(self, arrays: dict[str, np.ndarray]) -> None:
+        self.load_state_arrays({name: torch.from_numpy(a) for name, a in arrays.items()})
 
     def state_arrays(self) -> dict[str, torch.Tensor]:
         """What a site that joins receives, as flat tensors: parameters, outer momentum, the
@@ -165,14 +189,37 @@ def cpu_s() -> float:
     return round(usage.ru_utime + usage.ru_stime, 2)
 
 
-def join_group(spec: dict[str, Any]) -> Any:
-    """This site's wanxport group: one session with every other site on the spec's paths."""
-    from wanxport.collective import join_sync
+def join_group(spec: dict[str, Any], store: Any) -> Any:
+    """This site's wanxport group, one session with every other site on the spec's paths:
+    elastic (through the store) with three sites or more, else a plain group. The same
+    call starts a site and restarts it."""
+    from wanxport.collective import elastic_join_sync, join_sync
 
     pki, names = spec["pki"], spec["names"]
-    return join_sync(spec["site"], names, identity=f"{pki}/{names[spec['site']]}", ca=f"{pki}/ca.pem",
-                     paths={int(peer): given for peer, given in spec["paths"].items()},
-                     timeout=spec["timeout"], join_timeout=spec.get("join_timeout", 120.0))
+    kwargs = {"identity": f"{pki}/{names[spec['site']]}", "ca": f"{pki}/ca.pem",
+              "paths": {int(peer): given for peer, given in spec["paths"].items()},
+              "timeout": spec["timeout"], "join_timeout": spec.get("join_timeout", 120.0)}
+    if len(names) < 3:
+        return join_sync(spec["site"], names, **kwargs)
+    return elastic_join_sync(store, spec["site"], names, **kwargs)
+
+
+class MembershipLog:
+    """Emits a ``membership`` line whenever the group's epoch is not the one last seen."""
+
+    def __init__(self, group: Any, names: list[str]) -> None:
+        self.group, self.names, self.seen = group, names, None
+
+    def check(self) -> None:
+        epoch = getattr(self.group, "epoch", None)
+        if epoch is None or epoch.number == self.seen:
+            return
+        self.seen = epoch.number
+        emit({"event": "membership", "t": time.monotonic(), "epoch": epoch.number,
+              "members": [self.names[m] for m in epoch.members], "changes": self.group.changes})
+
+    def members(self) -> list[int]:
+        return list(getattr(self.group, "members", range(len(self.names))))
 
 
 def connect_store(spec: dict[str, Any]) -> Any:
@@ -190,24 +237,35 @@ def run_site(spec: dict[str, Any]) -> dict[str, Any]:
     site, seed = spec["site"], spec["seed"]
     trainer = Trainer(spec["hidden"], seed)
     store = connect_store(spec)
-    group = join_group(spec)
-    store.add("diloco/joined", 1)
+    group = join_group(spec, store)
+    elastic = hasattr(group, "boundary")
     emit({"event": "ready", "t": time.monotonic(), "params": trainer.n_params,
-          "state_bytes": trainer.state_bytes()})
+          "state_bytes": trainer.state_bytes(), "elastic": elastic})
     if not spec.get("no_go"):
         sys.stdin.readline()
-    members = list(range(len(spec["names"])))
+    membership = MembershipLog(group, spec["names"])
     error = None
     try:
         while trainer.step < spec["outer_steps"]:
+            if elastic:
+                trainer.step = group.boundary(trainer.step, trainer)
+                membership.check()
+                if trainer.step >= spec["outer_steps"]:
+                    break
             t0 = time.monotonic()
             loss = trainer.inner_steps(seed, site, spec["inner_steps"])
             t_sync = time.monotonic()
-            group.all_reduce(trainer.pseudo_gradient(), op="mean", compress=spec.get("compress"),
-                             name="pseudo")
+            try:
+                group.all_reduce(trainer.pseudo_gradient(), op="mean", compress=spec.get("compress"),
+                                 name="pseudo")
+            except MembershipChanged:
+                membership.check()
+                trainer.roll_back()  # the next boundary makes the state equal again
+                continue
             trainer.outer_step()
+            membership.check()
             emit({"event": "outer", "step": trainer.step, "t0": t0, "t_sync": t_sync,
-                  "t1": time.monotonic(), "train_loss": loss, "members": members})
+                  "t1": time.monotonic(), "train_loss": loss, "members": membership.members()})
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which names the site
         error = f"{type(exc).__name__}: {exc}"
     group.close()

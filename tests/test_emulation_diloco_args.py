@@ -114,6 +114,9 @@ def _log_with_a_kill() -> RunLog:
                        ("west", [101.1, 102.2])):
         for step, t1 in enumerate(ends, start=1):
             log.line(site, {"event": "outer", "step": step, "t1": t1, "members": [0, 1, 2]}, t1)
+    for label, epoch, members, t in (("east", 0, SITES, 100.5), ("central", 1, ["east", "central"], 104.2),
+                                     ("east", 1, ["east", "central"], 104.0), ("east", 2, SITES, 107.0)):
+        log.line(label, {"event": "membership", "t": t, "epoch": epoch, "members": members}, t)
     log.killed("west", 103.0)
     log.ended("west", 103.0, -9, "")
     log.started("west#2", "west", 106.0)
@@ -136,6 +139,9 @@ def test_the_report_times_recovery_and_rejoin_from_the_log() -> None:
     assert report["intact"] and report["identical_across_sites"]
     assert report["final_loss"] == 0.5 and report["state_bytes"] == 20_000
     assert report["workload"] == "diloco" and report["commit"] == "abc"
+    assert report["membership_changes"] == [
+        {"epoch": 1, "members": ["east", "central"], "first_seen_s": 4.0, "seen_by": ["east", "central"]},
+        {"epoch": 2, "members": SITES, "first_seen_s": 7.0, "seen_by": ["east"]}]
 
 
 def test_a_site_that_should_have_finished_and_did_not_fails_the_report() -> None:
