@@ -30,7 +30,7 @@ from emulation.errors import EmulationError
 from emulation.faults import Fault, check_faults, with_fault_events
 from emulation.mesh_allreduce import address_at
 from emulation.ranks import make_rank_pki
-from emulation.siteprocs import Line, NamespaceProcess
+from emulation.siteprocs import STOP_GRACE_S, Line, NamespaceProcess
 from wanxport.scenario import Scenario
 
 EXAMPLE = str(Path(REPO_ROOT) / "examples" / "diloco_elastic.py")
@@ -130,7 +130,10 @@ class DilocoRun:
             return False
         if obj is None:
             proc = next(p for p in self.procs if p.label == label)
-            proc.proc.wait()
+            try:
+                proc.proc.wait(STOP_GRACE_S)  # its output ended: it is exiting
+            except subprocess.TimeoutExpired:
+                proc.kill()
             self.log.ended(label, at, proc.proc.returncode, proc.stderr_tail())
         else:
             self.log.line(label, obj, at)
