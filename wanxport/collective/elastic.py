@@ -118,6 +118,8 @@ class ElasticGroup:
         self._resync = False
         self._due: Epoch | None = None  # an adopted epoch that starts at a later step
         self._recovery: asyncio.Task[None] | None = None
+        self._asked = False  # this site asked to be admitted since it last entered an epoch
+        self._backoff = ADMIT_RETRY_S
 
     @property
     def site(self) -> int:
@@ -310,16 +312,16 @@ class ElasticGroup:
             await self.world.drop_link(peer)
         self.world.gone.clear()
         self.epoch = target
-        ticket = await self.membership.file_ticket(self.site)
-        backoff = ADMIT_RETRY_S
-        while self.site not in target.members:
-            target = await self.membership.newer_than(target.number)
-            if target.answered >= ticket and self.site not in target.members:
-                # admitted and dropped again (the sessions could not be set up: still cut off)
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, ADMIT_RETRY_MAX_S)
-                ticket = await self.membership.file_ticket(self.site)
-        return target
+        while True:
+            if self._asked:  # admitted before but dropped again: the sessions could not be set up
+                await asyncio.sleep(self._backoff)
+                self._backoff = min(2 * self._backoff, ADMIT_RETRY_MAX_S)
+            self._asked = True
+            ticket = await self.membership.file_ticket(self.site)
+            while self.site not in target.members and not (target.answered >= ticket):
+                target = await self.membership.newer_than(target.number)
+            if self.site in target.members:
+                return target
 
     async def _enter(self, target: Epoch) -> bool:
         """Open ``target``'s group (sessions with members this site has none with) and run its
@@ -349,6 +351,7 @@ class ElasticGroup:
         self._resync = len(rows) < len(table) or bool((rows[:, 1:3] != rows[0, 1:3]).any()
                                                       or rows[:, 3].any())
         self.changes += 1
+        self._asked, self._backoff = False, ADMIT_RETRY_S
         self._log_change(previous, target)
         self._event(ElasticEvent.OPENED)
         return True

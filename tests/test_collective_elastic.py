@@ -1,0 +1,163 @@
+"""Elastic groups, in one process over loopback: a member lost mid-call (the survivors
+finish it with the mean over the live sites), a restarted site admitted at a step
+boundary with the state bit-identical, a 2 | 1 partition (the 2 go on, the 1 waits and
+rejoins when healed), a site cut off from the store (it stops and waits), and a plain
+group, which still fails."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from collective_helpers import make_pki, mesh_paths, paths_of, site_names
+from elastic_helpers import (
+    CutStore,
+    MemoryStore,
+    cut_sessions,
+    digest,
+    epoch_number,
+    fresh_state,
+    grad,
+    joiner,
+    train,
+)
+
+from wanxport.collective import CollectiveError, ElasticState, GroupState, join
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 3
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("pki"), N)
+
+
+async def _form(pki: Path, stores: list) -> tuple[list, dict, list[str]]:
+    names, pairs = site_names(N), mesh_paths(N)
+    groups = list(await asyncio.gather(*(joiner(stores[k], pki, names, paths_of(k, N, pairs), k)
+                                         for k in range(N))))
+    return groups, pairs, names
+
+
+async def _close(groups: list) -> None:
+    await asyncio.gather(*(g.close() for g in groups), return_exceptions=True)
+
+
+async def test_a_member_lost_mid_call_the_survivors_finish_it_with_the_mean_over_live_sites(pki: Path,
+                                                                                          ) -> None:
+    store = MemoryStore()
+    groups, _, _ = await _form(pki, [store] * N)
+    try:
+        assert [g.epoch.members for g in groups] == [(0, 1, 2)] * N
+        arrays = [grad(k, 0) for k in range(2)]
+        pending = [asyncio.ensure_future(g.all_reduce(a, op="mean"))
+                   for g, a in zip(groups, arrays, strict=False)]
+        cut_sessions(groups[2])  # site 2 never calls: both survivors wait on it when it goes
+        await asyncio.gather(*pending)
+        expected = (grad(0, 0) + grad(1, 0)) / np.float32(2)
+        assert arrays[0].tobytes() == arrays[1].tobytes() == expected.tobytes()
+        assert [g.epoch.members for g in groups[:2]] == [(0, 1)] * 2
+        assert [g.changes for g in groups[:2]] == [2, 2]  # formed, then site 2 gone
+        assert all(g.state is ElasticState.RUNNING for g in groups[:2])
+    finally:
+        await _close(groups)
+
+
+async def test_a_restarted_site_is_admitted_at_a_step_boundary_with_the_state_bit_identical(pki: Path,
+                                                                                          ) -> None:
+    store = MemoryStore()
+    groups, pairs, names = await _form(pki, [store] * N)
+    states = [fresh_state() for _ in range(N)]
+    rejoined = None
+    try:
+        first = await asyncio.gather(*(train(g, s, 0, 3) for g, s in zip(groups, states, strict=True)))
+        assert first == [3] * N
+        cut_sessions(groups[2])
+        await groups[2].close()  # the old process is gone
+        survivors = [asyncio.ensure_future(train(g, s, 3, 5))
+                     for g, s in zip(groups[:2], states[:2], strict=True)]
+        rejoined = await joiner(store, pki, names, paths_of(2, N, pairs), 2)  # waits until they notice
+        state = fresh_state()
+        last = await asyncio.gather(train(rejoined, state, 0, 5), *survivors)
+        admitted = rejoined.epoch
+        assert admitted.admitted == (2,) and admitted.members == (0, 1, 2)
+        assert last == [admitted.start + 3] * N  # it took part from the step it was admitted at
+        assert digest(state) == digest(states[0]) == digest(states[1])
+        assert int(state.arrays["step"][0]) == last[0]
+    finally:
+        await _close([*groups[:2], *([rejoined] if rejoined else [])])
+
+
+async def test_a_minority_site_waits_and_rejoins_when_healed(pki: Path) -> None:
+    """2 | 1: site 2's sessions are cut and no new one can form (it listens and dials on
+    ports nobody uses) while the store stays reachable: the 2 go on, the 1 waits (it never
+    takes a step alone); healed (its ports back), it is admitted and catches up."""
+    store = MemoryStore()
+    groups, pairs, _ = await _form(pki, [store] * N)
+    states = [fresh_state() for _ in range(N)]
+    minority = groups[2]
+    try:
+        await asyncio.gather(*(train(g, s, 0, 2) for g, s in zip(groups, states, strict=True)))
+        real = minority.sites.paths
+        minority.sites.paths = {p: [(h, int(port)) for h, port in (a.rsplit(":", 1) for a in far)]
+                                for p, far in paths_of(2, N, mesh_paths(N)).items()}
+        redone: list[int] = []
+        waiting = asyncio.ensure_future(train(minority, states[2], 2, 3, redone))
+        ahead = asyncio.Event()
+        cut_sessions(minority)
+        survivors = [asyncio.ensure_future(train(g, s, 2, 8, reached=(8, ahead)))
+                     for g, s in zip(groups[:2], states[:2], strict=True)]
+        await ahead.wait()  # the 2 went on ...
+        await store.until(lambda data: epoch_number(data) >= 3)  # it was admitted and dropped again
+        assert groups[0].epoch.members == (0, 1)
+        assert not waiting.done() and int(states[2].arrays["step"][0]) == 2  # ... the 1 did not
+        assert minority.state is not ElasticState.RUNNING
+        minority.sites.paths = real  # healed
+        last = await asyncio.gather(waiting, *survivors)
+        assert last[0] == last[1] == last[2] >= 8
+        assert digest(states[0]) == digest(states[1]) == digest(states[2])
+        assert redone == [2]  # its call in flight when cut off was redone after the state came
+        assert minority.epoch.members == (0, 1, 2) and 2 in minority.epoch.admitted
+    finally:
+        await _close(groups)
+
+
+async def test_a_site_cut_off_from_the_store_stops_and_waits(pki: Path) -> None:
+    shared = MemoryStore()
+    views = [CutStore(shared) for _ in range(N)]
+    groups, _, _ = await _form(pki, views)
+    states = [fresh_state() for _ in range(N)]
+    try:
+        await asyncio.gather(*(train(g, s, 0, 1) for g, s in zip(groups, states, strict=True)))
+        views[0].cut = True
+        stopped = asyncio.ensure_future(groups[0].boundary(1, states[0]))
+        await views[0].retried.wait()
+        assert not stopped.done() and groups[0].membership.waiting_for_store
+        views[0].cut = False
+        assert await stopped == 1
+        done = await asyncio.gather(*(train(g, s, 1, 3) for g, s in zip(groups, states, strict=True)))
+        assert done == [3] * N
+        assert digest(states[0]) == digest(states[1]) == digest(states[2])
+        assert groups[0].membership.store_failures >= 1 and not groups[0].membership.waiting_for_store
+    finally:
+        await _close(groups)
+
+
+async def test_a_plain_group_still_fails_when_a_member_is_lost(pki: Path) -> None:
+    names, pairs = site_names(N), mesh_paths(N)
+    groups = list(await asyncio.gather(*(
+        join(k, names, identity=pki / names[k], ca=pki / "ca.pem", paths=paths_of(k, N, pairs), timeout=30.0,
+             liveness_min_s=1.0) for k in range(N))))
+    try:
+        pending = [asyncio.ensure_future(g.all_reduce(np.ones(8, np.float32))) for g in groups[:2]]
+        for link in groups[2].world.links.values():
+            link.session.endpoint.abort()
+        for error in await asyncio.gather(*pending, return_exceptions=True):
+            assert isinstance(error, CollectiveError) and error.site == "site-2", error
+        assert all(g.state is GroupState.MEMBER_GONE for g in groups[:2])
+    finally:
+        await asyncio.gather(*(g.close(drain_s=0.0) for g in groups), return_exceptions=True)
