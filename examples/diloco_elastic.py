@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from wanxport.collective import MembershipChanged
 
@@ -122,15 +122,22 @@ class Trainer:
         """Nesterov outer SGD on the averaged pseudo-gradient; the replica restarts from the result."""
         self.momentum.mul_(OUTER_MOMENTUM).add_(self.pseudo)
         self.global_flat.sub_(OUTER_LR * (self.pseudo + OUTER_MOMENTUM * self.momentum))
-        with torch.no_grad():
-            vector_to_parameters(self.global_flat, self.params)
+        self._replica_from_global()
         self.step += 1
+
+    def _replica_from_global(self) -> None:
+        """Copy the global parameters into the replica's (``vector_to_parameters`` would make
+        the parameters views of the global vector, and the inner steps would move it too)."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(self.global_flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
 
     def roll_back(self) -> None:
         """Undo the inner steps of an outer step whose all-reduce was abandoned (the membership
         changed under it): the replica back to the global parameters, Adam to before."""
-        with torch.no_grad():
-            vector_to_parameters(self.global_flat, self.params)
+        self._replica_from_global()
         self.inner.state.clear()
         self.inner.state.update(self._adam_before)
 
@@ -159,8 +166,7 @@ class Trainer:
         """The inverse of ``state_arrays`` (bit-identical: copies, no arithmetic)."""
         self.global_flat.copy_(arrays["params"])
         self.momentum.copy_(arrays["momentum"])
-        with torch.no_grad():
-            vector_to_parameters(self.global_flat, self.params)
+        self._replica_from_global()
         step, adam_step = (int(v) for v in arrays["counters"].tolist())
         self.step = step
         if adam_step:
