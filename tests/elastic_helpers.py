@@ -104,6 +104,10 @@ def epoch_number(data: dict[str, bytes], prefix: str = "wanxport/elastic/") -> i
     return -1 if raw is None else int(json.loads(raw)["number"])
 
 
+def epoch_members(data: dict[str, bytes], prefix: str = "wanxport/elastic/") -> tuple[int, ...]:
+    return tuple(json.loads(data[prefix + "epoch"])["members"])
+
+
 def joiner(store: object, pki: Path, names: list[str], paths: dict, site: int, **kw: object):  # noqa: ANN201
     return elastic_join(store, site, names, identity=pki / names[site], ca=pki / "ca.pem", paths=paths,
                         timeout=30.0, join_timeout=5.0, liveness_min_s=1.0, admit_timeout=2.0, **kw)

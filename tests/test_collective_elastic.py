@@ -17,6 +17,7 @@ from elastic_helpers import (
     MemoryStore,
     cut_sessions,
     digest,
+    epoch_members,
     epoch_number,
     fresh_state,
     grad,
@@ -100,6 +101,7 @@ async def test_a_minority_site_waits_and_rejoins_when_healed(pki: Path) -> None:
     groups, pairs, _ = await _form(pki, [store] * N)
     states = [fresh_state() for _ in range(N)]
     minority = groups[2]
+    tasks: list[asyncio.Future] = []
     try:
         await asyncio.gather(*(train(g, s, 0, 2) for g, s in zip(groups, states, strict=True)))
         real = minority.sites.paths
@@ -111,18 +113,22 @@ async def test_a_minority_site_waits_and_rejoins_when_healed(pki: Path) -> None:
         cut_sessions(minority)
         survivors = [asyncio.ensure_future(train(g, s, 2, 8, reached=(8, ahead)))
                      for g, s in zip(groups[:2], states[:2], strict=True)]
+        tasks = [waiting, *survivors]
         await ahead.wait()  # the 2 went on ...
         await store.until(lambda data: epoch_number(data) >= 3)  # it was admitted and dropped again
-        assert groups[0].epoch.members == (0, 1)
+        assert epoch_members(store.data) == (0, 1)
         assert not waiting.done() and int(states[2].arrays["step"][0]) == 2  # ... the 1 did not
         assert minority.state is not ElasticState.RUNNING
         minority.sites.paths = real  # healed
-        last = await asyncio.gather(waiting, *survivors)
+        tasks = [waiting, *survivors]
+        last = await asyncio.gather(*tasks)
         assert last[0] == last[1] == last[2] >= 8
         assert digest(states[0]) == digest(states[1]) == digest(states[2])
         assert redone == [2]  # its call in flight when cut off was redone after the state came
         assert minority.epoch.members == (0, 1, 2) and 2 in minority.epoch.admitted
     finally:
+        for task in tasks:
+            task.cancel()
         await _close(groups)
 
 

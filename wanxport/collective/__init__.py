@@ -16,11 +16,11 @@
 """
 
 from .codec import CODECS, INT8_BLOCK, error_bound
-from .elastic import ElasticGroup, MembershipChanged
+from .elastic import ElasticGroup
 from .elastic_join import elastic_join
 from .elastic_state import ArrayState, StateHolder
 from .elastic_sync import ElasticSyncGroup, elastic_join_sync
-from .errors import CollectiveError
+from .errors import CollectiveError, MembershipChanged
 from .group import DEFAULT_TIMEOUT_S, CallStats, Group, Handle, part_bounds
 from .link import LIVENESS_MIN_S
 from .mesh import JOIN_TIMEOUT_S, join

@@ -32,23 +32,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from wanxport.gateway.config import Address, GatewayOptions
-
 from .buffers import as_array
 from .elastic_state import StateHolder, transfer_state
-from .errors import CollectiveError
+from .errors import CollectiveError, MembershipChanged
 from .group import Group, Handle
 from .membership import Epoch, Membership
-from .mesh import connect_pair
+from .mesh import Sites, connect_pair
 from .state import ElasticEvent, ElasticState, GroupState, elastic_advance
 from .world import World
 
@@ -56,11 +53,6 @@ log = logging.getLogger("wanxport.collective.elastic")
 
 ADMIT_RETRY_S = 1.0  # a site admitted but dropped again asks again after this (doubling) ...
 ADMIT_RETRY_MAX_S = 30.0  # ... up to this: each try costs the members up to ``admit_s`` at a boundary
-
-
-class MembershipChanged(CollectiveError):
-    """The membership changed while this call was in flight and the survivors had not all
-    reached the same call: redo the step after ``boundary``, which makes the state equal."""
 
 
 @dataclass(eq=False)
@@ -75,24 +67,6 @@ class _Call:
     group: Group | None = None
     handle: Handle | None = None
     failed: CollectiveError | None = None
-
-
-@dataclass(eq=False)
-class Sites:
-    """How to reach every configured site: names, per-peer paths, this site's credentials."""
-
-    site: int
-    names: list[str]
-    paths: dict[int, list[Address]]
-    identity: str | os.PathLike[str]
-    ca: str | os.PathLike[str]
-    options: GatewayOptions | None
-    connect_s: float  # a joiner's session setup with the members (they come at their next step)
-    admit_s: float  # a member's session setup with a joiner (which is waiting already)
-    quorum: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.quorum = len(self.names) // 2 + 1
 
 
 class ElasticGroup:
@@ -158,6 +132,14 @@ class ElasticGroup:
         elif self._recovery is None and self.state is ElasticState.RUNNING:
             self._issue(call)
         return asyncio.ensure_future(self._drive(call))
+
+    def refuse(self, op: str, reason: str) -> ValueError:
+        """``Group.refuse`` on the current epoch's group; the refused call takes its index here
+        as its matching calls do at the other sites."""
+        self._next += 1
+        if self.group is None:
+            return ValueError(reason)
+        return self.group.refuse(op, reason)
 
     def _issue(self, call: _Call) -> None:
         assert self.group is not None
@@ -292,7 +274,7 @@ class ElasticGroup:
         assert current is not None
         if current.number > self.epoch.number:
             return current
-        live = tuple(m for m in self.epoch.members if m not in self.world.gone)
+        live = await self.world.heard_from(tuple(m for m in self.epoch.members if m not in self.world.gone))
         if len(live) >= self.sites.quorum:
             proposal = Epoch(current.number + 1, live, -1, (), current.answered)
             return await self.membership.propose(current, proposal)

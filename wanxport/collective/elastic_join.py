@@ -16,11 +16,11 @@ from collections.abc import Sequence
 
 from wanxport.gateway.config import GatewayOptions
 
-from .elastic import ElasticGroup, Sites
+from .elastic import ElasticGroup
 from .group import DEFAULT_TIMEOUT_S
 from .link import LIVENESS_MIN_S
 from .membership import Epoch, Membership, Store
-from .mesh import JOIN_TIMEOUT_S, PathsArg, default_options, join, pair_paths
+from .mesh import JOIN_TIMEOUT_S, PathsArg, Sites, default_options, join, pair_paths
 from .world import World
 
 log = logging.getLogger("wanxport.collective.elastic")

@@ -95,6 +95,11 @@ class ElasticSyncGroup:
         self.loop.call_soon_threadsafe(task.add_done_callback, copy_result)
         return ElasticHandle(future)
 
+    def refuse(self, op: str, reason: str) -> ValueError:
+        async def run() -> ValueError:
+            return self.group.refuse(op, reason)
+        return self._call(run())  # type: ignore[no-any-return]
+
     def stats(self) -> list[CallStats]:
         """The calls of the current epoch's group."""
         group = self.group.group

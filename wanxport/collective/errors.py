@@ -16,3 +16,8 @@ class CollectiveError(RuntimeError):
         self.site = site
         self.rank = rank
         self.path = path
+
+
+class MembershipChanged(CollectiveError):
+    """The membership changed while this call was in flight and the survivors had not all
+    reached the same call: redo the step after ``boundary``, which makes the state equal."""

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from wanxport.control.certs import CertificateError
 from wanxport.gateway.config import Address, GatewayOptions, parse_hostport
@@ -36,6 +37,24 @@ PathSpec = str | Address
 PathsArg = Sequence[PathSpec] | Mapping[int, Sequence[PathSpec]]
 RETRY_S = 0.2
 JOIN_TIMEOUT_S = 60.0  # every site must be up and connected within this (join's default)
+
+
+@dataclass(eq=False)
+class Sites:
+    """How to reach every configured site: names, per-peer paths, this site's credentials."""
+
+    site: int
+    names: list[str]
+    paths: dict[int, list[Address]]
+    identity: str | os.PathLike[str]
+    ca: str | os.PathLike[str]
+    options: GatewayOptions | None
+    connect_s: float  # a joiner's session setup with the members (they come at their next step)
+    admit_s: float  # a member's session setup with a joiner (which is waiting already)
+    quorum: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.quorum = len(self.names) // 2 + 1
 
 
 def default_options() -> GatewayOptions:

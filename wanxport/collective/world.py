@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,8 @@ from wanxport.gateway.listener import GatewayListener
 from wanxport.gateway.session import GatewaySession
 
 from .errors import CollectiveError
-from .link import LIVENESS_MIN_S, SiteLink
-from .message import Header
+from .link import LIVENESS_MIN_S, PING, SiteLink
+from .message import Header, new_payload
 from .pool import ReceivePool
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+HEARD_POLL_S = 0.02  # while waiting to hear from sites (``heard_from``)
 EARLY_KEPT = 4096  # messages held for groups not created here yet (beyond: the link fails)
 
 
@@ -128,6 +130,23 @@ class World:
         link = self.links.pop(peer, None)
         if link is not None:
             await link.close()
+
+    async def heard_from(self, members: tuple[int, ...]) -> tuple[int, ...]:
+        """The sites of ``members`` heard from after now (each pinged), within their liveness
+        bound; this site is kept. A site cut off from every other sees its sessions fail
+        one by one: without fresh word it would count a peer it has lost too as live."""
+        links = {m: self.links[m] for m in members if m != self.site and m in self.links}
+        since = {m: link.session.endpoint.clock() for m, link in links.items()}
+        for link in links.values():
+            link.send(PING, new_payload(0))
+        deadline = time.monotonic() + max((link.liveness_bound_s() for link in links.values()), default=0.0)
+        waiting = set(links)
+        while waiting and time.monotonic() < deadline:
+            waiting = {m for m in waiting
+                       if links[m].failure is None and links[m].last_heard()[1] <= since[m]}
+            if waiting:
+                await asyncio.sleep(HEARD_POLL_S)
+        return tuple(m for m in members if m not in waiting and m not in self.gone)
 
     def retire(self, group: Group) -> None:
         """``group`` is closed here: later messages for it are dropped."""

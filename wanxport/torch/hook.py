@@ -30,6 +30,14 @@ status element, so every rank of the site learns at that all-gather that some ra
 failed and fails the bucket too, naming the cause. After a failure the state refuses
 further buckets at once (every rank of the site saw the same failure); rebuild the
 groups to continue.
+
+Elastic groups (``elastic_group``). When a site is lost mid-backward each rank's
+cross-site call is retried among the survivors by its group, so the bucket completes
+with the mean over the *live* sites: the cross-site step then averages ("mean", divided
+by the live count of the epoch the call completed in) and the site's own ranks divide
+by R. Where the group cannot retry (``MembershipChanged``) the status element says so,
+every rank of the site fails the bucket with ``MembershipChanged`` and the state does
+not latch it: the loop redoes the step after ``boundary``.
 """
 
 # No ``from __future__ import annotations`` here: DDP compares the hook's annotations with
@@ -47,7 +55,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket
 from torch.futures import Future
 
-from wanxport.collective import CollectiveError
+from wanxport.collective import CollectiveError, MembershipChanged
 from wanxport.torch import _bridge
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "HookState", "allreduce_hook", "allreduce_tensor", "chunk_bounds"]
@@ -111,6 +119,11 @@ class HookState:
         self._finish = ThreadPoolExecutor(1, thread_name_prefix="wanxport-hook-finish")
 
     @property
+    def elastic(self) -> bool:
+        """Whether the cross-site group is elastic (its live size may change within a step)."""
+        return hasattr(self.group, "boundary")
+
+    @property
     def world_size(self) -> int:
         """Ranks in the whole job: the site's ranks times the number of sites (the DDP mean's divisor)."""
         return self._site_ranks * _bridge.size(self.group)
@@ -121,6 +134,8 @@ class HookState:
         self._finish.shutdown(wait=True)
 
     def _fail(self, exc: BaseException) -> None:
+        if isinstance(exc, MembershipChanged):
+            return  # the step is redone after the group's boundary: later buckets may run
         with self._lock:
             if self._failed is None:
                 self._failed = exc
@@ -150,9 +165,11 @@ def allreduce_tensor(state: HookState, tensor: torch.Tensor, *, name: str, mean:
     if tensor.dim() != 1 or not tensor.is_contiguous():
         _refuse(state, "allreduce_tensor: need a contiguous 1-D tensor", tensor.numel(),
                 tensor.element_size())
-    divisor = state.world_size if mean else 1
+    elastic = state.elastic
+    divisor = (state._site_ranks if elastic else state.world_size) if mean else 1
+    op = "mean" if mean and elastic else "sum"
     if ranks == 1:
-        state._finish.submit(_finish_single, state, f"{name}/{tensor.numel()}", tensor, result, divisor)
+        state._finish.submit(_finish_single, state, f"{name}/{tensor.numel()}", tensor, result, divisor, op)
         return result
     bounds = chunk_bounds(tensor.numel(), ranks, state.chunk_bytes, tensor.element_size())
     call = _Call(tensor, divisor, result, len(bounds))
@@ -162,7 +179,7 @@ def allreduce_tensor(state: HookState, tensor: torch.Tensor, *, name: str, mean:
         padded = torch.cat([part, part.new_zeros(pad)]) if pad else part
         piece = part.new_empty(width)
         work = _reduce_scatter(piece, padded, group=state._rs_group, async_op=True)
-        exchange = state._start.submit(_start_exchange, state, f"{name}/{index}/{width}", work, piece)
+        exchange = state._start.submit(_start_exchange, state, f"{name}/{index}/{width}", work, piece, op)
         state._finish.submit(_finish_chunk, state, call, part, piece, exchange)
     return result
 
@@ -200,18 +217,19 @@ class _Call:
     failure: BaseException | None = None
 
 
-def _start_exchange(state: HookState, name: str, work: dist.Work, piece: torch.Tensor) -> PyFuture[None]:
+def _start_exchange(state: HookState, name: str, work: dist.Work, piece: torch.Tensor, op: str,
+                    ) -> PyFuture[None]:
     """Wait for this rank's reduced slice, then start its cross-site all-reduce (stage one)."""
     work.wait(timedelta(seconds=state.timeout))
-    return _bridge.all_reduce_start(state.group, piece, name=name, compress=state.compress,
+    return _bridge.all_reduce_start(state.group, piece, op=op, name=name, compress=state.compress,
                                     timeout=state.timeout)
 
 
 def _finish_single(state: HookState, name: str, piece: torch.Tensor,
-                   result: Future[torch.Tensor], divisor: int) -> None:
+                   result: Future[torch.Tensor], divisor: int, op: str) -> None:
     """One rank per site: only the cross-site step."""
     try:
-        _bridge.all_reduce_start(state.group, piece, name=name, compress=state.compress,
+        _bridge.all_reduce_start(state.group, piece, op=op, name=name, compress=state.compress,
                                  timeout=state.timeout).result()
         result.set_result(piece.div_(divisor) if divisor != 1 else piece)
     except Exception as exc:  # noqa: BLE001 - handed to DDP through the future
@@ -246,7 +264,8 @@ def _gather_chunk(state: HookState, part: torch.Tensor, piece: torch.Tensor,
     except Exception as exc:  # noqa: BLE001 - the site's other ranks must hear of it
         failure = exc
         log.warning("cross-site exchange failed on site rank %d: %s", state._site_rank, exc)
-    mine = torch.cat([piece, piece.new_full((1,), 0 if failure is None else 1)])
+    status = 0 if failure is None else 2 if isinstance(failure, MembershipChanged) else 1
+    mine = torch.cat([piece, piece.new_full((1,), status)])
     try:
         gathered = piece.new_empty(ranks * (chunk + 1))
         work = _all_gather(gathered, mine, group=state._ag_group, async_op=True)
@@ -258,6 +277,9 @@ def _gather_chunk(state: HookState, part: torch.Tensor, piece: torch.Tensor,
     rows = gathered.view(ranks, chunk + 1)
     failed = [r for r in range(ranks) if rows[r, chunk].item() != 0]
     if failed:
+        if all(rows[r, chunk].item() == 2 for r in failed):
+            return MembershipChanged(f"site rank(s) {failed}: the membership changed mid-step; redo the step "
+                                     "after boundary()")
         return CollectiveError(f"site rank(s) {failed} failed the cross-site exchange")
     part.copy_(rows[:, :chunk].reshape(-1)[:part.numel()])
     if divisor != 1:
