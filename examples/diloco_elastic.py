@@ -237,6 +237,18 @@ def connect_store(spec: dict[str, Any]) -> Any:
                          wait_for_workers=False)
 
 
+def finish_together(store: Any, membership: MembershipLog, spec: dict[str, Any]) -> None:
+    """Close only when every live site has its last result: the site that ends a collective
+    first must not tear its sessions down while a peer still waits for its last bytes."""
+    names = spec["names"]
+    store.set(f"diloco/finished/{names[spec['site']]}", "1")
+    try:
+        store.wait([f"diloco/finished/{names[m]}" for m in membership.members()],
+                   timedelta(seconds=spec["timeout"]))
+    except Exception as exc:  # noqa: BLE001 - a site lost at the very end: close anyway
+        emit({"event": "finish_wait", "error": f"{type(exc).__name__}: {exc}"})
+
+
 def run_site(spec: dict[str, Any]) -> dict[str, Any]:
     """One site's whole run; emits ``ready``, one ``outer`` per step and returns ``done``."""
     torch.set_num_threads(1)
@@ -274,6 +286,8 @@ def run_site(spec: dict[str, Any]) -> dict[str, Any]:
                   "t1": time.monotonic(), "train_loss": loss, "members": membership.members()})
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which names the site
         error = f"{type(exc).__name__}: {exc}"
+    if error is None:
+        finish_together(store, membership, spec)
     group.close()
     return {"event": "done", "t": time.monotonic(), "steps": trainer.step,
             "final_loss": eval_loss(trainer.model),
