@@ -194,7 +194,7 @@ def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backen
     identical = len({d["digest"] for d in finished.values()}) == 1
     intact = not errors and len(finished) == len(expected) and identical
     first = next(iter(finished.values()), None)
-    ready = next(iter(log.ready.values()), {}) if log.ready else {}
+    ready = next((log.ready[label] for label in log.start if label in log.ready), {})
     faults = []
     for fault in log.faults:
         back, label = rejoin_s(log, fault)

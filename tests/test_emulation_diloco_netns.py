@@ -6,6 +6,7 @@ included) and processes, also when it fails.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -62,7 +63,7 @@ def test_a_killed_site_rejoins_and_every_site_ends_with_the_same_model() -> None
         built = plan(scenario)
         assert existing_namespaces([*built.namespaces, ControlNetwork(built, sites).namespace]) == []
         assert not os.path.exists(built.state_dir)
-    assert report["errors"] == [] and report["intact"]
+    assert report["errors"] == [] and report["intact"], json.dumps(report["errors"])
     assert report["workload"] == "diloco" and report["sites"] == ["p", "q", "r"]
     (fault,) = report["faults"]
     assert fault["kind"] == "kill" and fault["rejoined_as"] == "r#2"
