@@ -220,7 +220,7 @@ def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backen
         faults=faults,
         recovery_s=next((f["recovery_s"] for f in faults), None),
         rejoin_s=next((f["rejoin_s"] for f in faults if f["rejoin_s"] is not None), None),
-        final_loss=first["final_loss"] if first else None,
+        initial_loss=ready.get("initial_loss"), final_loss=first["final_loss"] if first else None,
         final_loss_per_site={s: d["final_loss"] for s, d in finished.items()},
         membership_changes=membership_changes(log),
         site_cpu_s={label: d.get("cpu_s") for label, d in log.done.items()},
@@ -235,7 +235,7 @@ def summary(report: dict[str, Any]) -> str:
     lines = [f"{report['scenario']}: DiLoCo among {', '.join(report['sites'])}, "
              f"{report['model']['params']:,} parameters (state {report['state_bytes']:,} B), "
              f"{len(steps)} outer steps of H = {report['model']['inner_steps']}, mean {mean:.2f} s; "
-             f"final loss {report['final_loss']}, identical across sites: "
+             f"held-out loss {report['initial_loss']} -> {report['final_loss']}, identical across sites: "
              f"{'yes' if report['identical_across_sites'] else 'NO'}"]
     for fault in report["faults"]:
         lines.append(f"  --{fault['kind']} {fault['target']} at {fault['at_s']:g} s: recovery_s "
