@@ -146,6 +146,36 @@ def recovery_s(log: RunLog, fault: Fault) -> float | None:
     return round(max(d[steps[0]] for d in done) - at, 3)
 
 
+def recovery_sync_s(log: RunLog, fault: Fault) -> float | None:
+    """The part of ``recovery_s`` after the survivors' inner steps: from the later of the fault
+    and the last survivor's start of that step's all-reduce to its end at the last survivor
+    (liveness, the new epoch and the all-reduce among the survivors)."""
+    recovery = recovery_s(log, fault)
+    if recovery is None:
+        return None
+    assert log.go_at is not None
+    at = log.kills.get(fault.target) if fault.kind == "kill" else None
+    at = at if at is not None else log.go_at + fault.at_s
+    end = at + recovery
+    rows = [row for label, rows in log.outer.items() if log.site_of[label] not in fault.cut_off()
+            for row in rows if row["t1"] > at and row["t1"] <= end + 1e-9]
+    first = min(row["step"] for row in rows)
+    sync = max(row["t_sync"] for row in rows if row["step"] == first and "t_sync" in row)
+    return round(end - max(at, sync), 3)
+
+
+def rejoin_phases_s(log: RunLog, label: str | None) -> dict[str, float] | None:
+    """A restarted process's way back: start to joined (Python, torch, the group's admission at
+    the survivors' next boundary), joined to holding the state (its transfer), then its first
+    outer step (inner steps and the all-reduce)."""
+    if label is None or label not in log.ready or not log.outer.get(label):
+        return None
+    start, ready = log.start[label], log.ready[label]["t"]
+    state = next((m["t"] for m in log.membership if m["label"] == label), ready)
+    return {"to_joined": round(ready - start, 3), "to_state": round(state - ready, 3),
+            "first_step": round(log.outer[label][0]["t1"] - state, 3)}
+
+
 def rejoin_s(log: RunLog, fault: Fault) -> tuple[float | None, str | None]:
     """A restarted site: from its new process's start to its first completed step."""
     restarted = [label for label in log.start if log.site_of[label] == fault.target and "#" in label]
@@ -200,7 +230,8 @@ def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backen
         back, label = rejoin_s(log, fault)
         faults.append({"kind": fault.kind, "target": fault.target, "at_s": fault.at_s, "for_s": fault.for_s,
                        "rejoin_after_s": fault.rejoin_after_s, "cut_off": list(fault.cut_off()),
-                       "recovery_s": recovery_s(log, fault), "rejoin_s": back, "rejoined_as": label,
+                       "recovery_s": recovery_s(log, fault), "recovery_sync_s": recovery_sync_s(log, fault),
+                       "rejoin_s": back, "rejoined_as": label, "rejoin_phases_s": rejoin_phases_s(log, label),
                        "back_after_heal_s": back_after_heal_s(log, fault)})
     params = ready.get("params", 0)
     end = max((d["t"] for d in log.done.values()), default=log.go_at)
@@ -239,7 +270,8 @@ def summary(report: dict[str, Any]) -> str:
              f"{'yes' if report['identical_across_sites'] else 'NO'}"]
     for fault in report["faults"]:
         lines.append(f"  --{fault['kind']} {fault['target']} at {fault['at_s']:g} s: recovery_s "
-                     f"{fault['recovery_s']}, rejoin_s {fault['rejoin_s']}, back_after_heal_s "
+                     f"{fault['recovery_s']} (of which after the inner steps {fault['recovery_sync_s']}), "
+                     f"rejoin_s {fault['rejoin_s']} {fault['rejoin_phases_s'] or ''}, back_after_heal_s "
                      f"{fault['back_after_heal_s']}")
     lines.append(f"  engine lag_max_s {report['lag_max_s']}, engine CPU {report['cpu_other']['engine']} s")
     lines += [f"  error: {e}" for e in report["errors"]]

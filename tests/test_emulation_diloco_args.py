@@ -113,14 +113,17 @@ def _log_with_a_kill() -> RunLog:
     for site, ends in (("east", [101.0, 102.0, 105.5, 108.0]), ("central", [101.2, 102.1, 105.0, 108.2]),
                        ("west", [101.1, 102.2])):
         for step, t1 in enumerate(ends, start=1):
-            log.line(site, {"event": "outer", "step": step, "t1": t1, "members": [0, 1, 2]}, t1)
+            row = {"event": "outer", "step": step, "t_sync": t1 - 0.5, "t1": t1, "members": [0, 1, 2]}
+            log.line(site, row, t1)
     for label, epoch, members, t in (("east", 0, SITES, 100.5), ("central", 1, ["east", "central"], 104.2),
                                      ("east", 1, ["east", "central"], 104.0), ("east", 2, SITES, 107.0)):
         log.line(label, {"event": "membership", "t": t, "epoch": epoch, "members": members}, t)
     log.killed("west", 103.0)
     log.ended("west", 103.0, -9, "")
     log.started("west#2", "west", 106.0)
-    log.line("west#2", {"event": "outer", "step": 4, "t1": 108.1}, 108.1)
+    log.line("west#2", {"event": "ready", "t": 106.8}, 106.8)
+    log.line("west#2", {"event": "membership", "t": 107.1, "epoch": 2, "members": SITES}, 107.1)
+    log.line("west#2", {"event": "outer", "step": 4, "t_sync": 107.6, "t1": 108.1}, 108.1)
     for label, loss in (("east", 0.5), ("central", 0.5), ("west#2", 0.5)):
         done = {"event": "done", "t": 108.5, "final_loss": loss, "digest": "d", "error": None}
         log.line(label, done, 108.5)
@@ -136,12 +139,15 @@ def test_the_report_times_recovery_and_rejoin_from_the_log() -> None:
                                  commit="abc", host={"name": "h"}, wall_s=20.0)
     assert report["recovery_s"] == 2.5  # step 3 at the last survivor (105.5) - the kill (103.0)
     assert report["rejoin_s"] == 2.1  # west#2's first step (108.1) - its start (106.0)
+    (fault,) = report["faults"]
+    assert fault["recovery_sync_s"] == 0.5  # step 3's all-reduce began at 105.0 at the last survivor
+    assert fault["rejoin_phases_s"] == {"to_joined": 0.8, "to_state": 0.3, "first_step": 1.0}
     assert report["intact"] and report["identical_across_sites"]
     assert report["final_loss"] == 0.5 and report["state_bytes"] == 20_000
     assert report["workload"] == "diloco" and report["commit"] == "abc"
     assert report["membership_changes"] == [
         {"epoch": 1, "members": ["east", "central"], "first_seen_s": 4.0, "seen_by": ["east", "central"]},
-        {"epoch": 2, "members": SITES, "first_seen_s": 7.0, "seen_by": ["east"]}]
+        {"epoch": 2, "members": SITES, "first_seen_s": 7.0, "seen_by": ["east", "west#2"]}]
 
 
 def test_a_site_that_should_have_finished_and_did_not_fails_the_report() -> None:
