@@ -133,35 +133,44 @@ def _completions(log: RunLog, site: str) -> dict[int, float]:
     return out
 
 
-def recovery_s(log: RunLog, fault: Fault) -> float | None:
-    """From the fault to the first step every survivor completed after it, at its last survivor."""
+def _fault_time(log: RunLog, fault: Fault) -> float:
     assert log.go_at is not None
-    at = log.kills.get(fault.target) if fault.kind == "kill" else None
-    at = at if at is not None else log.go_at + fault.at_s
+    killed = log.kills.get(fault.target) if fault.kind == "kill" else None
+    return killed if killed is not None else log.go_at + fault.at_s
+
+
+def _recovery_rows(log: RunLog, fault: Fault) -> list[dict[str, Any]]:
+    """The survivors' rows of the first outer step they all completed after the fault without
+    the cut-off sites (a step whose all-reduce had every contribution before the fault and
+    ends just after it is no recovery); empty if there was none."""
+    at, gone = _fault_time(log, fault), {log.sites.index(s) for s in fault.cut_off()}
     survivors = [s for s in log.sites if s not in fault.cut_off()]
-    done = [_completions(log, s) for s in survivors]
-    steps = sorted(set.intersection(*(set(k for k, t in d.items() if t > at) for d in done))) if done else []
-    if not steps:
-        return None
-    return round(max(d[steps[0]] for d in done) - at, 3)
+    rows: dict[str, dict[int, dict[str, Any]]] = {s: {} for s in survivors}
+    for label, outer in log.outer.items():
+        if log.site_of[label] in rows:
+            for row in outer:
+                if row["t1"] > at and not gone & set(row.get("members", ())):
+                    rows[log.site_of[label]][row["step"]] = row
+    common = sorted(set.intersection(*(set(by_step) for by_step in rows.values())))
+    return [rows[s][common[0]] for s in survivors] if common else []
+
+
+def recovery_s(log: RunLog, fault: Fault) -> float | None:
+    """From the fault to the survivors' next completed outer step (``_recovery_rows``), at the
+    last survivor to complete it."""
+    rows = _recovery_rows(log, fault)
+    return round(max(r["t1"] for r in rows) - _fault_time(log, fault), 3) if rows else None
 
 
 def recovery_sync_s(log: RunLog, fault: Fault) -> float | None:
     """The part of ``recovery_s`` after the survivors' inner steps: from the later of the fault
     and the last survivor's start of that step's all-reduce to its end at the last survivor
     (liveness, the new epoch and the all-reduce among the survivors)."""
-    recovery = recovery_s(log, fault)
-    if recovery is None:
+    rows = _recovery_rows(log, fault)
+    if not rows:
         return None
-    assert log.go_at is not None
-    at = log.kills.get(fault.target) if fault.kind == "kill" else None
-    at = at if at is not None else log.go_at + fault.at_s
-    end = at + recovery
-    rows = [row for label, rows in log.outer.items() if log.site_of[label] not in fault.cut_off()
-            for row in rows if row["t1"] > at and row["t1"] <= end + 1e-9]
-    first = min(row["step"] for row in rows)
-    sync = max(row["t_sync"] for row in rows if row["step"] == first and "t_sync" in row)
-    return round(end - max(at, sync), 3)
+    sync = max(r.get("t_sync", r["t1"]) for r in rows)
+    return round(max(r["t1"] for r in rows) - max(_fault_time(log, fault), sync), 3)
 
 
 def rejoin_phases_s(log: RunLog, label: str | None) -> dict[str, float] | None:

@@ -113,7 +113,8 @@ def _log_with_a_kill() -> RunLog:
     for site, ends in (("east", [101.0, 102.0, 105.5, 108.0]), ("central", [101.2, 102.1, 105.0, 108.2]),
                        ("west", [101.1, 102.2])):
         for step, t1 in enumerate(ends, start=1):
-            row = {"event": "outer", "step": step, "t_sync": t1 - 0.5, "t1": t1, "members": [0, 1, 2]}
+            members = [0, 2] if step == 3 else [0, 1, 2]
+            row = {"event": "outer", "step": step, "t_sync": t1 - 0.5, "t1": t1, "members": members}
             log.line(site, row, t1)
     for label, epoch, members, t in (("east", 0, SITES, 100.5), ("central", 1, ["east", "central"], 104.2),
                                      ("east", 1, ["east", "central"], 104.0), ("east", 2, SITES, 107.0)):
@@ -158,3 +159,13 @@ def test_a_site_that_should_have_finished_and_did_not_fails_the_report() -> None
                                  commit=None, host={}, wall_s=20.0)
     assert not report["intact"]
     assert report["errors"] == ["west#2: ended without a result (exit status 1: Traceback: boom)"]
+
+
+def test_a_step_that_had_every_contribution_before_the_fault_is_no_recovery() -> None:
+    log = _log_with_a_kill()
+    for site in ("east", "central"):
+        log.outer[site][2]["members"] = [0, 1, 2]  # step 3 ended after the kill, but with west's share
+        log.outer[site][3]["members"] = [0, 2]
+    report = build_diloco_report(SCENARIO, DilocoOptions(sites=3, outer_steps=4), log, backend="engine",
+                                 commit=None, host={}, wall_s=20.0)
+    assert report["recovery_s"] == 5.2  # step 4 at the last survivor (108.2) - the kill (103.0)
