@@ -25,6 +25,12 @@ def say(**fields: object) -> None:
 
 
 async def main(spec: dict) -> None:
+    import logging
+    import os
+    if os.environ.get("ELASTIC_DEBUG"):
+        logging.basicConfig(level=logging.INFO, format=f"[{spec['site']}] %(name)s %(message)s")
+        for noisy in ("quic", "wanxport.aio", "wanxport.control"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     store = TCPStore("127.0.0.1", spec["store_port"], is_master=False, timeout=timedelta(seconds=30))
     paths = {int(k): v for k, v in spec["paths"].items()}
     group = await joiner(store, Path(spec["pki"]), spec["names"], paths, spec["site"])

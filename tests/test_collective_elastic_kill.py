@@ -42,6 +42,8 @@ class Site:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(json.loads(line))
+            if os.environ.get("ELASTIC_DEBUG"):
+                print(self.proc.pid, line, end="", file=sys.stderr)
             if key in self.lines[-1]:
                 return self.lines[-1]
         raise AssertionError(f"the site ended (code {self.proc.wait()}) before saying {key!r}: {self.lines}")

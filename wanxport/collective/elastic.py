@@ -31,6 +31,7 @@ starts at "the proposer's step + 1" is adopted by all before they reach it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -375,10 +376,16 @@ class ElasticGroup:
         log.info("site %s: membership epoch %d: live %s (%s)", self.name, target.number,
                  self._names(target.members), why)
 
-    async def close(self) -> None:
+    async def close(self, drain_s: float = 5.0) -> None:
+        """Leave: a last barrier (so no site leaves while another still finishes the last call,
+        which would look like a loss to it; a failure here is ignored, every site is leaving),
+        our last messages given time to land (bounded), then every session ends."""
+        if self.state is ElasticState.RUNNING and self.group is not None and not self._calls:
+            with contextlib.suppress(CollectiveError):
+                await self.group.barrier(timeout=max(drain_s, 1.0) * 6)
         self._event(ElasticEvent.CLOSE)
         if self._recovery is not None:
             self._recovery.cancel()
+        await self.world.close(drain_s)
         await self._close_group()
-        await self.world.close(drain_s=0.0)
         self.membership.close()
