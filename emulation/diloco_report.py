@@ -7,7 +7,9 @@
 * ``outer_steps``: per outer step, when its last site completed it, the time since the
   previous step's, and the sites that completed it.
 * per fault, ``recovery_s``: from the fault to the survivors' next completed outer step
-  (the first step every survivor completed after the fault, at its last survivor);
+  (the first step every survivor completed after the fault with the cut-off sites out of
+  its members, at its last survivor), and ``recovery_sync_s``, its part after the
+  survivors' inner steps;
   for a kill with a restart, ``rejoin_s``: from the new process's start (before Python
   imports torch) to its first completed step, the state transfer included; for a
   blackhole or partition, ``back_after_heal_s``: from the heal to the cut-off sites'
