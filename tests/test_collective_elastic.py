@@ -24,8 +24,10 @@ from elastic_helpers import (
     joiner,
     train,
 )
+from prometheus_client import CollectorRegistry, generate_latest
 
 from wanxport.collective import CollectiveError, ElasticState, GroupState, join
+from wanxport.collective.metrics import CollectiveMetrics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,6 +54,10 @@ async def test_a_member_lost_mid_call_the_survivors_finish_it_with_the_mean_over
                                                                                           ) -> None:
     store = MemoryStore()
     groups, _, _ = await _form(pki, [store] * N)
+    metrics = CollectorRegistry()
+    collector = CollectiveMetrics()
+    collector.watch(groups[0])
+    metrics.register(collector)
     try:
         assert [g.epoch.members for g in groups] == [(0, 1, 2)] * N
         arrays = [grad(k, 0) for k in range(2)]
@@ -62,7 +68,11 @@ async def test_a_member_lost_mid_call_the_survivors_finish_it_with_the_mean_over
         expected = (grad(0, 0) + grad(1, 0)) / np.float32(2)
         assert arrays[0].tobytes() == arrays[1].tobytes() == expected.tobytes()
         assert [g.epoch.members for g in groups[:2]] == [(0, 1)] * 2
-        assert [g.changes for g in groups[:2]] == [2, 2]  # formed, then site 2 gone
+        assert [g.changes for g in groups[:2]] == [1, 1]  # site 2 gone
+        text = generate_latest(metrics).decode()
+        assert 'wanxport_collective_epoch{group="elastic"} 1.0' in text
+        assert 'wanxport_collective_membership_changes_total{group="elastic"} 1.0' in text
+        assert f'wanxport_collective_members{{group="{groups[0].group.gid:08x}",state="live"}} 2.0' in text
         assert all(g.state is ElasticState.RUNNING for g in groups[:2])
     finally:
         await _close(groups)

@@ -33,3 +33,65 @@ def test_a_site_killed_mid_backward_the_others_step_on_with_equal_parameters(tmp
         live = [r[str(step)]["live"] for r in ranks]
         assert live == [[0, 1, 2] if step < KILL_AT else [0, 1]] * 4, (step, live)
         assert len({r[str(step)]["params"] for r in ranks}) == 1, f"step {step}: the parameters differ"
+
+
+def test_a_diloco_site_killed_and_restarted_gets_model_optimizer_and_outer_state_bit_identical(
+        tmp_path: Path) -> None:
+    """Three one-rank sites on ``elastic_group`` with AdamW inside and DiLoCo's outer step:
+    site 2 killed mid-collective, restarted: the restarted site's state after its first
+    boundary (model, AdamW state, outer state, step) is site 0's there, byte for byte, and
+    at the end every site holds the same model and outer state."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    make_test_pki(tmp_path / "pki", [f"site-{k}" for k in range(SITES)])
+    store = torch_distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
+    first_port = free_path_ports(SITES * 64)[0]
+    peer = str(Path(__file__).with_name("torch_elastic_peer.py"))
+
+    def start(site: int, **extra: object) -> subprocess.Popen[str]:
+        spec = {"site": site, "pki": str(tmp_path / "pki"), "store_port": store.port, "until": 4,
+                "paths": [f"127.0.0.1:{first_port + site * 64 + path * 32}" for path in range(2)], **extra}
+        return subprocess.Popen([sys.executable, peer, json.dumps(spec)], stdout=subprocess.PIPE,
+                                stdin=subprocess.PIPE, text=True)
+
+    def lines_until(proc: subprocess.Popen[str], key: str) -> list[dict]:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(json.loads(line))
+            if key in seen[-1]:
+                return seen
+        raise AssertionError(f"ended (code {proc.wait()}) before {key!r}: {seen}")
+
+    def show(run: list[dict]) -> str:
+        """Per line: the step and the digest it carries (for a failure's message)."""
+        return " ".join(f"{line.get('step', line.get('boundary'))}:"
+                        f"{line.get('shared', line.get('state', ''))[:8]}" for line in run)
+
+    procs = [start(0), start(1), start(2, stall_at=2)]
+    try:
+        assert lines_until(procs[2], "stalled")[-1] == {"stalled": 2}
+        os.kill(procs[2].pid, signal.SIGKILL)
+        procs[2].wait()
+        procs.append(start(2))
+        runs = [lines_until(p, "final") for p in (procs[0], procs[1], procs[3])]
+        finals = [run[-1] for run in runs]
+        assert [line["live"] for line in runs[0] if line.get("step") == 2] == [[0, 1]]  # the mean over 2
+        admitted = finals[2]["admitted_at"]
+        assert admitted > 2 and len({f["final"] for f in finals}) == 1
+        sent = [line["state"] for line in runs[0] if line.get("boundary") == admitted]
+        received = [line for line in runs[2] if "boundary" in line]
+        assert received[0]["boundary"] == admitted  # it took part from its admission on
+        assert received[0]["state"] == sent[-1]  # bit-identical (site 0: the lowest-ranked source)
+        assert len({f["shared"] for f in finals}) == 1, "\n".join(map(show, runs))
+        for proc in (procs[0], procs[1], procs[3]):
+            assert proc.wait(timeout=60) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

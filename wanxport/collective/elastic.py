@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +83,8 @@ class ElasticGroup:
         self.state = ElasticState.RECONFIGURING
         self.epoch = Epoch(-1, ())
         self.group: Group | None = None
-        self.changes = 0
+        self.changes = 0  # membership changes seen here since the group formed
+        self.on_epoch: list[Callable[[Group], None]] = []  # told each epoch's group (metrics)
         self._calls: dict[int, _Call] = {}  # calls not done, by index
         self._done_ahead: set[int] = set()  # calls done while an earlier one was not
         self._next = 0  # the next call's index
@@ -320,6 +321,8 @@ class ElasticGroup:
         group = self.world.new_group(target.members, tag=f"{self.prefix}epoch/{target.number}")
         assert group is not None
         self.group = group
+        for tell in self.on_epoch:
+            tell(group)
         first = min(self._calls, default=self._next)
         row = np.array([int(self._current), self._step, first, sum(1 for i in self._done_ahead if i > first)],
                        dtype=np.int64)
@@ -333,7 +336,7 @@ class ElasticGroup:
         rows = table[table[:, 0] == 1]
         self._resync = len(rows) < len(table) or bool((rows[:, 1:3] != rows[0, 1:3]).any()
                                                       or rows[:, 3].any())
-        self.changes += 1
+        self.changes += previous.number >= 0
         self._asked, self._backoff = False, ADMIT_RETRY_S
         self._log_change(previous, target)
         self._event(ElasticEvent.OPENED)

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from wanxport.gateway.metrics import GatewayMetrics, MetricsServer
 
 from . import codec
+from .elastic import ElasticGroup
 from .group import CallStats, Group, part_bounds
 from .inflight import InFlight
 from .message import HEADER_BYTES, Call
@@ -53,6 +54,7 @@ FAMILIES: dict[str, tuple[type[Metric], str, list[str]]] = {
     "members": (_G, "Members of the group, live or gone.", ["state"]),
     "member_up": (_G, "1 while a member is live, 0 once it is gone.", ["site", "rank"]),
     "membership_changes": (_C, "Changes of the group's membership since it formed.", []),
+    "epoch": (_G, "An elastic group's current membership epoch (its group label: elastic).", []),
     "calls": (_C, "Collectives finished, by outcome.", [*CALL_LABELS, "outcome"]),
     "sent_bytes": (_C, "Collective bytes sent to the other members (headers included).", CALL_LABELS),
     "received_bytes": (_C, "Collective bytes received from the other members (headers included).",
@@ -134,11 +136,22 @@ class CollectiveMetrics(Collector):
         self.paths = paths if paths is not None else GatewayMetrics("collective")
         self._lock = threading.Lock()
         self._watched: list[_Watched] = []
+        self._elastic: list[ElasticGroup] = []
         self._sessions: dict[int, object] = {}  # id -> session handed to ``paths`` (once each)
 
-    def watch(self, group: Group) -> None:
+    def watch(self, group: Group | ElasticGroup) -> None:
         """Export ``group`` (idempotent); its sessions' paths are exported once however many
-        groups share them."""
+        groups share them. An elastic group: its epoch and changes (group "elastic"), and each
+        epoch's group as it opens."""
+        if isinstance(group, ElasticGroup):
+            with self._lock:
+                if group in self._elastic:
+                    return
+                self._elastic.append(group)
+            group.on_epoch.append(self.watch)
+            if group.group is not None:
+                self.watch(group.group)
+            return
         with self._lock:
             if any(w.group is group for w in self._watched):
                 return
@@ -195,6 +208,9 @@ class CollectiveMetrics(Collector):
         f = {name: kind(f"wanxport_collective_{name}", text, labels=["group", *labels])
              for name, (kind, text, labels) in FAMILIES.items()}
         now = time.monotonic()
+        for elastic in self._elastic:
+            f["epoch"].add_metric(["elastic"], elastic.epoch.number)
+            f["membership_changes"].add_metric(["elastic"], elastic.changes)
         for w in watched:
             g, label = w.group, w.label
             f["info"].add_metric([label, g.name, str(g.site), str(g.size)], 1.0)
