@@ -1,4 +1,4 @@
-"""``python -m emulation up|down|start|validate SCENARIO`` (and run, compare, allreduce, pipeline).
+"""``python -m emulation up|down|start|validate SCENARIO`` (and run, compare, allreduce, pipeline, diloco).
 
 Exit status: 0 success, 1 the environment cannot do it (one line saying why),
 2 bad usage or a bad scenario (one line naming the field).
@@ -96,6 +96,7 @@ def _add_experiment_parsers(sub: argparse._SubParsersAction) -> None:  # type: i
     ar.add_argument("--backend", choices=("netem", "engine"))
     ar.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
     _add_pipeline_parser(sub)
+    _add_diloco_parser(sub)
     ren = sub.add_parser("render", help="figures and table again from a compare directory's reports")
     ren.add_argument("out", metavar="DIR", help="a compare --out directory")
     ren.add_argument("--transports", help="columns in this order (default: as found)")
@@ -120,6 +121,30 @@ def _add_pipeline_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     pp.add_argument("--json", action="store_true", help="print exactly one run report (JSON)")
 
 
+def _add_diloco_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``diloco``: DiLoCo across the sites while they fail (emulation/diloco.py)."""
+    from emulation.faults import add_fault_arguments
+
+    dl = sub.add_parser("diloco", help="DiLoCo (examples/diloco_elastic.py) at the scenario's sites, a "
+                                       "control network for the store, faults injected; prints a summary")
+    dl.add_argument("scenario")
+    dl.add_argument("--sites", type=int, required=True, metavar="N", help="the scenario's first N sites")
+    dl.add_argument("--outer-steps", type=int, default=10, help="outer steps (default 10)")
+    dl.add_argument("--inner-steps", type=int, default=20, metavar="H",
+                    help="inner steps per outer step (default 20)")
+    dl.add_argument("--hidden", type=int, default=2048,
+                    help="model width (default 2048: about 5 M parameters)")
+    dl.add_argument("--compress", choices=("none", "int8", "bf16"), default="none",
+                    help="the pseudo-gradients' codec (default none)")
+    dl.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
+    dl.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per collective (default 60)")
+    dl.add_argument("--deadline", type=float, metavar="S",
+                    help="stop the run after S seconds from go (default 120 + 60 x outer steps)")
+    add_fault_arguments(dl)
+    dl.add_argument("--backend", choices=("netem", "engine"))
+    dl.add_argument("--json", metavar="FILE", help="write the run report (JSON) here")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -141,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             from emulation.pipeline import main_pipeline
 
             return main_pipeline(args)
+        if args.command == "diloco":
+            from emulation.diloco import main_diloco
+
+            return main_diloco(args)
         if args.command == "render":
             from emulation.compare import main_render
 

@@ -1,0 +1,69 @@
+"""examples/diloco_elastic.py: the state a joining site receives, an abandoned step's roll-back,
+and a short run of three loopback sites."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the example needs the torch extra (wanxport[torch])")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "diloco_elastic.py"
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("diloco_elastic", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_joining_site_receives_the_state_bit_for_bit_and_then_trains_alike() -> None:
+    d = example()
+    live = d.Trainer(16, 0)
+    live.inner_steps(0, 1, 3)
+    live.pseudo_gradient()
+    live.outer_step()
+    joiner = d.Trainer(16, 99)  # another initial model: everything it keeps must come from the state
+    joiner.unpack({name: array.copy() for name, array in live.pack().items()})
+    assert joiner.step == 1 and joiner.digest() == live.digest()
+    for name, tensor in live.state_arrays().items():
+        assert torch.equal(joiner.state_arrays()[name], tensor), name
+    assert joiner.inner_steps(0, 1, 3) == live.inner_steps(0, 1, 3)
+    assert torch.equal(torch.from_numpy(joiner.pseudo_gradient()), torch.from_numpy(live.pseudo_gradient()))
+
+
+def test_an_abandoned_outer_step_rolls_the_replica_and_adam_back() -> None:
+    d = example()
+    trainer = d.Trainer(16, 0)
+    trainer.inner_steps(0, 0, 2)
+    trainer.pseudo_gradient()
+    trainer.outer_step()
+    before = {name: t.clone() for name, t in trainer.state_arrays().items()}
+    trainer.inner_steps(0, 0, 2)
+    assert trainer.pseudo_gradient().any()  # the inner steps moved the replica, not the global copy
+    trainer.roll_back()
+    for name, tensor in trainer.state_arrays().items():
+        assert torch.equal(tensor, before[name]), name
+    assert not trainer.pseudo_gradient().any()
+
+
+@pytest.mark.slow
+def test_three_loopback_sites_end_with_the_same_model(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    command = [sys.executable, str(EXAMPLE), "local", "--sites", "3", "--outer-steps", "3",
+               "--inner-steps", "2", "--hidden", "16", "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["identical"] and result["errors"] == []
+    assert result["params"] == 16 * 32 + 16 + 16 * 16 + 16 + 16 * 16 + 16 + 16 + 1
