@@ -74,8 +74,8 @@ def test_ranges_below_what_is_outstanding_are_skipped(monkeypatch: pytest.Monkey
     seen: list[tuple[tuple[int, int], ...]] = []
     original = LossDetector.on_ack
     monkeypatch.setattr(LossDetector, "on_ack",
-                        lambda loss, ranges, delay, now, *rest: (seen.append(ranges),
-                                                                 original(loss, ranges, delay, now, *rest))[1])
+                        lambda loss, ranges, delay, now, *arrived: (
+                            seen.append(ranges), original(loss, ranges, delay, now, *arrived))[1])
     session.receive_packet(0, 0, [AckFrame(0, 0, ((0, settled),))], 0.05)
     assert seen[-1] == ((0, 2),)
     new = (starts[3], starts[4] - 1)
