@@ -26,7 +26,6 @@ from typing import Any
 
 from emulation.api import Emulation
 from emulation.faults import Fault
-from emulation.ranks import engine_cpu_s
 from wanxport.report import build_report
 from wanxport.scenario import Scenario
 
@@ -80,10 +79,10 @@ class RunLog:
         self.timeout_s = deadline_s
 
     def meter_start(self, emu: Emulation) -> None:
-        self._engine_cpu = engine_cpu_s(emu)
+        self._engine_cpu = emu.engine_cpu_s()
 
     def meter_stop(self, emu: Emulation) -> None:
-        after = engine_cpu_s(emu)
+        after = emu.engine_cpu_s()
         if self._engine_cpu is not None and after is not None:
             self.engine["engine_cpu_s"] = round(after - self._engine_cpu, 2)
         self.engine["lag_max_s"] = emu.lag_max_s()

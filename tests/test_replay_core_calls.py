@@ -28,8 +28,8 @@ from wanxport.presets import offload_chunk_bytes
 from wanxport.sim.driver import Control, Driver, Run
 from wanxport.wire import native
 
-RECORDED = ("submit", "receive_data_run", "receive_packets", "received_prefix", "shard_verified",
-            "on_deadline", "events", "poll_transmit", "next_deadline")
+RECORDED = ("submit", "set_digest", "receive_data_run", "receive_packets", "received_prefix",
+            "shard_verified", "on_deadline", "events", "poll_transmit", "next_deadline")
 
 
 @dataclass
@@ -108,6 +108,8 @@ def replay(config: SessionConfig, calls: list[Call]) -> int:
         if call.method == "submit":
             shard_id, data, now = call.args
             driver.submit(shard_id, data, now, **call.kwargs)
+        elif call.method == "set_digest":
+            driver.set_digest(*call.args)
         elif call.method == "received_prefix":
             assert driver.received_prefix(*call.args) == call.result, i
         elif call.method == "shard_verified":

@@ -44,8 +44,13 @@ class Driver:
         self.session = session
 
     def submit(self, shard_id: int, data: bytes | bytearray | memoryview | None, now: float, *,
-               size: int | None = None, meta: bytes = b"", digest: bytes | None = None) -> None:
-        self.session.submit(shard_id, data, now, size=size, meta=meta, digest=digest)
+               size: int | None = None, meta: bytes = b"", digest: bytes | None = None,
+               digest_later: bool = False) -> None:
+        self.session.submit(shard_id, data, now, size=size, meta=meta, digest=digest,
+                            digest_later=digest_later)
+
+    def set_digest(self, shard_id: int, digest: bytes) -> None:
+        self.session.set_digest(shard_id, digest)
 
     def receive(self, runs: Sequence[Run], controls: Sequence[Control], now: float,
                 held_s: Sequence[float] = ()) -> None:
