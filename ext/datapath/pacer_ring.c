@@ -70,20 +70,29 @@ double wx_pace_interval_ns(const WxPaceClock *c, uint32_t len) {
 
 void wx_pace_restart(WxPaceClock *c, int64_t now) {
     if (c->t_next < (double)now) c->t_next = (double)now;
+    if (c->t_sched < (double)now) c->t_sched = (double)now;
 }
 
 size_t wx_pace_take_due(WxPaceClock *c, const WxRing *r, int64_t now, int64_t burst_ns,
                         size_t budget) {
     double floor = (double)(now - WX_PACE_MAX_LAG_NS);
     double t = c->t_next > floor ? c->t_next : floor;
+    double sched = c->t_sched;
     size_t k = 0;
     while (k < r->count && k < budget) {
         size_t idx = wx_ring_index(r, k);
-        double rel = (double)r->not_before[idx] > t ? (double)r->not_before[idx] : t;
+        double nb = (double)r->not_before[idx];
+        double rel = nb > t ? nb : t;
         if (rel > (double)(now + burst_ns)) break;
-        t = rel + wx_pace_interval_ns(c, r->lens[idx]);
+        double due = nb > sched ? nb : sched;
+        double gap = wx_pace_interval_ns(c, r->lens[idx]);
+        t = rel + (rel - due > WX_PACE_MAX_LAG_NS ? gap / WX_PACE_CATCH_UP : gap);
+        sched = due + gap;
         k++;
     }
-    if (k > 0) c->t_next = t;
+    if (k > 0) {
+        c->t_next = t;
+        c->t_sched = sched;
+    }
     return k;
 }

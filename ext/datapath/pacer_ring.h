@@ -19,6 +19,13 @@
 /* A late release thread catches up at most this much of the schedule at once,
  * so a stall becomes a short burst, not an unbounded one. */
 #define WX_PACE_MAX_LAG_NS 1000000
+/* ... and then spaces what is still late this many times closer than the rate,
+ * until it is back within WX_PACE_MAX_LAG_NS of the schedule. The schedule is what
+ * the core planned and counts as in flight: time a stalled thread dropped for good
+ * stayed queued in the ring, and on a busy host (every late wake-up dropping a
+ * little) the ring grew to seconds of data, which the controllers read as round
+ * trip time on every path of the session. */
+#define WX_PACE_CATCH_UP 4.0
 
 typedef struct {
     /* Per queued entry (capacity of each): its length, its earliest release (ns; 0 =
@@ -41,6 +48,7 @@ typedef struct {
     double rate_bytes_per_s; /* 0 and pps 0: unpaced */
     double pps;
     double t_next; /* earliest release of the head (ns) */
+    double t_sched; /* when the head would leave had no release been late (ns) */
 } WxPaceClock;
 
 /* Allocate the slots; 0, or -1 when out of memory (wx_ring_free still safe). */
@@ -95,8 +103,9 @@ static inline int64_t wx_pace_head_release(const WxPaceClock *c, const WxRing *r
     return (int64_t)c->t_next > nb ? (int64_t)c->t_next : nb;
 }
 /* How many datagrams from the head are due by now + burst_ns (at most
- * `budget`), spacing them by the clock; advances the clock past them when
- * there is at least one. The datagrams stay queued. */
+ * `budget`), spacing them by the clock (WX_PACE_CATCH_UP times closer while they
+ * leave more than WX_PACE_MAX_LAG_NS behind the schedule); advances the clock
+ * past them when there is at least one. The datagrams stay queued. */
 size_t wx_pace_take_due(WxPaceClock *c, const WxRing *r, int64_t now, int64_t burst_ns,
                         size_t budget);
 
