@@ -239,8 +239,13 @@ class Inbox(FileSink):
         return self._refuse(shard_id, size, "aborted")
 
     def _fail_dest(self, name: str, exc: OSError, error: str) -> None:
-        """The first destination error ends the session with its reason (``receive_files``)."""
+        """The first destination error ends the session with its reason (``receive_files``).
+
+        The records still being written go to disk first: once the sender hears the
+        transfer paused, a resume (after a restart too) skips every piece recorded."""
         if self.error is None:
+            for incoming in self.files.values():
+                self._synced(incoming)
             self.error = error
             log.error("%s", error)
             self.receipts.failed(name, error, final=refuses(exc))
