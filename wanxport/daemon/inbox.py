@@ -239,20 +239,22 @@ class Inbox(FileSink):
         return self._refuse(shard_id, size, "aborted")
 
     def _fail_dest(self, name: str, exc: OSError, error: str) -> None:
-        """The first destination error ends the session with its reason (``receive_files``).
-
-        The records still being written go to disk first: once the sender hears the
-        transfer paused, a resume (after a restart too) skips every piece recorded."""
+        """The first destination error ends the session with its reason (``receive_files``)."""
         if self.error is None:
-            for incoming in self.files.values():
-                self._synced(incoming)
             self.error = error
             log.error("%s", error)
             self.receipts.failed(name, error, final=refuses(exc))
 
     def settled(self) -> bool:
-        """No piece is still landing in a file (those that fit are kept: a resume skips them)."""
-        return not self._by_shard
+        """No piece is still landing in a file (those that fit are kept: a resume skips them).
+
+        Settled means recorded too: the records still being written go to disk first, so
+        once the sender hears the transfer paused, a resume skips every piece kept."""
+        if self._by_shard:
+            return False
+        for incoming in self.files.values():
+            self._synced(incoming)
+        return True
 
     def on_piece(self, shard_id: int, ok: bool, size: int) -> tuple[str, list[int]] | None:
         refused = self._answers.pop(shard_id, None)
