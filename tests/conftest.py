@@ -24,8 +24,19 @@ HOST_STATE_FILES = frozenset({
 })
 
 
+# Test files whose subject is timing on this host (a release thread's wake-ups, a daemon's
+# pause racing its own records to a full disk): `./dev test` runs them after the parallel
+# part, one at a time (marker `alone`), so the other tests' load is not part of what they see.
+ALONE_FILES = frozenset({
+    "test_native_pacer.py",  # counts the release thread's rounds and orders its queues
+    "test_daemon_full_disk.py",  # a pause on a full tmpfs, then the retry once space returns
+})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("netns") or item.path.name in HOST_STATE_FILES:
             item.add_marker(pytest.mark.xdist_group("host-state"))
+        if item.path.name in ALONE_FILES:
+            item.add_marker(pytest.mark.alone)
