@@ -25,11 +25,12 @@ HOST_STATE_FILES = frozenset({
 
 
 # Test files whose subject is timing on this host (a release thread's wake-ups, a daemon's
-# pause racing its own records to a full disk): `./dev test` runs them after the parallel
+# records keeping up with its data): `./dev test` runs them after the parallel
 # part, one at a time (marker `alone`), so the other tests' load is not part of what they see.
 ALONE_FILES = frozenset({
     "test_native_pacer.py",  # counts the release thread's rounds and orders its queues
     "test_daemon_full_disk.py",  # a pause on a full tmpfs, then the retry once space returns
+    "test_daemon_resume.py",  # bounds what a kill -9 re-sends by how far the records kept up
 })
 
 
