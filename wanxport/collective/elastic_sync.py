@@ -15,13 +15,12 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from wanxport.aio.loop import loop_factory
-
 from .calls import CallStats
 from .elastic import ElasticGroup
 from .elastic_join import elastic_join
 from .elastic_state import StateHolder
 from .membership import Epoch
+from .sync import mirror, start_loop, stop_loop, value_of
 
 
 class ElasticHandle:
@@ -81,24 +80,10 @@ class ElasticSyncGroup:
         async def start() -> asyncio.Future[Any]:
             return self.group.all_reduce_async(array, op, compress, timeout, name)
 
-        task = self._call(start())
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def copy_result(done: asyncio.Future[Any]) -> None:
-            if done.cancelled():
-                future.cancel()
-            elif done.exception() is not None:
-                future.set_exception(done.exception())
-            else:
-                future.set_result(done.result())
-
-        self.loop.call_soon_threadsafe(task.add_done_callback, copy_result)
-        return ElasticHandle(future)
+        return ElasticHandle(mirror(self.loop, self._call(start())))
 
     def refuse(self, op: str, reason: str) -> ValueError:
-        async def run() -> ValueError:
-            return self.group.refuse(op, reason)
-        return self._call(run())  # type: ignore[no-any-return]
+        return self._call(value_of(self.group.refuse, op, reason))  # type: ignore[no-any-return]
 
     def stats(self) -> list[CallStats]:
         """The calls of the current epoch's group."""
@@ -109,10 +94,7 @@ class ElasticSyncGroup:
         try:
             self._call(self.group.close())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10.0)
-            if not self._thread.is_alive():
-                self.loop.close()
+            stop_loop(self.loop, self._thread)
 
     def __enter__(self) -> ElasticSyncGroup:
         return self
@@ -123,14 +105,10 @@ class ElasticSyncGroup:
 
 def elastic_join_sync(store: Any, site: int, peers: list[str], **kwargs: Any) -> ElasticSyncGroup:
     """``elastic_join`` from non-async code (same arguments), on its own loop thread."""
-    loop = loop_factory()()
-    thread = threading.Thread(target=loop.run_forever, name="wanxport-elastic", daemon=True)
-    thread.start()
+    loop, thread = start_loop("wanxport-elastic")
     try:
         group = asyncio.run_coroutine_threadsafe(elastic_join(store, site, peers, **kwargs), loop).result()
     except BaseException:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10.0)
-        loop.close()
+        stop_loop(loop, thread)
         raise
     return ElasticSyncGroup(group, loop, thread)

@@ -78,18 +78,7 @@ class SyncGroup:
             return handle, asyncio.ensure_future(handle.wait())
 
         handle, task = self._call(start())
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def copy_result(done: asyncio.Task[Any]) -> None:
-            if done.cancelled():
-                future.cancel()
-            elif done.exception() is not None:
-                future.set_exception(done.exception())
-            else:
-                future.set_result(done.result())
-
-        self.loop.call_soon_threadsafe(task.add_done_callback, copy_result)
-        return SyncHandle(future, handle)
+        return SyncHandle(mirror(self.loop, task), handle)
 
     def reduce_scatter(self, array: Any, op: str = "sum", compress: str | None = None,
                        timeout: float | None = None, name: str | None = None) -> Any:
@@ -118,15 +107,15 @@ class SyncGroup:
 
     def new_group(self, members: list[int], timeout_s: float | None = None) -> SyncGroup | None:
         """``Group.new_group`` on the same loop and sessions (None where this site is no member)."""
-        group = self._call(_value(self.group.new_group, members, timeout_s))
+        group = self._call(value_of(self.group.new_group, members, timeout_s))
         return None if group is None else SyncGroup(group, self.loop, self._thread, owns_loop=False)
 
     def refuse(self, op: str, reason: str) -> ValueError:
         """``Group.refuse`` from this thread: the refused call takes its place in the sequence."""
-        return self._call(_value(self.group.refuse, op, reason))  # type: ignore[no-any-return]
+        return self._call(value_of(self.group.refuse, op, reason))  # type: ignore[no-any-return]
 
     def stats(self) -> list[CallStats]:
-        return self._call(_value(self.group.stats))  # type: ignore[no-any-return]
+        return self._call(value_of(self.group.stats))  # type: ignore[no-any-return]
 
     def close(self) -> None:
         if not self._owns_loop:
@@ -136,10 +125,7 @@ class SyncGroup:
             self._call(self.group.close())
         finally:
             self._call(_cancel_the_rest())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10.0)
-            if not self._thread.is_alive():
-                self.loop.close()
+            stop_loop(self.loop, self._thread)
 
     def __enter__(self) -> SyncGroup:
         return self
@@ -156,8 +142,25 @@ async def _cancel_the_rest() -> None:
     await asyncio.gather(*others, return_exceptions=True)
 
 
-async def _value(fn: Any, *args: Any) -> Any:
+async def value_of(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` as a coroutine, to run a plain call on the group's loop."""
     return fn(*args)
+
+
+def mirror(loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> concurrent.futures.Future[Any]:
+    """A thread-side future that settles as ``task`` (on ``loop``) does."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def copy_result(done: asyncio.Future[Any]) -> None:
+        if done.cancelled():
+            future.cancel()
+        elif done.exception() is not None:
+            future.set_exception(done.exception())
+        else:
+            future.set_result(done.result())
+
+    loop.call_soon_threadsafe(task.add_done_callback, copy_result)
+    return future
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -165,18 +168,29 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_forever()
 
 
+def start_loop(name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """An event loop running in a daemon thread (uvloop when installed: the stdlib loop costs
+    the sessions more CPU per datagram), its CPU counted as the ``loop`` role."""
+    loop = loop_factory()()
+    thread = threading.Thread(target=_run_loop, args=(loop,), name=name, daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10.0)
+    if not thread.is_alive():
+        loop.close()
+
+
 def join_sync(site: int, peers: list[str], **kwargs: Any) -> SyncGroup:
     """``join`` from non-async code (same arguments); the group runs on its own loop thread,
-    on uvloop when installed, as ``wanxport.aio.loop.run`` gives async callers: the stdlib
-    loop costs the collective's sessions more CPU per datagram."""
-    loop = loop_factory()()
-    thread = threading.Thread(target=_run_loop, args=(loop,), name="wanxport-collective", daemon=True)
-    thread.start()
+    as ``wanxport.aio.loop.run`` gives async callers."""
+    loop, thread = start_loop("wanxport-collective")
     try:
         group = asyncio.run_coroutine_threadsafe(join(site, peers, **kwargs), loop).result()
     except BaseException:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10.0)
-        loop.close()
+        stop_loop(loop, thread)
         raise
     return SyncGroup(group, loop, thread)
