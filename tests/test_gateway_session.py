@@ -203,3 +203,38 @@ async def test_a_send_after_the_peer_left_names_the_peers_reason(pki: Path) -> N
     finally:
         await sender.close()
         listener.close()
+
+
+async def test_the_ports_a_hello_announces_are_already_ours(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another socket that binds an announced port while the Welcome is on its way (a test's
+    free-port finder, another session) finds it taken: the responder sets a session up only
+    for ports the initiator holds, so the initiator never fails after the responder has
+    committed (which left a one-session listener refusing the initiator's every re-dial)."""
+    from wanxport.gateway import handshake
+    grabbed: list[OSError | socket.socket] = []
+    answer = handshake.answer_hello
+
+    def grab_then_answer(hello, **kwargs):  # type: ignore[no-untyped-def]
+        for endpoint in hello.endpoints:
+            host, _, port = endpoint.rpartition(":")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.bind((host, int(port)))
+                grabbed.append(sock)
+            except OSError as exc:
+                sock.close()
+                grabbed.append(exc)
+        return answer(hello, **kwargs)
+
+    monkeypatch.setattr(handshake, "answer_hello", grab_then_answer)
+    listener, sender, receiver = await pair(pki, 2, GatewayOptions())
+    try:
+        assert await transfer(sender, receiver, 0, random.Random(5).randbytes(1 << 20))
+    finally:
+        await sender.close()
+        await receiver.close()
+        listener.close()
+        for item in grabbed:
+            if isinstance(item, socket.socket):
+                item.close()
+    assert len(grabbed) == 2 and all(isinstance(item, OSError) for item in grabbed), grabbed

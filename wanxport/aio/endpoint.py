@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -69,11 +70,14 @@ class Endpoint(SessionWindow):
     back to their port's control side, sends to ``config.sockets[i].remote`` by
     address, and leaves the sockets open when it ends. Without ports, a
     QUIC-looking datagram has no taker: it is counted (``handoff.unclaimed``) and dropped.
+    ``bound``: its own sockets opened beforehand (a port announced to the peer before the
+    endpoint exists must stay ours), owned by the endpoint from then on as if it opened them.
     """
 
     def __init__(self, config: EndpointConfig, allocator: Allocator | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 ports: Sequence[PathPort] | None = None) -> None:
+                 ports: Sequence[PathPort] | None = None,
+                 bound: Sequence[socket.socket] | None = None) -> None:
         self.config = config
         self.clock = clock
         self.datapath_name = resolve_datapath(config.datapath)
@@ -90,6 +94,8 @@ class Endpoint(SessionWindow):
             if self.ports is not None:
                 check_ports(self.ports, config.sockets)
                 self.sockets = [port.socket for port in self.ports]
+            elif bound is not None:
+                self.sockets = list(bound)
             else:
                 for spec in config.sockets:
                     self.sockets.append(open_path_socket(spec, config.recv_buffer_bytes,

@@ -40,6 +40,7 @@ from cryptography import x509
 from wanxport.aio.config import EndpointConfig, PathSocket
 from wanxport.aio.endpoint import Allocator, Endpoint
 from wanxport.aio.port import PathPort
+from wanxport.aio.sockets import open_path_socket
 from wanxport.control import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
@@ -100,16 +101,30 @@ async def expect(channel: ControlChannel, kind: type[M], timeout_s: float) -> M:
 
 
 def local_endpoint_for(remote: Address) -> Address:
-    """The (address, free port) a UDP socket towards ``remote`` would use.
-
-    The port is released again and re-bound by the endpoint a moment later;
-    a collision in that window makes the bind fail loudly, never misroute.
-    """
+    """The (address, ephemeral port) a UDP socket towards ``remote`` would use; only its
+    address is kept (the port is released again at once)."""
     family = socket.AF_INET6 if ":" in remote[0] else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect(remote)
         host, port = probe.getsockname()[:2]
     return str(host), int(port)
+
+
+def bind_towards(remotes: list[Address], dscp: int | None) -> list[socket.socket]:
+    """A data socket per path, bound now on the address the route towards its remote leaves
+    from: the Hello announces these ports, and a port found free but bound only after the
+    Welcome could be taken in between, leaving the peer a session we cannot open."""
+    sockets: list[socket.socket] = []
+    try:
+        for remote in remotes:
+            spec = PathSocket((local_endpoint_for(remote)[0], 0), None, dscp=dscp)
+            sockets.append(open_path_socket(spec, EndpointConfig.recv_buffer_bytes,
+                                            EndpointConfig.send_buffer_bytes))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def _check_keys(keys: Keys, direction: str, cipher: str) -> None:
@@ -173,11 +188,25 @@ def older_version_spoken(refusal: str, offered: int) -> int | None:
 async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str, options: GatewayOptions,
                        allocator: Allocator | None, ports: list[PathPort] | None, instance: str | None,
                        decide: Decide | None, watch_receiving: bool, version: int) -> GatewaySession:
-    keys = DataKeys("initiator->responder", options.cipher, options.rotation, time.monotonic)
     if ports is not None and len(ports) < len(paths):
         raise ValueError(f"ports: {len(ports)} given for {len(paths)} paths")
-    locals_ = [local_endpoint_for(p) if ports is None else _announced(ports[i].address, p)
-               for i, p in enumerate(paths)]
+    bound = bind_towards(paths, options.dscp) if ports is None else None
+    try:
+        return await _initiate_bound(channel, paths, name, options, allocator, ports, bound, instance,
+                                     decide, watch_receiving, version)
+    except BaseException:
+        for sock in bound or ():
+            sock.close()  # the endpoint that would own them never came (it closes its own)
+        raise
+
+
+async def _initiate_bound(channel: ControlChannel, paths: list[Address], name: str, options: GatewayOptions,
+                          allocator: Allocator | None, ports: list[PathPort] | None,
+                          bound: list[socket.socket] | None, instance: str | None, decide: Decide | None,
+                          watch_receiving: bool, version: int) -> GatewaySession:
+    locals_ = ([_announced(ports[i].address, p) for i, p in enumerate(paths)] if bound is None
+               else [sock.getsockname()[:2] for sock in bound])
+    keys = DataKeys("initiator->responder", options.cipher, options.rotation, time.monotonic)
     conn_id = int.from_bytes(os.urandom(4), "big")
     await channel.send(Hello(version, "initiator", name, [format_endpoint(a) for a in locals_],
                              [options.cipher], conn_id, mtu=options.mtu, segments=options.segments,
@@ -210,7 +239,13 @@ async def _initiate_on(channel: ControlChannel, paths: list[Address], name: str,
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath,
         receive_holdoff_s=options.receive_holdoff_s)
-    endpoint = Endpoint(cfg, allocator=allocator, ports=None if ports is None else ports[:n])
+    if bound is not None:
+        for sock, remote in zip(bound, remotes, strict=False):
+            sock.connect(remote)
+        for sock in bound[n:]:
+            sock.close()  # paths the peer did not agree to
+    endpoint = Endpoint(cfg, allocator=allocator, ports=None if ports is None else ports[:n],
+                        bound=None if bound is None else bound[:n])
     endpoint.start()
     mode = "loopback" if all(is_loopback(p[0]) for p in paths[:n]) else "network"
     session = GatewaySession("initiator", channel, endpoint, keys, channel.peer_name, mode=mode,
