@@ -1,7 +1,9 @@
 """Checks on the host and running commands inside a network namespace.
 
-Commands run inside a namespace through ``setns(2)`` in the child between fork
-and exec (no ``ip netns exec``), so only the tool itself must be installed.
+Commands run inside a namespace through util-linux's ``nsenter --net``, which enters it
+and execs the tool in the same process (same pid, so signals and process groups work as
+for the tool itself). Not a ``preexec_fn``: code between fork and exec in a process with
+threads (test workers, our own data-path threads) may deadlock or fail in the child.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from emulation.errors import EmulationError
@@ -26,6 +28,7 @@ TOOL_PACKAGES = {
     "ethtool": "ethtool",
     "mn": "mininet",
     "nft": "nftables",
+    "nsenter": "util-linux",
 }
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -60,27 +63,22 @@ def setns(name: str) -> None:
         os.close(fd)
 
 
-def _enter(name: str) -> Callable[[], None]:
-    def preexec() -> None:
-        setns(name)
-
-    return preexec
+def in_namespace(ns: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` prefixed to run inside namespace ``ns`` (the tool must exist: ``require_tool``)."""
+    require_tool(argv[0])
+    return [require_tool("nsenter"), f"--net={NETNS_RUN_DIR}/{ns}", "--", *argv]
 
 
 def popen_in(ns: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     """Start ``argv`` inside namespace ``ns`` (the tool must exist; see ``require_tool``)."""
-    require_tool(argv[0])
-    return subprocess.Popen(list(argv), preexec_fn=_enter(ns), **kwargs)
+    return subprocess.Popen(in_namespace(ns, argv), **kwargs)
 
 
 def run_in(ns: str, argv: Sequence[str], timeout: float = 60.0, check: bool = True,
            **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` inside ``ns`` to completion, capturing text output."""
-    require_tool(argv[0])
-    proc = subprocess.run(
-        list(argv), preexec_fn=_enter(ns), capture_output=True, text=True, timeout=timeout,
-        check=False, **kwargs,
-    )
+    proc = subprocess.run(in_namespace(ns, argv), capture_output=True, text=True, timeout=timeout,
+                          check=False, **kwargs)
     if check and proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise EmulationError(f"{' '.join(argv)} in {ns} failed ({proc.returncode}): {last[0]}")
