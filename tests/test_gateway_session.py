@@ -14,7 +14,7 @@ from gateway_helpers import free_path_ports, throw_hostile_datagrams, transfer
 from wanxport.control import RotationLimits, ShardAnnounce
 from wanxport.control.certs import make_test_pki
 from wanxport.core.digest import shard_digest_hex
-from wanxport.gateway import rekey
+from wanxport.gateway import handshake, rekey
 from wanxport.gateway import session as gateway_session
 from wanxport.gateway.config import GatewayOptions
 from wanxport.gateway.handshake import initiate
@@ -205,12 +205,12 @@ async def test_a_send_after_the_peer_left_names_the_peers_reason(pki: Path) -> N
         listener.close()
 
 
-async def test_the_ports_a_hello_announces_are_already_ours(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_ports_a_hello_announces_are_already_ours(pki: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Another socket that binds an announced port while the Welcome is on its way (a test's
     free-port finder, another session) finds it taken: the responder sets a session up only
     for ports the initiator holds, so the initiator never fails after the responder has
     committed (which left a one-session listener refusing the initiator's every re-dial)."""
-    from wanxport.gateway import handshake
     grabbed: list[OSError | socket.socket] = []
     answer = handshake.answer_hello
 
