@@ -143,6 +143,9 @@ def _add_diloco_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     add_fault_arguments(dl)
     dl.add_argument("--backend", choices=("netem", "engine"))
     dl.add_argument("--json", metavar="FILE", help="write the run report (JSON) here")
+    dl.add_argument("--logs", metavar="DIR",
+                    help="keep every site process's stderr in DIR/LABEL.log (the store's too); "
+                         "by default only its last lines, on failure")
 
 
 def main(argv: list[str] | None = None) -> int:

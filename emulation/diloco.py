@@ -54,6 +54,7 @@ class DilocoOptions:
     deadline_s: float | None = None
     backend: str | None = None
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+    logs: str | None = None  # a directory for every process's stderr (LABEL.log), else not kept
 
     @property
     def run_deadline_s(self) -> float:
@@ -117,10 +118,13 @@ class DilocoRun:
         spec = site_spec(self.emu, self.sites, index, self.pki, self.options, restart)
         argv = [sys.executable, EXAMPLE, "site", json.dumps(spec)]
         ns = self.emu.plan.site_namespaces[site]
-        proc = NamespaceProcess(label, ns, argv, self.lines, stdin=not restart)
+        proc = NamespaceProcess(label, ns, argv, self.lines, stdin=not restart, stderr_path=self._log(label))
         self.procs.append(proc)
         self.current[site] = proc
         self.log.started(label, site, proc.started_at)
+
+    def _log(self, label: str) -> str | None:
+        return os.path.join(self.options.logs, f"{label}.log") if self.options.logs else None
 
     def _take(self, timeout_s: float) -> bool:
         """Record the next line (False when none came within ``timeout_s``)."""
@@ -152,7 +156,8 @@ class DilocoRun:
 
     def run(self) -> None:
         store = NamespaceProcess("store", self.control.namespace,
-                                 [sys.executable, EXAMPLE, "store", str(STORE_PORT)], self.lines, stdin=True)
+                                 [sys.executable, EXAMPLE, "store", str(STORE_PORT)], self.lines, stdin=True,
+                                 stderr_path=self._log("store"))
         self.procs.append(store)
         self._wait_ready({"store"})
         for index in range(len(self.sites)):
@@ -229,7 +234,9 @@ def main_diloco(args: Any) -> int:
     options = DilocoOptions(sites=args.sites, outer_steps=args.outer_steps, inner_steps=args.inner_steps,
                             hidden=args.hidden, compress=None if args.compress == "none" else args.compress,
                             seed=args.seed, timeout_s=args.timeout, deadline_s=args.deadline,
-                            backend=args.backend, faults=tuple(faults))
+                            backend=args.backend, faults=tuple(faults), logs=args.logs)
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
     report = run_diloco(scenario, sites, options)
     if args.json:
         Path(args.json).write_text(dumps(report) + "\n")

@@ -29,14 +29,15 @@ Line = tuple[str, dict[str, Any] | None, float]
 
 
 class NamespaceProcess:
-    """``argv`` in namespace ``ns``, its own process group, stdout lines onto ``lines``."""
+    """``argv`` in namespace ``ns``, its own process group, stdout lines onto ``lines``;
+    its stderr kept in ``stderr_path`` when given (the run's logs), else in a temporary file."""
 
     def __init__(self, label: str, ns: str, argv: Sequence[str], lines: queue.Queue[Line],
-                 stdin: bool = False) -> None:
+                 stdin: bool = False, stderr_path: str | None = None) -> None:
         self.label = label
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = open(stderr_path, "w+b") if stderr_path else tempfile.TemporaryFile()  # noqa: SIM115
         self.started_at = time.monotonic()
         self.proc = popen_in(ns, list(argv), stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import resource
 import sys
 import tempfile
@@ -377,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         serve_store(args.port)
         return 0
     if args.role == "site":
+        # The group's membership changes and waits are logged (INFO) with a monotonic clock:
+        # the emulation keeps them beside the run's own timeline (``--logs``).
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(relativeCreated)9.0f ms %(name)s %(levelname)s %(message)s")
         done = run_site(json.loads(args.spec))
         emit(done)
         return 0 if done["error"] is None else 1

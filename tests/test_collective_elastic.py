@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from wanxport.collective import CollectiveError, ElasticState, GroupState, join
 from wanxport.collective.metrics import CollectiveMetrics
+from wanxport.control import Bye
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,6 +45,19 @@ async def _form(pki: Path, stores: list) -> tuple[list, dict, list[str]]:
     groups = list(await asyncio.gather(*(joiner(stores[k], pki, names, paths_of(k, N, pairs), k)
                                          for k in range(N))))
     return groups, pairs, names
+
+
+def _record_sent(channel) -> list:  # type: ignore[no-untyped-def]
+    """Every control message ``channel`` sends from now on."""
+    sent: list = []
+    send = channel.send
+
+    async def recording(message):  # type: ignore[no-untyped-def]
+        sent.append(message)
+        return await send(message)
+
+    channel.send = recording
+    return sent
 
 
 async def _close(groups: list) -> None:
@@ -66,8 +80,10 @@ async def test_a_member_lost_mid_call_the_survivors_finish_it_with_the_mean_over
         arrays = [grad(k, 0) for k in range(2)]
         pending = [asyncio.ensure_future(g.all_reduce(a, op="mean"))
                    for g, a in zip(groups, arrays, strict=False)]
+        said = _record_sent(groups[0].world.links[2].session.channel)
         cut_sessions(groups[2])  # site 2 never calls: both survivors wait on it when it goes
         await asyncio.gather(*pending)
+        assert not [m for m in said if isinstance(m, Bye)], said  # no goodbye waited on from the dead
         expected = (grad(0, 0) + grad(1, 0)) / np.float32(2)
         assert arrays[0].tobytes() == arrays[1].tobytes() == expected.tobytes()
         assert [g.epoch.members for g in groups[:2]] == [(0, 1)] * 2

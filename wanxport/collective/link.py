@@ -255,7 +255,9 @@ class SiteLink:
             task.cancel()
         await asyncio.gather(self._reader, self._watcher, *self._sends, return_exceptions=True)
         try:
-            await self.session.close()
+            # A peer this link found dead or cut off gets no goodbye: the wait for its answer
+            # (up to 2 s) would hold up the survivors' next epoch.
+            await self.session.close(goodbye=self.failure is None)
         finally:
             if self.listener is not None:
                 self.listener.close()

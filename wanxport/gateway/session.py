@@ -302,15 +302,16 @@ class GatewaySession:
         """Offer a path a previous session's saved state (careful resume, ``core.warm``)."""
         return self.endpoint.resume_path(path_id, memory)
 
-    async def close(self, reason: str = "done") -> None:
-        """Say goodbye (when still possible), stop the data plane, end the channel."""
+    async def close(self, reason: str = "done", *, goodbye: bool = True) -> None:
+        """Say goodbye (when still possible and ``goodbye``: not to a peer known dead, whose
+        answer would be waited for in vain), stop the data plane, end the channel."""
         if self._closed:
             await self._close_done.wait()  # another caller's close: until it is through
             return
         self._closed = True
         self._close_reason = reason
         try:
-            if self._failure is None and not self.channel.closed:
+            if goodbye and self._failure is None and not self.channel.closed:
                 with contextlib.suppress(Exception):
                     await self.channel.send(Bye(reason))
                     await self.channel.aclose(timeout_s=2.0)
