@@ -324,8 +324,11 @@ class ElasticGroup:
         for tell in self.on_epoch:
             tell(group)
         first = min(self._calls, default=self._next)
-        row = np.array([int(self._current), self._step, first, sum(1 for i in self._done_ahead if i > first)],
-                       dtype=np.int64)
+        # Last column: what this site's last links to the sites being admitted carried (the
+        # slowest of them, bytes/s; 0 unknown), so the state goes out from the best-connected.
+        towards = [self.world.carried_bps.get(m, 0.0) for m in target.admitted if m != self.site]
+        row = np.array([int(self._current), self._step, first, sum(1 for i in self._done_ahead if i > first),
+                        int(min(towards, default=0.0))], dtype=np.int64)
         try:
             table = await group.all_gather(row)
         except CollectiveError:

@@ -46,13 +46,17 @@ class ArrayState:
 
 
 def source_and_receivers(table: npt.NDArray[np.int64]) -> tuple[int, list[int]]:
-    """From an epoch's agreement (rows: [current, step, first call not done, done beyond]):
-    the rank that sends and the ranks that receive."""
+    """From an epoch's agreement (rows: [current, step, first call not done, done beyond,
+    bytes/s its last links to the sites being admitted carried]): the rank that sends and
+    the ranks that receive. Among the members furthest along, the one whose links to the
+    joiners carried the most sends (a restarted site comes back on the same network: a
+    holder behind a thin link would take many times longer), else the lowest rank."""
     current = [r for r in range(len(table)) if table[r, 0] == 1]
     if not current:
         raise CollectiveError("no live member holds a current state (every one restarted): start over "
                               "from a checkpoint")
-    source = max(current, key=lambda r: (int(table[r, 1]), int(table[r, 2]), -r))
+    carried = table[:, 4] if table.shape[1] > 4 else np.zeros(len(table), dtype=np.int64)
+    source = max(current, key=lambda r: (int(table[r, 1]), int(table[r, 2]), int(carried[r]), -r))
     ahead = (table[source, 1], table[source, 2])
     receivers = [r for r in range(len(table)) if r != source
                  and (table[r, 0] != 1 or (table[r, 1], table[r, 2]) != ahead)]

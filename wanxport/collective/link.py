@@ -118,6 +118,12 @@ class SiteLink:
         busy = self._busy_s + (time.monotonic() - self._busy_from if self._bulk_in_flight else 0.0)
         return self._bulk_bytes, busy
 
+    def carried_bps(self, min_s: float = 0.05, min_bytes: int = 1 << 20) -> float:
+        """Bytes per second the link carried to the peer while it had bulk data, over its life;
+        0 until it has been busy ``min_s`` with ``min_bytes`` verified (not measured)."""
+        sent, busy = self.busy_meter()
+        return sent / busy if busy >= min_s and sent >= min_bytes else 0.0
+
     async def _deliver_one(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
             try:

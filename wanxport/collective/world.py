@@ -73,6 +73,9 @@ class World:
         self.root_gid: int | None = None  # the whole world's group (``join`` returns it)
         self.gone: dict[int, CollectiveError] = {}  # world rank -> why it is gone
         self.stale_messages = 0  # messages for groups closed here (dropped)
+        # world rank -> bytes/s its last ended link carried to it (a site that restarts comes
+        # back on the same network: the best-connected holder sends it the state)
+        self.carried_bps: dict[int, float] = {}
         self._created: dict[tuple[int, ...], int] = {}
         self._retired: set[int] = set()
         self._early: dict[int, list[tuple[int, Header, npt.NDArray[np.uint8]]]] = {}
@@ -129,6 +132,9 @@ class World:
         """End the session with ``peer`` (gone, or left out of the membership); its ports go back."""
         link = self.links.pop(peer, None)
         if link is not None:
+            carried = link.carried_bps()
+            if carried > 0:
+                self.carried_bps[peer] = carried
             await link.close()
 
     async def heard_from(self, members: tuple[int, ...]) -> tuple[int, ...]:
