@@ -16,9 +16,12 @@ from wanxport.collective.planning import WINDOW, Planner
 N = 4
 
 
-def line_planners(deterministic: bool = False) -> tuple[list[Planner], list[tuple[int, int, str]]]:
+def line_planners(deterministic: bool = False, measured: list[bool] | None = None,
+                  ) -> tuple[list[Planner], list[tuple[int, int, str]]]:
     """Planners of a line 0-1-2-3; every message goes through the wire format, delivered on the
-    next loop turn. Returns them and the log of (from, to, op)."""
+    next loop turn. Returns them and the log of (from, to, op). ``measured[0]``: whether the
+    sessions report rates yet (0 otherwise: no bulk data carried), changeable meanwhile."""
+    measured = measured if measured is not None else [True]
     planners: list[Planner] = []
     sent: list[tuple[int, int, str]] = []
     loop = asyncio.get_running_loop()
@@ -32,7 +35,8 @@ def line_planners(deterministic: bool = False) -> tuple[list[Planner], list[tupl
         return send
 
     def measure(site: int):  # type: ignore[no-untyped-def]
-        return lambda: ([1e6 * (site + 1) if abs(site - k) == 1 else NO_SESSION for k in range(N)],
+        return lambda: ([(1e6 * (site + 1) if measured[0] else 0.0) if abs(site - k) == 1 else NO_SESSION
+                         for k in range(N)],
                         [0.01 if abs(site - k) == 1 else 0.0 for k in range(N)])
 
     for site in range(N):
@@ -90,3 +94,25 @@ async def test_a_stopped_planner_fails_its_waiters() -> None:
         assert "gone" in str(exc)
     else:
         raise AssertionError("the waiter did not fail")
+
+
+async def test_a_plan_on_a_guess_covers_one_call_and_measured_ones_a_window() -> None:
+    """Until every pair has carried bulk data the mesh is a guess: its plan covers one call,
+    so the next call's plan comes with what the first measured; then whole windows."""
+    measured = [False]
+    planners, _ = line_planners(measured=measured)
+    for p in planners:
+        p.report(force=True)
+    await settle()
+    first = planners[3].covering(0)
+    assert first is not None and (first.start, first.until) == (0, 1) and not first.mesh.measured()
+    assert planners[3].covering(1) is None
+    measured[0] = True
+    for p in planners:
+        p.report(force=True)
+    await settle()
+    planners[0].on_take(0)  # the decider takes the guess's only call: the next plan goes out
+    await settle()
+    second = planners[3].covering(1)
+    assert second is not None and (second.start, second.until) == (1, 1 + WINDOW) and second.mesh.measured()
+    assert planners[3].covering(1 + WINDOW) is None

@@ -149,9 +149,15 @@ class Group(PointToPoint, TreeSchedules):
     def _measure(self) -> tuple[list[float], list[float]]:
         """This site's row for the planner: its sessions' rates and one-way delays, now. A
         rate is the larger of two floors of the pair's capacity: the session's delivery-rate
-        estimate and what the link carried while it had bulk data since the last row."""
+        estimate and what the link carried while it had bulk data since the last row. A link
+        that has carried no bulk data yet has only app-limited estimates, far below its
+        capacity: it reports what the site's last link to that peer carried (a site that
+        restarted comes back on the same network), else 0, not measured."""
         rates, delays = session_row(self.size, {peer: link.path_stats() for peer, link in self.links.items()})
         for peer, link in self.links.items():
+            if link.carried_bps(METER_MIN_S, METER_MIN_BYTES) == 0.0:
+                rates[peer] = self.world.carried_bps.get(self.members[peer], 0.0)
+                continue
             meter = link.busy_meter()
             sent, busy = (a - b for a, b in zip(meter, self._meters.get(peer, (0, 0.0)), strict=True))
             if busy >= METER_MIN_S and sent >= METER_MIN_BYTES:

@@ -10,12 +10,15 @@ so all sites choose the same schedule however differently they measured, and the
 call's header carries the schedule and the plan's first call: a site that chose
 otherwise is a mismatch error, never a wrong sum.
 
-Windows: plan w covers calls [w*WINDOW, (w+1)*WINDOW). The decider sends window 0 once
-every site has reported (right after the group forms) and window w+1 when it takes
-the last call of window w: with the freshest reports, and still before any site can
-finish that call (the decider takes part in it), so a site running its calls one
-after another finds the plan in place; one that runs ahead waits for it within the
-call's timeout. Sites
+Windows: a plan covers the calls [start, until): ``WINDOW`` calls, or only one while the
+mesh it carries is not measured yet (some pair has carried no bulk data: its
+delivery-rate estimate is an app-limited guess), so that the first calls of a group,
+and those after a site joins, do not run on a guess for a whole window. The decider
+sends the first plan once every site has reported (right after the group forms) and
+the next one when it takes the last call a plan covers: with the freshest reports, and
+still before any site can finish that call (the decider takes part in it), so a site
+running its calls one after another finds the plan in place; one that runs ahead
+waits for it within the call's timeout. Sites
 report again after their all-reduces (at most every ``REPORT_EVERY_S``), so the
 rates follow the steps. ``deterministic``: plan 0 covers every call and carries the
 sessions only (no rates), so every run of the program uses the same schedules and
@@ -103,8 +106,8 @@ class Planner:
         self._send = send
         self._rows: dict[int, Row] = {}  # the decider's latest report of each site
         self._seen: dict[int, int] = {}  # origin rank -> latest report version seen here
-        self._published_through = -1  # the decider's last window sent
-        self._wanted_through = 0
+        self._published_until = 0  # the first call no plan the decider sent covers
+        self._wanted_until = 1  # the decider publishes plans until they cover the calls before this
         self._waiters: dict[int, list[asyncio.Future[Published]]] = {}
         self._choices: OrderedDict[tuple[int, int, str], tuple[Plan, float | None]] = OrderedDict()
         self._last_report = float("-inf")
@@ -149,16 +152,16 @@ class Planner:
     # -- plans -----------------------------------------------------------------------
 
     def on_take(self, seq: int) -> None:
-        """Call ``seq`` takes its number here; the decider then makes sure the next window's
-        plan is out."""
-        if self.site == self.decider and seq % WINDOW == WINDOW - 1:
-            self._wanted_through = max(self._wanted_through, seq // WINDOW + 1)
+        """Call ``seq`` takes its number here; the decider then makes sure the plan of the call
+        after it is out."""
+        if self.site == self.decider and seq + 1 >= self._published_until:
+            self._wanted_until = max(self._wanted_until, seq + 2)
             self._publish()
 
     def _publish(self) -> None:
         if self.closed or any(k not in self._rows for k in range(self.size) if k != self.site):
             return
-        if self.deterministic and self._published_through >= 0:
+        if self.deterministic and self._published_until > 0:
             return
         rates, delays = self._remembered()
         self._rows[self.site] = (rates, delays)
@@ -166,15 +169,15 @@ class Planner:
         mesh = Mesh(tuple(tuple(r[0]) for r in rows), tuple(tuple(r[1]) for r in rows))
         if self.deterministic:
             mesh = unmeasured(self.size, mesh.links)
-        last = 0 if self.deterministic else self._wanted_through
-        for window in range(self._published_through + 1, last + 1):
-            start = window * WINDOW
-            until = FOREVER if self.deterministic else start + WINDOW
+        window = WINDOW if mesh.measured() else 1
+        while self._published_until < self._wanted_until:
+            start = self._published_until
+            until = FOREVER if self.deterministic else start + window
             body = np.array([until, KINDS.index(self.kind), *np.ravel(mesh.rate), *np.ravel(mesh.delay)],
                             dtype=np.float64)
             call = Call(start, "plan", body.size, "<f8", group=self.gid, root=self.site)
             self._take_plan(call, body, came_from=None)
-        self._published_through = max(self._published_through, last)
+            self._published_until = until
 
     def _take_plan(self, call: Call, body: npt.NDArray[np.float64], came_from: int | None) -> None:
         n = self.size
@@ -195,10 +198,10 @@ class Planner:
                     fut.set_result(published)
 
     def covering(self, seq: int) -> Published | None:
-        first = self.plans.get(0)
-        if first is not None and seq < first.until:
-            return first
-        return self.plans.get(seq - seq % WINDOW)
+        for published in self.plans.values():
+            if published.start <= seq < published.until:
+                return published
+        return None
 
     async def plan_for(self, seq: int) -> Published:
         """The plan call ``seq`` chooses from (waiting for the decider's when needed)."""
