@@ -218,3 +218,35 @@ async def test_deterministic_keeps_the_topology_schedule(pki: Path, monkeypatch:
             assert all((s.predicted_s is None) == deterministic for g in groups for s in g.stats())
         finally:
             await close_all(groups)
+
+
+async def test_a_pair_counts_as_measured_once_it_carried_bulk_data_and_is_remembered_when_dropped(
+        pki: Path) -> None:
+    """Fresh sessions have only app-limited delivery-rate estimates: each site reports them as
+    not measured (so the first plan covers one call, not a window); after a bulk all-reduce
+    every pair has a rate, and a link that ends leaves what it carried to the world."""
+    groups = await join_mesh(pki, 3)
+    try:
+        assert all(g._measure()[0][peer] == 0.0 for g in groups for peer in g.links)
+        assert groups[0].planner is not None
+        first = await asyncio.wait_for(groups[0].planner.plan_for(0), 10)
+        assert first.until == 1 and not first.mesh.measured()
+        xs = inputs(3, count=2 << 20)  # 8 MiB each: every pair carries more than the meter's 1 MiB
+        await asyncio.gather(*(g.all_reduce(x) for g, x in zip(groups, xs, strict=True)))
+        rows = [g._measure()[0] for g in groups]  # a schedule may leave one direction idle
+        assert all(max(rows[i][j], rows[j][i]) > 0.0 for i in range(3) for j in range(3) if i != j), rows
+        world = groups[0].world
+        await world.drop_link(1)
+
+        class Busy:  # a link that was busy long enough for its meter (loopback rarely is 50 ms)
+            def carried_bps(self) -> float:
+                return 12.5e6
+
+            async def close(self) -> None:
+                pass
+
+        world.links[1] = Busy()  # type: ignore[assignment]
+        await world.drop_link(1)
+        assert world.carried_bps[1] == 12.5e6 and 1 not in world.links
+    finally:
+        await close_all(groups)

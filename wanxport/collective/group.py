@@ -150,12 +150,13 @@ class Group(PointToPoint, TreeSchedules):
         """This site's row for the planner: its sessions' rates and one-way delays, now. A
         rate is the larger of two floors of the pair's capacity: the session's delivery-rate
         estimate and what the link carried while it had bulk data since the last row. A link
-        that has carried no bulk data yet has only app-limited estimates, far below its
-        capacity: it reports what the site's last link to that peer carried (a site that
-        restarted comes back on the same network), else 0, not measured."""
+        that has carried under ``METER_MIN_BYTES`` of bulk data has only app-limited
+        estimates, far below its capacity: it reports what the site's last link to that
+        peer carried (a site that restarted comes back on the same network), else 0, not
+        measured."""
         rates, delays = session_row(self.size, {peer: link.path_stats() for peer, link in self.links.items()})
         for peer, link in self.links.items():
-            if link.carried_bps(METER_MIN_S, METER_MIN_BYTES) == 0.0:
+            if link.busy_meter()[0] < METER_MIN_BYTES:
                 rates[peer] = self.world.carried_bps.get(self.members[peer], 0.0)
                 continue
             meter = link.busy_meter()
