@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ def ddp_elastic_worker(global_rank: int, work: Path, store_port: int, first_port
     step = 0
     while step < STEPS:
         step = group.boundary(step, state)
+        began = time.monotonic()
         gen = torch.Generator().manual_seed(100 * global_rank + step)
         x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 4, generator=gen)
         if site == 2 and step == KILL_AT:
@@ -59,7 +61,8 @@ def ddp_elastic_worker(global_rank: int, work: Path, store_port: int, first_port
         optimizer.step()
         params = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
         digest = hashlib.sha256(params).hexdigest()
-        out["steps"][str(step)] = {"live": list(group.members), "params": digest}
+        out["steps"][str(step)] = {"live": list(group.members), "params": digest, "began": began,
+                                   "ended": time.monotonic()}
         step += 1
     write(work / f"rank-{global_rank}.json", out)
     os._exit(0)  # site 2's gloo peers and sessions are gone: skip the teardown
