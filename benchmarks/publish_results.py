@@ -308,9 +308,15 @@ def table(figure: dict[str, Any]) -> list[str]:
         report = read_report(path)
         cells = []
         for column in columns:
-            value = field(report, column["field"])
+            try:
+                value = field(report, column["field"])
+            except IndexError_:
+                if "missing" not in column:  # a column may say what a run without the field shows
+                    raise
+                cells.append(column["missing"])
+                continue
             if isinstance(value, bool) or isinstance(value, str):
-                cells.append(str(value))
+                cells.append(str(value).replace("|", "\\|"))  # a cell's own bar is not a column
             else:
                 cells.append(fmt(float(value) * column.get("scale", 1.0), column.get("digits", 2)))
         lines.append(f"| [{path.stem}]({path.relative_to(RESULTS)}) | " + " | ".join(cells) + " |")
