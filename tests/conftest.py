@@ -4,6 +4,8 @@ Property tests must be reproducible on a small, noisy machine, so examples are
 derived from the test itself (``derandomize``) and never timed out per example.
 """
 
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
 
@@ -12,9 +14,10 @@ settings.load_profile("wanxport")
 
 
 # Test files that change host-wide state (mounts, systemd units, the root namespace's
-# sockets under flood) without the netns marker: with the netns tests, they run one at
-# a time on one worker when the suite runs in parallel (`./dev test`, pytest-xdist's
-# --dist loadgroup), so none of them sees another's namespaces, mounts or load.
+# sockets under flood), and every file with a netns test: when the suite runs in parallel
+# (`./dev test`, pytest-xdist) they all run one after another on one worker, so none of
+# them sees another's namespaces, engines, mounts or load. (xdist_group marks added here
+# are not honoured by pytest-xdist 3.8 with pytest 9, so the grouping is the scheduler's.)
 HOST_STATE_FILES = frozenset({
     "test_full_disk.py",  # mounts a tmpfs
     "test_daemon_full_disk.py",  # mounts a tmpfs
@@ -22,6 +25,8 @@ HOST_STATE_FILES = frozenset({
     "test_limits_flood.py",  # floods a socket to find the kernel's limits
     "test_kernel_overflow.py",  # fills a socket's kernel buffer
 })
+NETNS_FILES = frozenset(path.name for path in Path(__file__).parent.glob("test_*.py")
+                        if "mark.netns" in path.read_text())
 
 
 # Test files whose subject is timing on this host (a release thread's wake-ups, a daemon's
@@ -37,7 +42,21 @@ ALONE_FILES = frozenset({
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("netns") or item.path.name in HOST_STATE_FILES:
-            item.add_marker(pytest.mark.xdist_group("host-state"))
         if item.path.name in ALONE_FILES:
             item.add_marker(pytest.mark.alone)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """With ``--dist loadgroup``: the host-state and netns files form one unit of work (one
+    worker, one after another); every other test is a unit of its own, as with ``load``."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HostStateTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return "host-state" if name in HOST_STATE_FILES | NETNS_FILES else nodeid
+
+    return HostStateTogether(config, log)

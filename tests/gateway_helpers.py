@@ -38,6 +38,19 @@ def _ephemeral_low() -> int:
 _PORTS = random.Random(os.getpid())  # distinct sequences for concurrent test runs
 
 
+def _worker_slice(low: int, high: int) -> tuple[int, int]:
+    """This test worker's share of [low, high): with the suite in several processes
+    (pytest-xdist) each draws from its own slice, so two workers never pick the same
+    ports between one's check and its gateway's bind."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count < 2:
+        return low, high
+    share = (high - low) // count
+    index = int(worker[2:]) % count
+    return low + index * share, low + (index + 1) * share
+
+
 def free_path_ports(count: int) -> list[int]:
     """``count`` consecutive path ports (PORT, PORT+1, ...), all free right now.
 
@@ -47,9 +60,9 @@ def free_path_ports(count: int) -> list[int]:
     subprocess or anything else on the host) can take one between this check
     and the gateway binding it.
     """
-    high = _ephemeral_low() - count
+    low, high = _worker_slice(10_000, _ephemeral_low() - count)
     while True:
-        first = _PORTS.randrange(10_000, high)
+        first = _PORTS.randrange(low, high)
         ports = list(range(first, first + count))
         socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in ports]
         try:
