@@ -46,7 +46,7 @@ from .calls import CallSequence, CallStats, Handle, Tally
 from .costmodel import part_bounds
 from .errors import CollectiveError
 from .inflight import InFlight
-from .link import SiteLink
+from .link import METER_MIN_BYTES, METER_MIN_S, SiteLink
 from .message import (
     ABORTS,
     COLLECTIVE,
@@ -75,8 +75,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0
-METER_MIN_S = 0.05  # a link's throughput meter counts once it has been busy this long ...
-METER_MIN_BYTES = 1 << 20  # ... with this much verified
 STATS_KEPT = 10_000
 ABORT_REASON_BYTES = 1024  # an abort message's body: why the call was refused, UTF-8
 Got = tuple[int, Header, npt.NDArray[np.uint8]]
@@ -156,10 +154,10 @@ class Group(PointToPoint, TreeSchedules):
         measured."""
         rates, delays = session_row(self.size, {peer: link.path_stats() for peer, link in self.links.items()})
         for peer, link in self.links.items():
-            if link.busy_meter()[0] < METER_MIN_BYTES:
+            meter = link.busy_meter()
+            if meter[0] < METER_MIN_BYTES:
                 rates[peer] = self.world.carried_bps.get(self.members[peer], 0.0)
                 continue
-            meter = link.busy_meter()
             sent, busy = (a - b for a, b in zip(meter, self._meters.get(peer, (0, 0.0)), strict=True))
             if busy >= METER_MIN_S and sent >= METER_MIN_BYTES:
                 rates[peer] = max(rates[peer], sent / busy)

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 LIVENESS_MIN_S = 3.0  # a peer silent on every path this long (at least) is dead or cut off
 LIVENESS_RTTS = 4  # ... or this many of its paths' largest smoothed RTT, when that is longer
+METER_MIN_S = 0.05  # a link's throughput meter counts once it has been busy this long ...
+METER_MIN_BYTES = 1 << 20  # ... with this much verified
 BULK_BYTES = 1 << 16  # messages at least this large count toward the link's throughput meter
 # Messages up to this size are hashed on the loop: BLAKE3 takes ~0.1 ms for 256 KiB, less than
 # the hop to a worker thread and back (0.2 ms measured on loopback), which a 64 KiB pipeline
@@ -118,11 +120,11 @@ class SiteLink:
         busy = self._busy_s + (time.monotonic() - self._busy_from if self._bulk_in_flight else 0.0)
         return self._bulk_bytes, busy
 
-    def carried_bps(self, min_s: float = 0.05, min_bytes: int = 1 << 20) -> float:
+    def carried_bps(self) -> float:
         """Bytes per second the link carried to the peer while it had bulk data, over its life;
-        0 until it has been busy ``min_s`` with ``min_bytes`` verified (not measured)."""
+        0 until its meter counts (``METER_MIN_S`` busy, ``METER_MIN_BYTES`` verified)."""
         sent, busy = self.busy_meter()
-        return sent / busy if busy >= min_s and sent >= min_bytes else 0.0
+        return sent / busy if busy >= METER_MIN_S and sent >= METER_MIN_BYTES else 0.0
 
     async def _deliver_one(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
