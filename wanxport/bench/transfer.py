@@ -306,10 +306,12 @@ async def _send(endpoint: Endpoint, shards: list[memoryview], digests: list[byte
                 for i, shard in enumerate(shards):
                     with threadcpu.hashing():
                         digest = shard_digest(shard)
+                    # Read here, not when the thread is joined: the receiver may verify the
+                    # last shard before the loop gets round to the join.
+                    out["digests_at"] = endpoint.clock()
                     loop.call_soon_threadsafe(endpoint.set_digest, i, digest)
 
             await asyncio.to_thread(hash_all)
-            out["digests_at"] = endpoint.clock()
         else:
             futures = [endpoint.submit(i, s, digest=d) for i, (s, d) in enumerate(zip(shards, digests,
                                                                                      strict=True))]
