@@ -46,17 +46,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.alone)
 
 
+# Test files whose tests start processes that import torch (tens of seconds each, several
+# sharing one module fixture): in parallel runs each file is one unit of work, so its fixture
+# is set up once, and these units are handed out right after the host-state unit, so that
+# the last minutes of the run are not one worker finishing a long file while the others idle.
+def _starts_torch_processes(name: str) -> bool:
+    return name.startswith("test_torch_")
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """With ``--dist loadgroup``: the host-state and netns files form one unit of work (one
-    worker, one after another); every other test is a unit of its own, as with ``load``."""
+    worker, one after another), each torch file one unit, and every other test a unit of its
+    own, as with ``load``. Units are handed out longest first: host-state, torch, the rest."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class HostStateTogether(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return "host-state" if name in HOST_STATE_FILES | NETNS_FILES else nodeid
+    def rank(scope: str) -> int:
+        if scope == "host-state":
+            return 0
+        return 1 if _starts_torch_processes(scope) else 2
 
-    return HostStateTogether(config, log)
+    class LongestFirst(LoadScopeScheduling):  # type: ignore[misc]
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            name = _file_of(nodeid)
+            if name in HOST_STATE_FILES | NETNS_FILES:
+                return "host-state"
+            return name if _starts_torch_processes(name) else nodeid
+
+        def _assign_work_unit(self, node: object) -> None:
+            # The queue is complete at the first hand-out; ordered once by rank (stable, so
+            # within a rank the larger units stay first).
+            if not self.ordered:
+                for scope in reversed(sorted(self.workqueue, key=rank)):
+                    self.workqueue.move_to_end(scope, last=False)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
