@@ -81,13 +81,15 @@ def test_the_control_interval_grows_with_the_round_trip_up_to_the_ack_delay() ->
     for side, other in ((grown.a, fixed.a), (grown.b, fixed.b)):
         holdoff = side.session.receive_holdoff
         srtt = min(p.rtt.smoothed_s for p in side.session.paths)
-        assert holdoff.holding and holdoff.wait_s() == pytest.approx(srtt / 8)
-        assert 0.001 < holdoff.wait_s() <= side.session.config.max_ack_delay_s
-        assert other.session.receive_holdoff.wait_s() == 0.001
+        assert holdoff.holding and holdoff.interval_s == pytest.approx(srtt / 8)
+        assert 0.001 < holdoff.interval_s <= side.session.config.max_ack_delay_s
+        assert other.session.receive_holdoff.interval_s == 0.001
         assert 0 < holdoff.passes < other.session.receive_holdoff.passes
+        # Everything arrived: the next burst's first wake holds only the floor.
+        assert holdoff.wait_s() == 0.001
     # A 200 ms path would ask for 25 ms: the interval stops at the ACK delay.
     long, _ = run(200.0, receive_holdoff_s=0.001, direction="both")
-    assert long.b.session.receive_holdoff.wait_s() == long.b.session.config.max_ack_delay_s
+    assert long.b.session.receive_holdoff.interval_s == long.b.session.config.max_ack_delay_s
 
 
 def test_a_stalled_sender_is_reported_once_after_the_timeout() -> None:

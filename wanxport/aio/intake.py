@@ -111,7 +111,7 @@ class Intake:
         self.deliver(drained, now, held_s)
         holdoff = ep.session.receive_holdoff
         if holdoff.holdoff_s > 0.0:
-            holdoff.after_pass(now, any(received.pressed for _, received in drained))
+            holdoff.after_pass(now, any(received.pressed for _, received in drained), held_s)
 
     def on_delivered(self, items: list[tuple[int, Received]]) -> None:
         """What the data path's worker threads drained (``Datapath.start``), on the loop."""

@@ -27,6 +27,7 @@ class IncomingData:
         self.finished = RangeSet()  # ids of shards already verified and handed over
         self.protocol_errors = 0
         self.refusal = ""  # why the last opening was refused
+        self.placed_total = 0  # new payload bytes ever placed (``Reception.place``): arrival rates
 
     def open(self, frame: ShardOpenFrame) -> bool:
         """Allocate a destination for a newly announced shard; False if refused (``refusal`` says why).
@@ -59,6 +60,16 @@ class IncomingData:
     def placed_bytes(self) -> int:
         """Payload bytes placed in the shards still open (safe from another thread)."""
         return sum(shard.received.total for shard in list(self.shards.values()))
+
+    def missing_bytes(self, limit: int) -> int:
+        """Bytes the open shards still lack, summed until the sum reaches ``limit`` (what lies
+        past it is not needed, so the work stays bounded however many shards are open)."""
+        missing = 0
+        for shard in self.shards.values():
+            missing += shard.size - shard.received.total
+            if missing >= limit:
+                break
+        return missing
 
     def accepts(self, shard_id: int, offset: int, length: int) -> bool | None:
         """True: place it; None: a finished shard (ack, discard); False: unknown or out of bounds."""

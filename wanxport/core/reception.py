@@ -78,6 +78,7 @@ class Reception:
         the native data path, or virtual): record it, let the erasure code see it, finish."""
         new_bytes = shard.place(offset, data, length, now)
         if new_bytes:
+            self.incoming.placed_total += new_bytes
             self._stall.progress(now)
         if shard.shard_id in self.fec.blocks or shard.shard_id in self.fec.repaired:
             self._confirm_rebuilt(shard, self.fec.on_data(shard, offset, length, new_bytes, now))

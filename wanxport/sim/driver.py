@@ -63,9 +63,10 @@ class Driver:
         if controls:
             session.receive_packets(controls, now, held_s)
 
-    def receive_pass(self, now: float) -> None:
-        """A receive pass ended (with a receive hold-off in force): the simulated sockets never fill."""
-        self.session.receive_holdoff.after_pass(now, False)
+    def receive_pass(self, now: float, held_s: float = 0.0) -> None:
+        """A receive pass ended (with a receive hold-off in force), held ``held_s``: the
+        simulated sockets never fill."""
+        self.session.receive_holdoff.after_pass(now, False, held_s)
 
     def received_prefix(self, shard_id: int) -> int:
         return self.session.received_prefix(shard_id)

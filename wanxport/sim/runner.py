@@ -306,14 +306,15 @@ class SimRun:
             self._open(endpoint, path_index, packet, runs, controls)
             if 0 <= path_index < len(waited):
                 waited[path_index] = now - arrived
-        self._hand_in(endpoint, runs, controls, now, waited)
+        self._hand_in(endpoint, runs, controls, now, waited, now - held[0][2] if held else 0.0)
 
     def _hand_in(self, endpoint: SimEndpoint, runs: list[Run], controls: list[Control], now: float,
-                 held_s: list[float] | None = None) -> None:
+                 waited: list[float] | None = None, held_s: float = 0.0) -> None:
+        """One pass; ``waited``: per path, its newest datagram's wait; ``held_s``: the hold-off's."""
         if runs or controls:
-            endpoint.driver.receive(runs, controls, now, held_s or ())
+            endpoint.driver.receive(runs, controls, now, waited or ())
         if endpoint.coalescing:
-            endpoint.driver.receive_pass(now)
+            endpoint.driver.receive_pass(now, held_s)
         if runs or controls:
             self._service(endpoint)
 
