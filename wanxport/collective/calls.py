@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,20 @@ class Handle:
 
     def done(self) -> bool:
         return self._task.done()
+
+    @property
+    def future(self) -> asyncio.Future[Any]:
+        """The call's task: a thread waiting on it hooks its own callback here directly."""
+        return self._task
+
+    @staticmethod
+    def after_result(then: Callable[[], None]) -> None:
+        """Run ``then`` once the running call's result (or error) has reached whoever waits
+        for it: the callbacks they registered on the call run first, and ``then`` does not
+        delay them (a point-to-point receive's answer to the sender, say)."""
+        task = asyncio.current_task()
+        assert task is not None
+        task.add_done_callback(lambda _: then())
 
     async def wait(self) -> Any:
         return await self._task

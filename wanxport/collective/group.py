@@ -583,7 +583,10 @@ class Group(PointToPoint, TreeSchedules):
         ok = False
         try:
             self._check_usable()
-            result = await asyncio.wait_for(work, limit)
+            # In this task, not a task of its own (as wait_for makes on 3.11): the result
+            # reaches whoever awaits the call without a further pass of the loop.
+            async with asyncio.timeout(limit):
+                result = await work
             ok = True
             return result
         except TimeoutError:

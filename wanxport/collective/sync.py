@@ -73,12 +73,12 @@ class SyncGroup:
     def _start(self, begin: Any) -> SyncHandle:
         """``begin()`` (a call that returns a ``Handle``) run on the loop now, so its sequence
         number is taken in this thread's call order; its handle wrapped for threads."""
-        async def start() -> tuple[Handle, asyncio.Task[Any]]:
-            handle = begin()
-            return handle, asyncio.ensure_future(handle.wait())
+        async def start() -> Handle:
+            handle: Handle = begin()
+            return handle
 
-        handle, task = self._call(start())
-        return SyncHandle(mirror(self.loop, task), handle)
+        handle = self._call(start())
+        return SyncHandle(mirror(self.loop, handle.future), handle)
 
     def reduce_scatter(self, array: Any, op: str = "sum", compress: str | None = None,
                        timeout: float | None = None, name: str | None = None) -> Any:
