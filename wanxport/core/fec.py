@@ -142,9 +142,10 @@ class FecSender:
                 covered.add(start, end)
         if not blocks:
             return
-        curves = [fec_code.failure_curve(parts, MAX_REPAIR_PER_BLOCK, -(-length // self.symbol))
+        target = FAILURE_TARGET / len(blocks)
+        curves = [fec_code.failure_curve(parts, MAX_REPAIR_PER_BLOCK, -(-length // self.symbol), target)
                   for _, _, length, parts in blocks]
-        counts = self._within_allowance(curves, FAILURE_TARGET / len(blocks))
+        counts = self._within_allowance(curves, target)
         for (shard, offset, length, _), m in zip(blocks, counts, strict=True):
             if m:
                 self._queue(shard, offset, length, -(-length // self.symbol), m)

@@ -92,8 +92,11 @@ def _polya_aeppli(events: float, q: float, limit: int) -> list[float]:
     return out
 
 
-def failure_curve(parts: list[tuple[int, float, float]], max_m: int, k: int | None = None) -> list[float]:
-    """P(the block fails) with m = 0, 1, ... repair symbols, up to ``max_m`` (and what GF(2^8) allows).
+def failure_curve(parts: list[tuple[int, float, float]], max_m: int, k: int | None = None,
+                  down_to: float = 0.0) -> list[float]:
+    """P(the block fails) with m = 0, 1, ... repair symbols, up to ``max_m`` (and what GF(2^8) allows),
+    or up to the first m whose failure is at most ``down_to``: no target at or above it needs
+    more (the curve falls with m), and each further m costs a pass over the ones before it.
 
     ``parts`` are the block's symbols still at risk (``lost_symbols_cdf``); a
     block of ``k`` symbols (default: their sum) may hold others already
@@ -115,6 +118,8 @@ def failure_curve(parts: list[tuple[int, float, float]], max_m: int, k: int | No
             lost = ([lost[0] * kept] + [lost[r] * kept + lost[r - 1] * loss for r in range(1, m)]
                     + [lost[m - 1] * loss])
         curve.append(max(0.0, 1.0 - sum(lost[r] * cdf[m - r] for r in range(m + 1))))
+        if curve[-1] <= down_to:
+            break
     return curve
 
 
@@ -132,7 +137,7 @@ def repair_count(parts: list[tuple[int, float, float]], target: float, max_m: in
 
     0 when the paths lose (almost) nothing; at most ``max_m`` (and what GF(2^8) allows).
     """
-    return repair_for(failure_curve(parts, max_m, k), target)
+    return repair_for(failure_curve(parts, max_m, k, target), target)
 
 
 def block_shapes(length: int, symbol: int) -> list[tuple[int, int]]:
