@@ -117,10 +117,12 @@ async def test_forged_quic_on_a_shared_port_is_counted_and_dropped(pki: Path, da
         await sender.close()
         await receiver.close()
         listener.close()
-    # Late datagrams of a real control connection that closed (a re-dial under load) are
-    # dropped as "closed_connection": legitimate traffic, not the forgeries.
-    late = drops.pop("closed_connection", 0)
-    assert counts.get("quic", 0) - late == len(forged) == sum(drops.values())
+    # Late datagrams of a real control connection are legitimate traffic, not the forgeries:
+    # after it closed (a re-dial under load) "closed_connection"; a handshake flight re-sent
+    # on a busy host finds its keys discarded or its packet seen ("key_unavailable",
+    # "duplicate"). A forgery cannot reach a connection's keys.
+    late = sum(drops.pop(reason, 0) for reason in ("closed_connection", "key_unavailable", "duplicate"))
+    assert counts.get("quic", 0) - late == len(forged) == sum(drops.values()), (counts, drops, late)
     assert drops.get("payload_decrypt_error", 0) >= 4  # the fake Initials opened nothing
     assert after == connections  # ... and left no connection state
     assert receiver.datagrams_rejected == 0  # none of it reached the data plane's opener

@@ -15,6 +15,10 @@ from wanxport.control.certs import make_test_pki
 from wanxport.wire.frames import PaddingFrame, encode_frames
 from wanxport.wire.header import encode_header
 
+# What aioquic reports for late copies of a real connection's packets; a forgery never
+# reaches a connection's keys (it cannot carry a connection id the server issued).
+LATE_COPIES = ("key_unavailable", "duplicate", "closed_connection")
+
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -87,4 +91,7 @@ async def test_control_handshake_over_a_shared_port_never_clears_the_fixed_bit(p
         server.close()
         port.close()
     assert sent and all(first & 0x40 for first in sent)
-    assert server.quic_drops.total == 0  # a real handshake drops nothing
+    # A real handshake drops nothing but its own late copies: a busy host's client re-sends a
+    # flight whose answer was slow, and the copy finds its keys discarded or its packet seen.
+    drops = dict(server.quic_drops.reasons)
+    assert not {reason for reason in drops if reason not in LATE_COPIES}, drops
