@@ -8,13 +8,14 @@ holds only the floor. Bulk transfers keep the full interval.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from wanxport.core.cc import PathGroup
+from wanxport.core.config import PathConfig, SessionConfig
 from wanxport.core.flow import ReceiveBudget
 from wanxport.core.holdoff import ReceiveHoldoff
 from wanxport.core.incoming import IncomingData
+from wanxport.core.paths import Path
 from wanxport.wire.frames import DIGEST_LEN, ShardOpenFrame
 
 FLOOR_S = 0.001
@@ -35,8 +36,10 @@ def arrive(incoming: IncomingData, shard_id: int, offset: int, length: int) -> N
 
 
 def holdoff_over(incoming: IncomingData) -> ReceiveHoldoff:
-    path = SimpleNamespace(rtt=SimpleNamespace(has_sample=True, smoothed_s=SRTT_S))
-    return ReceiveHoldoff(FLOOR_S, [path], max_s=MAX_S, incoming=incoming)  # type: ignore[list-item]
+    config = SessionConfig(paths=(PathConfig("p"),))
+    path = Path(0, "p", 1200, config.congestion_control.build(config.cc_context(0, PathGroup())), 0.1)
+    path.rtt.update(SRTT_S, 0.0, now=0.5)  # the first sample is the smoothed RTT
+    return ReceiveHoldoff(FLOOR_S, [path], max_s=MAX_S, incoming=incoming)
 
 
 def test_the_hold_off_after_a_pass_ends_when_the_rest_of_the_message_should_be_in() -> None:
