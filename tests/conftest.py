@@ -82,11 +82,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return name if _starts_torch_processes(name) else nodeid
 
         def _assign_work_unit(self, node: object) -> None:
-            # The queue is complete at the first hand-out; ordered once by rank (stable, so
-            # within a rank the larger units stay first).
+            # The queue is complete at the first hand-out; ordered once by rank (a stable
+            # sort, so within a rank the larger units stay first).
             if not self.ordered:
-                for scope in reversed(sorted(self.workqueue, key=rank)):
-                    self.workqueue.move_to_end(scope, last=False)
+                units = sorted(self.workqueue.items(), key=lambda unit: rank(unit[0]))
+                self.workqueue.clear()
+                self.workqueue.update(units)
                 self.ordered = True
             super()._assign_work_unit(node)
 

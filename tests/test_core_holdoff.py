@@ -39,7 +39,7 @@ def holdoff_over(incoming: IncomingData) -> ReceiveHoldoff:
     config = SessionConfig(paths=(PathConfig("p"),))
     path = Path(0, "p", 1200, config.congestion_control.build(config.cc_context(0, PathGroup())), 0.1)
     path.rtt.update(SRTT_S, 0.0, now=0.5)  # the first sample is the smoothed RTT
-    return ReceiveHoldoff(FLOOR_S, [path], max_s=MAX_S, incoming=incoming)
+    return ReceiveHoldoff(FLOOR_S, incoming, [path], max_s=MAX_S)
 
 
 def test_the_hold_off_after_a_pass_ends_when_the_rest_of_the_message_should_be_in() -> None:

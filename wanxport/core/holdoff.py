@@ -47,12 +47,12 @@ class ReceiveHoldoff:
     __slots__ = ("holdoff_s", "max_s", "interval_s", "next_s", "holding", "yields", "passes", "shortened",
                  "_paths", "_incoming", "_placed", "_rate", "_rate_samples", "_yield_until")
 
-    def __init__(self, holdoff_s: float, paths: Sequence[Path] = (), max_s: float | None = None,
-                 incoming: IncomingData | None = None) -> None:
+    def __init__(self, holdoff_s: float, incoming: IncomingData, paths: Sequence[Path] = (),
+                 max_s: float | None = None) -> None:
         """``holdoff_s``: the shortest hold-off (0: none) but for one that ends with its data;
+        ``incoming``: the session's incoming shards, whose missing bytes end it early;
         ``max_s``: the longest (default ``holdoff_s``: a fixed hold-off); ``paths``: the
-        session's, whose smoothed RTTs bound it; ``incoming``: the session's incoming shards,
-        whose missing bytes end it early (None: never early)."""
+        session's, whose smoothed RTTs bound it."""
         if not holdoff_s >= 0.0:
             raise ValueError(f"a receive hold-off must be >= 0 s, got {holdoff_s!r}")
         self.holdoff_s = holdoff_s
@@ -97,13 +97,12 @@ class ReceiveHoldoff:
         self.holding = now >= self._yield_until and shortest >= self.holdoff_s * HOLDOFF_RTT_RATIO
         if shortest < float("inf"):
             self.interval_s = min(max(self.holdoff_s, shortest / HOLDOFF_RTT_RATIO), self.max_s)
-        self.next_s = self._until_the_data(held_s) if self._incoming is not None else self.interval_s
+        self.next_s = self._until_the_data(held_s)
 
     def _until_the_data(self, held_s: float) -> float:
         """The next hold-off: the interval, or less where the open shards should be complete
         sooner at the recent arrival rate; the floor when none lacks a byte, or while no
         rate is known (the next pass measures one)."""
-        assert self._incoming is not None
         placed = self._incoming.placed_total
         arrived, self._placed = placed - self._placed, placed
         # Only a pass held at least the floor: what a shorter one drains had partly waited
@@ -115,7 +114,7 @@ class ReceiveHoldoff:
         limit = rate * interval
         missing = self._incoming.missing_bytes(int(limit) + 1)
         if missing == 0 or rate == 0.0:
-            return min(self.holdoff_s, interval)
+            return self.holdoff_s  # never above the interval, which starts there and only grows
         if missing < limit:
             self.shortened += 1
             return missing / rate

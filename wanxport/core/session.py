@@ -103,9 +103,9 @@ class Session:
         self._stall = StallWatch(self._deadlines, len(self.paths), self._events)
         # Receive coalescing, for the driver to apply: ``receive_holdoff.wait_s()`` when a path
         # wakes, ``receive_holdoff.after_pass(now, pressed, held_s)`` after each receive pass.
-        self.receive_holdoff = ReceiveHoldoff(min(receive_holdoff_s, config.max_ack_delay_s), self.paths,
-                                              max_s=config.max_ack_delay_s if receive_interval else None,
-                                              incoming=self.incoming)
+        self.receive_holdoff = ReceiveHoldoff(min(receive_holdoff_s, config.max_ack_delay_s), self.incoming,
+                                              self.paths,
+                                              max_s=config.max_ack_delay_s if receive_interval else None)
         self._tx = Transmitter(config, self.paths, self.outgoing, self.scheduler)
         self._failover = Failover(config, self._tx, self._events)
         self._acks = SenderAcks(config, self.paths, self.outgoing, self._tx, self._failover)
