@@ -219,6 +219,21 @@ def membership_changes(log: RunLog) -> list[dict[str, Any]]:
     return [epochs[k] for k in sorted(epochs)]
 
 
+def _unfinished(log: RunLog, final: dict[str, str]) -> str:
+    """Where each site's last process was when the run was stopped: its last completed outer
+    step, or that it had not joined."""
+    out = []
+    for site in log.sites:
+        label = final[site]
+        if log.finished(label):
+            continue
+        rows = log.outer.get(label) or []
+        where = f"after outer step {rows[-1]['step']}" if rows else (
+            "joined, before its first outer step" if label in log.ready else "not joined")
+        out.append(f"{label} {where}")
+    return "unfinished: " + (", ".join(out) if out else "none")
+
+
 def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backend: str | None,
                         commit: str | None, host: dict[str, Any], wall_s: float) -> dict[str, Any]:
     steps = outer_steps(log)
@@ -230,7 +245,7 @@ def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backen
     errors += [f"{final[s]}: ended without a result ({log.end_reason(final[s])})"
                for s in expected if s not in finished and final[s] in log.ends]
     if log.timeout_s is not None:
-        errors.append(f"the run passed its {log.timeout_s:.0f} s deadline")
+        errors.append(f"the run passed its {log.timeout_s:.0f} s deadline; {_unfinished(log, final)}")
     identical = len({d["digest"] for d in finished.values()}) == 1
     intact = not errors and len(finished) == len(expected) and identical
     first = next(iter(finished.values()), None)

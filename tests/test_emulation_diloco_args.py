@@ -169,3 +169,19 @@ def test_a_step_that_had_every_contribution_before_the_fault_is_no_recovery() ->
     report = build_diloco_report(SCENARIO, DilocoOptions(sites=3, outer_steps=4), log, backend="engine",
                                  commit=None, host={}, wall_s=20.0)
     assert report["recovery_s"] == 5.2  # step 4 at the last survivor (108.2) - the kill (103.0)
+
+
+def test_a_run_past_its_deadline_names_where_each_unfinished_site_stopped() -> None:
+    log = _log_with_a_kill()
+    del log.done["west#2"], log.done["central"]
+    log.timed_out(150.0)
+    report = build_diloco_report(SCENARIO, DilocoOptions(sites=3, outer_steps=4), log, backend="engine",
+                                 commit=None, host={}, wall_s=20.0)
+    assert not report["intact"]
+    assert report["errors"] == ["the run passed its 150 s deadline; unfinished: west#2 after outer step 4, "
+                                "central after outer step 4"]
+    log.outer["west#2"].clear()
+    report = build_diloco_report(SCENARIO, DilocoOptions(sites=3, outer_steps=4), log, backend="engine",
+                                 commit=None, host={}, wall_s=20.0)
+    assert report["errors"][-1].endswith("unfinished: west#2 joined, before its first outer step, "
+                                         "central after outer step 4")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -51,19 +52,26 @@ bandwidth_mbps = 50.0
 OUTER_STEPS = 150
 
 
-def test_a_killed_site_rejoins_and_every_site_ends_with_the_same_model() -> None:
+def _log_tails(logs: Path) -> str:
+    """The end of every process's stderr, for a failure's message."""
+    files = sorted(logs.glob("*.log"))
+    return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}" for f in files)
+
+
+def test_a_killed_site_rejoins_and_every_site_ends_with_the_same_model(tmp_path: Path) -> None:
     scenario = parse_scenario(THREE.format(name=f"t-diloco-{os.getpid()}"))
     raw = [{"kind": "kill", "target": "r", "at_s": 1.0, "rejoin_after_s": 1.0}]
     sites, faults = check_options(scenario, 3, OUTER_STEPS, 2, 16, raw)
     options = DilocoOptions(sites=3, outer_steps=OUTER_STEPS, inner_steps=2, hidden=16, timeout_s=30.0,
-                            deadline_s=150.0, backend="engine", faults=tuple(faults))
+                            deadline_s=150.0, backend="engine", faults=tuple(faults),
+                            logs=str(tmp_path))
     try:
         report = run_diloco(scenario, sites, options)
     finally:
         built = plan(scenario)
         assert existing_namespaces([*built.namespaces, ControlNetwork(built, sites).namespace]) == []
         assert not os.path.exists(built.state_dir)
-    assert report["errors"] == [] and report["intact"], json.dumps(report["errors"])
+    assert report["errors"] == [] and report["intact"], json.dumps(report["errors"]) + _log_tails(tmp_path)
     assert report["workload"] == "diloco" and report["sites"] == ["p", "q", "r"]
     (fault,) = report["faults"]
     assert fault["kind"] == "kill" and fault["rejoined_as"] == "r#2"
