@@ -7,6 +7,7 @@ group, which still fails."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,16 @@ from elastic_helpers import (
 )
 from prometheus_client import CollectorRegistry, generate_latest
 
-from wanxport.collective import CollectiveError, ElasticState, GroupState, join
+from wanxport.collective import (
+    ArrayState,
+    CollectiveError,
+    ElasticGroup,
+    ElasticState,
+    GroupEnded,
+    GroupState,
+    MembershipChanged,
+    join,
+)
 from wanxport.collective.metrics import CollectiveMetrics
 from wanxport.control import Bye
 
@@ -120,6 +130,38 @@ async def test_a_restarted_site_is_admitted_at_a_step_boundary_with_the_state_bi
         assert int(state.arrays["step"][0]) == last[0]
     finally:
         await _close([*groups[:2], *([rejoined] if rejoined else [])])
+
+
+async def test_a_site_restarted_after_the_members_closed_the_group_is_told_it_ended(pki: Path) -> None:
+    """The survivors finish and close while the restarted site is still starting: it gets
+    ``GroupEnded`` naming where the group ended, not a wait for an admission nobody gives."""
+    store = MemoryStore()
+    groups, pairs, names = await _form(pki, [store] * N)
+    states = [fresh_state() for _ in range(N)]
+
+    async def until_without_site_2(group: ElasticGroup, state: ArrayState) -> int:
+        step = 2
+        while group.size == N or step < 4:
+            step = await group.boundary(step, state)
+            try:
+                await group.all_reduce(grad(group.site, step), op="mean")
+            except MembershipChanged:
+                continue
+            step += 1
+        return step
+
+    try:
+        await asyncio.gather(*(train(g, s, 0, 2) for g, s in zip(groups, states, strict=True)))
+        cut_sessions(groups[2])
+        await groups[2].close()
+        assert "wanxport/elastic/ended" not in store.data  # one site leaving alone ends nothing
+        last = await asyncio.gather(*(until_without_site_2(groups[k], states[k]) for k in range(2)))
+        await _close(groups[:2])
+        assert json.loads(store.data["wanxport/elastic/ended"]) == {"epoch": 1, "step": last[0] - 1}
+        with pytest.raises(GroupEnded, match=f"closed it at epoch 1, step {last[0] - 1}"):
+            await asyncio.wait_for(joiner(store, pki, names, paths_of(2, N, pairs), 2), 30.0)
+    finally:
+        await _close(groups)
 
 
 async def test_a_minority_site_waits_and_rejoins_when_healed(pki: Path) -> None:

@@ -20,7 +20,7 @@ from .elastic import ElasticGroup
 from .elastic_join import elastic_join
 from .elastic_state import ArrayState, StateHolder
 from .elastic_sync import ElasticSyncGroup, elastic_join_sync
-from .errors import CollectiveError, MembershipChanged
+from .errors import CollectiveError, GroupEnded, MembershipChanged
 from .group import DEFAULT_TIMEOUT_S, CallStats, Group, Handle, part_bounds
 from .link import LIVENESS_MIN_S
 from .mesh import JOIN_TIMEOUT_S, join
@@ -30,6 +30,6 @@ from .world import World
 
 __all__ = ["CODECS", "DEFAULT_TIMEOUT_S", "INT8_BLOCK", "JOIN_TIMEOUT_S", "LIVENESS_MIN_S", "ArrayState",
            "CallStats", "CollectiveError", "ElasticGroup", "ElasticState", "ElasticSyncGroup", "Group",
-           "GroupEvent", "GroupState", "Handle", "MembershipChanged", "StateHolder", "SyncGroup",
-           "SyncHandle", "World", "elastic_join", "elastic_join_sync", "error_bound", "join", "join_sync",
-           "part_bounds"]
+           "GroupEnded", "GroupEvent", "GroupState", "Handle", "MembershipChanged", "StateHolder",
+           "SyncGroup", "SyncHandle", "World", "elastic_join", "elastic_join_sync", "error_bound", "join",
+           "join_sync", "part_bounds"]

@@ -385,10 +385,13 @@ class ElasticGroup:
     async def close(self, drain_s: float = 5.0) -> None:
         """Leave: a last barrier (so no site leaves while another still finishes the last call,
         which would look like a loss to it; a failure here is ignored, every site is leaving),
-        our last messages given time to land (bounded), then every session ends."""
+        our last messages given time to land (bounded), then every session ends. Once every
+        member passed that barrier the store records the group's end, so a site waiting to be
+        admitted gets ``GroupEnded`` instead of waiting for an answer that cannot come."""
         if self.state is ElasticState.RUNNING and self.group is not None and not self._calls:
             with contextlib.suppress(CollectiveError):
                 await self.group.barrier(timeout=max(drain_s, 1.0) * 6)
+                await self.membership.mark_ended(self.epoch.number, self._step)
         self._event(ElasticEvent.CLOSE)
         if self._recovery is not None:
             self._recovery.cancel()

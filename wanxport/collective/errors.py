@@ -21,3 +21,8 @@ class CollectiveError(RuntimeError):
 class MembershipChanged(CollectiveError):
     """The membership changed while this call was in flight and the survivors had not all
     reached the same call: redo the step after ``boundary``, which makes the state equal."""
+
+
+class GroupEnded(CollectiveError):
+    """An elastic group's members closed it (the run is over) while this site waited to be
+    admitted: no one is left to admit it."""

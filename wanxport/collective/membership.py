@@ -27,10 +27,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .errors import GroupEnded
+
 log = logging.getLogger("wanxport.collective.elastic")
 
 STORE_RETRY_S = 0.5  # between attempts while the store does not answer
 POLL_S = 0.05  # between reads while waiting for an epoch another site proposes
+END_RECORD_S = 5.0  # how long a leaving site tries to record the group's end
 
 
 class Store(Protocol):
@@ -124,12 +127,43 @@ class Membership:
         return Epoch.decode(raw)
 
     async def newer_than(self, number: int) -> Epoch:
-        """Wait (polling the store) for an epoch numbered above ``number``."""
+        """Wait (polling the store) for an epoch numbered above ``number``; ``GroupEnded`` once
+        the members have closed the group (nobody is left to propose one)."""
         while True:
             current = await self.read()
             if current is not None and current.number > number:
                 return current
+            ended = await self.ended()
+            if ended is not None:
+                raise GroupEnded(f"site {self.site_name}: the group ended: its members closed it at epoch "
+                                 f"{ended[0]}, step {ended[1]}; there is nothing left to join")
             await asyncio.sleep(POLL_S)
+
+    async def mark_ended(self, epoch: int, step: int) -> None:
+        """Record that every member of ``epoch`` closed the group after ``step``: a site still
+        waiting to be admitted learns that no one will answer it."""
+        record = json.dumps({"epoch": epoch, "step": step})
+        loop = asyncio.get_running_loop()
+        try:  # one bounded try: a site leaving does not wait for a store that does not answer
+            async with asyncio.timeout(END_RECORD_S):
+                await loop.run_in_executor(self._thread, self.store.set, self._key("ended"), record)
+        except Exception as exc:  # noqa: BLE001 - any store failure: a joiner then waits as before
+            self.store_failures += 1
+            log.warning("site %s: could not record the group's end in the store (%s: %s)", self.site_name,
+                        type(exc).__name__, exc)
+
+    async def ended(self) -> tuple[int, int] | None:
+        """(epoch, step) at which the members closed the group; None while it runs."""
+        key = self._key("ended")
+        raw = await self._call("read the group's end", lambda: self.store.get(key) if self.store.check([key])
+                               else b"")
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return int(data["epoch"]), int(data["step"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"the store's end record is not one ({exc}): {raw[:80]!r}") from None
 
     async def file_ticket(self, site: int) -> int:
         """Ask to be admitted: this site's ticket, filed under its number."""
