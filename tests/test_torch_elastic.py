@@ -101,3 +101,71 @@ def test_a_diloco_site_killed_and_restarted_gets_model_optimizer_and_outer_state
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def test_a_site_of_two_ranks_killed_and_restarted_is_admitted_by_both_ranks_at_the_same_step(
+        tmp_path: Path) -> None:
+    """3 sites x 2 ranks under DDP: site 2's ranks killed before a backward pass and started
+    again (from other parameters): both its ranks are admitted at the same step (the ranks'
+    groups share one membership record), receive the state, and from there every rank of
+    every site holds the same parameters after every step."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    make_test_pki(tmp_path / "pki", [f"site-{k}" for k in range(SITES)])
+    store = torch_distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
+    first_port = free_path_ports(SITES * 128)[0]
+    peer = str(Path(__file__).with_name("torch_elastic_ddp_peer.py"))
+
+    def start(site: int, rank: int, incarnation: int, **extra: object) -> subprocess.Popen[str]:
+        spec = {"site": site, "rank": rank, "pki": str(tmp_path / "pki"), "store_port": store.port,
+                "first_port": first_port, "until": 5,
+                "site_store": str(tmp_path / f"site-{site}.{incarnation}"), **extra}
+        return subprocess.Popen([sys.executable, peer, json.dumps(spec)], stdout=subprocess.PIPE,
+                                stdin=subprocess.PIPE, text=True)
+
+    def lines_until(proc: subprocess.Popen[str], key: str) -> list[dict]:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(json.loads(line))
+            if key in seen[-1]:
+                return seen
+        raise AssertionError(f"ended (code {proc.wait()}) before {key!r}: {seen}")
+
+    procs = {(s, r): start(s, r, 1, **({"stall_at": 2} if s == 2 else {})) for s in range(SITES)
+             for r in range(RANKS)}
+    restarted: list[subprocess.Popen[str]] = []
+    try:
+        for r in range(RANKS):
+            assert lines_until(procs[2, r], "stalled")[-1] == {"stalled": 2}
+        for r in range(RANKS):
+            os.kill(procs[2, r].pid, signal.SIGKILL)
+            procs[2, r].wait()
+        restarted = [start(2, r, 2, seed=7) for r in range(RANKS)]
+        runs = {(s, r): lines_until(procs[s, r], "final") for s in range(2) for r in range(RANKS)}
+        runs |= {(2, r): lines_until(restarted[r], "final") for r in range(RANKS)}
+        admitted = {key: run[-1]["admitted_at"] for key, run in runs.items()}
+        assert len(set(admitted.values())) == 1 and admitted[2, 0] > 2, admitted
+        at = admitted[2, 0]
+        for key in ((2, 0), (2, 1)):
+            assert runs[key][0]["step"] == at  # its first step is the one it was admitted at
+        by_step: dict[int, list[dict]] = {}
+        for run in runs.values():
+            for line in run[:-1]:
+                by_step.setdefault(line["step"], []).append(line)
+        assert [line["live"] for line in by_step[2]] == [[0, 1]] * 4  # the step site 2 was lost in
+        for step, lines in by_step.items():
+            assert len({line["params"] for line in lines}) == 1, f"step {step}: the parameters differ"
+            if step >= at:
+                assert len(lines) == SITES * RANKS and all(line["live"] == [0, 1, 2] for line in lines)
+        for proc in [*(procs[s, r] for s in range(2) for r in range(RANKS)), *restarted]:
+            assert proc.wait(timeout=60) == 0
+    finally:
+        for proc in [*procs.values(), *restarted]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

@@ -43,7 +43,8 @@ def ddp_elastic_worker(global_rank: int, work: Path, store_port: int, first_port
                              liveness_min_s=3.0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
-    ddp = DDP(model, bucket_cap_mb=0.002)  # a bucket per layer or so: several calls per backward
+    # A bucket per layer or so (several calls per backward), as the constructor lays them out.
+    ddp = DDP(model, bucket_cap_mb=0.002, find_unused_parameters=True)
     ddp.register_comm_hook(wt.HookState(group, timeout=timeout), wt.allreduce_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     state = wt.TrainingState(model, optimizer)

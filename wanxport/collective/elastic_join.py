@@ -1,11 +1,14 @@
 """Making an elastic group: the same call on a first start and on a restart.
 
-On a first start (the store holds no epoch yet) every configured site joins as
+On a first start (the group has not formed yet) every configured site joins as
 for a plain group (``mesh.join``: all of them must come) and epoch 0 lists them
-all. On a restart, or for a site that the others left out, the store already
-holds an epoch: the site waits until the survivors' epoch leaves its old self
-out (their liveness notices the old process gone), asks to be admitted, and
-returns once an epoch admits it; its first ``boundary`` receives the state.
+all. On a restart, or for a site that the others left out, the group has formed:
+the site waits until the survivors' epoch leaves its old self out (their liveness
+notices the old process gone) or admits it, asks to be admitted, and returns once
+an epoch admits it; its first ``boundary`` receives the state.
+
+Groups that share a membership record (``membership_prefix``: a site's local
+ranks) each form on their own, and enter the epochs the record holds.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ async def elastic_join(store: Store, site: int, peers: Sequence[str], *, identit
                        ca: str | os.PathLike[str], paths: PathsArg, options: GatewayOptions | None = None,
                        timeout: float = DEFAULT_TIMEOUT_S, join_timeout: float = JOIN_TIMEOUT_S,
                        liveness_min_s: float = LIVENESS_MIN_S, prefix: str = DEFAULT_PREFIX,
-                       admit_timeout: float = ADMIT_TIMEOUT_S) -> ElasticGroup:
+                       admit_timeout: float = ADMIT_TIMEOUT_S,
+                       membership_prefix: str | None = None) -> ElasticGroup:
     """Join (or rejoin) the elastic group of the sites ``peers`` as site ``site``.
 
     ``store``: the job's c10d store (``torch.distributed.TCPStore`` or any with ``set``,
@@ -42,7 +46,9 @@ async def elastic_join(store: Store, site: int, peers: Sequence[str], *, identit
     The other arguments are ``join``'s; ``join_timeout`` also bounds each later session
     setup of a site being admitted (it waits for the members' next step boundary);
     ``admit_timeout`` bounds a member's session setup with it (the members stop for up to
-    that long at the boundary where a site that cannot be reached is admitted). At least
+    that long at the boundary where a site that cannot be reached is admitted).
+    ``membership_prefix`` (default ``prefix``): where the membership record lives, when
+    several groups share one (each still forms and keeps its sessions on its own). At least
     three sites: a majority of them must stay to continue.
     """
     names = list(peers)
@@ -55,22 +61,27 @@ async def elastic_join(store: Store, site: int, peers: Sequence[str], *, identit
     if len(per_peer) != len(names) - 1:
         raise ValueError("paths: an elastic group needs a session between every pair of sites")
     options = options or default_options()
-    membership = Membership(store, prefix, names[site])
+    membership = Membership(store, prefix if membership_prefix is None else membership_prefix, names[site],
+                            own_prefix=prefix)
     sites = Sites(site, names, per_peer, identity, ca, options, join_timeout,
                   min(admit_timeout, join_timeout))
     try:
-        current = await membership.read()
-        if current is None:
+        if not await membership.formed():
             root = await join(site, names, identity=identity, ca=ca, paths=per_peer, options=options,
                               timeout=timeout, join_timeout=join_timeout, liveness_min_s=liveness_min_s)
+            await membership.mark_formed()
             group = ElasticGroup(root.world, membership, sites, prefix)
-            first = await membership.propose(None, Epoch(0, tuple(range(len(names)))))
+            current = await membership.read()
+            first = current if current is not None else await membership.propose(
+                None, Epoch(0, tuple(range(len(names)))))
             await group._advance(first)
             return group
+        current = await membership.read()
+        assert current is not None, "a group that formed has an epoch record"
         world = World(site, names, timeout, liveness_min_s)
         group = ElasticGroup(world, membership, sites, prefix)
         group._current = False
-        while site in current.members:
+        while site in current.members and site not in current.admitted:
             log.info("site %s: restarted while epoch %d still lists it: waiting for the survivors to notice",
                      names[site], current.number)
             current = await membership.newer_than(current.number)

@@ -8,6 +8,10 @@ answered. A change is a compare-and-set from the epoch a site read to the next
 one, so exactly one proposal for each number wins and every site adopts the
 highest: the store's atomic operations are the only consensus there is.
 
+Several groups may share one record (``own_prefix`` keeps each group's other keys
+apart): the groups of a site's local ranks, which must lose and admit sites at the
+same steps.
+
 A joining site takes a ticket (``add`` on a counter) and files its index under
 it; the survivors answer tickets in order and record the last one answered in
 the epoch, so a ticket is answered once, by one agreed epoch, however many
@@ -79,9 +83,10 @@ class Membership:
     Store calls block (a TCPStore is a socket client), so they run on one thread of their
     own, one at a time, and the event loop keeps serving the sessions meanwhile."""
 
-    def __init__(self, store: Store, prefix: str, site_name: str) -> None:
+    def __init__(self, store: Store, prefix: str, site_name: str, own_prefix: str | None = None) -> None:
         self.store = store
         self.prefix = prefix
+        self.own_prefix = prefix if own_prefix is None else own_prefix  # this group's keys (``formed``)
         self.site_name = site_name
         self.store_failures = 0  # store operations that failed (each retried)
         self.waiting_for_store = False
@@ -125,6 +130,15 @@ class Membership:
         raw = await self._call("propose epoch", self.store.compare_set, self._key("epoch"), old,
                                proposal.encode())
         return Epoch.decode(raw)
+
+    async def formed(self) -> bool:
+        """Whether this group has formed (every configured site joined it once): a process
+        that finds it so is a restart, not a first start."""
+        key = self.own_prefix + "formed"
+        return bool(await self._call("read whether the group formed", self.store.check, [key]))
+
+    async def mark_formed(self) -> None:
+        await self._call("record that the group formed", self.store.set, self.own_prefix + "formed", "1")
 
     async def newer_than(self, number: int) -> Epoch:
         """Wait (polling the store) for an epoch numbered above ``number``; ``GroupEnded`` once

@@ -46,8 +46,12 @@ def elastic_group(store: Any, site: int, n_sites: int, *, config: SiteConfig | N
     """This rank's elastic group with the same-index rank of every other site (``n_sites`` >= 3).
 
     ``store``: a c10d store every site reaches (a ``TCPStore`` on the control network,
-    hosted outside the sites' training processes); the group keeps its keys under
-    ``wanxport/elastic/<rank in site>/``. ``config``, ``rank_in_site``, ``ports_per_rank``
+    hosted outside the sites' training processes). Each rank meets its peers under
+    ``wanxport/elastic/<rank in site>/`` and has sessions of its own, but the ranks of a
+    site share one membership record (``wanxport/elastic/group/``): every rank's group
+    enters the same epochs at the same steps, so a site's ranks lose a site together and
+    admit a restarted one at the same step (its ranks all take part from there, as DDP
+    inside the site needs). ``config``, ``rank_in_site``, ``ports_per_rank``
     as ``cross_site_group``. ``timeout``: each call's; ``join_timeout``: setting up (a
     restarted site waits this long for the members' next step boundary);
     ``liveness_min_s``: the least silence that counts a site as gone."""
@@ -57,11 +61,13 @@ def elastic_group(store: Any, site: int, n_sites: int, *, config: SiteConfig | N
     here = local_rank() if rank_in_site is None else rank_in_site
     paths, release = PORTS.take(config, here, ports_per_rank, n_sites - 1)
     try:
-        prefixed = PrefixStore(f"wanxport/elastic/{here}/", store)
-        names, pairs = meet_through_store(prefixed, site, n_sites, config, join_timeout, paths)
+        names, pairs = meet_through_store(PrefixStore(f"wanxport/elastic/{here}/", store), site, n_sites,
+                                          config, join_timeout, paths)
         extra = {} if liveness_min_s is None else {"liveness_min_s": liveness_min_s}
-        return elastic_join_sync(prefixed, site, names, identity=config.identity, ca=config.ca, paths=pairs,
-                                 timeout=timeout, join_timeout=join_timeout, prefix="group/", **extra)
+        shared = PrefixStore("wanxport/elastic/", store)
+        return elastic_join_sync(shared, site, names, identity=config.identity, ca=config.ca, paths=pairs,
+                                 timeout=timeout, join_timeout=join_timeout, prefix=f"{here}/group/",
+                                 membership_prefix="group/", **extra)
     except BaseException:
         release()
         raise

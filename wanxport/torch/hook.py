@@ -31,7 +31,10 @@ failed and fails the bucket too, naming the cause. After a failure the state ref
 further buckets at once (every rank of the site saw the same failure); rebuild the
 groups to continue.
 
-Elastic groups (``elastic_group``). When a site is lost mid-backward each rank's
+Elastic groups (``elastic_group``) need DDP built with ``find_unused_parameters=True``:
+DDP otherwise re-buckets after its first step, and a restarted site's first step would
+pair its buckets with differently laid-out ones (the hook refuses a re-bucketed layout
+with a message saying so). When a site is lost mid-backward each rank's
 cross-site call is retried among the survivors by its group, so the bucket completes
 with the mean over the *live* sites: the cross-site step then averages ("mean", divided
 by the live count of the epoch the call completed in) and the site's own ranks divide
@@ -99,6 +102,7 @@ class HookState:
     _finish: ThreadPoolExecutor = field(init=False)
     _failed: BaseException | None = field(init=False, default=None)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _layouts: dict[int, tuple[tuple[int, ...], ...]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.timeout <= 0:
@@ -141,12 +145,36 @@ class HookState:
                 self._failed = exc
 
 
+REBUCKETED = ("DDP re-bucketed the gradients after its first step (bucket {index}'s parameters changed "
+              "from {before} to {after}): in an elastic group a restarted site's first step would pair its "
+              "buckets with differently laid-out ones at the live sites; construct DDP with "
+              "find_unused_parameters=True, which keeps the constructor's buckets at every site and every "
+              "restart")
+
+
 def allreduce_hook(state: HookState, bucket: GradBucket) -> Future[torch.Tensor]:
     """DDP comm hook: the mean of ``bucket`` over every rank of every site (see the module docstring)."""
     buffer = bucket.buffer()
+    if state.elastic:
+        check_layout(state, bucket.index(), tuple(tuple(p.shape) for p in bucket.parameters()), buffer)
     if state._site_ranks == 1:
         buffer = buffer.detach().clone()  # one rank per site: the cross-site step reduces a copy
     return allreduce_tensor(state, buffer, name=f"ddp-bucket-{bucket.index()}", mean=True)
+
+
+def check_layout(state: HookState, index: int, layout: tuple[tuple[int, ...], ...],
+                 buffer: torch.Tensor) -> None:
+    """Refuse a bucket whose parameters are not the ones this index held at the first step.
+
+    DDP lays its first step out in one bucket and re-buckets after it in the order the
+    gradients became ready, so a site that restarts runs its first step with the first
+    layout while the live sites run the later one: same sizes, the gradients of different
+    parameters summed together, a silently wrong step. Every rank of every site re-buckets
+    at the same step, so every one refuses the same call."""
+    before = state._layouts.setdefault(index, layout)
+    if before != layout:
+        reason = REBUCKETED.format(index=index, before=list(before), after=list(layout))
+        _refuse(state, reason, buffer.numel(), buffer.element_size())
 
 
 def allreduce_tensor(state: HookState, tensor: torch.Tensor, *, name: str, mean: bool = False,
