@@ -208,14 +208,25 @@ async def test_a_site_cut_off_from_the_store_stops_and_waits(pki: Path) -> None:
     views = [CutStore(shared) for _ in range(N)]
     groups, _, _ = await _form(pki, views)
     states = [fresh_state() for _ in range(N)]
+    metrics = CollectorRegistry()
+    collector = CollectiveMetrics()
+    collector.watch(groups[0])
+    metrics.register(collector)
     try:
         await asyncio.gather(*(train(g, s, 0, 1) for g, s in zip(groups, states, strict=True)))
         views[0].cut = True
         stopped = asyncio.ensure_future(groups[0].boundary(1, states[0]))
         await views[0].retried.wait()
         assert not stopped.done() and groups[0].membership.waiting_for_store
+        text = generate_latest(metrics).decode()
+        assert 'wanxport_collective_waiting_for_store{group="elastic"} 1.0' in text
+        (line,) = [x for x in text.splitlines() if x.startswith("wanxport_collective_store_failures_total")]
+        assert 1 <= float(line.split()[-1]) <= groups[0].membership.store_failures
         views[0].cut = False
         assert await stopped == 1
+        text = generate_latest(metrics).decode()
+        assert 'wanxport_collective_waiting_for_store{group="elastic"} 0.0' in text
+        assert 'wanxport_collective_elastic_state{group="elastic",state="running"} 1.0' in text
         done = await asyncio.gather(*(train(g, s, 1, 3) for g, s in zip(groups, states, strict=True)))
         assert done == [3] * N
         assert digest(states[0]) == digest(states[1]) == digest(states[2])

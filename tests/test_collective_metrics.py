@@ -36,8 +36,10 @@ def scrape(url: str) -> str:
 
 
 Series = tuple[str, frozenset[tuple[str, str]]]
+# Series only while a call runs or after the group broke, and those of an elastic group.
 ON_DEMAND = {"wanxport_collective_in_flight_progress_ratio", "wanxport_collective_waiting_seconds",
-             "wanxport_collective_error_info"}  # series only while a call runs or after the group broke
+             "wanxport_collective_error_info", "wanxport_collective_elastic_state",
+             "wanxport_collective_waiting_for_store"}
 
 
 def samples(text: str) -> dict[Series, float]:

@@ -38,7 +38,7 @@ from .elastic import ElasticGroup
 from .group import CallStats, Group, part_bounds
 from .inflight import InFlight
 from .message import HEADER_BYTES, Call
-from .state import GroupState
+from .state import ElasticState, GroupState
 
 BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 CallKey = tuple[str, str, str]  # (op, schedule, compress)
@@ -55,6 +55,10 @@ FAMILIES: dict[str, tuple[type[Metric], str, list[str]]] = {
     "member_up": (_G, "1 while a member is live, 0 once it is gone.", ["site", "rank"]),
     "membership_changes": (_C, "Changes of the group's membership since it formed.", []),
     "epoch": (_G, "An elastic group's current membership epoch (its group label: elastic).", []),
+    "elastic_state": (_G, "1 for an elastic group's current state, 0 for the others.", ["state"]),
+    "store_failures": (_C, "An elastic group's operations on the job's store that failed (each retried).",
+                       []),
+    "waiting_for_store": (_G, "1 while an elastic group waits for the job's store to answer.", []),
     "calls": (_C, "Collectives finished, by outcome.", [*CALL_LABELS, "outcome"]),
     "sent_bytes": (_C, "Collective bytes sent to the other members (headers included).", CALL_LABELS),
     "received_bytes": (_C, "Collective bytes received from the other members (headers included).",
@@ -211,6 +215,11 @@ class CollectiveMetrics(Collector):
         for elastic in self._elastic:
             f["epoch"].add_metric(["elastic"], elastic.epoch.number)
             f["membership_changes"].add_metric(["elastic"], elastic.changes)
+            for value in ElasticState:
+                f["elastic_state"].add_metric(["elastic", value.value], float(elastic.state is value))
+            store = elastic.membership
+            f["store_failures"].add_metric(["elastic"], store.store_failures)
+            f["waiting_for_store"].add_metric(["elastic"], float(store.waiting_for_store))
         for w in watched:
             g, label = w.group, w.label
             f["info"].add_metric([label, g.name, str(g.site), str(g.size)], 1.0)
