@@ -36,6 +36,7 @@ from emulation.allreduce import (
     PORT_BASE,
     SEED,
     AllreduceOptions,
+    rank_cpu,
 )
 from emulation.api import Emulation, PathInfo
 from emulation.baselines import netconfig
@@ -236,7 +237,7 @@ def _report(emu: Emulation, scenario: Scenario, options: AllreduceOptions, comm:
                                                 "wire_bytes_b_to_a": backward}))
     moved = 2 * options.size_bytes * n_steps
     chosen = done[0].get("schedules") if comm == "wanxport" and done else None
-    return build_report(
+    out = build_report(
         scenario=scenario.name, mode="emulated", transport="wanxport" if comm == "wanxport" else "tcp",
         payload_bytes=moved, completion_s=sum(step_s), ideal_s=ideal, intact=correct,
         wall_s=time.perf_counter() - wall_start, paths=paths, delivered_bytes=moved if correct else 0,
@@ -254,6 +255,9 @@ def _report(emu: Emulation, scenario: Scenario, options: AllreduceOptions, comm:
         cc="bbr" if comm == "wanxport" else emu.run(scenario.sites[0], ["sysctl", "-n",
                                                                         "net.ipv4.tcp_congestion_control"]).stdout.strip(),
         backend=emu.backend, settings=settings, errors=errors)
+    out["ranks"] = rank_cpu(done, options.ranks_per_site)
+    out["cpu_other"] = {"engine": settings.get("engine_cpu_s")}  # "go" to the last rank's "done"
+    return out
 
 
 def run_mesh(scenario: Scenario, options: AllreduceOptions, comms: list[str], schedules: list[str],

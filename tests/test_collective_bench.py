@@ -165,3 +165,53 @@ def test_gloo_striped_all_reduces_over_both_routes_bit_for_bit() -> None:
     # Each route carried at least its stripe's reduce-scatter and all-gather share (2 ranks:
     # half its bytes each way, twice per step), so neither route idled.
     assert fast >= 2 * 786432 * 4 // 2 * 2 and slow >= 2 * 262144 * 4 // 2 * 2, (fast, slow)
+
+
+TRIANGLE = """
+name = "t-mesh-allreduce"
+[[sites]]
+name = "a"
+[[sites]]
+name = "b"
+[[sites]]
+name = "c"
+[[paths]]
+name = "ab"
+between = ["a", "b"]
+rtt_ms = 10.0
+bandwidth_mbps = 100.0
+[[paths]]
+name = "bc"
+between = ["b", "c"]
+rtt_ms = 10.0
+bandwidth_mbps = 100.0
+[[paths]]
+name = "ac"
+between = ["a", "c"]
+rtt_ms = 20.0
+bandwidth_mbps = 50.0
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs root to create network namespaces")
+def test_an_all_reduce_among_three_sites_is_correct_and_reports_each_ranks_cpu() -> None:
+    """The N-site runner end to end, wanxport then gloo on the same emulation: both correct and
+    equal at every rank; wanxport's report carries each rank's CPU by thread role and per GB
+    it moved (sent plus received), and the impairment engine's CPU beside them."""
+    from emulation.mesh_allreduce import run_mesh
+    from wanxport.scenario import parse_scenario
+
+    options = AllreduceOptions("wanxport", size_bytes=1 << 20, steps=2, timeout_s=60.0)
+    wanxport, gloo = run_mesh(parse_scenario(TRIANGLE), options, ["wanxport", "gloo"], ["auto"], 1)
+    for report in (wanxport, gloo):
+        assert report["errors"] == [] and report["correct"] is True, report["errors"]
+        assert report["identical_across_ranks"] is True and len(report["step_s"]) == 2
+    assert [(r["site"], r["rank"]) for r in wanxport["ranks"]] == [(0, 0), (1, 0), (2, 0)]
+    for rank in wanxport["ranks"]:
+        assert rank["cpu"]["loop"] > 0 and all(v >= 0 for v in rank["cpu"].values())
+        assert rank["cpu_s_per_gb"] > 0
+    assert [r["cpu_s_per_gb"] for r in gloo["ranks"]] == [None] * 3  # gloo counts no collective bytes
+    assert wanxport["backend"] != "engine" or wanxport["cpu_other"]["engine"] >= 0
