@@ -150,14 +150,16 @@ def pg_worker(site: int, work: Path, ports: list[int], timeout: float) -> None:
 
 def two_site_rank(global_rank: int, work: Path, first_port: int, timeout: float) -> Any:
     """Rank ``global_rank`` of 2 sites x 2 ranks over loopback: its site's gloo world (a
-    FileStore) and its wanxport group with the same-index rank of the other site."""
+    FileStore) and its wanxport group with the same-index rank of the other site. ``timeout``
+    bounds the group's calls (and the hook's, given to ``HookState``); the site's default gloo
+    group, which only sets DDP up here, gets at least 60 s, as setup on a busy host may take."""
     import torch.distributed as dist
 
     from wanxport.collective import join_sync
 
     site, rank = divmod(global_rank, 2)
     dist.init_process_group("gloo", store=dist.FileStore(str(work / f"store-{site}"), 2), rank=rank,
-                            world_size=2, timeout=timedelta(seconds=timeout))
+                            world_size=2, timeout=timedelta(seconds=max(timeout, 60.0)))
     pki = work / "pki"
     return join_sync(site, ["site-0", "site-1"], identity=pki / f"site-{site}", ca=pki / "ca.pem",
                      paths=[f"127.0.0.1:{first_port + 2 * rank + i}" for i in range(2)], timeout=timeout)
