@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .buffers import as_array
+from .elastic_admit import Reaching
 from .elastic_state import StateHolder, transfer_state
 from .errors import CollectiveError, MembershipChanged
 from .group import Group, Handle
@@ -96,6 +97,7 @@ class ElasticGroup:
         self._recovery: asyncio.Task[None] | None = None
         self._asked = False  # this site asked to be admitted since it last entered an epoch
         self._backoff = ADMIT_RETRY_S
+        self._reaching = Reaching(world, sites, membership)  # sessions with sites asking to join
 
     @property
     def site(self) -> int:
@@ -247,12 +249,15 @@ class ElasticGroup:
         return self._step
 
     async def _answer_tickets(self, current: Epoch) -> None:
-        tickets = await self.membership.tickets(current.answered)
-        joining = sorted({site for _, site in tickets if site not in current.members})
+        """Admit, from the next step, the sites asking to join that every member has a session
+        with (``elastic_admit``: the sessions are set up in the background)."""
+        asking = {site: ticket for ticket, site in await self.membership.tickets(current.answered)
+                  if site not in current.members}
+        joining = sorted(await self._reaching.reached(asking, current.members))
         if not joining:
             return
         proposal = Epoch(current.number + 1, tuple(sorted({*current.members, *joining})), self._step + 1,
-                         tuple(joining), tickets[-1][0])
+                         tuple(joining), max(asking[site] for site in joining))
         adopted = await self.membership.propose(current, proposal)
         if adopted.number > self.epoch.number:
             self._due = adopted
@@ -297,26 +302,53 @@ class ElasticGroup:
         self.world.gone.clear()
         self.epoch = target
         while True:
-            if self._asked:  # admitted before but dropped again: the sessions could not be set up
+            if self._asked:  # asked before and not admitted: the sessions could not be set up
                 await asyncio.sleep(self._backoff)
                 self._backoff = min(2 * self._backoff, ADMIT_RETRY_MAX_S)
             self._asked = True
             ticket = await self.membership.file_ticket(self.site)
-            while self.site not in target.members and not (target.answered >= ticket):
-                target = await self.membership.newer_than(target.number)
+            target = await self._ask(target, ticket)
             if self.site in target.members:
                 return target
+
+    async def _ask(self, target: Epoch, ticket: int) -> Epoch:
+        """Set up sessions with ``target``'s members (which set theirs up with us in the
+        background once they see ``ticket``) while waiting for the epoch that answers it; the
+        latest epoch seen: one that admits this site, or not (then ask again)."""
+        peers = [m for m in target.members if m != self.site and not self._reaching.alive(m)]
+        connecting = asyncio.ensure_future(self._connect(peers, joining=True))
+        answer = asyncio.ensure_future(self._answer(target, ticket))
+        try:
+            await asyncio.wait({connecting, answer}, return_when=asyncio.FIRST_COMPLETED)
+            if not answer.done():
+                await connecting
+                if any(m in self.world.gone for m in peers):
+                    return target  # a member could not be reached: it will not admit us on this ticket
+            target = await answer
+            await connecting
+            return target
+        finally:
+            for task in (connecting, answer):
+                task.cancel()
+
+    async def _answer(self, target: Epoch, ticket: int) -> Epoch:
+        while self.site not in target.members and not (target.answered >= ticket):
+            target = await self.membership.newer_than(target.number)
+        return target
 
     async def _enter(self, target: Epoch) -> bool:
         """Open ``target``'s group (sessions with members this site has none with) and run its
         agreement; False when a member went meanwhile (the caller moves on)."""
         self._event(ElasticEvent.NEWER_EPOCH)
         await self._close_group()
-        for peer in [p for p in self.world.links if p not in target.members]:
+        self._reaching.admitted(target.members)
+        asking = self._reaching.pending()  # sessions set up for an admission to come: kept
+        for peer in [p for p in self.world.links if p not in target.members and p not in asking]:
             await self.world.drop_link(peer)
+        await self._reaching.settle(target.admitted, self.sites.admit_s)
+        stale = [m for m in self.world.gone if m in target.admitted or not self._current]
         await self._connect([m for m in target.members if m != self.site and (
-            m not in self.world.links or (m in target.admitted and m in self.world.gone))],
-            joining=not self._current)
+            m not in self.world.links or m in stale)], joining=not self._current)
         previous, self.epoch = self.epoch, target
         group = self.world.new_group(target.members, tag=f"{self.prefix}epoch/{target.number}")
         assert group is not None
@@ -393,6 +425,7 @@ class ElasticGroup:
                 await self.group.barrier(timeout=max(drain_s, 1.0) * 6)
                 await self.membership.mark_ended(self.epoch.number, self._step)
         self._event(ElasticEvent.CLOSE)
+        self._reaching.close()
         if self._recovery is not None:
             self._recovery.cancel()
         await self.world.close(drain_s)

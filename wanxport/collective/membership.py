@@ -153,6 +153,17 @@ class Membership:
                                  f"{ended[0]}, step {ended[1]}; there is nothing left to join")
             await asyncio.sleep(POLL_S)
 
+    async def mark_reached(self, ticket: int, site: int) -> None:
+        """Record that ``site`` has a session with the site that took ``ticket`` (in this group:
+        the groups sharing the record each set up their own sessions)."""
+        key = f"{self.own_prefix}reached/{ticket}/{site}"
+        await self._call("record a joiner reached", self.store.set, key, "1")
+
+    async def reached_by(self, ticket: int, members: tuple[int, ...]) -> bool:
+        """Whether every one of ``members`` has recorded a session with the site of ``ticket``."""
+        keys = [f"{self.own_prefix}reached/{ticket}/{m}" for m in members]
+        return bool(await self._call("read whether a joiner is reached", self.store.check, keys))
+
     async def mark_ended(self, epoch: int, step: int) -> None:
         """Record that every member of ``epoch`` closed the group after ``step``: a site still
         waiting to be admitted learns that no one will answer it."""
