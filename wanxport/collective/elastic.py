@@ -54,7 +54,8 @@ from .world import World
 log = logging.getLogger("wanxport.collective.elastic")
 
 ADMIT_RETRY_S = 1.0  # a site admitted but dropped again asks again after this (doubling) ...
-ADMIT_RETRY_MAX_S = 30.0  # ... up to this: each try costs the members up to ``admit_s`` at a boundary
+ADMIT_RETRY_MAX_S = 30.0  # ... up to this
+TICKET_POLL_S = 0.25  # a member looks for sites asking to join this often, between boundaries too
 
 
 @dataclass(eq=False)
@@ -98,6 +99,7 @@ class ElasticGroup:
         self._asked = False  # this site asked to be admitted since it last entered an epoch
         self._backoff = ADMIT_RETRY_S
         self._reaching = Reaching(world, sites, membership)  # sessions with sites asking to join
+        self._watcher: asyncio.Task[None] | None = None
 
     @property
     def site(self) -> int:
@@ -248,11 +250,27 @@ class ElasticGroup:
             self._next = 0
         return self._step
 
+    async def _asking(self, current: Epoch) -> dict[int, int]:
+        """Sites asking to join ``current`` -> their latest ticket."""
+        return {site: ticket for ticket, site in await self.membership.tickets(current.answered)
+                if site not in current.members}
+
+    async def _watch_tickets(self) -> None:
+        """Start the sessions with a site asking to join as soon as it asks, not at the next
+        boundary: by then they are up, and the boundary admits it."""
+        while True:
+            await asyncio.sleep(TICKET_POLL_S)
+            if self.state is ElasticState.RUNNING and self._current and self._due is None:
+                try:
+                    await self._reaching.start(await self._asking(self.epoch))
+                except Exception as exc:  # noqa: BLE001 - the boundary looks again; never lose the watch
+                    log.warning("site %s: looking for sites asking to join failed (%s: %s)", self.name,
+                                type(exc).__name__, exc)
+
     async def _answer_tickets(self, current: Epoch) -> None:
         """Admit, from the next step, the sites asking to join that every member has a session
         with (``elastic_admit``: the sessions are set up in the background)."""
-        asking = {site: ticket for ticket, site in await self.membership.tickets(current.answered)
-                  if site not in current.members}
+        asking = await self._asking(current)
         joining = sorted(await self._reaching.reached(asking, current.members))
         if not joining:
             return
@@ -373,6 +391,8 @@ class ElasticGroup:
                                                       or rows[:, 3].any())
         self.changes += previous.number >= 0
         self._asked, self._backoff = False, ADMIT_RETRY_S
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch_tickets())
         self._log_change(previous, target)
         self._event(ElasticEvent.OPENED)
         return True
@@ -425,6 +445,8 @@ class ElasticGroup:
                 await self.group.barrier(timeout=max(drain_s, 1.0) * 6)
                 await self.membership.mark_ended(self.epoch.number, self._step)
         self._event(ElasticEvent.CLOSE)
+        if self._watcher is not None:
+            self._watcher.cancel()
         self._reaching.close()
         if self._recovery is not None:
             self._recovery.cancel()

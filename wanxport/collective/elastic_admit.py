@@ -42,9 +42,8 @@ class Reaching:
         """Sites asking to join that this member has a live session with: kept across epochs."""
         return {site for site in self._latest if self.alive(site)}
 
-    async def reached(self, asking: dict[int, int], members: tuple[int, ...]) -> list[int]:
-        """Go on reaching each site in ``asking`` (site -> its latest ticket); the sites every
-        one of ``members`` has a session with, for that ticket."""
+    async def start(self, asking: dict[int, int]) -> None:
+        """Reach each site in ``asking`` (site -> its latest ticket), unless under way or done."""
         for site in [s for s in self._latest if s not in asking]:
             del self._latest[site]
         for site, ticket in asking.items():
@@ -53,6 +52,10 @@ class Reaching:
                 await self._mark(site)
             elif site not in self._tasks or self._tasks[site].done():
                 self._tasks[site] = asyncio.ensure_future(self._reach(site))
+
+    async def reached(self, asking: dict[int, int], members: tuple[int, ...]) -> list[int]:
+        """``start``, then the sites every one of ``members`` has a session with, for that ticket."""
+        await self.start(asking)
         return [site for site, ticket in asking.items() if await self.membership.reached_by(ticket, members)]
 
     def admitted(self, sites: tuple[int, ...]) -> None:
