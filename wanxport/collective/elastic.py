@@ -19,8 +19,9 @@ liveness (``link``), nothing else:
   count); otherwise they raise ``MembershipChanged`` and the next ``boundary``
   copies the state from the member that got furthest.
 - Joining (a restarted site, or one cut off and healed): the site files a ticket
-  in the store; at a step boundary a survivor proposes an epoch that admits it from
-  the next step on, the sites open sessions with it, and ``boundary`` sends it the
+  in the store; every member sets up a session with it in the background
+  (``elastic_admit``), and at the first step boundary where all have, a survivor
+  proposes an epoch that admits it from the next step on; ``boundary`` sends it the
   state (``elastic_state``) bit-identical, so it takes part from that step on.
 
 Each step must run at least one collective of the group and call ``boundary`` once

@@ -45,8 +45,8 @@ async def elastic_join(store: Store, site: int, peers: Sequence[str], *, identit
     outside the sites' training processes; ``prefix`` keeps this group's keys apart.
     The other arguments are ``join``'s; ``join_timeout`` also bounds each later session
     setup of a site being admitted (it waits for the members' next step boundary);
-    ``admit_timeout`` bounds a member's session setup with it (the members stop for up to
-    that long at the boundary where a site that cannot be reached is admitted).
+    ``admit_timeout`` bounds a member's session setup with it at the boundary that admits it,
+    where the session set up beforehand (``elastic_admit``) is gone by then.
     ``membership_prefix`` (default ``prefix``): where the membership record lives, when
     several groups share one (each still forms and keeps its sessions on its own). At least
     three sites: a majority of them must stay to continue.
