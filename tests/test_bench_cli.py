@@ -80,12 +80,16 @@ def test_pacing_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0 and report["intact"] is True
     assert report["target_pps"] == 20000
     assert report["datagrams_received"] == report["datagrams_sent"] == 4000
-    # A scheduler stall only ever slows a pacer down, never speeds it up: not pacing, or
-    # pacing fast, breaks the upper bound on any host. How close to the target it gets and
-    # its gap error are precision figures of the benchmark, which a busy host moves.
+    # Not pacing (a loopback burst runs at hundreds of thousands per second), or pacing at a
+    # multiple of the target, breaks the upper bound on any host. The bound is not tighter
+    # because a stall is made up: a pacer more than 1 ms behind its schedule sends 4 x
+    # closer until it is back (ext/datapath/pacer_ring.h), so a first datagram sent late
+    # shortens the span the rate is measured over (a 16 ms stall there: 1.09 x). How close
+    # to the target it gets and its gap error are precision figures of the benchmark,
+    # which a busy host moves.
     target = 20000.0
     achieved = report["achieved_pps"]
-    assert isinstance(achieved, float) and 0.0 < achieved <= 1.05 * target
+    assert isinstance(achieved, float) and 0.0 < achieved <= 1.5 * target
     p50_us = report["gap_error_p50_us"]
     assert isinstance(p50_us, float) and p50_us >= 0.0
 

@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .buffers import as_array
-from .elastic_admit import Reaching
+from .elastic_admit import ADMIT_RETRY_S, Reaching, answer_tickets, wait_for_admission, watch_tickets
 from .elastic_state import StateHolder, transfer_state
 from .errors import CollectiveError, MembershipChanged
 from .group import Group, Handle
@@ -54,9 +54,6 @@ from .world import World
 
 log = logging.getLogger("wanxport.collective.elastic")
 
-ADMIT_RETRY_S = 1.0  # a site admitted but dropped again asks again after this (doubling) ...
-ADMIT_RETRY_MAX_S = 30.0  # ... up to this
-TICKET_POLL_S = 0.25  # a member looks for sites asking to join this often, between boundaries too
 
 
 @dataclass(eq=False)
@@ -240,7 +237,7 @@ class ElasticGroup:
             due, self._due = self._due, None
             await self._advance(due)
         elif self._due is None:
-            await self._answer_tickets(current)
+            await answer_tickets(self, current)
         if self._resync:
             assert self.group is not None and self._table is not None
             self._current = False
@@ -251,36 +248,6 @@ class ElasticGroup:
             self._next = 0
         return self._step
 
-    async def _asking(self, current: Epoch) -> dict[int, int]:
-        """Sites asking to join ``current`` -> their latest ticket."""
-        return {site: ticket for ticket, site in await self.membership.tickets(current.answered)
-                if site not in current.members}
-
-    async def _watch_tickets(self) -> None:
-        """Start the sessions with a site asking to join as soon as it asks, not at the next
-        boundary: by then they are up, and the boundary admits it."""
-        while True:
-            await asyncio.sleep(TICKET_POLL_S)
-            if self.state is ElasticState.RUNNING and self._current and self._due is None:
-                try:
-                    await self._reaching.start(await self._asking(self.epoch))
-                except Exception as exc:  # noqa: BLE001 - the boundary looks again; never lose the watch
-                    log.warning("site %s: looking for sites asking to join failed (%s: %s)", self.name,
-                                type(exc).__name__, exc)
-
-    async def _answer_tickets(self, current: Epoch) -> None:
-        """Admit, from the next step, the sites asking to join that every member has a session
-        with (``elastic_admit``: the sessions are set up in the background)."""
-        asking = await self._asking(current)
-        joining = sorted(await self._reaching.reached(asking, current.members))
-        if not joining:
-            return
-        proposal = Epoch(current.number + 1, tuple(sorted({*current.members, *joining})), self._step + 1,
-                         tuple(joining), max(asking[site] for site in joining))
-        adopted = await self.membership.propose(current, proposal)
-        if adopted.number > self.epoch.number:
-            self._due = adopted
-
     # -- epochs ------------------------------------------------------------------
 
     async def _advance(self, target: Epoch | None) -> None:
@@ -290,7 +257,7 @@ class ElasticGroup:
             if target is None:
                 target = await self._next_epoch()
             if self.site not in target.members:
-                target = await self._wait_for_admission(target)
+                target = await wait_for_admission(self, target)
             if await self._enter(target):
                 return
             target = None
@@ -308,52 +275,6 @@ class ElasticGroup:
         log.warning("site %s: only %s of %d configured sites are reachable, not a majority: waiting",
                     self.name, self._names(live), len(self.sites.names))
         return await self.membership.newer_than(current.number)
-
-    async def _wait_for_admission(self, target: Epoch) -> Epoch:
-        """Left out of ``target``: stop, drop every session, ask to join; the epoch that admits us."""
-        self._event(ElasticEvent.CANNOT_CONTINUE)
-        log.warning("site %s: not a member of epoch %d (%s): waiting to be admitted", self.name,
-                    target.number, self._names(target.members))
-        self._current = False
-        await self._close_group()
-        for peer in list(self.world.links):
-            await self.world.drop_link(peer)
-        self.world.gone.clear()
-        self.epoch = target
-        while True:
-            if self._asked:  # asked before and not admitted: the sessions could not be set up
-                await asyncio.sleep(self._backoff)
-                self._backoff = min(2 * self._backoff, ADMIT_RETRY_MAX_S)
-            self._asked = True
-            ticket = await self.membership.file_ticket(self.site)
-            target = await self._ask(target, ticket)
-            if self.site in target.members:
-                return target
-
-    async def _ask(self, target: Epoch, ticket: int) -> Epoch:
-        """Set up sessions with ``target``'s members (which set theirs up with us in the
-        background once they see ``ticket``) while waiting for the epoch that answers it; the
-        latest epoch seen: one that admits this site, or not (then ask again)."""
-        peers = [m for m in target.members if m != self.site and not self._reaching.alive(m)]
-        connecting = asyncio.ensure_future(self._connect(peers, joining=True))
-        answer = asyncio.ensure_future(self._answer(target, ticket))
-        try:
-            await asyncio.wait({connecting, answer}, return_when=asyncio.FIRST_COMPLETED)
-            if not answer.done():
-                await connecting
-                if any(m in self.world.gone for m in peers):
-                    return target  # a member could not be reached: it will not admit us on this ticket
-            target = await answer
-            await connecting
-            return target
-        finally:
-            for task in (connecting, answer):
-                task.cancel()
-
-    async def _answer(self, target: Epoch, ticket: int) -> Epoch:
-        while self.site not in target.members and not (target.answered >= ticket):
-            target = await self.membership.newer_than(target.number)
-        return target
 
     async def _enter(self, target: Epoch) -> bool:
         """Open ``target``'s group (sessions with members this site has none with) and run its
@@ -393,7 +314,7 @@ class ElasticGroup:
         self.changes += previous.number >= 0
         self._asked, self._backoff = False, ADMIT_RETRY_S
         if self._watcher is None:
-            self._watcher = asyncio.ensure_future(self._watch_tickets())
+            self._watcher = asyncio.ensure_future(watch_tickets(self))
         self._log_change(previous, target)
         self._event(ElasticEvent.OPENED)
         return True

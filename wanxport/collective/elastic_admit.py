@@ -9,6 +9,10 @@ epoch that admits the joiner from its next step, and entering that epoch costs n
 session setup. A joiner the members cannot reach (blackholed, or on a partition's other
 side) is never proposed, so the members never stop for it: their attempts end in the
 background, and the joiner asks again when its own attempt ends.
+
+``Reaching`` holds a member's background sessions; the functions below are the group's
+steps: the tickets a member watches and answers, and the asking and waiting of a site
+left out.
 """
 
 from __future__ import annotations
@@ -16,12 +20,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from .membership import Membership
+from .membership import Epoch, Membership
 from .mesh import Sites, connect_pair
+from .state import ElasticEvent, ElasticState
 from .world import World
 
+if TYPE_CHECKING:
+    from .elastic import ElasticGroup
+
 log = logging.getLogger("wanxport.collective.elastic")
+
+ADMIT_RETRY_S = 1.0  # a site asked and not admitted asks again after this (doubling) ...
+ADMIT_RETRY_MAX_S = 30.0  # ... up to this
+TICKET_POLL_S = 0.25  # a member looks for sites asking to join this often, between boundaries too
 
 
 class Reaching:
@@ -102,3 +115,88 @@ class Reaching:
     def close(self) -> None:
         for task in self._tasks.values():
             task.cancel()
+
+
+# -- a member: the sites asking to join -------------------------------------------
+
+async def sites_asking(group: ElasticGroup, current: Epoch) -> dict[int, int]:
+    """Sites asking to join ``current`` -> their latest ticket."""
+    return {site: ticket for ticket, site in await group.membership.tickets(current.answered)
+            if site not in current.members}
+
+
+async def watch_tickets(group: ElasticGroup) -> None:
+    """Start the sessions with a site asking to join as soon as it asks, not at the next
+    boundary: by then they are up, and the boundary admits it."""
+    while True:
+        await asyncio.sleep(TICKET_POLL_S)
+        if group.state is ElasticState.RUNNING and group._current and group._due is None:
+            try:
+                await group._reaching.start(await sites_asking(group, group.epoch))
+            except Exception as exc:  # noqa: BLE001 - the boundary looks again; never lose the watch
+                log.warning("site %s: looking for sites asking to join failed (%s: %s)", group.name,
+                            type(exc).__name__, exc)
+
+
+async def answer_tickets(group: ElasticGroup, current: Epoch) -> None:
+    """Admit, from the next step, the sites asking to join that every member has a session
+    with (``Reaching`` sets the sessions up in the background)."""
+    asking = await sites_asking(group, current)
+    joining = sorted(await group._reaching.reached(asking, current.members))
+    if not joining:
+        return
+    proposal = Epoch(current.number + 1, tuple(sorted({*current.members, *joining})), group._step + 1,
+                     tuple(joining), max(asking[site] for site in joining))
+    adopted = await group.membership.propose(current, proposal)
+    if adopted.number > group.epoch.number:
+        group._due = adopted
+
+# -- a site left out: asking to join ----------------------------------------------
+
+async def wait_for_admission(group: ElasticGroup, target: Epoch) -> Epoch:
+    """Left out of ``target``: stop, drop every session, ask to join; the epoch that admits us."""
+    group._event(ElasticEvent.CANNOT_CONTINUE)
+    log.warning("site %s: not a member of epoch %d (%s): waiting to be admitted", group.name,
+                target.number, group._names(target.members))
+    group._current = False
+    await group._close_group()
+    for peer in list(group.world.links):
+        await group.world.drop_link(peer)
+    group.world.gone.clear()
+    group.epoch = target
+    while True:
+        if group._asked:  # asked before and not admitted: the sessions could not be set up
+            await asyncio.sleep(group._backoff)
+            group._backoff = min(2 * group._backoff, ADMIT_RETRY_MAX_S)
+        group._asked = True
+        ticket = await group.membership.file_ticket(group.site)
+        target = await ask(group, target, ticket)
+        if group.site in target.members:
+            return target
+
+
+async def ask(group: ElasticGroup, target: Epoch, ticket: int) -> Epoch:
+    """Set up sessions with ``target``'s members (which set theirs up with us in the
+    background once they see ``ticket``) while waiting for the epoch that answers it; the
+    latest epoch seen: one that admits this site, or not (then ask again)."""
+    peers = [m for m in target.members if m != group.site and not group._reaching.alive(m)]
+    connecting = asyncio.ensure_future(group._connect(peers, joining=True))
+    answer = asyncio.ensure_future(answered(group, target, ticket))
+    try:
+        await asyncio.wait({connecting, answer}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            await connecting
+            if any(m in group.world.gone for m in peers):
+                return target  # a member could not be reached: it will not admit us on this ticket
+        target = await answer
+        await connecting
+        return target
+    finally:
+        for task in (connecting, answer):
+            task.cancel()
+
+
+async def answered(group: ElasticGroup, target: Epoch, ticket: int) -> Epoch:
+    while group.site not in target.members and not (target.answered >= ticket):
+        target = await group.membership.newer_than(target.number)
+    return target
