@@ -4,6 +4,8 @@ survivors, the mean over the live sites) and their parameters stay equal at ever
 
 from __future__ import annotations
 
+import json
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -47,10 +49,8 @@ def test_a_diloco_site_killed_and_restarted_gets_model_optimizer_and_outer_state
     site 2 killed mid-collective, restarted: the restarted site's state after its first
     boundary (model, AdamW state, outer state, step) is site 0's there, byte for byte, and
     at the end every site holds the same model and outer state."""
-    import json
     import os
     import signal
-    import subprocess
     import sys
 
     make_test_pki(tmp_path / "pki", [f"site-{k}" for k in range(SITES)])
@@ -64,15 +64,6 @@ def test_a_diloco_site_killed_and_restarted_gets_model_optimizer_and_outer_state
         return subprocess.Popen([sys.executable, peer, json.dumps(spec)], stdout=subprocess.PIPE,
                                 stdin=subprocess.PIPE, text=True)
 
-    def lines_until(proc: subprocess.Popen[str], key: str) -> list[dict]:
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(json.loads(line))
-            if key in seen[-1]:
-                return seen
-        raise AssertionError(f"ended (code {proc.wait()}) before {key!r}: {seen}")
-
     def show(run: list[dict]) -> str:
         """Per line: the step and the digest it carries (for a failure's message)."""
         return " ".join(f"{line.get('step', line.get('boundary'))}:"
@@ -80,11 +71,11 @@ def test_a_diloco_site_killed_and_restarted_gets_model_optimizer_and_outer_state
 
     procs = [start(0), start(1), start(2, stall_at=2)]
     try:
-        assert lines_until(procs[2], "stalled")[-1] == {"stalled": 2}
+        assert _lines_until(procs[2], "stalled")[-1] == {"stalled": 2}
         os.kill(procs[2].pid, signal.SIGKILL)
         procs[2].wait()
         procs.append(start(2))
-        runs = [lines_until(p, "final") for p in (procs[0], procs[1], procs[3])]
+        runs = [_lines_until(p, "final") for p in (procs[0], procs[1], procs[3])]
         finals = [run[-1] for run in runs]
         assert [line["live"] for line in runs[0] if line.get("step") == 2] == [[0, 1]]  # the mean over 2
         admitted = finals[2]["admitted_at"]
@@ -109,10 +100,8 @@ def test_a_site_of_two_ranks_killed_and_restarted_is_admitted_by_both_ranks_at_t
     again (from other parameters): both its ranks are admitted at the same step (the ranks'
     groups share one membership record), receive the state, and from there every rank of
     every site holds the same parameters after every step."""
-    import json
     import os
     import signal
-    import subprocess
     import sys
 
     make_test_pki(tmp_path / "pki", [f"site-{k}" for k in range(SITES)])
@@ -127,27 +116,18 @@ def test_a_site_of_two_ranks_killed_and_restarted_is_admitted_by_both_ranks_at_t
         return subprocess.Popen([sys.executable, peer, json.dumps(spec)], stdout=subprocess.PIPE,
                                 stdin=subprocess.PIPE, text=True)
 
-    def lines_until(proc: subprocess.Popen[str], key: str) -> list[dict]:
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(json.loads(line))
-            if key in seen[-1]:
-                return seen
-        raise AssertionError(f"ended (code {proc.wait()}) before {key!r}: {seen}")
-
     procs = {(s, r): start(s, r, 1, **({"stall_at": 2} if s == 2 else {})) for s in range(SITES)
              for r in range(RANKS)}
     restarted: list[subprocess.Popen[str]] = []
     try:
         for r in range(RANKS):
-            assert lines_until(procs[2, r], "stalled")[-1] == {"stalled": 2}
+            assert _lines_until(procs[2, r], "stalled")[-1] == {"stalled": 2}
         for r in range(RANKS):
             os.kill(procs[2, r].pid, signal.SIGKILL)
             procs[2, r].wait()
         restarted = [start(2, r, 2, seed=7) for r in range(RANKS)]
-        runs = {(s, r): lines_until(procs[s, r], "final") for s in range(2) for r in range(RANKS)}
-        runs |= {(2, r): lines_until(restarted[r], "final") for r in range(RANKS)}
+        runs = {(s, r): _lines_until(procs[s, r], "final") for s in range(2) for r in range(RANKS)}
+        runs |= {(2, r): _lines_until(restarted[r], "final") for r in range(RANKS)}
         admitted = {key: run[-1]["admitted_at"] for key, run in runs.items()}
         assert len(set(admitted.values())) == 1 and admitted[2, 0] > 2, admitted
         at = admitted[2, 0]
@@ -169,3 +149,14 @@ def test_a_site_of_two_ranks_killed_and_restarted_is_admitted_by_both_ranks_at_t
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def _lines_until(proc: subprocess.Popen[str], key: str) -> list[dict]:
+    """A peer's JSON lines up to the first that has ``key``."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(json.loads(line))
+        if key in seen[-1]:
+            return seen
+    raise AssertionError(f"ended (code {proc.wait()}) before {key!r}: {seen}")
