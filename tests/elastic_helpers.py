@@ -108,9 +108,11 @@ def epoch_members(data: dict[str, bytes], prefix: str = "wanxport/elastic/") -> 
     return tuple(json.loads(data[prefix + "epoch"])["members"])
 
 
-def joiner(store: object, pki: Path, names: list[str], paths: dict, site: int, **kw: object):  # noqa: ANN201
+def joiner(store: object, pki: Path, names: list[str], paths: dict, site: int,  # noqa: ANN201
+           liveness_min_s: float = 1.0, **kw: object):
     return elastic_join(store, site, names, identity=pki / names[site], ca=pki / "ca.pem", paths=paths,
-                        timeout=30.0, join_timeout=5.0, liveness_min_s=1.0, admit_timeout=2.0, **kw)
+                        timeout=30.0, join_timeout=5.0, liveness_min_s=liveness_min_s, admit_timeout=2.0,
+                        **kw)
 
 
 def grad(site: int, step: int) -> np.ndarray:
