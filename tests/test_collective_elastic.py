@@ -164,6 +164,43 @@ async def test_a_site_restarted_after_the_members_closed_the_group_is_told_it_en
         await _close(groups)
 
 
+async def test_two_survivors_that_each_counted_the_other_gone_set_up_again_and_go_on(pki: Path) -> None:
+    """Site 2 is gone, then the session between the two survivors breaks (each counts the
+    other gone: neither holds a majority alone). They must not wait for each other for ever:
+    each sets its session up again, they agree a new epoch of the two and step on equal."""
+    store = MemoryStore()
+    groups, _, _ = await _form(pki, [store] * N)
+    states = [fresh_state() for _ in range(N)]
+
+    async def steps(group: ElasticGroup, state: ArrayState, step: int, until: int) -> int:
+        while step < until:
+            step = await group.boundary(step, state)
+            g = grad(group.site, step)
+            try:
+                await group.all_reduce(g, op="mean")
+            except MembershipChanged:
+                continue
+            state.arrays["w"] = state.arrays["w"] + g
+            step += 1
+        return step
+
+    try:
+        await asyncio.gather(*(steps(g, s, 0, 2) for g, s in zip(groups, states, strict=True)))
+        cut_sessions(groups[2])
+        await groups[2].close()
+        assert await asyncio.gather(*(steps(groups[k], states[k], 2, 4) for k in range(2))) == [4, 4]
+        assert epoch_members(store.data) == (0, 1)
+        before = epoch_number(store.data)
+        cut_sessions(groups[0])  # the survivors' own session breaks, at both ends
+        done = await asyncio.wait_for(asyncio.gather(*(steps(groups[k], states[k], 4, 8) for k in range(2))),
+                                      60.0)
+        assert done == [8, 8]
+        assert epoch_number(store.data) > before and epoch_members(store.data) == (0, 1)
+        assert digest(states[0]) == digest(states[1])
+    finally:
+        await _close(groups)
+
+
 async def test_a_minority_site_waits_and_rejoins_when_healed(pki: Path) -> None:
     """2 | 1: site 2's sessions are cut and no new one can form (it listens and dials on
     ports nobody uses) while the store stays reachable: the 2 go on, the 1 waits (it never

@@ -54,6 +54,8 @@ from .world import World
 
 log = logging.getLogger("wanxport.collective.elastic")
 
+REGROUP_S = 1.0  # without a majority: how long to wait for a newer epoch before reconnecting the lost
+
 
 
 @dataclass(eq=False)
@@ -263,18 +265,36 @@ class ElasticGroup:
             target = None
 
     async def _next_epoch(self) -> Epoch:
-        current = await self.membership.read()
-        assert current is not None
-        if current.number > self.epoch.number:
-            return current
-        live = await self.world.heard_from(tuple(m for m in self.epoch.members if m not in self.world.gone))
-        if len(live) >= self.sites.quorum:
-            proposal = Epoch(current.number + 1, live, -1, (), current.answered)
-            return await self.membership.propose(current, proposal)
-        self._event(ElasticEvent.CANNOT_CONTINUE)
-        log.warning("site %s: only %s of %d configured sites are reachable, not a majority: waiting",
-                    self.name, self._names(live), len(self.sites.names))
-        return await self.membership.newer_than(current.number)
+        """The epoch after this one's losses: a newer one in the store, else one of the members
+        heard from, if they are a majority. Without a majority it waits for a newer epoch and,
+        every ``REGROUP_S``, sets sessions up again with the members it lost: two survivors that
+        each counted the other gone (a silence past the liveness bound) are each in this state,
+        and would otherwise wait for each other for ever."""
+        warned = False
+        while True:
+            current = await self.membership.read()
+            assert current is not None
+            if current.number > self.epoch.number:
+                return current
+            kept = tuple(m for m in self.epoch.members if m not in self.world.gone)
+            live = await self.world.heard_from(kept)
+            if len(live) >= self.sites.quorum:
+                proposal = Epoch(current.number + 1, live, -1, (), current.answered)
+                return await self.membership.propose(current, proposal)
+            self._event(ElasticEvent.CANNOT_CONTINUE)
+            if not warned:
+                log.warning("site %s: only %s of %d configured sites are reachable, not a majority: waiting",
+                            self.name, self._names(live), len(self.sites.names))
+                warned = True
+            try:
+                async with asyncio.timeout(REGROUP_S):
+                    return await self.membership.newer_than(current.number)
+            except TimeoutError:
+                pass
+            lost = [m for m in self.epoch.members if m != self.site and m not in live]
+            for peer in lost:  # the broken session's ports go back first
+                await self.world.drop_link(peer)
+            await self._connect(lost, joining=False)
 
     async def _enter(self, target: Epoch) -> bool:
         """Open ``target``'s group (sessions with members this site has none with) and run its
