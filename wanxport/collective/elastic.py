@@ -265,12 +265,10 @@ class ElasticGroup:
             target = None
 
     async def _next_epoch(self) -> Epoch:
-        """The epoch after this one's losses: a newer one in the store, else one of the members
-        heard from, if they are a majority. Without a majority it waits for a newer epoch and,
-        every ``REGROUP_S``, sets sessions up again with the members it lost: two survivors that
-        each counted the other gone (a silence past the liveness bound) are each in this state,
-        and would otherwise wait for each other for ever."""
-        warned = False
+        """A newer epoch in the store, else one of the members heard from if they are a majority;
+        without one, wait for a newer epoch, setting sessions up again with the members lost
+        every ``REGROUP_S`` (two survivors that each counted the other gone would otherwise
+        wait for each other for ever)."""
         while True:
             current = await self.membership.read()
             assert current is not None
@@ -281,20 +279,25 @@ class ElasticGroup:
             if len(live) >= self.sites.quorum:
                 proposal = Epoch(current.number + 1, live, -1, (), current.answered)
                 return await self.membership.propose(current, proposal)
-            self._event(ElasticEvent.CANNOT_CONTINUE)
-            if not warned:
+            if self.state is not ElasticState.WAITING:
                 log.warning("site %s: only %s of %d configured sites are reachable, not a majority: waiting",
                             self.name, self._names(live), len(self.sites.names))
-                warned = True
+            self._event(ElasticEvent.CANNOT_CONTINUE)
+            newer = asyncio.ensure_future(self.membership.newer_than(current.number))
             try:
-                async with asyncio.timeout(REGROUP_S):
-                    return await self.membership.newer_than(current.number)
-            except TimeoutError:
-                pass
-            lost = [m for m in self.epoch.members if m != self.site and m not in live]
-            for peer in lost:  # the broken session's ports go back first
-                await self.world.drop_link(peer)
-            await self._connect(lost, joining=False)
+                await asyncio.wait({newer}, timeout=REGROUP_S)
+                if not newer.done():
+                    lost = [m for m in self.epoch.members if m != self.site and m not in live]
+                    for peer in lost:  # the broken session's ports go back first
+                        await self.world.drop_link(peer)
+                    connecting = asyncio.ensure_future(self._connect(lost, joining=False))
+                    await asyncio.wait({newer, connecting}, return_when=asyncio.FIRST_COMPLETED)
+                    connecting.cancel()  # a newer epoch came first: it decides who is in
+                    await asyncio.gather(connecting, return_exceptions=True)
+                if newer.done():
+                    return newer.result()
+            finally:
+                newer.cancel()
 
     async def _enter(self, target: Epoch) -> bool:
         """Open ``target``'s group (sessions with members this site has none with) and run its
