@@ -75,7 +75,6 @@ from wanxport.gateway.beneath import UnsafeName, entry_kind, open_file
 from wanxport.gateway.files import (
     FileSink,
     IncomingFile,
-    MappedRange,
     ReceivePolicy,
     SentAttributes,
     describe_os_error,
@@ -153,16 +152,29 @@ def _describe_failure(name: str, offset: int, size: int, directory: Path, exc: O
     return f"{dest_error(name, exc)} at offset {offset}; the pieces received are kept for a resume"
 
 
-def _digest_range(fd: int, offset: int, size: int) -> str:
-    """One piece of a file on disk, read through its own mapping, then dropped from the
-    page cache (a re-verification streams through the file, it does not cache it).
-    ``fd`` is this call's own duplicate: closed here."""
+def _digest_range(fd: int, offset: int, size: int) -> str | None:
+    """One piece of a file on disk, then dropped from the page cache (a re-verification
+    streams through the file, it does not cache it); None where the file holds fewer bytes
+    there or cannot be read (the piece is then not held, and is sent again). Read with
+    ``pread``, not through a mapping: a page of a mapping that cannot be read (the file
+    truncated meanwhile, a hole on a full tmpfs) is a SIGBUS that ends the process, where a
+    read is a short count or an error. ``fd`` is this call's own duplicate: closed here."""
     try:
-        digest = shard_digest_hex(MappedRange(fd, offset, size).array)
+        piece = bytearray(size)
+        view, done = memoryview(piece), 0
+        while done < size:
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n == 0:
+                return None
+            done += n
         drop_cached(fd, offset, size)
+        return shard_digest_hex(piece)
+    except OSError as exc:
+        log.warning("a piece at offset %d (%d bytes) could not be read back to verify it: %s", offset, size,
+                    exc)
+        return None
     finally:
         os.close(fd)
-    return digest
 
 
 def _attributes_body(attributes: SentAttributes) -> dict[str, int]:
