@@ -48,7 +48,7 @@ from .elastic_state import StateHolder, transfer_state
 from .errors import CollectiveError, MembershipChanged
 from .group import Group, Handle
 from .membership import Epoch, Membership
-from .mesh import Sites, connect_pair
+from .mesh import Sites
 from .state import ElasticEvent, ElasticState, GroupState, elastic_advance
 from .world import World
 
@@ -347,9 +347,7 @@ class ElasticGroup:
         the epoch's first step; a member admitting a joiner (already waiting) ``admit_s``."""
         sites = self.sites
         deadline = time.monotonic() + (sites.connect_s if joining else sites.admit_s)
-        results = await asyncio.gather(*(connect_pair(sites.site, p, sites.names, sites.paths[p],
-                                                      sites.identity, sites.ca, sites.options, deadline)
-                                         for p in peers), return_exceptions=True)
+        results = await asyncio.gather(*(sites.connect(p, deadline) for p in peers), return_exceptions=True)
         for peer, result in zip(peers, results, strict=True):
             if isinstance(result, BaseException):
                 why = result if isinstance(result, CollectiveError) else CollectiveError(

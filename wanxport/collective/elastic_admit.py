@@ -1,8 +1,8 @@
 """Admitting a site without stopping the members: the sessions first, then the epoch.
 
 A site that asks to join (a ticket in the store) is admitted only once every member
-has a session with it. A member starts setting its session up in the background at the
-first boundary where it sees the ticket and keeps stepping meanwhile; once the session
+has a session with it. A member starts setting its session up in the background as soon
+as it sees the ticket (it looks every 0.25 s) and keeps stepping meanwhile; once the session
 is up it records so in the store. The joiner sets up its sessions with every member at
 the same time. A member that finds every member's record at a boundary proposes the
 epoch that admits the joiner from its next step, and entering that epoch costs no
@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .membership import Epoch, Membership
-from .mesh import Sites, connect_pair
+from .mesh import Sites
 from .state import ElasticEvent, ElasticState
 from .world import World
 
@@ -87,8 +87,7 @@ class Reaching:
         sites = self.sites
         deadline = time.monotonic() + sites.connect_s  # as long as a joiner waits for us
         try:
-            result = await connect_pair(sites.site, site, sites.names, sites.paths[site], sites.identity,
-                                        sites.ca, sites.options, deadline)
+            result = await sites.connect(site, deadline)
         except Exception as exc:  # noqa: BLE001 - it asks again; each try costs us nothing
             log.info("site %s: no session with %s, which asks to join (%s: %s)", sites.names[sites.site],
                      sites.names[site], type(exc).__name__, exc)

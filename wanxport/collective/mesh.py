@@ -56,6 +56,12 @@ class Sites:
     def __post_init__(self) -> None:
         self.quorum = len(self.names) // 2 + 1
 
+    async def connect(self, peer: int, deadline: float,
+                      ) -> tuple[GatewaySession, GatewayListener | None, ReceivePool]:
+        """``connect_pair`` between this site and ``peer``, on their paths and our credentials."""
+        return await connect_pair(self.site, peer, self.names, self.paths[peer], self.identity, self.ca,
+                                  self.options, deadline)
+
 
 def default_options() -> GatewayOptions:
     """The gateway options a group uses unless ``join`` is given others: the collective
