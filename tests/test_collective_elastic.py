@@ -35,6 +35,7 @@ from wanxport.collective import (
     GroupEnded,
     GroupState,
     MembershipChanged,
+    codec,
     join,
 )
 from wanxport.collective.metrics import CollectiveMetrics
@@ -103,6 +104,31 @@ async def test_a_member_lost_mid_call_the_survivors_finish_it_with_the_mean_over
         assert 'wanxport_collective_membership_changes_total{group="elastic"} 1.0' in text
         assert f'wanxport_collective_members{{group="{groups[0].group.gid:08x}",state="live"}} 2.0' in text
         assert all(g.state is ElasticState.RUNNING for g in groups[:2])
+    finally:
+        await _close(groups)
+
+
+async def test_a_compressed_call_retried_among_the_survivors_keeps_its_error_feedback(pki: Path) -> None:
+    """The retry encodes the input plus the residual from before the failed attempt (whose
+    own compression error was of a value nobody applied), and the residual outlives the epoch."""
+    groups, _, _ = await _form(pki, [MemoryStore()] * N)
+    try:
+        await asyncio.gather(*(g.all_reduce(grad(k, 0), op="mean", compress="int8", name="w")
+                               for k, g in enumerate(groups)))
+        before = [g.feedback.residual("w") for g in groups[:2]]
+        assert all(r is not None and r.any() for r in before)
+        arrays = [grad(k, 1) for k in range(2)]
+        pending = [asyncio.ensure_future(g.all_reduce(a, op="mean", compress="int8", name="w"))
+                   for g, a in zip(groups, arrays, strict=False)]
+        cut_sessions(groups[2])  # the first attempt waits on site 2, which is gone
+        await asyncio.gather(*pending)
+        assert [g.epoch.members for g in groups[:2]] == [(0, 1)] * 2
+        sent = []
+        for k in range(2):
+            target = grad(k, 1) + before[k]
+            sent.append(codec.decode("int8", codec.encode("int8", target), target.size))
+            assert np.array_equal(groups[k].feedback.residual("w"), target - sent[k]), k
+        assert arrays[0].tobytes() == arrays[1].tobytes() == ((sent[0] + sent[1]) / np.float32(2)).tobytes()
     finally:
         await _close(groups)
 

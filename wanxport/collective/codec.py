@@ -171,9 +171,13 @@ class ErrorFeedback:
     def record(self, key: object, target: F32, sent: F32) -> None:
         self._residuals[key] = target - sent
 
-    def store(self, key: object, residual: F32) -> None:
-        """The next residual of ``key`` as given (a site that sends partial sums computes it)."""
-        self._residuals[key] = residual
+    def store(self, key: object, residual: F32 | None) -> None:
+        """The next residual of ``key`` as given (a site that sends partial sums computes it);
+        ``None``: none (an attempt that did not count is undone this way too)."""
+        if residual is None:
+            self._residuals.pop(key, None)
+        else:
+            self._residuals[key] = residual
 
     def residual(self, key: object) -> F32 | None:
         return self._residuals.get(key)

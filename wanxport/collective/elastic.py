@@ -36,17 +36,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .buffers import as_array
+from .codec import ErrorFeedback
 from .elastic_admit import ADMIT_RETRY_S, Reaching, answer_tickets, wait_for_admission, watch_tickets
+from .elastic_call import ElasticCall
 from .elastic_state import StateHolder, transfer_state
 from .errors import CollectiveError, MembershipChanged
-from .group import Group, Handle
+from .group import Group
 from .membership import Epoch, Membership
 from .mesh import Sites
 from .state import ElasticEvent, ElasticState, GroupState, elastic_advance
@@ -56,20 +57,6 @@ log = logging.getLogger("wanxport.collective.elastic")
 
 REGROUP_S = 1.0  # without a majority: how long to wait for a newer epoch before reconnecting the lost
 
-
-
-@dataclass(eq=False)
-class _Call:
-    index: int
-    array: Any
-    saved: npt.NDArray[Any]
-    op: str
-    compress: str | None
-    timeout: float | None
-    name: str | None
-    group: Group | None = None
-    handle: Handle | None = None
-    failed: CollectiveError | ValueError | None = None
 
 
 class ElasticGroup:
@@ -85,9 +72,10 @@ class ElasticGroup:
         self.state = ElasticState.RECONFIGURING
         self.epoch = Epoch(-1, ())
         self.group: Group | None = None
+        self.feedback = ErrorFeedback()  # error-feedback residuals, kept across epochs
         self.changes = 0  # membership changes seen here since the group formed
         self.on_epoch: list[Callable[[Group], None]] = []  # told each epoch's group (metrics)
-        self._calls: dict[int, _Call] = {}  # calls not done, by index
+        self._calls: dict[int, ElasticCall] = {}  # calls not done, by index
         self._done_ahead: set[int] = set()  # calls done while an earlier one was not
         self._next = 0  # the next call's index
         self._step = 0  # the step of the last boundary (a joiner's: the one it received)
@@ -129,7 +117,7 @@ class ElasticGroup:
                          timeout: float | None = None, name: str | None = None) -> asyncio.Future[Any]:
         """Start it now (its place in the sequence is this call's); a future of the result."""
         arr = as_array(array)
-        call = _Call(self._next, array, arr.copy(), op, compress, timeout, name)
+        call = ElasticCall(self._next, array, arr.copy(), op, compress, timeout, name)
         self._next += 1
         self._calls[call.index] = call
         if self._resync:
@@ -147,9 +135,9 @@ class ElasticGroup:
             return ValueError(reason)
         return self.group.refuse(op, reason)
 
-    def _issue(self, call: _Call) -> None:
+    def _issue(self, call: ElasticCall) -> None:
         assert self.group is not None
-        as_array(call.array)[...] = call.saved
+        call.begin_attempt(self.feedback)
         call.group, call.handle, call.failed = self.group, None, None
         try:
             call.handle = self.group.all_reduce_async(call.array, call.op, call.compress, call.timeout,
@@ -157,9 +145,10 @@ class ElasticGroup:
         except (CollectiveError, ValueError) as exc:  # refused here and at every member: raised
             call.failed = exc
 
-    async def _drive(self, call: _Call) -> Any:
+    async def _drive(self, call: ElasticCall) -> Any:
         """The call's result, across epochs: an attempt that fails because a member went waits
         for the next epoch, which retries the call (a new attempt) or fails it."""
+        ok = False
         try:
             while True:
                 handle = call.handle
@@ -175,17 +164,20 @@ class ElasticGroup:
                         if call.handle is not handle:
                             continue
                         self._done(call)
+                        ok = True
                         return result
                 elif call.failed is not None and (isinstance(call.failed, MembershipChanged)
                                                   or not self._lost(call.group)):
                     raise call.failed
                 await self._recovered()
         finally:
+            if not ok:
+                call.undo(self.feedback)
             self._calls.pop(call.index, None)
             if not self._calls:
                 self._done_ahead.clear()
 
-    def _done(self, call: _Call) -> None:
+    def _done(self, call: ElasticCall) -> None:
         del self._calls[call.index]
         if self._calls and min(self._calls) < call.index:
             self._done_ahead.add(call.index)
@@ -316,6 +308,7 @@ class ElasticGroup:
         group = self.world.new_group(target.members, tag=f"{self.prefix}epoch/{target.number}")
         assert group is not None
         self.group = group
+        group.feedback = self.feedback  # what this site owes the sum outlives the epoch
         for tell in self.on_epoch:
             tell(group)
         first = min(self._calls, default=self._next)
