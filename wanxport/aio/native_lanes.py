@@ -239,6 +239,11 @@ class ReceiveLane:
                 addrs = batch.addrs
                 assert addrs is not None  # quic_addrs: a sender for every QUIC-looking datagram
                 out.quic += [(datagram, _address(addrs[index])) for index, datagram in result.quic]
+            if batch.count + batch.truncated < RECV_SLOTS:
+                # recvmmsg returns short only when the queue ran dry: asking again would be an
+                # empty call (a syscall and a batch object for nothing, on every drain).
+                out.pressed = False
+                break
         self.datagrams += out.datagrams
         out.pressed = out.pressed or self.kernel_overflow > dropped
         return out
