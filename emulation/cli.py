@@ -137,6 +137,9 @@ def _add_diloco_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     dl.add_argument("--compress", choices=("none", "int8", "bf16"), default="none",
                     help="the pseudo-gradients' codec (default none)")
     dl.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
+    dl.add_argument("--noise", type=float, metavar="SIGMA",
+                    help="the targets' noise (the held-out loss's floor is its square; default the "
+                         "example's, 0.5)")
     dl.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per collective (default 60)")
     dl.add_argument("--deadline", type=float, metavar="S",
                     help="stop the run after S seconds from go (default 120 + 60 x outer steps)")

@@ -50,6 +50,7 @@ class DilocoOptions:
     hidden: int = 2048
     compress: str | None = None
     seed: int = 0
+    noise: float | None = None  # the targets' noise; None: the example's default
     timeout_s: float = 60.0
     deadline_s: float | None = None
     backend: str | None = None
@@ -62,7 +63,8 @@ class DilocoOptions:
 
 
 def check_options(scenario: Scenario, sites: int, outer_steps: int, inner_steps: int, hidden: int,
-                  raw_faults: list[dict[str, Any]]) -> tuple[list[str], list[Fault]]:
+                  raw_faults: list[dict[str, Any]], noise: float | None = None,
+                  ) -> tuple[list[str], list[Fault]]:
     """The run's sites (the scenario's first ``sites``) and its checked faults; ValueError (one
     line naming the option) for a run that cannot be."""
     if not 2 <= sites <= len(scenario.sites):
@@ -72,6 +74,8 @@ def check_options(scenario: Scenario, sites: int, outer_steps: int, inner_steps:
     for option, value in counts:
         if value < 1:
             raise ValueError(f"{option}: {value} is not valid; use >= 1")
+    if noise is not None and not noise >= 0:
+        raise ValueError(f"--noise: {noise} is not valid; use >= 0")
     names = list(scenario.sites[:sites])
     return names, check_faults(raw_faults, names)
 
@@ -91,7 +95,8 @@ def site_spec(emu: Emulation, sites: list[str], index: int, pki: str, options: D
     return {"site": index, "names": sites, "pki": pki, "paths": paths,
             "store": f"{store_address(index)}:{STORE_PORT}", "outer_steps": options.outer_steps,
             "inner_steps": options.inner_steps, "hidden": options.hidden, "compress": options.compress,
-            "seed": options.seed, "timeout": options.timeout_s, "no_go": restart}
+            "seed": options.seed, "timeout": options.timeout_s, "no_go": restart,
+            **({} if options.noise is None else {"noise": options.noise})}
 
 
 def _git_commit() -> str | None:
@@ -230,10 +235,11 @@ def main_diloco(args: Any) -> int:
 
     scenario = resolve_scenario(args.scenario)
     sites, faults = check_options(scenario, args.sites, args.outer_steps, args.inner_steps, args.hidden,
-                                  args.faults)
+                                  args.faults, args.noise)
     options = DilocoOptions(sites=args.sites, outer_steps=args.outer_steps, inner_steps=args.inner_steps,
                             hidden=args.hidden, compress=None if args.compress == "none" else args.compress,
-                            seed=args.seed, timeout_s=args.timeout, deadline_s=args.deadline,
+                            seed=args.seed, noise=args.noise, timeout_s=args.timeout,
+                            deadline_s=args.deadline,
                             backend=args.backend, faults=tuple(faults), logs=args.logs)
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)

@@ -15,7 +15,8 @@
   blackhole or partition, ``back_after_heal_s``: from the heal to the cut-off sites'
   first completed step.
 * ``final_loss`` (the held-out loss of the global model at the lowest-index site that
-  finished) and whether every finished site holds the same parameters.
+  finished), ``final_excess_loss`` (its part above the targets' noise floor) and whether
+  every finished site holds the same parameters.
 """
 
 from __future__ import annotations
@@ -270,13 +271,14 @@ def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backen
         correct=intact, identical_across_sites=identical,
         model={"params": params, "hidden": options.hidden, "inner_optimizer": "Adam",
                "outer_optimizer": "Nesterov SGD", "inner_steps": options.inner_steps,
-               "outer_steps": options.outer_steps, "seed": options.seed},
+               "outer_steps": options.outer_steps, "seed": options.seed, "noise": ready.get("noise")},
         state_bytes=ready.get("state_bytes"), outer_steps=steps,
         outer_step_s=[s["duration_s"] for s in steps],
         faults=faults,
         recovery_s=next((f["recovery_s"] for f in faults), None),
         rejoin_s=next((f["rejoin_s"] for f in faults if f["rejoin_s"] is not None), None),
         initial_loss=ready.get("initial_loss"), final_loss=first["final_loss"] if first else None,
+        final_excess_loss=first.get("final_excess_loss") if first else None,
         final_loss_per_site={s: d["final_loss"] for s, d in finished.items()},
         membership_changes=membership_changes(log),
         site_cpu_s={label: d.get("cpu_s") for label, d in log.done.items()},

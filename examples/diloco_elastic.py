@@ -1,7 +1,8 @@
 """DiLoCo among N sites that keeps training when a site dies, one process per site.
 
     python examples/diloco_elastic.py local [--sites 3] [--outer-steps 10] [--inner-steps 20]
-                                            [--hidden 2048] [--compress int8] [--json FILE]
+                                            [--hidden 2048] [--compress int8] [--noise 0.5]
+                                            [--json FILE]
     python examples/diloco_elastic.py store PORT          # the job's c10d TCPStore
     python examples/diloco_elastic.py site '<json spec>'  # one site
 
@@ -18,12 +19,16 @@ machine over loopback paths, with the store in this process; ``python -m emulati
 starts ``store`` in its control namespace and one ``site`` per site namespace, then kills,
 blackholes or partitions sites while they train.
 
-Every batch is drawn from a generator seeded by (seed, site, outer step), so a run's data do
-not depend on when a process started: a site that restarts and receives the state at step k
+The sites learn a fixed function from inputs whose targets carry noise no model can predict
+(``--noise``, a standard deviation), as real data do: the held-out loss levels off near the
+noise's variance, and ``done`` also gives its excess over that floor. Every batch is drawn
+from a generator seeded by (seed, site, outer step), so a run's data do not depend on when a
+process started: a site that restarts and receives the state at step k
 trains on exactly what an uninterrupted site would have. A site prints, one JSON object a
 line: ``ready`` (group joined), ``outer`` per completed outer step (its start and end on
 CLOCK_MONOTONIC, which every network namespace shares, the members that averaged it), and
-``done`` (held-out loss of the global model, a digest of the parameters, the state's size).
+``done`` (held-out loss of the global model and its excess over the noise's floor, a digest
+of the parameters, the state's size).
 """
 
 from __future__ import annotations
@@ -49,7 +54,11 @@ from wanxport.collective import MembershipChanged
 
 FEATURES, BATCH, DEFAULT_HIDDEN, HEAD = 32, 32, 2048, 384
 INNER_LR, OUTER_LR, OUTER_MOMENTUM = 1e-3, 0.7, 0.9
-EVAL_SAMPLES, EVAL_SEED = 1024, 12345
+EVAL_SAMPLES, EVAL_SEED = 4096, 12345
+# The targets' noise (standard deviation), which no model can predict: as real data's, it puts a
+# floor of NOISE ** 2 under the held-out loss, so the loss levels off as a language model's does
+# at the text's entropy instead of falling by orders of magnitude for as long as training runs.
+DEFAULT_NOISE = 0.5
 
 
 def make_model(hidden: int, seed: int) -> nn.Module:
@@ -71,21 +80,33 @@ def teacher(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(1.5 * (x @ TEACHER_WAVES)).sum(dim=1, keepdim=True) / 2 + x @ TEACHER_LINEAR
 
 
-def batches(seed: int, site: int, outer: int, inner_steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def noisy(x: torch.Tensor, noise: float, gen: torch.Generator) -> torch.Tensor:
+    """The teacher's value at ``x`` plus the targets' unpredictable noise."""
+    y = teacher(x)
+    return y + noise * torch.randn(y.shape, generator=gen) if noise else y
+
+
+def batches(seed: int, site: int, outer: int, inner_steps: int, noise: float,
+            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Site ``site``'s H batches of outer step ``outer``; inputs shifted per site (non-IID)."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + site * 7_919 + outer)
+    key = seed * 1_000_003 + site * 7_919 + outer
+    gen, noise_gen = torch.Generator().manual_seed(key), torch.Generator().manual_seed(key + 1 << 40)
     out = []
-    for _ in range(inner_steps):
+    for _ in range(inner_steps):  # the inputs do not depend on the noise
         x = torch.randn(BATCH, FEATURES, generator=gen) + 0.3 * (site - 1)
-        out.append((x, teacher(x)))
+        out.append((x, noisy(x, noise, noise_gen)))
     return out
 
 
-def eval_loss(model: nn.Module) -> float:
+def eval_losses(model: nn.Module, noise: float) -> tuple[float, float]:
+    """The held-out loss (targets with their noise, as a validation set's) and its excess over
+    the noise's floor (against the noise-free teacher: what training can still reduce)."""
     gen = torch.Generator().manual_seed(EVAL_SEED)
     x = torch.randn(EVAL_SAMPLES, FEATURES, generator=gen)
     with torch.no_grad():
-        return float(nn.functional.mse_loss(model(x), teacher(x)))
+        out = model(x)
+        return (float(nn.functional.mse_loss(out, noisy(x, noise, gen))),
+                float(nn.functional.mse_loss(out, teacher(x))))
 
 
 class Trainer:
@@ -93,7 +114,8 @@ class Trainer:
     parameters and the outer momentum) plus the outer step counter: the state a restarted
     site needs."""
 
-    def __init__(self, hidden: int, seed: int) -> None:
+    def __init__(self, hidden: int, seed: int, noise: float = DEFAULT_NOISE) -> None:
+        self.noise = noise
         self.model = make_model(hidden, seed)
         self.params = list(self.model.parameters())
         self.global_flat = parameters_to_vector(self.params).detach().clone()
@@ -111,7 +133,7 @@ class Trainer:
         """H inner steps on this site's batches for the coming outer step; their mean loss."""
         self._adam_before = {p: {k: v.clone() for k, v in st.items()} for p, st in self.inner.state.items()}
         total = 0.0
-        for x, y in batches(seed, site, self.step, inner_steps):
+        for x, y in batches(seed, site, self.step, inner_steps, self.noise):
             self.inner.zero_grad()
             loss = nn.functional.mse_loss(self.model(x), y)
             loss.backward()
@@ -259,12 +281,14 @@ def run_site(spec: dict[str, Any]) -> dict[str, Any]:
     """One site's whole run; emits ``ready``, one ``outer`` per step and returns ``done``."""
     torch.set_num_threads(1)
     site, seed = spec["site"], spec["seed"]
-    trainer = Trainer(spec["hidden"], seed)
+    noise = spec.get("noise", DEFAULT_NOISE)
+    trainer = Trainer(spec["hidden"], seed, noise)
     store = connect_store(spec)
     group = join_group(spec, store)
     elastic = hasattr(group, "boundary")
     emit({"event": "ready", "t": time.monotonic(), "params": trainer.n_params,
-          "state_bytes": trainer.state_bytes(), "elastic": elastic, "initial_loss": eval_loss(trainer.model)})
+          "state_bytes": trainer.state_bytes(), "elastic": elastic,
+          "initial_loss": eval_losses(trainer.model, noise)[0], "noise": noise})
     if not spec.get("no_go"):
         sys.stdin.readline()
     membership = MembershipLog(group, spec["names"])
@@ -295,8 +319,9 @@ def run_site(spec: dict[str, Any]) -> dict[str, Any]:
     if error is None:
         finish_together(store, membership, spec)
     group.close()
+    final_loss, excess = eval_losses(trainer.model, noise)
     return {"event": "done", "t": time.monotonic(), "steps": trainer.step,
-            "final_loss": eval_loss(trainer.model),
+            "final_loss": final_loss, "final_excess_loss": excess, "noise": noise,
             "digest": trainer.digest(), "params": trainer.n_params, "state_bytes": trainer.state_bytes(),
             "cpu_s": cpu_s(), "error": error}
 
@@ -317,7 +342,7 @@ def _local_site(spec: dict[str, Any], out: str) -> None:
 
 
 def run_local(n_sites: int, outer_steps: int, inner_steps: int, hidden: int, compress: str | None,
-              seed: int, timeout: float) -> dict[str, Any]:
+              seed: int, timeout: float, noise: float = DEFAULT_NOISE) -> dict[str, Any]:
     """Every site a process on this machine, paths on loopback, the store in this process."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
@@ -341,7 +366,7 @@ def run_local(n_sites: int, outer_steps: int, inner_steps: int, hidden: int, com
                     "paths": {str(peer): pair_paths[(min(site, peer), max(site, peer))]
                               for peer in range(n_sites) if peer != site},
                     "outer_steps": outer_steps, "inner_steps": inner_steps, "hidden": hidden,
-                    "compress": compress, "seed": seed, "timeout": timeout, "no_go": True}
+                    "compress": compress, "seed": seed, "noise": noise, "timeout": timeout, "no_go": True}
             procs.append(ctx.Process(target=_local_site, args=(spec, f"{tmp}/site-{site}.json")))
         for proc in procs:
             proc.start()
@@ -351,7 +376,8 @@ def run_local(n_sites: int, outer_steps: int, inner_steps: int, hidden: int, com
     del store
     return {"sites": n_sites, "outer_steps": outer_steps, "inner_steps": inner_steps, "hidden": hidden,
             "params": done[0]["params"], "state_bytes": done[0]["state_bytes"], "compress": compress,
-            "initial_loss": eval_loss(make_model(hidden, seed)), "final_loss": done[0]["final_loss"],
+            "noise": noise, "initial_loss": eval_losses(make_model(hidden, seed), noise)[0],
+            "final_loss": done[0]["final_loss"], "final_excess_loss": done[0]["final_excess_loss"],
             "identical": len({d["digest"] for d in done}) == 1,
             "errors": [d["error"] for d in done if d["error"]]}
 
@@ -367,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="width (2048: about 5 M parameters)")
     local.add_argument("--compress", choices=("int8", "bf16"), help="pseudo-gradient codec (default none)")
     local.add_argument("--seed", type=int, default=0)
+    local.add_argument("--noise", type=float, default=DEFAULT_NOISE,
+                       help=f"the targets' noise, the loss's floor its square (default {DEFAULT_NOISE})")
     local.add_argument("--timeout", type=float, default=120.0, help="seconds per collective")
     local.add_argument("--json", type=Path, help="also write the result here")
     store = sub.add_parser("store", help="serve the job's TCPStore on PORT until stdin closes")
@@ -385,12 +413,14 @@ def main(argv: list[str] | None = None) -> int:
         done = run_site(json.loads(args.spec))
         emit(done)
         return 0 if done["error"] is None else 1
-    if args.sites < 2 or args.outer_steps < 1 or args.inner_steps < 1 or args.hidden < 1:
-        parser.error("--sites needs at least 2; --outer-steps, --inner-steps and --hidden at least 1")
+    if args.sites < 2 or args.outer_steps < 1 or args.inner_steps < 1 or args.hidden < 1 or args.noise < 0:
+        parser.error("--sites needs at least 2; --outer-steps, --inner-steps and --hidden at least 1; "
+                     "--noise at least 0")
     result = run_local(args.sites, args.outer_steps, args.inner_steps, args.hidden, args.compress,
-                       args.seed, args.timeout)
+                       args.seed, args.timeout, args.noise)
     print(f"{result['sites']} sites, {result['params']:,} parameters, state {result['state_bytes']:,} B: "
-          f"held-out loss {result['initial_loss']:.5f} -> {result['final_loss']:.5f}, "
+          f"held-out loss {result['initial_loss']:.5f} -> {result['final_loss']:.5f} "
+          f"({result['final_excess_loss']:.5f} over the noise's floor), "
           f"replicas identical: {result['identical']}"
           + "".join(f"\n  error: {e}" for e in result["errors"]))
     if args.json:

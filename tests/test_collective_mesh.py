@@ -5,6 +5,7 @@ session, and sites that measured differently still running one schedule."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,9 @@ import numpy as np
 import pytest
 from collective_helpers import close_all, make_pki, mesh_paths, site_names
 
-from wanxport.collective import CollectiveError, Group, error_bound, join
+from wanxport.collective import CollectiveError, Group, error_bound, join, mesh
 from wanxport.collective.costmodel import NO_SESSION, Mesh, choose, part_bounds
+from wanxport.collective.pool import ReceivePool
 from wanxport.collective.schedule import Plan
 
 pytestmark = pytest.mark.timeout(120)
@@ -250,3 +252,22 @@ async def test_a_pair_counts_as_measured_once_it_carried_bulk_data_and_is_rememb
         assert world.carried_bps[1] == 12.5e6 and 1 not in world.links
     finally:
         await close_all(groups)
+
+
+async def test_a_handshake_attempt_that_hangs_is_abandoned_for_a_fresh_one(monkeypatch: pytest.MonkeyPatch,
+                                                                            ) -> None:
+    """A handshake begun while the paths were down backs off; the dialer starts a fresh one
+    after ``DIAL_ATTEMPT_S`` rather than waiting out the old one's growing probe timeout."""
+    attempts: list[bool] = []
+    session = object()
+
+    async def initiate(*args: Any, **kwargs: Any) -> object:
+        attempts.append(True)
+        if len(attempts) == 1:
+            await asyncio.sleep(3600)  # its flights were lost: the peer never answers it
+        return session
+
+    monkeypatch.setattr(mesh, "initiate", initiate)
+    monkeypatch.setattr(mesh, "DIAL_ATTEMPT_S", 0.2)
+    got = await mesh.dial([("127.0.0.1", 9)], "id", "ca", None, time.monotonic() + 30.0, "b", ReceivePool())
+    assert got is session and len(attempts) == 2  # waiting the first out would end at the deadline

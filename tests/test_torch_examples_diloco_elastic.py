@@ -57,6 +57,18 @@ def test_an_abandoned_outer_step_rolls_the_replica_and_adam_back() -> None:
     assert not trainer.pseudo_gradient().any()
 
 
+def test_the_held_out_loss_has_the_noise_floor_and_its_excess_is_what_training_reduces() -> None:
+    d = example()
+    model = d.make_model(16, 0)
+    total, excess = d.eval_losses(model, 0.5)
+    assert abs(total - excess - 0.25) < 0.03  # the targets' noise adds its variance, 0.5 ** 2
+    assert d.eval_losses(model, 0.0) == (excess, excess)  # no noise: the loss is all excess
+    noisy = d.batches(0, 1, 0, 2, 0.5)
+    clean = d.batches(0, 1, 0, 2, 0.0)
+    for (x, y), (x0, y0) in zip(noisy, clean, strict=True):
+        assert torch.equal(x, x0) and torch.equal(y0, d.teacher(x0)) and not torch.equal(y, y0)
+
+
 @pytest.mark.slow
 def test_three_loopback_sites_end_with_the_same_model(tmp_path: Path) -> None:
     out = tmp_path / "run.json"

@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 PathSpec = str | Address
 PathsArg = Sequence[PathSpec] | Mapping[int, Sequence[PathSpec]]
 RETRY_S = 0.2
+# One handshake attempt's bound. QUIC doubles its probe timeout with every flight lost, so a
+# handshake begun while the paths were down (a blackholed or partitioned-off site asking to
+# come back) would wait out the next probe, seconds after the paths heal; a fresh attempt
+# every few seconds starts from the initial timeout instead.
+DIAL_ATTEMPT_S = 3.0
 JOIN_TIMEOUT_S = 60.0  # every site must be up and connected within this (join's default)
 
 
@@ -111,13 +116,14 @@ def pair_paths(site: int, n_sites: int, paths: PathsArg) -> dict[int, list[Addre
 async def dial(paths: list[Address], identity: str | os.PathLike[str], ca: str | os.PathLike[str],
                options: GatewayOptions | None, deadline: float, peer: str, pool: ReceivePool,
                ) -> GatewaySession:
-    """Connect, retrying while the peer is not listening yet, until ``deadline`` (monotonic).
-    A certificate refused either way ends it at once, saying whose."""
+    """Connect, retrying while the peer is not listening yet or an attempt outlasts
+    ``DIAL_ATTEMPT_S``, until ``deadline`` (monotonic). A certificate refused either way ends
+    it at once, saying whose."""
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             return await asyncio.wait_for(initiate(paths, identity, ca, options, allocator=pool.allocate),
-                                          max(0.1, deadline - time.monotonic()))
+                                          max(0.1, min(DIAL_ATTEMPT_S, deadline - time.monotonic())))
         except CertificateError as exc:
             raise certificate_refused(peer, exc, we_dialed=True) from None
         except (TimeoutError, ConnectionError, OSError) as exc:
