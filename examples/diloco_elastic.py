@@ -114,6 +114,10 @@ class Trainer:
     parameters and the outer momentum) plus the outer step counter: the state a restarted
     site needs."""
 
+    # Equal at every site as far along (``StateHolder.shared_arrays``): a joiner takes them in
+    # parts from each such site at once, and Adam's moments (each site's own) from one.
+    shared_arrays = ("params", "momentum")
+
     def __init__(self, hidden: int, seed: int, noise: float = DEFAULT_NOISE) -> None:
         self.noise = noise
         self.model = make_model(hidden, seed)
