@@ -40,12 +40,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_shared_bytes_are_split_so_every_helper_ends_together() -> None:
-    table = agreement([300, 100])
+    table = agreement([300, 200])
     ranges = shared_ranges(1000, 200, table, 0, [0, 1])
-    assert ranges == {0: (0, 700), 1: (700, 1000)}  # (700 + 200) / 300 == 300 / 100
+    assert ranges == {0: (0, 520), 1: (520, 1000)}  # (520 + 200) / 300 == 480 / 200
     assert shared_ranges(1000, 200, agreement([0, 100]), 0, [0, 1]) == {0: (0, 400), 1: (400, 1000)}
     assert shared_ranges(100, 5000, table, 0, [0, 1]) == {0: (0, 0), 1: (0, 100)}  # private alone is longer
     assert shared_ranges(0, 200, table, 0, [0, 1]) == {0: (0, 0), 1: (0, 0)}
+    slow = agreement([300, 149])  # under half the best: its share would be the last to arrive
+    assert shared_ranges(1000, 200, slow, 0, [0, 1]) == {0: (0, 1000), 1: (1000, 1000)}
+    assert shared_ranges(1000, 5000, slow, 0, [0, 1]) == {0: (0, 1000), 1: (1000, 1000)}
 
 
 async def test_a_joiner_gets_the_shared_arrays_from_every_helper_and_the_rest_from_the_source(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -28,7 +29,10 @@ from wanxport.core.digest import shard_digest
 from .errors import CollectiveError
 from .group import Group
 
+log = logging.getLogger("wanxport.collective.elastic")
+
 STATE_TAG = 0x5157  # the point-to-point tag of the state's messages
+HELPER_MIN_SHARE = 0.5  # a helper whose links carried less than this of the best one's sends nothing
 HEAD_BYTES = 16 + 32  # a shared range's header: start, end (int64) and the digest of all shared bytes
 
 
@@ -98,15 +102,22 @@ def shared_ranges(shared: int, private: int, table: npt.NDArray[np.int64], sourc
                   helpers: list[int]) -> dict[int, tuple[int, int]]:
     """Each helper's byte range of the shared arrays: the source also sends the private bytes,
     and a helper's share follows what its links to the joiners carried (equal when any is
-    unknown), so that every helper's sending should end at the same time."""
+    unknown), so that every helper's sending should end at the same time. A helper whose
+    links carried under ``HELPER_MIN_SHARE`` of the best one's sends nothing: what a link
+    carried understates a fast link more than a slow one (small messages are latency-bound),
+    and a share on the slow link would then be the last to arrive."""
     carried = [int(table[h, 4]) if table.shape[1] > 4 else 0 for h in helpers]
     weights = [float(c) for c in carried] if all(carried) else [1.0] * len(helpers)
+    best = max(weights)
+    weights = [w if w >= HELPER_MIN_SHARE * best or h == source else 0.0
+               for h, w in zip(helpers, weights, strict=True)]
     total_w = sum(weights)
     finish = (shared + private) / total_w
     share = [finish * w - (private if h == source else 0) for h, w in zip(helpers, weights, strict=True)]
     if min(share) < 0:  # the source's private bytes alone outlast the others' shares
         others = total_w - weights[helpers.index(source)]
-        share = [0.0 if h == source else shared * w / others for h, w in zip(helpers, weights, strict=True)]
+        share = [(shared if h == source else 0.0) if others <= 0 else
+                 0.0 if h == source else shared * w / others for h, w in zip(helpers, weights, strict=True)]
     ranges, start = {}, 0
     for k, h in enumerate(helpers):
         end = shared if k == len(helpers) - 1 else min(shared, start + round(share[k]))
@@ -135,6 +146,9 @@ async def _send_state(group: Group, table: npt.NDArray[np.int64], state: StateHo
     arrays, shared, private, common = _bodies(state)
     digest = shard_digest(common.data)
     start, end = shared_ranges(common.nbytes, private.nbytes, table, source, helpers)[group.site]
+    log.info("state to members %s: %d private bytes%s, shared bytes [%d, %d) of %d from here (links "
+             "carried %s B/s)", receivers, private.nbytes, "" if group.site == source else " (not from here)",
+             start, end, common.nbytes, [int(table[h, 4]) if table.shape[1] > 4 else 0 for h in helpers])
     head = np.concatenate([np.array([start, end], dtype=np.int64).view(np.uint8),
                            np.frombuffer(digest, dtype=np.uint8)])
     if group.site == source:
