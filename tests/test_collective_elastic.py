@@ -158,6 +158,52 @@ async def test_a_restarted_site_is_admitted_at_a_step_boundary_with_the_state_bi
         await _close([*groups[:2], *([rejoined] if rejoined else [])])
 
 
+class _SharedW(ArrayState):
+    shared_arrays = ("w",)
+
+
+async def _step_until_changes(group: ElasticGroup, state: ArrayState, step: int, changes: int) -> int:
+    """Steps until the group has seen ``changes`` membership changes and ran 3 steps after."""
+    seen_at = None
+    while seen_at is None or step < seen_at + 3:
+        step = await group.boundary(step, state)
+        try:
+            await group.all_reduce(grad(group.site, step), op="mean")
+        except MembershipChanged:
+            continue
+        step += 1
+        if seen_at is None and group.changes >= changes:
+            seen_at = step
+    return step
+
+
+async def test_a_joiner_whose_copy_fails_leaves_and_the_members_go_on(pki: Path) -> None:
+    """The members declare an array shared but hold it differently: the joiner loads nothing
+    and raises; it leaves without the closing barrier (which would pair with the members'
+    step and fail them), so they count it gone and go on."""
+    store = MemoryStore()
+    groups, pairs, names = await _form(pki, [store] * N)
+    states = [_SharedW({"w": np.zeros(257, np.float32), "step": np.array([0])}) for _ in range(N)]
+    rejoined = None
+    try:
+        await asyncio.gather(*(train(g, s, 0, 3) for g, s in zip(groups, states, strict=True)))
+        cut_sessions(groups[2])
+        await groups[2].close()
+        states[1].arrays["w"] = states[1].arrays["w"] + np.float32(1)  # no longer alike at the members
+        survivors = [asyncio.ensure_future(_step_until_changes(g, s, 3, 3))
+                     for g, s in zip(groups[:2], states[:2], strict=True)]
+        rejoined = await joiner(store, pki, names, paths_of(2, N, pairs), 2)
+        state = _SharedW({"w": np.zeros(257, np.float32), "step": np.array([0])})
+        with pytest.raises(CollectiveError, match="declares shared"):
+            await rejoined.boundary(0, state)
+        assert not state.arrays["w"].any()  # nothing loaded
+        await rejoined.close()
+        await asyncio.gather(*survivors)
+        assert [g.epoch.members for g in groups[:2]] == [(0, 1)] * 2
+    finally:
+        await _close([*groups[:2], *([rejoined] if rejoined else [])])
+
+
 async def test_a_site_restarted_after_the_members_closed_the_group_is_told_it_ended(pki: Path) -> None:
     """The survivors finish and close while the restarted site is still starting: it gets
     ``GroupEnded`` naming where the group ended, not a wait for an admission nobody gives."""

@@ -51,8 +51,11 @@ def test_the_shared_bytes_are_split_so_every_helper_ends_together() -> None:
     assert shared_ranges(1000, 5000, slow, 0, [0, 1]) == {0: (0, 1000), 1: (1000, 1000)}
 
 
+@pytest.mark.parametrize(("carried", "sending"), [([200, 100], 2), ([100, 300], 1)])
 async def test_a_joiner_gets_the_shared_arrays_from_every_helper_and_the_rest_from_the_source(
-        pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        pki: Path, monkeypatch: pytest.MonkeyPatch, carried: list[int], sending: int) -> None:
+    """Both helpers send a part; or the lower-ranked one, whose links carried under half the
+    source's, sends none (its empty range starts where the source's does)."""
     sent: dict[int, tuple[int, int]] = {}
     original = elastic_state.shared_ranges
 
@@ -66,16 +69,17 @@ async def test_a_joiner_gets_the_shared_arrays_from_every_helper_and_the_rest_fr
     groups = await join_all(pki, 3)
     try:
         states = [state_of(0, params), state_of(1, params), state_of(2, np.zeros(5, np.float32))]
-        table = agreement([200, 100])
+        table = agreement(carried)
         steps = await asyncio.gather(*(transfer_state(g, table, s, 7 if k < 2 else 0)
                                        for k, (g, s) in enumerate(zip(groups, states, strict=True))))
         assert steps == [7, 7, 7]
         got = states[2].arrays
         assert got["params"].tobytes() == params.tobytes()
         assert got["momentum"].tobytes() == states[0].arrays["momentum"].tobytes()
-        assert got["adam"].tobytes() == states[0].arrays["adam"].tobytes()  # the source's own, whole
+        source = int(np.argmax(carried))
+        assert got["adam"].tobytes() == states[source].arrays["adam"].tobytes()  # the source's own, whole
         assert int(got["step"][0]) == 7
-        assert all(end > start for start, end in sent.values()) and len(sent) == 2  # both sent a part
+        assert len(sent) == 2 and sum(end > start for start, end in sent.values()) == sending
     finally:
         await close_all(groups)
 

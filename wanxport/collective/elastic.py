@@ -375,8 +375,11 @@ class ElasticGroup:
         which would look like a loss to it; a failure here is ignored, every site is leaving),
         our last messages given time to land (bounded), then every session ends. Once every
         member passed that barrier the store records the group's end, so a site waiting to be
-        admitted gets ``GroupEnded`` instead of waiting for an answer that cannot come."""
-        if self.state is ElasticState.RUNNING and self.group is not None and not self._calls:
+        admitted gets ``GroupEnded`` instead of waiting for an answer that cannot come. A site
+        that never got the state (its copy failed) leaves without the barrier: the members are
+        in a step, and its barrier would pair with their call."""
+        taking_part = self.state is ElasticState.RUNNING and self._current
+        if taking_part and self.group is not None and not self._calls:
             with contextlib.suppress(CollectiveError):
                 await self.group.barrier(timeout=max(drain_s, 1.0) * 6)
                 await self.membership.mark_ended(self.epoch.number, self._step)

@@ -187,11 +187,13 @@ async def _receive_state(group: Group, state: StateHolder, source: int, helpers:
 
     first, *rest = await asyncio.gather(from_source(), *(part(h) for h in helpers if h != source))
     manifest, private, own = first
-    parts = sorted([own, *rest], key=lambda p: p[0])
-    common = np.concatenate([p[3] for p in parts]) if parts else np.empty(0, np.uint8)
     expected = bytes.fromhex(manifest["shared_digest"])
-    tiled = all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False)) and parts[0][0] == 0
-    if not tiled or any(p[2] != expected for p in parts) or shard_digest(common.data) != expected:
+    digests_agree = all(p[2] == expected for p in [own, *rest])
+    parts = sorted((p for p in [own, *rest] if p[1] > p[0]), key=lambda p: p[0])  # helpers left out send none
+    common = np.concatenate([p[3] for p in parts]) if parts else np.empty(0, np.uint8)
+    starts = [0, *(p[1] for p in parts[:-1])]
+    tiled = [p[0] for p in parts] == starts[:len(parts)]
+    if not tiled or not digests_agree or shard_digest(common.data) != expected:
         raise CollectiveError("state: the members level with the sender do not hold the arrays it "
                               "declares shared alike (ranges or digests differ); nothing was loaded")
     received: dict[str, npt.NDArray[Any]] = {}
