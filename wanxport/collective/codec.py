@@ -131,14 +131,20 @@ def _encode_int8(x: F32, out: npt.NDArray[np.uint8]) -> None:
     count = x.size
     scales = _int8_scales(x)
     q = out[:count].view(np.int8)
-    inverse = np.divide(np.float32(1.0), scales, out=np.zeros_like(scales), where=scales > 0)
     full = (count // INT8_BLOCK) * INT8_BLOCK
     scaled = np.empty(count, dtype=np.float32)
-    if full:
-        np.multiply(x[:full].reshape(-1, INT8_BLOCK), inverse[: full // INT8_BLOCK, None],
-                    out=scaled[:full].reshape(-1, INT8_BLOCK))
-    if full < count:
-        np.multiply(x[full:], inverse[-1], out=scaled[full:])
+    with np.errstate(over="ignore", invalid="ignore"):  # subnormal scales: redone below
+        inverse = np.divide(np.float32(1.0), scales, out=np.zeros_like(scales), where=scales > 0)
+        if full:
+            np.multiply(x[:full].reshape(-1, INT8_BLOCK), inverse[: full // INT8_BLOCK, None],
+                        out=scaled[:full].reshape(-1, INT8_BLOCK))
+        if full < count:
+            np.multiply(x[full:], inverse[-1], out=scaled[full:])
+    # A block whose peak is below ~4e-37 has a scale whose inverse overflows float32 (0 x inf
+    # is NaN, and NaN has no int8): its values are scaled in float64, where it does not.
+    for block in np.flatnonzero(np.isinf(inverse)):
+        span = slice(int(block) * INT8_BLOCK, min(count, (int(block) + 1) * INT8_BLOCK))
+        scaled[span] = x[span].astype(np.float64) / np.float64(scales[block])
     np.rint(scaled, out=scaled)
     np.clip(scaled, -127, 127, out=scaled)
     q[:] = scaled
