@@ -121,10 +121,18 @@ class SiteLink:
         return self._bulk_bytes, busy
 
     def carried_bps(self) -> float:
-        """Bytes per second the link carried to the peer while it had bulk data, over its life;
-        0 until its meter counts (``METER_MIN_S`` busy, ``METER_MIN_BYTES`` verified)."""
+        """Bytes per second the link can carry to the peer, as far as it has seen: the larger
+        of what it carried while it had bulk data (0 until its meter counts: ``METER_MIN_S``
+        busy, ``METER_MIN_BYTES`` verified) and its paths' delivery-rate estimates, failed
+        paths included (what a path delivered before it failed). Small messages are
+        latency-bound, so what a fast link carried understates it more than a slow one's."""
         sent, busy = self.busy_meter()
-        return sent / busy if busy >= METER_MIN_S and sent >= METER_MIN_BYTES else 0.0
+        carried = sent / busy if busy >= METER_MIN_S and sent >= METER_MIN_BYTES else 0.0
+        try:
+            estimated = sum(path.bandwidth_bps for path in self.path_stats()) / 8
+        except Exception:  # noqa: BLE001 - a session torn down meanwhile: what was carried stands
+            estimated = 0.0
+        return max(carried, estimated)
 
     async def _deliver_one(self, shard_id: int, payload: npt.NDArray[np.uint8], seq: int) -> None:
         try:
