@@ -80,10 +80,12 @@ def test_a_diloco_site_killed_and_restarted_gets_model_optimizer_and_outer_state
         assert [line["live"] for line in runs[0] if line.get("step") == 2] == [[0, 1]]  # the mean over 2
         admitted = finals[2]["admitted_at"]
         assert admitted > 2 and len({f["final"] for f in finals}) == 1
-        sent = [line["state"] for line in runs[0] if line.get("boundary") == admitted]
+        # Each live site's state at the admitting boundary (their AdamW moments differ): the
+        # source is whichever links to site 2 can carry the most, so either may have sent it.
+        sent = {[line["state"] for line in run if line.get("boundary") == admitted][-1] for run in runs[:2]}
         received = [line for line in runs[2] if "boundary" in line]
         assert received[0]["boundary"] == admitted  # it took part from its admission on
-        assert received[0]["state"] == sent[-1]  # bit-identical (site 0: the lowest-ranked source)
+        assert received[0]["state"] in sent  # bit-identical to a live site's
         assert len({f["shared"] for f in finals}) == 1, "\n".join(map(show, runs))
         for proc in (procs[0], procs[1], procs[3]):
             assert proc.wait(timeout=60) == 0
