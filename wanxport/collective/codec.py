@@ -140,11 +140,7 @@ def _encode_int8(x: F32, out: npt.NDArray[np.uint8]) -> None:
                         out=scaled[:full].reshape(-1, INT8_BLOCK))
         if full < count:
             np.multiply(x[full:], inverse[-1], out=scaled[full:])
-    # A block whose peak is below ~4e-37 has a scale whose inverse overflows float32 (0 x inf
-    # is NaN, and NaN has no int8): its values are scaled in float64, where it does not.
-    for block in np.flatnonzero(np.isinf(inverse)):
-        span = slice(int(block) * INT8_BLOCK, min(count, (int(block) + 1) * INT8_BLOCK))
-        scaled[span] = x[span].astype(np.float64) / np.float64(scales[block])
+    codec_int4.rescale_subnormal(x, scaled, scales, inverse, INT8_BLOCK)
     np.rint(scaled, out=scaled)
     np.clip(scaled, -127, 127, out=scaled)
     q[:] = scaled

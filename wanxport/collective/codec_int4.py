@@ -41,6 +41,14 @@ def scales(x: F32) -> F32:
     return (peaks / np.float32(LEVELS)).astype(np.float32)
 
 
+def rescale_subnormal(x: F32, scaled: F32, per_block: F32, inverse: F32, block_size: int) -> None:
+    """Scale again, in float64, the blocks whose peak is so small (below about 4e-37) that the
+    float32 inverse of their scale overflowed: 0 x inf is NaN, which no level or int8 holds."""
+    for block in np.flatnonzero(np.isinf(inverse)):
+        span = slice(int(block) * block_size, min(x.size, (int(block) + 1) * block_size))
+        scaled[span] = x[span].astype(np.float64) / np.float64(per_block[block])
+
+
 def encode(x: F32, out: U8) -> U8:
     """The wire bytes of the 1-D float32 array ``x`` into ``out`` (``encoded_bytes`` long).
     A non-finite value makes its own block's scale non-finite (it decodes as NaN or inf
@@ -57,11 +65,7 @@ def _encode(x: F32, out: U8) -> U8:
     scaled = np.zeros(blocks * INT4_BLOCK + 1, dtype=np.float32)  # one spare: the pad nibble
     np.multiply(np.pad(x, (0, blocks * INT4_BLOCK - count)).reshape(blocks, INT4_BLOCK), inverse[:, None],
                 out=scaled[: blocks * INT4_BLOCK].reshape(blocks, INT4_BLOCK))
-    # A block whose peak is below ~2e-38 has a scale whose inverse overflows float32 (0 x inf
-    # is NaN, which has no level): its values are scaled in float64, where it does not.
-    for block in np.flatnonzero(np.isinf(inverse)):
-        span = slice(int(block) * INT4_BLOCK, min(count, (int(block) + 1) * INT4_BLOCK))
-        scaled[span] = x[span].astype(np.float64) / np.float64(per_block[block])
+    rescale_subnormal(x, scaled, per_block, inverse, INT4_BLOCK)
     np.rint(scaled, out=scaled)
     np.clip(scaled, -LEVELS, LEVELS, out=scaled)
     nibbles = (scaled[: 2 * ((count + 1) // 2)] + np.float32(8)).astype(np.uint8)
