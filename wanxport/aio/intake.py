@@ -4,6 +4,14 @@ What arrives is handed to the session in passes: one pass drains one or more
 paths and hands the session their placed DATA runs and opened control packets
 together. Whether a waking path waits first (receive coalescing) is the core's
 decision (``core.holdoff``); this module only holds the sockets and drains them.
+
+While data keeps arriving, the sockets stay out of the loop's watch and are
+polled once per hold-off instead (as a NIC driver polls under load and turns
+interrupts back on when a poll finds nothing): the first wake of a burst stops
+watching every path, and each pass that drained something arms the next one
+directly. A wake per path per hold-off cost a callback and a watch cycle (a
+uvloop handle and about six ``epoll_ctl`` calls) for each path that woke; a
+poll costs one ``poll`` for all of them.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ class Intake:
 
     def __init__(self, endpoint: Endpoint) -> None:
         self._ep = endpoint
-        self._held: list[int] = []  # paths readable and waiting out the hold-off
+        self._polling = False  # every path out of the loop's watch, drained when the hold-off ends
         self._held_timer: asyncio.TimerHandle | None = None
         self._held_since = 0.0  # clock() when the hold-off began
         self.passes = 0  # drains of one or more paths handed to the session together
@@ -41,36 +49,30 @@ class Intake:
     def on_readable(self, path_id: int) -> None:
         wait_s = self._ep.session.receive_holdoff.wait_s()
         if wait_s > 0.0:
-            self._hold(path_id, wait_s)
+            self._hold(wait_s)
         else:
             self._drain((path_id,))
 
-    def _hold(self, path_id: int, wait_s: float) -> None:
-        """Stop watching the path, drain it when the hold-off ends.
+    def _hold(self, wait_s: float) -> None:
+        """Stop watching every path; drain what they hold when the hold-off ends.
 
-        What arrives until then (on this path and every other path that wakes
-        meanwhile) is drained in one pass. The socket must leave the loop's watch
-        meanwhile: its readiness is level-triggered.
+        What arrives until then, on any path, is drained in one pass. The sockets
+        must leave the loop's watch meanwhile: their readiness is level-triggered.
         """
-        loop = self._ep.loop
-        assert loop is not None  # readers run only while the endpoint does
-        self._watch(path_id, False)
-        self._held.append(path_id)
+        if not self._polling:
+            self._polling = True
+            for path_id in range(len(self._ep.sockets)):
+                self._watch(path_id, False)
         if self._held_timer is None:
+            loop = self._ep.loop
+            assert loop is not None  # readers run only while the endpoint does
             self._held_since = self._ep.clock()
             self._held_timer = loop.call_later(wait_s, self._release_held)
 
-    def _release_held(self, paths: Sequence[int] | None = None) -> None:
-        """Drain ``paths`` (the held ones by default) and watch the held ones again."""
+    def _release_held(self) -> None:
+        """The hold-off ended: one pass over the paths with something to read."""
         self._held_timer = None
-        held, self._held = self._held, []
-        try:
-            waited = self._ep.clock() - self._held_since if held else 0.0
-            self._drain(held if paths is None else paths, waited)
-        finally:
-            if self._ep.loop is not None:  # not closed by what the drain handed on
-                for path_id in held:
-                    self._watch(path_id, True)
+        self._poll_pass(self._readable())
 
     def drain_all(self) -> None:
         """Read what already waits in every socket before a deadline judges its absence.
@@ -83,9 +85,32 @@ class Intake:
         cores). Draining first costs one ``poll`` for every path, then a drain of those
         that have something to read.
         """
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-        self._release_held(self._readable())
+        readable = self._readable()
+        if not self._polling:
+            self._drain(readable)
+        elif readable:  # else the hold-off's own pass still stands
+            if self._held_timer is not None:
+                self._held_timer.cancel()
+            self._poll_pass(readable)
+
+    def _poll_pass(self, readable: Sequence[int]) -> None:
+        """Drain ``readable`` in one pass while polling; then poll on at the next hold-off if it
+        found something and the session still holds, else hand the paths back to the loop."""
+        waited = self._ep.clock() - self._held_since
+        try:
+            if readable:
+                self._drain(readable, waited)
+        finally:
+            ep = self._ep
+            if ep.loop is not None:  # not closed by what the drain handed on
+                wait_s = ep.session.receive_holdoff.wait_s()
+                if readable and wait_s > 0.0:
+                    self._held_since = ep.clock()
+                    self._held_timer = ep.loop.call_later(wait_s, self._release_held)
+                else:
+                    self._polling = False
+                    for path_id in range(len(ep.sockets)):
+                        self._watch(path_id, True)
 
     def _readable(self) -> list[int]:
         """The paths whose socket has a datagram (or an error) to read now."""
@@ -103,7 +128,7 @@ class Intake:
         if self._held_timer is not None:
             self._held_timer.cancel()
         self._held_timer = None
-        self._held = []
+        self._polling = False
 
     def _watch(self, path_id: int, on: bool) -> None:
         """Let the loop watch the path's socket again (``on``) or stop watching it."""
