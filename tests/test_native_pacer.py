@@ -120,6 +120,26 @@ def test_byte_rate_paces_by_size(pair: tuple[socket.socket, socket.socket]) -> N
     assert_paced((stamps[-1] - stamps[0]) / 1e9, (sum(lengths) - lengths[-1]) / 1e6)
 
 
+def test_a_slow_path_sends_a_longer_window_per_wake_and_stays_paced(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """At 10 MB/s a 0.5 ms burst window is 4-5 datagrams a wake-up and a send. A path too
+    slow to fill one GSO send within it gets a window up to 2 ms, about 17 datagrams a
+    round (fewer rounds still on a host that wakes the thread late), and never leaves
+    faster than its rate allows beyond that one window."""
+    rx, tx = pair
+    n, rate = 400, 10_000_000.0
+    with native_io.Pacer(1, max_batch=256, spin_ns=0, burst_ns=500_000) as pacer:
+        pacer.set_path(0, tx)
+        pacer.set_rate(0, rate)
+        assert pacer.enqueue(0, numbered(0, n), stride=SIZE) == n
+        assert pacer.wait_idle(10.0)
+        rounds = pacer.thread_stats().send_rounds
+    seqs, _, stamps = drain(rx)
+    assert seqs == list(range(n))
+    assert rounds <= n // 12, f"{rounds} release rounds for {n} datagrams: the window did not grow"
+    assert_paced((stamps[-1] - stamps[0]) / 1e9 + 0.002, (n - 1) * SIZE / rate)
+
+
 def test_unpaced_uses_gso_and_keeps_order(pair: tuple[socket.socket, socket.socket]) -> None:
     rx, tx = pair
     n = 300

@@ -66,8 +66,10 @@ class EndpointConfig:
     # due within pacer_burst_ns in one sendmmsg/GSO call (fewer wake-ups). On a
     # small, shared machine spinning costs more throughput than it buys: at
     # 200 Mb/s a release is due every ~60 us, so a 20 us spin burns a third of a
-    # core per path. 0.5 ms bursts are ~9 datagrams at 150 Mb/s, far below
-    # any WAN bottleneck buffer.
+    # core per path. A path slower than one GSO send (65 kB) per pacer_burst_ns
+    # gets a longer window, until its burst fills one send or lasts 2 ms: 0.5 ms at
+    # 150 Mb/s was ~9 datagrams a syscall; 2 ms is ~26 (38 kB), still far below any
+    # WAN bottleneck buffer. 0: every datagram at its own time.
     pacer_spin_ns: int = 0
     pacer_burst_ns: int = 500_000
     # Threads the native data path spreads the paths over (aio.workers): path i goes
