@@ -665,3 +665,21 @@ def test_pacing_wake_ups_served_late_are_counted(late_s: float, counted: int) ->
         session.on_deadline(due + late_s)
         assert session.poll_transmit(due + late_s)
     assert session.stats().paths[0].late_wakes == counted
+
+
+def test_a_pacing_wake_judges_nothing_and_a_probe_timeout_does() -> None:
+    """A driver reads its sockets before a deadline that acts on what the peer sent or failed
+    to send (here a probe timeout: nothing was acknowledged), not before one that only wakes
+    the pacing: ``judgement_due`` tells the two apart."""
+    config = SessionConfig(paths=(PathConfig("p0", max_rate_bps=10e6),), tag_bytes=0)
+    session = Session(config)
+    session.submit(0, bytes(1_000_000), 0.0)
+    assert session.poll_transmit(0.0)
+    due = session.next_deadline()
+    assert due is not None and session.paths[0].pacing_wake == due
+    assert not session.judgement_due(due)
+    assert not session.judgement_due(due - 1e-3)
+    pto = session.paths[0].loss.pto_deadline(config.max_ack_delay_s)
+    assert pto is not None and pto > due
+    assert session.paths[0].judged_at(config.max_ack_delay_s) == pto
+    assert session.judgement_due(pto)

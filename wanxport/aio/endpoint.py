@@ -327,7 +327,7 @@ class Endpoint(SessionWindow):
         if now < due:  # early (a loop's timer granularity): wait for the rest, do nothing yet
             self._arm(due, now)
             return
-        if not self.datapath.threaded:
+        if not self.datapath.threaded and self.session.judgement_due(now):
             self.intake.drain_all()  # what already arrived, before a deadline judges its absence
             if self.loop is None:  # what the drain handed on closed the endpoint
                 return

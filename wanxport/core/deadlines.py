@@ -38,6 +38,10 @@ class DeadlineHeap:
         heap = self._heap
         return self._at[heap[0]] if heap else INFINITY
 
+    def at(self, key: int) -> float:
+        """``key``'s deadline (``inf``: none)."""
+        return self._at[key]
+
     def set(self, key: int, at: float) -> None:
         """Give ``key`` the deadline ``at`` (``inf`` removes it)."""
         old = self._at[key]

@@ -130,6 +130,14 @@ class Path:
     def deadline(self, max_ack_delay_s: float) -> float:
         """When the path's earliest timer is due (ACK, loss, probe timeout, probe, stale RTT, pacing);
         inf if none."""
+        at = self.judged_at(max_ack_delay_s)
+        wake = self.pacing_wake
+        return wake if wake is not None and wake < at else at
+
+    def judged_at(self, max_ack_delay_s: float) -> float:
+        """When the path's earliest timer that acts on what was heard (or not) from the peer
+        is due: an ACK owed, a loss, a probe timeout, a probe, a stale RTT; inf if none.
+        Only the pacing wake-up is not one: it hands out data and judges nothing."""
         at = float("inf")
         ack_at = self.acks.ack_at
         if ack_at is not None:
@@ -147,8 +155,6 @@ class Path:
         next_probe_at = self.health.next_probe_at
         if next_probe_at is not None and next_probe_at < at:
             at = next_probe_at
-        if self.pacing_wake is not None and self.pacing_wake < at:
-            at = self.pacing_wake
         return at
 
     def send_rate_Bps(self) -> float:

@@ -419,6 +419,20 @@ class Session:
         at = self._deadlines.earliest()
         return None if at == float("inf") else at
 
+    def judgement_due(self, now: float) -> bool:
+        """Whether a deadline due by ``now`` acts on what the peer sent, or failed to: an ACK
+        owed, a loss, a probe timeout, a probe, a stale RTT, a stalled receive. A driver
+        reads what already waits in its sockets before such a deadline (``on_deadline``)
+        judges its absence; before a deadline that only wakes the pacing it need not."""
+        self._flush_timers()
+        deadlines = self._deadlines
+        if deadlines.earliest() > now:
+            return False
+        if deadlines.at(len(self.paths)) <= now:  # the stall watch (``StallWatch``)
+            return True
+        max_ack_delay_s = self.config.max_ack_delay_s
+        return any(path.judged_at(max_ack_delay_s) <= now for path in self.paths)
+
     def on_deadline(self, now: float) -> None:
         self._flush_timers()
         paths = self.paths
