@@ -127,13 +127,6 @@ class Path:
         queued_s = self.loss.bytes_in_flight * 8.0 / rate_bps - base
         return base / 2 + (queued_s if queued_s > 0.0 else 0.0)
 
-    def deadline(self, max_ack_delay_s: float) -> float:
-        """When the path's earliest timer is due (ACK, loss, probe timeout, probe, stale RTT, pacing);
-        inf if none."""
-        at = self.judged_at(max_ack_delay_s)
-        wake = self.pacing_wake
-        return wake if wake is not None and wake < at else at
-
     def judged_at(self, max_ack_delay_s: float) -> float:
         """When the path's earliest timer that acts on what was heard (or not) from the peer
         is due: an ACK owed, a loss, a probe timeout, a probe, a stale RTT; inf if none.

@@ -99,6 +99,8 @@ class Session:
                                      allocator or allocate_bytearray)
         # Per path its earliest timer, and one more key for the session's own (stall detection).
         self._deadlines = DeadlineHeap(len(self.paths) + 1)
+        # Per path its earliest timer that judges what was heard (all but the pacing wake-up).
+        self._judged_at = [float("inf")] * len(self.paths)
         self._events: list[Event] = []
         self._stall = StallWatch(self._deadlines, len(self.paths), self._events)
         # Receive coalescing, for the driver to apply: ``receive_holdoff.wait_s()`` when a path
@@ -409,9 +411,13 @@ class Session:
         touched = self._tx.touched
         if touched:
             deadlines = self._deadlines
+            judged_at = self._judged_at
             max_ack_delay_s = self.config.max_ack_delay_s
             for path_id in touched:
-                deadlines.set(path_id, self.paths[path_id].deadline(max_ack_delay_s))
+                path = self.paths[path_id]
+                at = judged_at[path_id] = path.judged_at(max_ack_delay_s)
+                wake = path.pacing_wake
+                deadlines.set(path_id, wake if wake is not None and wake < at else at)
             touched.clear()
 
     def next_deadline(self) -> float | None:
@@ -428,10 +434,8 @@ class Session:
         deadlines = self._deadlines
         if deadlines.earliest() > now:
             return False
-        if deadlines.at(len(self.paths)) <= now:  # the stall watch (``StallWatch``)
-            return True
-        max_ack_delay_s = self.config.max_ack_delay_s
-        return any(path.judged_at(max_ack_delay_s) <= now for path in self.paths)
+        stall_at = deadlines.at(len(self.paths))  # the stall watch's key (``StallWatch``)
+        return stall_at <= now or min(self._judged_at, default=float("inf")) <= now
 
     def on_deadline(self, now: float) -> None:
         self._flush_timers()
