@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <openssl/evp.h>
+#include <sys/socket.h>
 
 /* Wire format v1 constants (docs/wire-format.md); each must equal its
  * definition in wanxport/wire (module.c exports them, a test compares). */
@@ -142,6 +143,41 @@ PyObject *wx_seal_batch(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *wx_open_batch(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *wx_build_data_datagrams(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *wx_recv_batch(PyObject *self, PyObject *args, PyObject *kwargs);
+
+/* ---- udpio.c: batched receive, shared by recv_batch() and Receiver.drain() ---- */
+
+#define WX_MAX_BATCH 1024 /* messages one recvmmsg call may take */
+#define WX_CMSG_SPACE 128 /* ancillary bytes per message: timestamp, GRO size, drop count */
+
+/* One recvmmsg call's state over a caller's buffer of max_msgs equal slots, reused
+ * call after call. After wx_recv_messages: got messages, count datagrams once
+ * GRO-coalesced messages are split, truncated messages larger than a slot (dropped),
+ * and overflow, the socket's SO_RXQ_OVFL drop count on the newest message that
+ * carried one (left as it was when none did). */
+typedef struct {
+    uint8_t *buf;
+    Py_ssize_t slot;
+    int max_msgs, got;
+    Py_ssize_t count, truncated;
+    long long overflow;
+    struct mmsghdr *msgs;
+    struct iovec *iovs;
+    struct sockaddr_storage *names;
+    uint8_t *ctrl;
+    int *gso;
+    int64_t *ts;
+} WxRecv;
+
+/* 0, or -1 with a Python error (the slots too small, or no memory). */
+int wx_recv_init(WxRecv *r, uint8_t *buf, Py_ssize_t len, int max_msgs);
+void wx_recv_free(WxRecv *r);
+/* One non-blocking recvmmsg (no GIL needed): messages received, 0 when none
+ * waited, or -errno. */
+int wx_recv_messages(WxRecv *r, int fd);
+/* The count datagrams of the last call, in order, each with the message it came in. */
+void wx_recv_describe(const WxRecv *r, WxDesc *dv, int *msg_of);
+/* The sender of message msg of the last call: (host, port), or None. */
+PyObject *wx_recv_sender(const WxRecv *r, int msg);
 PyObject *wx_enable_timestamps(PyObject *self, PyObject *args);
 PyObject *wx_enable_gro(PyObject *self, PyObject *args);
 PyObject *wx_fold_runs(PyObject *self, PyObject *arg);

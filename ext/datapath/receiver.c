@@ -468,19 +468,7 @@ static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
  * consecutive packet numbers, same shard and contiguous offsets. The session is
  * told once per run (Session.receive_data_run), so Python never loops per
  * datagram; doing this fold with numpy cost ~10 array calls per receive batch. */
-PyObject *wx_fold_runs(PyObject *self, PyObject *arg) {
-    Py_buffer buf;
-    if (PyObject_GetBuffer(arg, &buf, PyBUF_C_CONTIGUOUS) != 0) return NULL;
-    PyObject *out = NULL;
-    if (buf.len % (Py_ssize_t)sizeof(WxRecord) != 0) {
-        PyErr_Format(PyExc_ValueError, "records: %zd bytes is not a whole number of %zu-byte records",
-                     buf.len, sizeof(WxRecord));
-        goto done;
-    }
-    size_t n = (size_t)buf.len / sizeof(WxRecord);
-    const uint8_t *base = buf.buf;
-    out = PyList_New(0);
-    if (out == NULL) goto done;
+static int fold_append(PyObject *out, const uint8_t *base, size_t n) {
     size_t i = 0;
     WxRecord first, prev, cur;
     while (i < n) {
@@ -501,12 +489,25 @@ PyObject *wx_fold_runs(PyObject *self, PyObject *arg) {
                                       (unsigned long long)first.offset, (unsigned long long)total);
         if (run == NULL || PyList_Append(out, run) != 0) {
             Py_XDECREF(run);
-            Py_CLEAR(out);
-            goto done;
+            return -1;
         }
         Py_DECREF(run);
         i = j;
     }
+    return 0;
+}
+
+PyObject *wx_fold_runs(PyObject *self, PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    PyObject *out = NULL;
+    if (buf.len % (Py_ssize_t)sizeof(WxRecord) != 0) {
+        PyErr_Format(PyExc_ValueError, "records: %zd bytes is not a whole number of %zu-byte records",
+                     buf.len, sizeof(WxRecord));
+        goto done;
+    }
+    out = PyList_New(0);
+    if (out != NULL && fold_append(out, buf.buf, (size_t)buf.len / sizeof(WxRecord)) != 0) Py_CLEAR(out);
 done:
     PyBuffer_Release(&buf);
     return out;
@@ -609,6 +610,160 @@ done:
     return res;
 }
 
+/* Receiver.drain: read a socket's queue in recvmmsg batches and open, check and place
+ * every datagram, in one call. What the event loop used to do per batch in Python
+ * (wrap the batch, process it, fold its records, build control and QUIC entries,
+ * look at the drop count) happens here, and Python is called once per drain. */
+typedef struct {
+    WxDesc *dv;
+    int *msg_of;
+    WxRecord *rec;
+    Control *ctl;
+    Py_ssize_t *quic_idx;
+    uint8_t *scratch; /* plaintexts: at most the buffer's bytes */
+    Py_ssize_t cap;
+} DrainSpace;
+
+static void drain_space_free(DrainSpace *d) {
+    PyMem_Free(d->dv);
+    PyMem_Free(d->msg_of);
+    PyMem_Free(d->rec);
+    PyMem_Free(d->ctl);
+    PyMem_Free(d->quic_idx);
+    PyMem_Free(d->scratch);
+}
+
+/* Room for n datagrams; 0, or -1 with MemoryError. */
+static int drain_space_fit(DrainSpace *d, Py_ssize_t n) {
+    if (n <= d->cap) return 0;
+    Py_ssize_t cap = n > 2 * d->cap ? n : 2 * d->cap;
+    WxDesc *dv = PyMem_Realloc(d->dv, cap * sizeof *dv);
+    if (dv) d->dv = dv;
+    int *msg_of = PyMem_Realloc(d->msg_of, cap * sizeof *msg_of);
+    if (msg_of) d->msg_of = msg_of;
+    WxRecord *rec = PyMem_Realloc(d->rec, cap * sizeof *rec);
+    if (rec) d->rec = rec;
+    Control *ctl = PyMem_Realloc(d->ctl, cap * sizeof *ctl);
+    if (ctl) d->ctl = ctl;
+    Py_ssize_t *quic_idx = PyMem_Realloc(d->quic_idx, cap * sizeof *quic_idx);
+    if (quic_idx) d->quic_idx = quic_idx;
+    if (!dv || !msg_of || !rec || !ctl || !quic_idx) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    d->cap = cap;
+    return 0;
+}
+
+static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"fd", "buffer", "max_messages", "max_batches", NULL};
+    PyObject *o_fd, *o_msgs, *o_batches, *runs = NULL, *controls = NULL, *quic = NULL, *res = NULL;
+    Py_buffer buf = {0};
+    long long max_msgs, max_batches;
+    WxRecv r = {0};
+    DrainSpace sp = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ow*OO:drain", kwlist, &o_fd, &buf, &o_msgs,
+                                     &o_batches))
+        return NULL;
+    int fd = PyObject_AsFileDescriptor(o_fd);
+    if (fd < 0 || ready(self) || wx_int_in_range(o_msgs, "max_messages", 1, WX_MAX_BATCH, &max_msgs) ||
+        wx_int_in_range(o_batches, "max_batches", 1, 1 << 20, &max_batches) ||
+        wx_recv_init(&r, buf.buf, buf.len, (int)max_msgs))
+        goto done;
+    sp.scratch = PyMem_Malloc(buf.len ? buf.len : 1);
+    runs = PyList_New(0);
+    controls = PyList_New(0);
+    quic = PyList_New(0);
+    if (sp.scratch == NULL || runs == NULL || controls == NULL || quic == NULL) {
+        if (sp.scratch == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    r.overflow = -1;
+    Py_ssize_t placed = 0, truncated = 0, drained = 0;
+    long long rx_ns = 0;
+    int pressed = 1; /* unless the socket runs dry within max_batches */
+    for (long long b = 0; b < max_batches; b++) {
+        int got;
+        Py_BEGIN_ALLOW_THREADS
+        got = wx_recv_messages(&r, fd);
+        Py_END_ALLOW_THREADS
+        if (got == -ECONNREFUSED) continue; /* an ICMP error queued (peer not up yet): consumed */
+        if (got < 0) {
+            if (drained) break; /* hand over what was placed; the next drain meets the error */
+            errno = -got;
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        truncated += r.truncated;
+        Py_ssize_t n = r.count;
+        if (n == 0) {
+            pressed = 0;
+            break;
+        }
+        drained += n;
+        if (drain_space_fit(&sp, n)) goto done;
+        wx_recv_describe(&r, sp.dv, sp.msg_of);
+        rx_ns = sp.dv[n - 1].rx_time_ns;
+        Py_ssize_t n_rec = 0, n_ctl = 0, n_quic = 0;
+        self->busy = 1; /* keys and shards cannot change until the loop ends */
+        Py_BEGIN_ALLOW_THREADS
+        size_t scratch_off = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Control *c = &sp.ctl[n_ctl];
+            int k = process_one(self, r.buf + sp.dv[i].offset, (size_t)sp.dv[i].length, sp.dv[i].rx_time_ns,
+                                sp.scratch + scratch_off, &sp.rec[n_rec], c);
+            if (k == 1) {
+                n_rec++;
+            } else if (k == 2) {
+                c->pt_offset = scratch_off;
+                scratch_off += c->pt_len;
+                n_ctl++;
+            } else if (k == 3) {
+                sp.quic_idx[n_quic++] = i;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        self->busy = 0;
+        placed += n_rec;
+        if (fold_append(runs, (const uint8_t *)sp.rec, (size_t)n_rec)) goto done;
+        for (Py_ssize_t i = 0; i < n_ctl; i++) {
+            PyObject *t = Py_BuildValue("(HKy#)", sp.ctl[i].path_id, (unsigned long long)sp.ctl[i].pn,
+                                        (const char *)sp.scratch + sp.ctl[i].pt_offset,
+                                        (Py_ssize_t)sp.ctl[i].pt_len);
+            if (t == NULL || PyList_Append(controls, t) != 0) {
+                Py_XDECREF(t);
+                goto done;
+            }
+            Py_DECREF(t);
+        }
+        for (Py_ssize_t i = 0; i < n_quic; i++) {
+            const WxDesc *q = &sp.dv[sp.quic_idx[i]];
+            PyObject *sender = wx_recv_sender(&r, sp.msg_of[sp.quic_idx[i]]);
+            PyObject *t = sender ? Py_BuildValue("(y#N)", (const char *)r.buf + q->offset,
+                                                 (Py_ssize_t)q->length, sender)
+                                 : NULL;
+            if (t == NULL || PyList_Append(quic, t) != 0) {
+                Py_XDECREF(t);
+                goto done;
+            }
+            Py_DECREF(t);
+        }
+        if (r.got < max_msgs) { /* recvmmsg returns short only when the queue ran dry */
+            pressed = 0;
+            break;
+        }
+    }
+    res = Py_BuildValue("(OnOOiLnL)", runs, placed, controls, quic, pressed, rx_ns, truncated, r.overflow);
+done:
+    Py_XDECREF(runs);
+    Py_XDECREF(controls);
+    Py_XDECREF(quic);
+    drain_space_free(&sp);
+    wx_recv_free(&r);
+    PyBuffer_Release(&buf);
+    return res;
+}
+
 static PyObject *Receiver_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     return type->tp_alloc(type, 0);
 }
@@ -633,6 +788,12 @@ static PyMethodDef Receiver_methods[] = {
      "is_complete(shard_id) -> bool: every byte of the buffer received."},
     {"highest_pn", (PyCFunction)Receiver_highest_pn, METH_O,
      "highest_pn(path_id) -> int | None: highest authenticated packet number."},
+    {"drain", (PyCFunction)(void (*)(void))Receiver_drain, METH_VARARGS | METH_KEYWORDS,
+     "drain(fd, buffer, max_messages, max_batches) -> (runs: list[(path_id, first_pn, count, "
+     "shard_id, offset, length)], placed: int, controls: list[(path_id, pn, plaintext)], quic: "
+     "list[(datagram, sender)], pressed: bool, newest_rx_ns: int, truncated: int, overflow: int): "
+     "read the socket in batches of max_messages (buffer split into that many slots) until it "
+     "runs dry or max_batches were read (pressed), and process each batch."},
     {"process", (PyCFunction)(void (*)(void))Receiver_process, METH_VARARGS | METH_KEYWORDS,
      "process(buffer, descriptors) -> (records: bytes, controls: list[(path_id, pn, "
      "plaintext, rx_time_ns)], quic: list[(descriptor index, datagram)])"},

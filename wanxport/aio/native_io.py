@@ -13,8 +13,9 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import NamedTuple
 
-from wanxport.wire.native import Buffer, DataBurst, DatagramBatch, Protector, require
+from wanxport.wire.native import Buffer, DataBurst, DatagramBatch, Protector, Receiver, require
 
 FdLike = int | socket.socket
 
@@ -37,6 +38,28 @@ def recv_batch(
     count, desc, addrs, truncated, overflow = require().recv_batch(fd, buffer, max_datagrams,
                                                                    want_addrs, quic_addrs)
     return DatagramBatch(buffer, desc, count, addrs, truncated, overflow)
+
+
+class Drained(NamedTuple):
+    """What ``drain`` read from a socket and placed."""
+
+    runs: list[tuple[int, int, int, int, int, int]]  # placed DATA (see wire.receiver.Run)
+    placed: int  # DATA datagrams the runs hold
+    controls: list[tuple[int, int, bytes]]  # (path_id, pn, plaintext) of authenticated non-DATA
+    quic: list[tuple[bytes, tuple[str, int]]]  # QUIC-looking datagrams, untouched, and their senders
+    pressed: bool  # stopped at max_batches with the socket not yet dry
+    rx_ns: int  # kernel receive time (CLOCK_REALTIME ns) of the newest datagram; 0: none
+    truncated: int  # messages larger than a slot (dropped)
+    rxq_overflow: int  # the socket's SO_RXQ_OVFL drop count on the newest message; -1: none
+
+
+def drain(receiver: Receiver, fd: FdLike, buffer: bytearray | memoryview, max_messages: int,
+          max_batches: int) -> Drained:
+    """Read ``fd`` in ``recvmmsg`` batches of up to ``max_messages`` (``buffer`` split into that
+    many slots) until it runs dry or ``max_batches`` were read, and open, check and place each
+    batch with ``receiver``: ``recv_batch`` and ``Receiver.process`` of every batch, and the
+    folding of their records into runs, in one native call."""
+    return Drained(*receiver._c.drain(fd, buffer, max_messages, max_batches))
 
 
 def enable_timestamps(fd: FdLike) -> None:

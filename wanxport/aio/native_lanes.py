@@ -8,17 +8,16 @@ two threads at once; the caller (the loop, or the worker owning it) serialises.
 
 Per call, not per datagram: one ``Pacer.enqueue_data`` per data plan (it
 queues the plan unsealed, in C without the GIL; the pacer's release thread
-seals each datagram just before it sends it), one ``recv_batch`` +
-``Receiver.process`` per batch of up to 64 messages (more with GRO), which
-open, replay-check and place DATA straight into the registered shard buffers
-(without the GIL).
+seals each datagram just before it sends it), one ``Receiver.drain`` per
+drain of a socket, which reads it in batches of up to 64 messages (more
+datagrams with GRO) and opens, replay-checks and places DATA straight into the
+registered shard buffers (without the GIL), handing back runs, not datagrams.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -36,8 +35,6 @@ log = logging.getLogger(__name__)
 RECV_SLOTS = 64
 GRO_SLOT_BYTES = 65536
 MAX_BATCHES_PER_WAKE = 16
-_RX_TIME = struct.Struct("=q")
-_RX_TIME_AT = (native.DESC_DTYPE.itemsize, native.DESC_DTYPE.fields["rx_time_ns"][1])  # stride, offset
 RELEASE_BATCH_PER_PATH = 64  # datagrams a path may release per pacer round
 MAX_RELEASE_BATCH = 1024  # the pacer's own bound on one round (its sendmmsg vectors)
 
@@ -56,17 +53,6 @@ class _Pending:
         self.key_phase = key_phase
         self.datagram = datagram
         self.not_before_ns = not_before_ns
-
-
-def newest_rx_ns(batch: native.DatagramBatch) -> int:
-    """The receive time of a batch's last datagram (the newest), CLOCK_REALTIME ns."""
-    stride, at = _RX_TIME_AT
-    return int(_RX_TIME.unpack_from(batch.descriptors, (batch.count - 1) * stride + at)[0])
-
-
-def _address(addr: object) -> Address:
-    assert isinstance(addr, tuple), addr  # recv_batch(quic_addrs=True) named this sender
-    return str(addr[0]), int(addr[1])
 
 
 def not_eliciting(plan: ControlPlan) -> bool:
@@ -212,41 +198,15 @@ class ReceiveLane:
         self.datagrams = 0  # placed DATA datagrams: a worker's share of the traffic
 
     def receive(self, sock: socket.socket) -> Received:
-        """Drain the socket: runs of placed DATA datagrams (``native.fold_runs``), how
-        many datagrams they hold, opened control datagrams, and the QUIC-looking ones with
-        their senders (``recv_batch(quic_addrs=True)`` builds an address only for those)."""
-        out = Received(pressed=True)  # unless the socket runs dry within the cap
-        runs, controls = out.runs, out.controls
-        dropped = self.kernel_overflow
-        for _ in range(MAX_BATCHES_PER_WAKE):
-            try:
-                batch = native_io.recv_batch(sock, self._rx_buffer, RECV_SLOTS, quic_addrs=True)
-            except ConnectionRefusedError:
-                continue  # an ICMP error queued on the socket (peer not up yet): consumed
-            self.kernel_overflow += overflow.delta(sock, batch.rxq_overflow)
-            self.oversize += batch.truncated
-            if batch.count == 0:
-                out.pressed = False
-                break
-            out.rx_ns = newest_rx_ns(batch)
-            result = self.receiver.process(batch)
-            if len(result.records):
-                runs += native.fold_runs(result.records)
-                out.datagrams += len(result.records)
-            for c in result.controls:
-                controls.append((c.path_id, c.packet_number, c.plaintext))
-            if result.quic:
-                addrs = batch.addrs
-                assert addrs is not None  # quic_addrs: a sender for every QUIC-looking datagram
-                out.quic += [(datagram, _address(addrs[index])) for index, datagram in result.quic]
-            if batch.count + batch.truncated < RECV_SLOTS:
-                # recvmmsg returns short only when the queue ran dry: asking again would be an
-                # empty call (a syscall and a batch object for nothing, on every drain).
-                out.pressed = False
-                break
-        self.datagrams += out.datagrams
-        out.pressed = out.pressed or self.kernel_overflow > dropped
-        return out
+        """Drain the socket: runs of placed DATA datagrams, how many datagrams they hold,
+        opened control datagrams, and the QUIC-looking ones with their senders, in one
+        native call (``native_io.drain``)."""
+        got = native_io.drain(self.receiver, sock, self._rx_buffer, RECV_SLOTS, MAX_BATCHES_PER_WAKE)
+        dropped = overflow.delta(sock, got.rxq_overflow)
+        self.kernel_overflow += dropped
+        self.oversize += got.truncated
+        self.datagrams += got.placed
+        return Received(got.runs, got.placed, got.controls, got.quic, got.pressed or dropped > 0, got.rx_ns)
 
     @property
     def counters(self) -> dict[str, int]:
