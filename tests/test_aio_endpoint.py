@@ -275,6 +275,34 @@ async def test_receive_holdoff_yields_while_a_socket_fills(
         await drain_one_quiet_datagram()
 
 
+@pytest.mark.parametrize("datapath", DATAPATHS)
+async def test_while_data_keeps_arriving_the_sockets_are_polled_not_watched(
+        pairs: Callable[..., Pair], datapath: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A datagram every 5 ms against a 20 ms hold-off: the first wake takes both paths out
+    of the loop's watch and every pass after it finds something, so the paths are polled
+    pass after pass, not watched again and woken. Once a poll finds nothing the loop
+    watches them again, and a lone datagram is drained without any timer."""
+    pair = pairs(datapath, 2, 1, holdoff_s=0.02)
+    receiver = pair.b
+    watched: list[tuple[int, bool]] = []
+    watch = receiver.intake._watch
+    monkeypatch.setattr(receiver.intake, "_watch", lambda path_id, on: (watched.append((path_id, on)),
+                                                                        watch(path_id, on))[1])
+    flood = pair.a.sockets[0]  # turned away by the receiver's parser: drained, counted
+    passes = receiver.receive_passes
+    for i in range(60):
+        flood.send(b"\x21" + i.to_bytes(4, "big") * 8)
+        await asyncio.sleep(0.005)
+    await until(lambda: receiver.datapath.rejected >= 60)
+    held_passes = receiver.receive_passes - passes
+    assert watched[:2] == [(0, False), (1, False)]
+    # a watch cycle per pass and path was the old way; now one per dry poll (none on a quiet host)
+    assert len(watched) < held_passes, f"{len(watched)} watch changes over {held_passes} passes"
+    await until(lambda: watched[-2:] == [(0, True), (1, True)])  # a dry poll: the loop watches again
+    flood.send(b"\x21" + bytes(32))
+    await until(lambda: receiver.datapath.rejected >= 61)
+
+
 @pytest.mark.parametrize("bad", [-0.001, 0.2, float("nan")])
 def test_receive_holdoff_out_of_range_is_refused(bad: float) -> None:
     session = SessionConfig(paths=(PathConfig("p0"),))
