@@ -13,6 +13,14 @@ Each checkout needs its own ``.venv`` (``./dev setup`` there); every run is
 
 Prints, per scenario, each side's completion times, medians and B's median
 over A's; ``--out`` keeps every report.
+
+``--workload allreduce`` runs ``python -m emulation allreduce SCENARIO --comm
+wanxport --json`` instead (``-- --ranks-per-site 2 --steps 10`` and the like go
+after ``--``) and compares the mean step, the efficiency and each rank's CPU per
+GB moved, in all and in the event loop's thread:
+
+    sudo .venv/bin/python benchmarks/ab_emulated.py --workload allreduce --a /path/to/old \
+        --b . --runs 5 --out results/ab-allreduce.json allreduce-4route -- --steps 10
 """
 
 from __future__ import annotations
@@ -26,10 +34,16 @@ from pathlib import Path
 from typing import Any
 
 
-def run_once(checkout: Path, scenario: str, deadline_s: float, extra: list[str]) -> dict[str, Any]:
+def run_once(checkout: Path, scenario: str, deadline_s: float, extra: list[str],
+             workload: str = "run") -> dict[str, Any]:
     python = checkout / ".venv" / "bin" / "python"
-    cmd = [str(python), "-m", "emulation", "run", scenario, "--transport", "wanxport", "--json",
-           "--deadline", str(deadline_s), *extra]
+    if workload == "allreduce":
+        cmd = [str(python), "-m", "emulation", "allreduce", scenario, "--comm", "wanxport", "--json", *extra]
+    elif workload == "bench":  # "scenario" names the run; the bench takes its arguments from extra
+        cmd = [str(python), "-m", "wanxport", "bench", "--json", *extra]
+    else:
+        cmd = [str(python), "-m", "emulation", "run", scenario, "--transport", "wanxport", "--json",
+               "--deadline", str(deadline_s), *extra]
     done = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{checkout}: {' '.join(cmd[1:])} failed ({done.returncode}): "
@@ -46,18 +60,76 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--deadline", type=float, default=60.0)
     parser.add_argument("--out", type=Path, help="write every report and the summary here (JSON)")
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more `emulation run` flags")
-    args = parser.parse_args(argv)
-    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
+    parser.add_argument("--workload", choices=("run", "allreduce", "bench"), default="run",
+                        help="one transfer over an emulated scenario (completion time), a run of "
+                             "all-reduce steps (step, CPU), or `wanxport bench` on loopback (SCENARIO "
+                             "is then only the run's name)")
+    parser.add_argument("--key", help="with --out: keep this run under KEY in that file, beside "
+                                      "what other runs keep there")
+    parser.epilog = ("after --: more flags for every run (`emulation run`, `emulation allreduce`, "
+                     "`wanxport bench`)")
+    argv = sys.argv[1:] if argv is None else argv
+    # split by hand: argparse would give what follows "--" to the scenarios
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     sides = {"a": args.a.resolve(), "b": args.b.resolve()}
     reports: dict[str, dict[str, list[dict[str, Any]]]] = {s: {"a": [], "b": []} for s in args.scenarios}
     for i in range(args.runs):
         for scenario in args.scenarios:
             for side, checkout in sides.items():
-                report = run_once(checkout, scenario, args.deadline, extra)
+                report = run_once(checkout, scenario, args.deadline, extra, args.workload)
                 reports[scenario][side].append(report)
                 print(f"run {i + 1}/{args.runs} {scenario} {side}: {report['completion_s']:.2f} s "
                       f"intact={report['intact']}", file=sys.stderr, flush=True)
+    summaries = {"allreduce": allreduce_summary, "bench": bench_summary, "run": transfer_summary}
+    summary = summaries[args.workload](reports)
+    if args.out:
+        record = {"a": str(sides["a"]), "b": str(sides["b"]), "summary": summary, "reports": reports}
+        if args.key:
+            kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+            record = {**kept, args.key: record}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, separators=(",", ":")) + "\n")
+    return 0
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def compared(by_side: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Each side's runs and their medians, and B's medians over A's."""
+    entry: dict[str, Any] = {}
+    for side, figures in by_side.items():
+        entry[f"{side}_runs"] = figures
+        entry[f"{side}_median"] = medians(figures)
+    entry["b_over_a"] = {key: entry["b_median"][key] / entry["a_median"][key]
+                         for key in entry["a_median"] if entry["a_median"][key]}
+    return entry
+
+
+def bench_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Goodput and each end's CPU per GB (and against the host's AEAD + digest limit)."""
+    summary: dict[str, Any] = {}
+    for name, by_side in reports.items():
+        def figures(r: dict[str, Any]) -> dict[str, float]:
+            out = {"goodput_bps": float(r["goodput_bps"]), "completion_s": float(r["completion_s"])}
+            for end in ("sender", "receiver"):
+                out[f"{end}_cpu_s_per_gb"] = float(r["cpu_s_per_gb"][end])
+                if "cpu_vs_limit" in r:
+                    out[f"{end}_vs_limit"] = float(r["cpu_vs_limit"][end])
+            return out
+        entry = compared({side: [figures(r) for r in runs] for side, runs in by_side.items()})
+        entry["all_intact"] = all(r["intact"] for runs in by_side.values() for r in runs)
+        summary[name] = entry
+        a, b = entry["a_median"], entry["b_median"]
+        print(f"{name}: CPU-s/GB sender {a['sender_cpu_s_per_gb']:.3f} -> {b['sender_cpu_s_per_gb']:.3f}, "
+              f"receiver {a['receiver_cpu_s_per_gb']:.3f} -> {b['receiver_cpu_s_per_gb']:.3f}; "
+              f"goodput {a['goodput_bps'] / 1e9:.2f} -> {b['goodput_bps'] / 1e9:.2f} Gb/s")
+    return summary
+
+
+def transfer_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     summary = {}
     for scenario, by_side in reports.items():
         medians = {side: statistics.median(r["completion_s"] for r in runs) for side, runs in by_side.items()}
@@ -70,11 +142,34 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"{scenario}: A median {medians['a']:.2f} s, B median {medians['b']:.2f} s, "
               f"B/A {medians['b'] / medians['a']:.3f}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"a": str(sides["a"]), "b": str(sides["b"]), "summary": summary,
-                                        "reports": reports}, separators=(",", ":")) + "\n")
-    return 0
+    return summary
+
+
+def rank_figures(report: dict[str, Any]) -> dict[str, float]:
+    """One all-reduce run's figures: its mean step and efficiency, and its ranks' CPU per GB
+    moved (the mean over ranks), in all and in each role's thread."""
+    ranks = report["ranks"]
+    out = {"mean_step_s": float(report["mean_step_s"]), "efficiency": float(report["efficiency"]),
+           "cpu_s_per_gb": statistics.fmean(r["cpu_s_per_gb"] for r in ranks)}
+    for role in ranks[0]["cpu"]:
+        # a rank's CPU per GB in one role: its share of the rank's CPU times the rank's CPU per GB
+        out[f"{role}_cpu_s_per_gb"] = statistics.fmean(
+            r["cpu"][role] / sum(r["cpu"].values()) * r["cpu_s_per_gb"] for r in ranks)
+    return out
+
+
+def allreduce_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per scenario and side, every run's figures and their medians, and B's medians over A's."""
+    summary: dict[str, Any] = {}
+    for scenario, by_side in reports.items():
+        entry = compared({side: [rank_figures(r) for r in runs] for side, runs in by_side.items()})
+        entry["all_correct"] = all(r["correct"] for runs in by_side.values() for r in runs)
+        summary[scenario] = entry
+        a, b = entry["a_median"], entry["b_median"]
+        print(f"{scenario}: CPU-s/GB per rank A {a['cpu_s_per_gb']:.2f} B {b['cpu_s_per_gb']:.2f} "
+              f"(loop {a['loop_cpu_s_per_gb']:.2f} -> {b['loop_cpu_s_per_gb']:.2f}); efficiency "
+              f"{a['efficiency']:.3f} -> {b['efficiency']:.3f}")
+    return summary
 
 
 if __name__ == "__main__":
