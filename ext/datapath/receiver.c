@@ -130,7 +130,7 @@ static Shard *find_shard(const Receiver *self, uint32_t id, size_t *pos) {
 
 static int check_idle(Receiver *self) {
     if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "Receiver.process() is running in another thread");
+        PyErr_SetString(PyExc_RuntimeError, "Receiver.process() or drain() is running in another thread");
         return -1;
     }
     return 0;
@@ -660,6 +660,7 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
     PyObject *o_fd, *o_msgs, *o_batches, *runs = NULL, *controls = NULL, *quic = NULL, *res = NULL;
     Py_buffer buf = {0};
     long long max_msgs, max_batches;
+    int claimed = 0;
     WxRecv r = {0};
     DrainSpace sp = {0};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ow*OO:drain", kwlist, &o_fd, &buf, &o_msgs,
@@ -670,6 +671,9 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
         wx_int_in_range(o_batches, "max_batches", 1, 1 << 20, &max_batches) ||
         wx_recv_init(&r, buf.buf, buf.len, (int)max_msgs))
         goto done;
+    /* Keys and shards cannot change, nor another drain or process() start, until it ends:
+     * the GIL is released for every recvmmsg and every batch. */
+    self->busy = claimed = 1;
     sp.scratch = PyMem_Malloc(buf.len ? buf.len : 1);
     runs = PyList_New(0);
     controls = PyList_New(0);
@@ -705,7 +709,6 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
         wx_recv_describe(&r, sp.dv, sp.msg_of);
         rx_ns = sp.dv[n - 1].rx_time_ns;
         Py_ssize_t n_rec = 0, n_ctl = 0, n_quic = 0;
-        self->busy = 1; /* keys and shards cannot change until the loop ends */
         Py_BEGIN_ALLOW_THREADS
         size_t scratch_off = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -723,7 +726,6 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
             }
         }
         Py_END_ALLOW_THREADS
-        self->busy = 0;
         placed += n_rec;
         if (fold_append(runs, (const uint8_t *)sp.rec, (size_t)n_rec)) goto done;
         for (Py_ssize_t i = 0; i < n_ctl; i++) {
@@ -755,6 +757,7 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
     }
     res = Py_BuildValue("(OnOOiLnL)", runs, placed, controls, quic, pressed, rx_ns, truncated, r.overflow);
 done:
+    if (claimed) self->busy = 0;
     Py_XDECREF(runs);
     Py_XDECREF(controls);
     Py_XDECREF(quic);
