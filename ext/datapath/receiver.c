@@ -464,6 +464,34 @@ static int process_one(Receiver *self, const uint8_t *d, size_t len, int64_t rx,
     return 2;
 }
 
+/* Every datagram of a batch through process_one, without the GIL (the caller holds the
+ * receiver busy): placed DATA records into rec, control entries into ctl with their
+ * plaintexts in scratch (at most the batch's bytes), QUIC-looking datagrams' indices
+ * into quic_idx; the three counts into counts[0..2]. */
+static void process_batch(Receiver *self, const uint8_t *base, const WxDesc *dv, Py_ssize_t n,
+                          uint8_t *scratch, WxRecord *rec, Control *ctl, Py_ssize_t *quic_idx,
+                          Py_ssize_t counts[3]) {
+    Py_ssize_t n_rec = 0, n_ctl = 0, n_quic = 0;
+    size_t scratch_off = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Control *c = &ctl[n_ctl];
+        int r = process_one(self, base + dv[i].offset, (size_t)dv[i].length, dv[i].rx_time_ns,
+                            scratch + scratch_off, &rec[n_rec], c);
+        if (r == 1) {
+            n_rec++;
+        } else if (r == 2) {
+            c->pt_offset = scratch_off;
+            scratch_off += c->pt_len;
+            n_ctl++;
+        } else if (r == 3) {
+            quic_idx[n_quic++] = i;
+        }
+    }
+    counts[0] = n_rec;
+    counts[1] = n_ctl;
+    counts[2] = n_quic;
+}
+
 /* Fold placed records into runs: consecutive records on the same path with
  * consecutive packet numbers, same shard and contiguous offsets. The session is
  * told once per run (Session.receive_data_run), so Python never loops per
@@ -555,28 +583,14 @@ static PyObject *Receiver_process(Receiver *self, PyObject *args, PyObject *kwar
         if (records != NULL) PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t n_rec = 0, n_ctl = 0, n_quic = 0;
     WxRecord *rec = (WxRecord *)PyBytes_AS_STRING(records);
+    Py_ssize_t counts[3];
     self->busy = 1; /* keys and shards cannot change until the loop ends */
     Py_BEGIN_ALLOW_THREADS
-    size_t scratch_off = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint8_t *d = (const uint8_t *)buf.buf + dv[i].offset;
-        Control *c = &ctls[n_ctl];
-        int r = process_one(self, d, (size_t)dv[i].length, dv[i].rx_time_ns,
-                            scratch + scratch_off, &rec[n_rec], c);
-        if (r == 1) {
-            n_rec++;
-        } else if (r == 2) {
-            c->pt_offset = scratch_off;
-            scratch_off += c->pt_len;
-            n_ctl++;
-        } else if (r == 3) {
-            quic_idx[n_quic++] = i;
-        }
-    }
+    process_batch(self, buf.buf, dv, n, scratch, rec, ctls, quic_idx, counts);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    Py_ssize_t n_rec = counts[0], n_ctl = counts[1], n_quic = counts[2];
     if (_PyBytes_Resize(&records, n_rec * (Py_ssize_t)sizeof(WxRecord)) < 0) goto done;
     controls = PyList_New(n_ctl);
     if (controls == NULL) goto done;
@@ -708,24 +722,11 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
         if (drain_space_fit(&sp, n)) goto done;
         wx_recv_describe(&r, sp.dv, sp.msg_of);
         rx_ns = sp.dv[n - 1].rx_time_ns;
-        Py_ssize_t n_rec = 0, n_ctl = 0, n_quic = 0;
+        Py_ssize_t counts[3];
         Py_BEGIN_ALLOW_THREADS
-        size_t scratch_off = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            Control *c = &sp.ctl[n_ctl];
-            int k = process_one(self, r.buf + sp.dv[i].offset, (size_t)sp.dv[i].length, sp.dv[i].rx_time_ns,
-                                sp.scratch + scratch_off, &sp.rec[n_rec], c);
-            if (k == 1) {
-                n_rec++;
-            } else if (k == 2) {
-                c->pt_offset = scratch_off;
-                scratch_off += c->pt_len;
-                n_ctl++;
-            } else if (k == 3) {
-                sp.quic_idx[n_quic++] = i;
-            }
-        }
+        process_batch(self, r.buf, sp.dv, n, sp.scratch, sp.rec, sp.ctl, sp.quic_idx, counts);
         Py_END_ALLOW_THREADS
+        Py_ssize_t n_rec = counts[0], n_ctl = counts[1], n_quic = counts[2];
         placed += n_rec;
         if (fold_append(runs, (const uint8_t *)sp.rec, (size_t)n_rec)) goto done;
         for (Py_ssize_t i = 0; i < n_ctl; i++) {
