@@ -634,8 +634,9 @@ typedef struct {
     WxRecord *rec;
     Control *ctl;
     Py_ssize_t *quic_idx;
-    uint8_t *scratch; /* plaintexts: at most the buffer's bytes */
+    uint8_t *scratch; /* plaintexts: at most a batch's bytes */
     Py_ssize_t cap;
+    size_t scratch_cap;
 } DrainSpace;
 
 static void drain_space_free(DrainSpace *d) {
@@ -647,8 +648,17 @@ static void drain_space_free(DrainSpace *d) {
     PyMem_Free(d->scratch);
 }
 
-/* Room for n datagrams; 0, or -1 with MemoryError. */
-static int drain_space_fit(DrainSpace *d, Py_ssize_t n) {
+/* Room for a batch of n datagrams of `bytes` in all; 0, or -1 with MemoryError. */
+static int drain_space_fit(DrainSpace *d, Py_ssize_t n, size_t bytes) {
+    if (bytes > d->scratch_cap) {
+        uint8_t *scratch = PyMem_Realloc(d->scratch, bytes);
+        if (scratch == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        d->scratch = scratch;
+        d->scratch_cap = bytes;
+    }
     if (n <= d->cap) return 0;
     Py_ssize_t cap = n > 2 * d->cap ? n : 2 * d->cap;
     WxDesc *dv = PyMem_Realloc(d->dv, cap * sizeof *dv);
@@ -688,14 +698,10 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
     /* Keys and shards cannot change, nor another drain or process() start, until it ends:
      * the GIL is released for every recvmmsg and every batch. */
     self->busy = claimed = 1;
-    sp.scratch = PyMem_Malloc(buf.len ? buf.len : 1);
     runs = PyList_New(0);
     controls = PyList_New(0);
     quic = PyList_New(0);
-    if (sp.scratch == NULL || runs == NULL || controls == NULL || quic == NULL) {
-        if (sp.scratch == NULL) PyErr_NoMemory();
-        goto done;
-    }
+    if (runs == NULL || controls == NULL || quic == NULL) goto done;
     r.overflow = -1;
     Py_ssize_t placed = 0, truncated = 0, drained = 0;
     long long rx_ns = 0;
@@ -719,7 +725,9 @@ static PyObject *Receiver_drain(Receiver *self, PyObject *args, PyObject *kwargs
             break;
         }
         drained += n;
-        if (drain_space_fit(&sp, n)) goto done;
+        size_t bytes = 0;
+        for (int i = 0; i < r.got; i++) bytes += r.msgs[i].msg_len;
+        if (drain_space_fit(&sp, n, bytes ? bytes : 1)) goto done;
         wx_recv_describe(&r, sp.dv, sp.msg_of);
         rx_ns = sp.dv[n - 1].rx_time_ns;
         Py_ssize_t counts[3];
