@@ -9,6 +9,7 @@ import struct
 from collections.abc import Iterator
 
 import pytest
+from udp_helpers import loopback_pair
 
 from wanxport.aio import native_io
 from wanxport.wire import native
@@ -53,18 +54,9 @@ def stream(seed: int) -> list[bytes]:
 
 @pytest.fixture
 def link() -> Iterator[tuple[socket.socket, socket.socket]]:
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind(("127.0.0.1", 0))
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        rx.setblocking(False)
+    with loopback_pair(rcvbuf=4 << 20) as (rx, tx):
         native_io.enable_timestamps(rx)
-        tx.connect(rx.getsockname())
         yield rx, tx
-    finally:
-        rx.close()
-        tx.close()
 
 
 def receiver() -> tuple[native.Receiver, bytearray]:

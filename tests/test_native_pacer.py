@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from udp_helpers import loopback_pair
 
 from wanxport.aio import native_io
 from wanxport.wire import native
@@ -22,20 +23,10 @@ SIZE = 1200
 @pytest.fixture
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     """(receiver, connected non-blocking sender) on loopback."""
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind(("127.0.0.1", 0))
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        rx.setblocking(False)
+    with loopback_pair(rcvbuf=8 << 20, tx_blocking=False) as (rx, tx):
         native_io.enable_timestamps(rx)
-        tx.connect(rx.getsockname())
-        tx.setblocking(False)
         wait_for_kernel_stamps(rx, tx)
         yield rx, tx
-    finally:
-        rx.close()
-        tx.close()
 
 
 def wait_for_kernel_stamps(rx: socket.socket, tx: socket.socket) -> None:

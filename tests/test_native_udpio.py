@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from udp_helpers import loopback_pair
 
 from wanxport.aio import native_io
 from wanxport.wire import native
@@ -20,17 +21,8 @@ UDP_SEGMENT = 103
 
 @pytest.fixture
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind(("127.0.0.1", 0))
-        rx.setblocking(False)
-        tx.bind(("127.0.0.1", 0))
-        tx.connect(rx.getsockname())
-        yield rx, tx
-    finally:
-        rx.close()
-        tx.close()
+    with loopback_pair() as sockets:
+        yield sockets
 
 
 def test_empty_socket_returns_empty_batch(pair: tuple[socket.socket, socket.socket]) -> None:
