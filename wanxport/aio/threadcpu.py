@@ -167,6 +167,31 @@ class RoleMeter:
         return part
 
 
+class RunningRoles:
+    """CPU per role since this object was made, for counters that only go up (a metrics scrape).
+
+    Each ``read`` adds the interval since the previous one, so a role never goes
+    down: a thread that ends stops adding to its role, where a fresh interval
+    from the start would move its past CPU to ``other``. The process's CPU before
+    the object was made counts as ``other``, so the roles add up to the process's
+    CPU clock (``process_cpu_seconds_total``). Safe to read from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = snapshot()
+        self._total = dict.fromkeys(ROLES, 0.0)
+        self._total["other"] = self._last.process_first_ns / 1e9
+
+    def read(self) -> dict[str, float]:
+        """Each role's CPU seconds so far."""
+        with self._lock:
+            now = snapshot()
+            add_roles(self._total, roles_between(self._last, now))
+            self._last = now
+            return dict(self._total)
+
+
 def _thread_ns(tid: int) -> int | None:
     """The thread's CPU clock (user + system, ns); None once it has ended.
 

@@ -36,6 +36,8 @@ from prometheus_client.registry import Collector
 
 from wanxport.core.health import PathState
 
+from .cpu_metrics import ThreadCpuCollector
+
 if TYPE_CHECKING:
     from .listener import GatewayListener
     from .session import GatewaySession
@@ -273,7 +275,7 @@ class MetricsServer:
     def __init__(self, metrics: GatewayMetrics, address: tuple[str, int]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(metrics)
-        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        for collector in (ThreadCpuCollector(), PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
         self._httpd, self._thread = start_http_server(address[1], address[0], registry=self.registry)
         self.host = address[0]
