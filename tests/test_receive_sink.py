@@ -3,29 +3,19 @@ and mtime (the daemon's inbox and the one-shot ``recv``)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import mmap
 import os
 import random
 import stat
-import threading
 from pathlib import Path
-from unittest import mock
 
-import numpy as np
-import pytest
-
-from wanxport.aio import native_io
 from wanxport.control import ResumeQuery
 from wanxport.core.digest import DIGEST_NAME, shard_digest_hex
 from wanxport.daemon.durable import write_state
 from wanxport.daemon.inbox import Inbox, partial_path
-from wanxport.gateway.files import POPULATE_CHUNK, FileSink, MappedRange, ReceivePolicy
-from wanxport.wire.native import NATIVE_AVAILABLE
+from wanxport.gateway.files import FileSink, ReceivePolicy
 
 PIECE = 1 << 16
-PAGE = mmap.PAGESIZE
 OLD_MTIME_NS = 1_000_000_000_123_456_789
 
 
@@ -92,70 +82,3 @@ async def test_a_partial_behind_a_symlink_is_never_read_for_a_resume(tmp_path: P
     have = await Inbox(tmp_path / "in").answer(ResumeQuery(1, "evil/x.bin", len(data), PIECE, 0, digests))
     assert have.pieces == []
     assert sorted(p.name for p in planted.iterdir()) == [".x.bin.partial", ".x.bin.partial.state"]
-
-
-def _resident(array: np.ndarray) -> int:
-    """Bytes of ``array``'s mapping present in this process's page tables (``Rss`` in smaps):
-    the pages a write into it will find without a fault."""
-    address = array.ctypes.data
-    with open("/proc/self/smaps") as fh:
-        inside = False
-        for line in fh:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                low, high = (int(x, 16) for x in head.split("-"))
-                inside = low <= address < high
-            elif inside and head == "Rss:":
-                return int(line.split()[1]) * 1024
-    raise AssertionError("the array's mapping is not in /proc/self/smaps")
-
-
-def _partial_file(tmp_path: Path, size: int, content: bytes = b"") -> int:
-    """A partial file as a sink makes one: its blocks reserved, ``content`` at its start."""
-    fd = os.open(tmp_path / "partial.bin", os.O_RDWR | os.O_CREAT)
-    os.posix_fallocate(fd, 0, size)
-    os.pwrite(fd, content, 0)
-    return fd
-
-
-@pytest.mark.skipif(not NATIVE_AVAILABLE, reason="the native module is not built")
-def test_a_received_range_is_faulted_in_ahead_of_its_data_and_keeps_its_bytes(tmp_path: Path) -> None:
-    """The receive then writes into mapped pages instead of faulting on the event loop's thread."""
-    size = 4 * POPULATE_CHUNK + 12345  # several steps and a partial last one
-    content = random.Random(3).randbytes(PAGE * 3 + 100)  # what a resumed piece may hold already
-    fd = _partial_file(tmp_path, size, content)
-    try:
-        fresh = MappedRange(fd, 0, size, writable=True)
-        assert _resident(fresh.array) < size // 4
-        fresh.populate()
-        assert _resident(fresh.array) >= size - PAGE
-        assert bytes(fresh.array[:len(content)]) == content  # populating changes no byte
-        assert not fresh.array[len(content):].any()
-        evicted = MappedRange(fd, 0, size, writable=True)
-        evicted.evict()
-        evicted.populate()  # a range already evicted (its piece arrived) is left alone
-        assert _resident(evicted.array) < size // 4
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.skipif(not NATIVE_AVAILABLE, reason="the native module is not built")
-async def test_the_sink_faults_a_piece_in_on_a_worker_thread_when_it_maps_it(tmp_path: Path) -> None:
-    size = 3 * POPULATE_CHUNK
-    sink = FileSink(tmp_path)
-    ran_on: list[int] = []
-    real = native_io.populate_write
-
-    def watched(buffer: object) -> bool:
-        ran_on.append(threading.get_native_id())
-        return real(buffer)  # type: ignore[arg-type]
-
-    with mock.patch.object(native_io, "populate_write", watched):
-        array = sink.allocate(0, size, _meta("f.bin", size))
-        for _ in range(200):
-            if len(ran_on) == 3:
-                break
-            await asyncio.sleep(0.01)
-    assert len(ran_on) == 3 and threading.get_native_id() not in ran_on
-    assert _resident(array) >= size - PAGE
-    sink.discard_partials()

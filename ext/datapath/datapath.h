@@ -181,7 +181,6 @@ PyObject *wx_recv_sender(const WxRecv *r, int msg);
 PyObject *wx_enable_timestamps(PyObject *self, PyObject *args);
 PyObject *wx_enable_gro(PyObject *self, PyObject *args);
 PyObject *wx_fold_runs(PyObject *self, PyObject *arg);
-PyObject *wx_populate_write(PyObject *self, PyObject *arg);
 
 /* Parse an int argument into [lo, hi] or raise ValueError naming it. */
 int wx_int_in_range(PyObject *obj, const char *name, long long lo, long long hi, long long *out);

@@ -33,9 +33,6 @@ static PyMethodDef module_methods[] = {
     {"fold_runs", (PyCFunction)wx_fold_runs, METH_O,
      "fold_runs(records) -> list[(path_id, first_pn, count, shard_id, offset, length)]: "
      "consecutive placed records folded into runs."},
-    {"populate_write", (PyCFunction)wx_populate_write, METH_O,
-     "populate_write(buffer) -> bool: fault a writable mapping's pages in now, on this thread "
-     "with the GIL released, changing no byte; False where the kernel cannot (before 5.14)."},
     {NULL, NULL, 0, NULL},
 };
 

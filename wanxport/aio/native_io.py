@@ -13,9 +13,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple
-
-import numpy.typing as npt
+from typing import NamedTuple
 
 from wanxport.wire.native import Buffer, DataBurst, DatagramBatch, Protector, Receiver, require
 
@@ -62,12 +60,6 @@ def drain(receiver: Receiver, fd: FdLike, buffer: bytearray | memoryview, max_me
     batch with ``receiver``: ``recv_batch`` and ``Receiver.process`` of every batch, and the
     folding of their records into runs, in one native call."""
     return Drained(*receiver._c.drain(fd, buffer, max_messages, max_batches))
-
-
-def populate_write(buffer: Buffer | npt.NDArray[Any]) -> bool:
-    """Fault the writable mapping under ``buffer`` in now, on this thread with the GIL released,
-    changing no byte (``MADV_POPULATE_WRITE``); False where the kernel cannot (before 5.14)."""
-    return bool(require().populate_write(buffer))
 
 
 def enable_timestamps(fd: FdLike) -> None:

@@ -53,16 +53,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from wanxport.aio import native_io
-from wanxport.wire.native import NATIVE_AVAILABLE
-
 from .beneath import DIR_FLAGS, UnsafeName, entry_kind, link_target_inside, open_directory, open_file, split
 
 log = logging.getLogger(__name__)
-
-#: The pages a receiving range is faulted in by per call (``MappedRange.populate``): about a
-#: millisecond of work, so an eviction stops it soon.
-POPULATE_CHUNK = 4 << 20
 
 
 class FileError(ValueError):
@@ -190,46 +183,9 @@ class MappedRange:
             with open(source, "r+b" if writable else "rb") as fh:
                 self._mm = mmap.mmap(fh.fileno(), size + skew, offset=offset - skew, access=access)
         self.array: np.ndarray[Any, Any] = np.frombuffer(self._mm, dtype=np.uint8, count=size, offset=skew)
-        self._evicted = False
 
     def evict(self) -> None:
-        self._evicted = True
         self._mm.madvise(mmap.MADV_DONTNEED)
-
-    def populate(self) -> None:
-        """Fault a writable range's pages in before its data arrives, in ``POPULATE_CHUNK``
-        steps (on a worker thread: ``populate_soon``).
-
-        The native receive places datagrams straight into these pages, and the
-        first write to each faulted on the event loop's thread: in a receiving
-        daemon, a quarter of that thread, in bursts that delayed its
-        acknowledgements until the sender took them for losses. Populated here,
-        the faults are this thread's. No byte changes, so datagrams may land
-        meanwhile. Stops once the range is evicted (a chunk under way then
-        brings back at most ``POPULATE_CHUNK``, freed with the mapping), and where
-        the kernel cannot populate (before Linux 5.14) or the native module is
-        missing: the writes fault as before.
-        """
-        if not NATIVE_AVAILABLE:
-            return
-        for start in range(0, self.array.size, POPULATE_CHUNK):
-            if self._evicted or not native_io.populate_write(self.array[start:start + POPULATE_CHUNK]):
-                return
-
-
-def populate_soon(mapped: MappedRange) -> None:
-    """``mapped.populate()`` on the running loop's default executor (nothing without a loop);
-    a failure is logged: the writes then fault on the receiving thread, as without it."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    loop.run_in_executor(None, mapped.populate).add_done_callback(_populate_failed)
-
-
-def _populate_failed(future: asyncio.Future[None]) -> None:
-    if not future.cancelled() and (exc := future.exception()) is not None:
-        log.warning("could not fault in a received piece's pages ahead of its data: %s", exc)
 
 
 def drop_cached(fd: int, offset: int, size: int) -> None:
@@ -551,7 +507,6 @@ class FileSink:
     def _map(self, shard_id: int, incoming: IncomingFile, offset: int, size: int) -> Any:
         assert incoming.fd is not None
         mapped = self._maps[shard_id] = MappedRange(incoming.fd, offset, size, writable=True)
-        populate_soon(mapped)
         return mapped.array
 
     def _unmap(self, shard_id: int) -> None:
