@@ -21,17 +21,27 @@ GB moved, in all and in the event loop's thread:
 
     sudo .venv/bin/python benchmarks/ab_emulated.py --workload allreduce --a /path/to/old \
         --b . --runs 5 --out results/ab-allreduce.json allreduce-4route -- --steps 10
+
+``--workload daemon`` sends a file through two gateway daemons on loopback with this
+checkout's ``benchmarks/daemon_cpu.py``, run on each side's code (each checkout's
+python, working directory and ``PYTHONPATH``), and compares each end's CPU per GB:
+
+    .venv/bin/python benchmarks/ab_emulated.py --workload daemon --a /path/to/old --b . \
+        --runs 5 daemon-4path -- --size 1GiB --paths 4
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+DAEMON_SCRIPT = Path(__file__).resolve().parent / "daemon_cpu.py"
 
 
 def run_once(checkout: Path, scenario: str, deadline_s: float, extra: list[str],
@@ -41,10 +51,13 @@ def run_once(checkout: Path, scenario: str, deadline_s: float, extra: list[str],
         cmd = [str(python), "-m", "emulation", "allreduce", scenario, "--comm", "wanxport", "--json", *extra]
     elif workload == "bench":  # "scenario" names the run; the bench takes its arguments from extra
         cmd = [str(python), "-m", "wanxport", "bench", "--json", *extra]
+    elif workload == "daemon":  # this checkout's measuring script, run on each side's code
+        cmd = [str(python), str(DAEMON_SCRIPT), "--runs", "1", "--only", "daemon", "--json", *extra]
     else:
         cmd = [str(python), "-m", "emulation", "run", scenario, "--transport", "wanxport", "--json",
                "--deadline", str(deadline_s), *extra]
-    done = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, check=False)
+    env = {**os.environ, "PYTHONPATH": f"{checkout}:{checkout / 'tests'}"} if workload == "daemon" else None
+    done = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{checkout}: {' '.join(cmd[1:])} failed ({done.returncode}): "
                          f"{done.stderr.strip().splitlines()[-1:]}")
@@ -60,14 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--deadline", type=float, default=60.0)
     parser.add_argument("--out", type=Path, help="write every report and the summary here (JSON)")
-    parser.add_argument("--workload", choices=("run", "allreduce", "bench"), default="run",
+    parser.add_argument("--workload", choices=("run", "allreduce", "bench", "daemon"), default="run",
                         help="one transfer over an emulated scenario (completion time), a run of "
-                             "all-reduce steps (step, CPU), or `wanxport bench` on loopback (SCENARIO "
-                             "is then only the run's name)")
+                             "all-reduce steps (step, CPU), `wanxport bench` on loopback, or a file "
+                             "through two gateway daemons on loopback (benchmarks/daemon_cpu.py; "
+                             "SCENARIO is then only the run's name)")
     parser.add_argument("--key", help="with --out: keep this run under KEY in that file, beside "
                                       "what other runs keep there")
     parser.epilog = ("after --: more flags for every run (`emulation run`, `emulation allreduce`, "
-                     "`wanxport bench`)")
+                     "`wanxport bench`, `benchmarks/daemon_cpu.py`)")
     argv = sys.argv[1:] if argv is None else argv
     # split by hand: argparse would give what follows "--" to the scenarios
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -81,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                 reports[scenario][side].append(report)
                 print(f"run {i + 1}/{args.runs} {scenario} {side}: {report['completion_s']:.2f} s "
                       f"intact={report['intact']}", file=sys.stderr, flush=True)
-    summaries = {"allreduce": allreduce_summary, "bench": bench_summary, "run": transfer_summary}
+    summaries = {"allreduce": allreduce_summary, "bench": bench_summary, "daemon": bench_summary,
+                 "run": transfer_summary}
     summary = summaries[args.workload](reports)
     if args.out:
         record = {"a": str(sides["a"]), "b": str(sides["b"]), "summary": summary, "reports": reports}

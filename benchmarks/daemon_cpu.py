@@ -143,6 +143,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of each path, alternated")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, help="write the runs and their medians here (JSON)")
+    parser.add_argument("--only", choices=("api", "daemon"), help="run one path alone")
+    parser.add_argument("--json", action="store_true",
+                        help="print each run's report as one JSON line (for benchmarks/ab_emulated.py)")
     args = parser.parse_args()
     size = parse_size(args.size)
     if args.paths < 1 or args.runs < 1 or size < 1:
@@ -154,17 +157,21 @@ def main() -> int:
         source = directory / "source.bin"
         write_source(source, size, args.seed)
         for index in range(args.runs):
-            api = bench_run(size, args.size, args.paths)
-            daemon = daemon_run(directory, source, size, args.paths, index)
-            for run in (api, daemon):
+            if args.only != "daemon":
+                runs.append(bench_run(size, args.size, args.paths))
+            if args.only != "api":
+                runs.append(daemon_run(directory, source, size, args.paths, index))
+            for run in runs[-2 if args.only is None else -1:]:
                 run["size_bytes"] = size
-                runs.append(run)
                 print(f"{run['path']:>6}: {run['completion_s']:.2f} s, CPU-s/GB sender "
                       f"{run['cpu_s_per_gb']['sender']:.3f} receiver {run['cpu_s_per_gb']['receiver']:.3f}"
                       f"{'' if run['intact'] else ' NOT INTACT'}", file=sys.stderr)
+                if args.json:
+                    print(json.dumps(run), flush=True)
     report = {"benchmark": "daemon_cpu", "size_bytes": size, "paths": args.paths, "runs": runs,
-              "summary": summary(runs)}
-    print(json.dumps(report["summary"], indent=1))
+              "summary": summary(runs) if args.only is None else None}
+    if not args.json:
+        print(json.dumps(report["summary"], indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
