@@ -6,17 +6,12 @@ import threading
 import time
 
 import pytest
+from cpu_helpers import busy_in_role, spin
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from wanxport.aio import threadcpu
 from wanxport.gateway.cpu_metrics import ThreadCpuCollector
-
-
-def spin(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 def scrape(registry: CollectorRegistry) -> dict[str, float]:
@@ -48,20 +43,8 @@ def test_each_role_counts_its_threads_cpu_and_the_roles_add_up_to_the_process() 
 def test_a_thread_that_ends_between_scrapes_keeps_what_its_role_was_given() -> None:
     registry = CollectorRegistry()
     registry.register(ThreadCpuCollector())
-    go_on, counted = threading.Event(), threading.Event()
-
-    def receive() -> None:
-        with threadcpu.thread_role("receive"):
-            spin(0.03)
-            counted.set()
-            go_on.wait(5.0)
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    counted.wait(5.0)
-    while_alive = scrape(registry)
-    go_on.set()
-    thread.join()
+    with busy_in_role("receive", 0.03):
+        while_alive = scrape(registry)
     after_it_ended = scrape(registry)
     assert while_alive["receive"] >= 0.03
     assert after_it_ended["receive"] == while_alive["receive"]  # a counter never goes down

@@ -6,19 +6,13 @@ import threading
 import time
 
 import pytest
+from cpu_helpers import busy_in_role, spin
 
 from wanxport.aio import native_io, threadcpu
 from wanxport.core.digest import shard_digest
 from wanxport.wire import native
 
 BLOCK = bytes(range(256)) * 4096  # 1 MiB
-
-
-def spin(seconds: float) -> None:
-    """Burn this thread's CPU for ``seconds`` of its own clock."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 def in_thread(target: object) -> None:
@@ -43,21 +37,8 @@ def test_a_claimed_role_gets_the_threads_cpu_and_is_given_back() -> None:
     """A thread's interval counts under the role it holds when the interval is read."""
     meter = threadcpu.RoleMeter()
     meter.start()
-    keep_alive = threading.Event()
-    done = threading.Event()
-
-    def work_then_wait() -> None:
-        with threadcpu.thread_role("receive"):
-            spin(0.03)
-            done.set()
-            keep_alive.wait(5.0)
-
-    thread = threading.Thread(target=work_then_wait)
-    thread.start()
-    done.wait(5.0)
-    part = meter.stop()  # the thread is alive: its clock is read under its role
-    keep_alive.set()
-    thread.join()
+    with busy_in_role("receive", 0.03):
+        part = meter.stop()  # the thread is alive: its clock is read under its role
     assert part["receive"] >= 0.03
     assert meter.total == part
     with threadcpu.thread_role("loop"):
