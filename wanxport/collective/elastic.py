@@ -296,11 +296,10 @@ class ElasticGroup:
         agreement; False when a member went meanwhile (the caller moves on)."""
         self._event(ElasticEvent.NEWER_EPOCH)
         await self._close_group()
-        self._reaching.admitted(target.members)
+        await self._reaching.admit(target.members, target.admitted, self.sites.admit_s)
         asking = self._reaching.pending()  # sessions set up for an admission to come: kept
         for peer in [p for p in self.world.links if p not in target.members and p not in asking]:
             await self.world.drop_link(peer)
-        await self._reaching.settle(target.admitted, self.sites.admit_s)
         stale = [m for m in self.world.gone if m in target.admitted or not self._current]
         await self._connect([m for m in target.members if m != self.site and (
             m not in self.world.links or m in stale)], joining=not self._current)

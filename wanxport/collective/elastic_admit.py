@@ -71,12 +71,6 @@ class Reaching:
         await self.start(asking)
         return [site for site, ticket in asking.items() if await self.membership.reached_by(ticket, members)]
 
-    def admitted(self, sites: tuple[int, ...]) -> None:
-        """``sites`` are members now: no longer asking."""
-        for site in sites:
-            self._latest.pop(site, None)
-            self._marked.pop(site, None)
-
     async def _mark(self, site: int) -> None:
         ticket = self._latest.get(site)
         if ticket is not None and self._marked.get(site) != ticket:
@@ -101,15 +95,25 @@ class Reaching:
         await self.world.replace_link(site, *result)
         await self._mark(site)
 
-    async def settle(self, sites: tuple[int, ...], timeout: float) -> None:
-        """Let the background setups with ``sites`` (being admitted now) finish, for up to
-        ``timeout``; then stop them, so the epoch's own setup does not run beside them."""
-        running = [self._tasks[s] for s in sites if s in self._tasks and not self._tasks[s].done()]
+    async def admit(self, members: tuple[int, ...], admitted: tuple[int, ...], timeout: float) -> None:
+        """Entering an epoch of ``members`` that admits ``admitted``: let the background setups
+        with those sites finish, for up to ``timeout``, then stop the rest (the epoch's own
+        setup does not run beside them), and only then stop asking for the members.
+
+        In that order, each setup that finishes installs its session as the link. The other
+        way round, a setup still under way when the epoch came (another member's record
+        proposed it) found its site no longer asked for and closed its session as not
+        needed, while the joiner had taken that session as its link to us: it was left with
+        no majority and waited, and the members waited for it until their timeout."""
+        running = [self._tasks[s] for s in admitted if s in self._tasks and not self._tasks[s].done()]
         if running:
             await asyncio.wait(running, timeout=timeout)
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+        for site in members:
+            self._latest.pop(site, None)
+            self._marked.pop(site, None)
 
     def close(self) -> None:
         for task in self._tasks.values():
