@@ -97,14 +97,14 @@ class Reaching:
 
     async def admit(self, members: tuple[int, ...], admitted: tuple[int, ...], timeout: float) -> None:
         """Entering an epoch of ``members`` that admits ``admitted``: let the background setups
-        with those sites finish, for up to ``timeout``, then stop the rest (the epoch's own
-        setup does not run beside them), and only then stop asking for the members.
+        with those sites finish, for up to ``timeout``, then stop those still running (the
+        epoch's own setup does not run beside them), and only then stop asking for the members.
 
         In that order, each setup that finishes installs its session as the link. The other
-        way round, a setup still under way when the epoch came (another member's record
-        proposed it) found its site no longer asked for and closed its session as not
-        needed, while the joiner had taken that session as its link to us: it was left with
-        no majority and waited, and the members waited for it until their timeout."""
+        way round, a setup still under way when the epoch came found its site no longer
+        asked for and closed its session as not needed, while the joiner had taken that
+        session as its link to us: it was left with no majority and waited, and the members
+        waited for it until their timeout."""
         running = [self._tasks[s] for s in admitted if s in self._tasks and not self._tasks[s].done()]
         if running:
             await asyncio.wait(running, timeout=timeout)
