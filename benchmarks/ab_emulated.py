@@ -38,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,25 +124,35 @@ def compared(by_side: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     return entry
 
 
-def bench_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
-    """Goodput and each end's CPU per GB (and against the host's AEAD + digest limit)."""
+def summarised(reports: dict[str, dict[str, list[dict[str, Any]]]],
+               figures: Callable[[dict[str, Any]], dict[str, float]], verdict: str,
+               line: Callable[[dict[str, float], dict[str, float]], str]) -> dict[str, Any]:
+    """Per comparison: each side's runs as ``figures``, their medians and B's over A's, and
+    ``all_<verdict>`` (every report's ``verdict`` true); prints ``line(A medians, B medians)``."""
     summary: dict[str, Any] = {}
     for name, by_side in reports.items():
-        def figures(r: dict[str, Any]) -> dict[str, float]:
-            out = {"goodput_bps": float(r["goodput_bps"]), "completion_s": float(r["completion_s"])}
-            for end in ("sender", "receiver"):
-                out[f"{end}_cpu_s_per_gb"] = float(r["cpu_s_per_gb"][end])
-                if "cpu_vs_limit" in r:
-                    out[f"{end}_vs_limit"] = float(r["cpu_vs_limit"][end])
-            return out
         entry = compared({side: [figures(r) for r in runs] for side, runs in by_side.items()})
-        entry["all_intact"] = all(r["intact"] for runs in by_side.values() for r in runs)
+        entry[f"all_{verdict}"] = all(r[verdict] for runs in by_side.values() for r in runs)
         summary[name] = entry
-        a, b = entry["a_median"], entry["b_median"]
-        print(f"{name}: CPU-s/GB sender {a['sender_cpu_s_per_gb']:.3f} -> {b['sender_cpu_s_per_gb']:.3f}, "
-              f"receiver {a['receiver_cpu_s_per_gb']:.3f} -> {b['receiver_cpu_s_per_gb']:.3f}; "
-              f"goodput {a['goodput_bps'] / 1e9:.2f} -> {b['goodput_bps'] / 1e9:.2f} Gb/s")
+        print(f"{name}: {line(entry['a_median'], entry['b_median'])}")
     return summary
+
+
+def bench_figures(report: dict[str, Any]) -> dict[str, float]:
+    """One transfer's goodput and each end's CPU per GB (and against the host's AEAD + digest limit)."""
+    out = {"goodput_bps": float(report["goodput_bps"]), "completion_s": float(report["completion_s"])}
+    for end in ("sender", "receiver"):
+        out[f"{end}_cpu_s_per_gb"] = float(report["cpu_s_per_gb"][end])
+        if "cpu_vs_limit" in report:
+            out[f"{end}_vs_limit"] = float(report["cpu_vs_limit"][end])
+    return out
+
+
+def bench_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    return summarised(reports, bench_figures, "intact", lambda a, b: (
+        f"CPU-s/GB sender {a['sender_cpu_s_per_gb']:.3f} -> {b['sender_cpu_s_per_gb']:.3f}, "
+        f"receiver {a['receiver_cpu_s_per_gb']:.3f} -> {b['receiver_cpu_s_per_gb']:.3f}; "
+        f"goodput {a['goodput_bps'] / 1e9:.2f} -> {b['goodput_bps'] / 1e9:.2f} Gb/s"))
 
 
 def transfer_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
@@ -174,17 +185,10 @@ def rank_figures(report: dict[str, Any]) -> dict[str, float]:
 
 
 def allreduce_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
-    """Per scenario and side, every run's figures and their medians, and B's medians over A's."""
-    summary: dict[str, Any] = {}
-    for scenario, by_side in reports.items():
-        entry = compared({side: [rank_figures(r) for r in runs] for side, runs in by_side.items()})
-        entry["all_correct"] = all(r["correct"] for runs in by_side.values() for r in runs)
-        summary[scenario] = entry
-        a, b = entry["a_median"], entry["b_median"]
-        print(f"{scenario}: CPU-s/GB per rank A {a['cpu_s_per_gb']:.2f} B {b['cpu_s_per_gb']:.2f} "
-              f"(loop {a['loop_cpu_s_per_gb']:.2f} -> {b['loop_cpu_s_per_gb']:.2f}); efficiency "
-              f"{a['efficiency']:.3f} -> {b['efficiency']:.3f}")
-    return summary
+    return summarised(reports, rank_figures, "correct", lambda a, b: (
+        f"CPU-s/GB per rank A {a['cpu_s_per_gb']:.2f} B {b['cpu_s_per_gb']:.2f} "
+        f"(loop {a['loop_cpu_s_per_gb']:.2f} -> {b['loop_cpu_s_per_gb']:.2f}); efficiency "
+        f"{a['efficiency']:.3f} -> {b['efficiency']:.3f}"))
 
 
 if __name__ == "__main__":

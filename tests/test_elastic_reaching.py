@@ -62,7 +62,7 @@ async def test_a_setup_still_under_way_when_its_site_is_admitted_becomes_the_lin
     await reaching.start({JOINER: TICKET})
     assert JOINER not in world.links  # under way in the background
     entering = asyncio.ensure_future(reaching.admit((0, 1, JOINER), (JOINER,), timeout=5.0))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # one turn of the loop: entering the epoch has begun
     sites.ready.set()  # the setup ends while the epoch is being entered
     await entering
     assert sites.session.closed_with is None
@@ -76,6 +76,6 @@ async def test_a_setup_that_outlasts_the_wait_is_stopped() -> None:
     reaching = Reaching(world, sites, membership)  # type: ignore[arg-type]
     await reaching.start({JOINER: TICKET})
     await reaching.admit((0, 1, JOINER), (JOINER,), timeout=0.05)
-    sites.ready.set()
-    await asyncio.sleep(0.05)
+    sites.ready.set()  # too late: the setup was cancelled
+    await asyncio.sleep(0)
     assert JOINER not in world.links and membership.marks == []  # the epoch's own setup follows
