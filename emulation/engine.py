@@ -37,6 +37,7 @@ log = logging.getLogger("emulation.engine")
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 PACKET_QDISC_BYPASS = 20
+PACKET_VNET_HDR = 15
 ETH_P_ALL = 3
 SO_TIMESTAMPNS = 35  # Linux (x86, Arm); the socket module does not export it
 ETH_HEADER_BYTES = 14
@@ -46,13 +47,16 @@ SIGNALS = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal
 Params = dict[str, LinkParams]  # direction ("a->b" | "b->a") -> parameters
 
 
-def packet_socket(ifname: str) -> socket.socket:
-    """A raw socket on ``ifname`` that does not see its own transmissions and skips the qdisc.
+def packet_socket(ifname: str, vnet: bool = False) -> socket.socket:
+    """A raw socket on ``ifname`` that does not see its own transmissions and skips the qdisc;
+    with ``vnet``, every frame read or written has its virtio-net header before it.
 
     Created with protocol 0 and bound with ETH_P_ALL, so it never queues frames
     of other interfaces in the instant between socket() and bind().
     """
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    if vnet:
+        sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
     # The engine is the link's queue; the veth's own qdisc would only add work.
     sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
@@ -75,15 +79,19 @@ class EngineBackend:
         from emulation._engine import Engine
 
         max_mtu = max(link_from_dict(p["base"][d]).mtu for p in spec["paths"] for d in DIRECTIONS)
+        # ``vnet``: the topology left the veths their offloads (hostenv.nic_offloads), so
+        # a sender's GSO burst arrives whole and the engine cuts it into datagrams.
+        vnet = bool(spec.get("vnet", False))
         self.engine = Engine(
             seed=int(spec.get("seed", 0)),
             header_bytes=ETH_HEADER_BYTES,
             frame_bytes=max(2048, max_mtu + ETH_HEADER_BYTES + 4),
+            vnet=vnet,
         )
         self.sockets: list[socket.socket] = []
         self.index: list[dict[str, int]] = []
         for path in spec["paths"]:
-            side_a, side_b = packet_socket(path["if_a"]), packet_socket(path["if_b"])
+            side_a, side_b = packet_socket(path["if_a"], vnet), packet_socket(path["if_b"], vnet)
             self.sockets += [side_a, side_b]
             base = {d: link_from_dict(path["base"][d]) for d in DIRECTIONS}
             self.index.append({

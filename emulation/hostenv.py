@@ -93,3 +93,20 @@ def disable_offloads(ns: str, ifname: str) -> None:
     meant to fill in later, and the receiver would drop them.
     """
     run_in(ns, ["ethtool", "-K", ifname, "tx", "off", "tso", "off", "gso", "off", "gro", "off"])
+
+
+def nic_offloads(ns: str, ifname: str, *, gateway: bool) -> None:
+    """Offloads as the emulated hosts' NICs have them, for the engine, which reads and
+    writes frames with their virtio-net headers (``ext/impair/offload.h``).
+
+    A gateway's end keeps checksum offload and UDP segmentation offload, so its UDP GSO
+    sends cross the veth whole with their checksums owed, as they would reach a NIC;
+    the engine cuts them into the link's datagrams and hands each on with its checksum
+    still owed, which the receiving gateway's veth takes as verified, as a NIC's
+    receive offload would. TCP is still cut by the sender's kernel (``tso off``), and
+    the middle's ends pass single frames only. Without this the sending thread cut and
+    summed every datagram and the receiving one summed it again, in software.
+    """
+    gso = "on" if gateway else "off"
+    run_in(ns, ["ethtool", "-K", ifname, "tx", "on", "tso", "off", "gso", gso, "gro", "off",
+                "tx-udp-segmentation", gso])

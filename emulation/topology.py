@@ -24,7 +24,7 @@ from contextlib import ExitStack
 
 from pyroute2 import NetNS, netns
 
-from emulation.hostenv import NETNS_RUN_DIR, disable_offloads
+from emulation.hostenv import NETNS_RUN_DIR, disable_offloads, nic_offloads
 from emulation.naming import Plan
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,9 @@ def existing_namespaces(names: Iterable[str]) -> list[str]:
 
 
 def build(plan: Plan, bridge: bool) -> None:
-    """Create namespaces, veths, addresses; with ``bridge``, join each path in the middle.
+    """Create namespaces, veths, addresses; with ``bridge``, join each path in the middle
+    (for netem, whose qdiscs see frames of the link's size: offloads off), else leave the
+    middle's ends to the engine (offloads as NICs have them, ``hostenv.nic_offloads``).
 
     On failure the caller removes what exists (``teardown``); every name here is
     derived from the plan, so nothing can be missed.
@@ -75,9 +77,15 @@ def build(plan: Plan, bridge: bool) -> None:
                 mid.link("set", index=br_index, state="up")
     for p in plan.paths:
         for end in p.ends:
-            disable_offloads(end, p.gw_ifname)
-        disable_offloads(plan.ns_mid, p.mid_a_ifname)
-        disable_offloads(plan.ns_mid, p.mid_b_ifname)
+            if bridge:
+                disable_offloads(end, p.gw_ifname)
+            else:
+                nic_offloads(end, p.gw_ifname, gateway=True)
+        for mid_if in (p.mid_a_ifname, p.mid_b_ifname):
+            if bridge:
+                disable_offloads(plan.ns_mid, mid_if)
+            else:
+                nic_offloads(plan.ns_mid, mid_if, gateway=False)
     log.info("built %s: %d sites, %d paths", plan.prefix, len(plan.namespaces) - 1, len(plan.paths))
 
 

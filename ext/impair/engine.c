@@ -39,6 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "offload.h"
+
 #define BATCH 64
 #define MAX_DIRS 2048
 
@@ -252,6 +254,7 @@ typedef struct pkt {
     uint64_t seq;
     uint32_t len;
     uint16_t dir;
+    unsigned char vh[WX_VNET_HDR_LEN]; /* its virtio-net header, on an engine with `vnet` */
     unsigned char data[];
 } pkt;
 
@@ -275,6 +278,8 @@ typedef struct {
     uint64_t seed;
     size_t header_bytes;
     size_t frame_bytes;
+    int vnet;                  /* frames carry a virtio-net header (offload.h) */
+    unsigned char *rx_scratch; /* vnet: BATCH frames of up to WX_VNET_MAX_FRAME, while running */
     size_t max_packets;
     size_t allocated;
     pkt *free_list;
@@ -443,10 +448,11 @@ static int check_index(Engine *e, int idx) {
 /* ---- the Engine type ---- */
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"seed", "header_bytes", "frame_bytes", "max_memory_bytes", NULL};
+    static char *kwlist[] = {"seed", "header_bytes", "frame_bytes", "max_memory_bytes", "vnet", NULL};
     unsigned long long seed = 0;
     Py_ssize_t header = 14, frame = 2048, max_mem = 512 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Knnn", kwlist, &seed, &header, &frame, &max_mem))
+    int vnet = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Knnnp", kwlist, &seed, &header, &frame, &max_mem, &vnet))
         return -1;
     if (header < 0 || frame < 64 || frame > 65536 || max_mem < frame) {
         PyErr_SetString(PyExc_ValueError, "need header_bytes >= 0, 64 <= frame_bytes <= 65536");
@@ -455,6 +461,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->seed = seed;
     e->header_bytes = (size_t)header;
     e->frame_bytes = (size_t)frame;
+    e->vnet = vnet;
     e->max_packets = (size_t)max_mem / ((size_t)frame + sizeof(pkt));
     e->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (e->efd < 0) {
@@ -479,6 +486,7 @@ static void Engine_dealloc(Engine *e) {
     while (e->heap_len)
         pkt_put(e, heap_pop(e));
     free(e->heap);
+    free(e->rx_scratch);
     while (e->free_list) {
         pkt *k = e->free_list;
         e->free_list = k->next_free;
@@ -645,7 +653,7 @@ static PyObject *Engine_now(PyObject *unused_self, PyObject *unused) {
 
 typedef struct {
     struct mmsghdr msgs[BATCH];
-    struct iovec iov[BATCH];
+    struct iovec iov[BATCH][2]; /* [virtio-net header,] frame */
     pkt *pkts[BATCH];
     int n;
 } txbatch;
@@ -680,11 +688,14 @@ static void release_due(Engine *e, txbatch *tx, double now) {
         txbatch *b = &tx[k->dir];
         if (b->n == 0)
             touched[ntouched++] = k->dir;
-        b->iov[b->n].iov_base = k->data;
-        b->iov[b->n].iov_len = k->len;
+        struct iovec *iov = b->iov[b->n];
+        int parts = 0;
+        if (e->vnet)
+            iov[parts++] = (struct iovec){.iov_base = k->vh, .iov_len = WX_VNET_HDR_LEN};
+        iov[parts++] = (struct iovec){.iov_base = k->data, .iov_len = k->len};
         memset(&b->msgs[b->n].msg_hdr, 0, sizeof(struct msghdr));
-        b->msgs[b->n].msg_hdr.msg_iov = &b->iov[b->n];
-        b->msgs[b->n].msg_hdr.msg_iovlen = 1;
+        b->msgs[b->n].msg_hdr.msg_iov = iov;
+        b->msgs[b->n].msg_hdr.msg_iovlen = (size_t)parts;
         b->pkts[b->n++] = k;
         if (b->n == BATCH)
             tx_flush(e, k->dir, b);
@@ -692,6 +703,75 @@ static void release_due(Engine *e, txbatch *tx, double now) {
     for (int i = 0; i < ntouched; i++)
         if (tx[touched[i]].n)
             tx_flush(e, touched[i], &tx[touched[i]]);
+}
+
+/* When a frame entered the link: its kernel receive stamp, never later than now, never
+   before the previous arrival (a step of the realtime clock between the stamp and now
+   must not reorder the queue). */
+static double arrival_of(imp_dir *d, struct msghdr *h, double now, double real_minus_mono) {
+    double arrival = stamped_arrival(h, real_minus_mono);
+    if (arrival == arrival) { /* not NAN */
+        d->c.rx_stamped++;
+        if (arrival > now)
+            arrival = now;
+        if (now - arrival > d->c.rx_lag_max_s)
+            d->c.rx_lag_max_s = now - arrival;
+    } else {
+        arrival = now;
+    }
+    if (arrival < d->last_arrival)
+        arrival = d->last_arrival;
+    d->last_arrival = arrival;
+    return arrival;
+}
+
+/* One datagram of `len` bytes in `k` offered to direction `dir`'s link at `arrival`:
+   queued for its release, or counted as dropped and its buffer returned. */
+static void admit_frame(Engine *e, int dir, pkt *k, uint32_t len, double arrival) {
+    imp_dir *d = &e->dirs[dir];
+    d->c.rx_packets++;
+    d->c.rx_bytes += len;
+    double l3 = len > e->header_bytes ? (double)(len - e->header_bytes) : 0.0;
+    double dep;
+    int r = imp_admit(d, arrival, l3, &dep);
+    if (r != ADMIT_OK) {
+        if (r == DROP_LOSS)
+            d->c.drop_loss++;
+        else if (r == DROP_QUEUE)
+            d->c.drop_queue++;
+        else if (r == DROP_NOMEM)
+            d->c.drop_nomem++;
+        else
+            d->c.drop_down++;
+        pkt_put(e, k);
+        return;
+    }
+    k->dep = dep;
+    k->seq = e->seq++;
+    k->len = len;
+    k->dir = (uint16_t)dir;
+    if (heap_push(e, k) < 0) {
+        d->c.drop_nomem++;
+        pkt_put(e, k);
+    }
+}
+
+/* A frame the link cannot carry: counted as received and dropped as oversize. */
+static void drop_oversize(imp_dir *d, size_t len) {
+    d->c.rx_packets++;
+    d->c.rx_bytes += len;
+    d->c.drop_oversize++;
+}
+
+/* Out of packet memory: read one frame into a scratch buffer and count it. */
+static int drop_one_nomem(Engine *e, int dir) {
+    unsigned char scratch[64];
+    ssize_t r = recv(e->rx_fd[dir], scratch, sizeof(scratch), MSG_DONTWAIT | MSG_TRUNC);
+    if (r < 0)
+        return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+    e->dirs[dir].c.rx_packets++;
+    e->dirs[dir].c.drop_nomem++;
+    return 1;
 }
 
 /* Receive one batch on direction `dir`; returns the number of frames read,
@@ -716,16 +796,8 @@ static int rx_batch(Engine *e, int dir) {
         n++;
     }
     imp_dir *d = &e->dirs[dir];
-    if (n == 0) {
-        /* Out of packet memory: read one frame into a scratch buffer and count it. */
-        unsigned char scratch[64];
-        ssize_t r = recv(e->rx_fd[dir], scratch, sizeof(scratch), MSG_DONTWAIT | MSG_TRUNC);
-        if (r < 0)
-            return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
-        d->c.rx_packets++;
-        d->c.drop_nomem++;
-        return 1;
-    }
+    if (n == 0)
+        return drop_one_nomem(e, dir);
     int got = recvmmsg(e->rx_fd[dir], msgs, (unsigned)n, MSG_DONTWAIT, NULL);
     int err = errno;
     double now = mono_now();
@@ -733,56 +805,108 @@ static int rx_batch(Engine *e, int dir) {
     for (int i = 0; i < (got > 0 ? got : 0); i++) {
         pkt *k = bufs[i];
         bufs[i] = NULL;
-        uint32_t len = msgs[i].msg_len;
-        d->c.rx_packets++;
-        d->c.rx_bytes += len;
-        /* Never later than now, never before the previous arrival (a step of the
-         * realtime clock between the stamp and now must not reorder the queue). */
-        double arrival = stamped_arrival(&msgs[i].msg_hdr, real_minus_mono);
-        if (arrival == arrival) { /* not NAN */
-            d->c.rx_stamped++;
-            if (arrival > now)
-                arrival = now;
-            if (now - arrival > d->c.rx_lag_max_s)
-                d->c.rx_lag_max_s = now - arrival;
-        } else {
-            arrival = now;
-        }
-        if (arrival < d->last_arrival)
-            arrival = d->last_arrival;
-        d->last_arrival = arrival;
+        double arrival = arrival_of(d, &msgs[i].msg_hdr, now, real_minus_mono);
         if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
-            d->c.drop_oversize++;
+            drop_oversize(d, msgs[i].msg_len);
             pkt_put(e, k);
             continue;
         }
-        double l3 = len > e->header_bytes ? (double)(len - e->header_bytes) : 0.0;
-        double dep;
-        int r = imp_admit(d, arrival, l3, &dep);
-        if (r != ADMIT_OK) {
-            if (r == DROP_LOSS)
-                d->c.drop_loss++;
-            else if (r == DROP_QUEUE)
-                d->c.drop_queue++;
-            else if (r == DROP_NOMEM)
-                d->c.drop_nomem++;
-            else
-                d->c.drop_down++;
-            pkt_put(e, k);
-            continue;
-        }
-        k->dep = dep;
-        k->seq = e->seq++;
-        k->len = len;
-        k->dir = (uint16_t)dir;
-        if (heap_push(e, k) < 0) {
-            d->c.drop_nomem++;
-            pkt_put(e, k);
-        }
+        admit_frame(e, dir, k, msgs[i].msg_len, arrival);
     }
     for (int i = 0; i < n; i++)
         if (bufs[i])
             pkt_put(e, bufs[i]);
+    if (got < 0)
+        return (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) ? 0 : (errno = err, -1);
+    return got;
+}
+
+/* One frame read with its virtio-net header: a datagram as it is, or a UDP GSO
+   super-frame cut into the datagrams it stands for, each offered to the link. */
+static void admit_vnet_frame(Engine *e, int dir, const unsigned char *raw, size_t len, double arrival) {
+    imp_dir *d = &e->dirs[dir];
+    if (len < WX_VNET_HDR_LEN) {
+        drop_oversize(d, len);
+        return;
+    }
+    wx_vnet_hdr h;
+    wx_vnet_read(&h, raw);
+    const unsigned char *frame = raw + WX_VNET_HDR_LEN;
+    len -= WX_VNET_HDR_LEN;
+    if (h.gso_type == WX_VNET_GSO_NONE) {
+        pkt *k = pkt_get(e);
+        if (k == NULL) {
+            d->c.rx_packets++;
+            d->c.drop_nomem++;
+            return;
+        }
+        if (len > e->frame_bytes) {
+            drop_oversize(d, len);
+            pkt_put(e, k);
+            return;
+        }
+        memcpy(k->data, frame, len);
+        wx_vnet_hdr plain = wx_vnet_plain(&h);
+        wx_vnet_write(&plain, k->vh);
+        admit_frame(e, dir, k, (uint32_t)len, arrival);
+        return;
+    }
+    wx_gso g;
+    if (wx_gso_open(&g, frame, len, &h, e->header_bytes) < 0) {
+        drop_oversize(d, len); /* an offload this engine does not cut */
+        return;
+    }
+    for (size_t i = 0; i < g.count; i++) {
+        pkt *k = pkt_get(e);
+        if (k == NULL) {
+            d->c.rx_packets++;
+            d->c.drop_nomem++;
+            continue;
+        }
+        wx_vnet_hdr oh;
+        size_t n = wx_gso_datagram(&g, i, k->data, e->frame_bytes, &oh);
+        if (n == 0) {
+            drop_oversize(d, g.l4 + 8 + g.seg);
+            pkt_put(e, k);
+            continue;
+        }
+        wx_vnet_write(&oh, k->vh);
+        admit_frame(e, dir, k, (uint32_t)n, arrival);
+    }
+}
+
+/* rx_batch for an engine with `vnet`: frames land in the scratch area (a super-frame
+   is larger than a packet buffer) and are copied or cut into packets from there. */
+static int rx_batch_vnet(Engine *e, int dir) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    union {
+        char buf[CMSG_SPACE(sizeof(struct timespec))];
+        struct cmsghdr align;
+    } ctrl[BATCH];
+    if (e->free_list == NULL && e->allocated >= e->max_packets)
+        return drop_one_nomem(e, dir);
+    for (int n = 0; n < BATCH; n++) {
+        iov[n].iov_base = e->rx_scratch + (size_t)n * (WX_VNET_HDR_LEN + WX_VNET_MAX_FRAME);
+        iov[n].iov_len = WX_VNET_HDR_LEN + WX_VNET_MAX_FRAME;
+        memset(&msgs[n].msg_hdr, 0, sizeof(struct msghdr));
+        msgs[n].msg_hdr.msg_iov = &iov[n];
+        msgs[n].msg_hdr.msg_iovlen = 1;
+        msgs[n].msg_hdr.msg_control = ctrl[n].buf;
+        msgs[n].msg_hdr.msg_controllen = sizeof(ctrl[n].buf);
+    }
+    int got = recvmmsg(e->rx_fd[dir], msgs, BATCH, MSG_DONTWAIT, NULL);
+    int err = errno;
+    double now = mono_now();
+    double real_minus_mono = clock_s(CLOCK_REALTIME) - now;
+    imp_dir *d = &e->dirs[dir];
+    for (int i = 0; i < (got > 0 ? got : 0); i++) {
+        double arrival = arrival_of(d, &msgs[i].msg_hdr, now, real_minus_mono);
+        if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)
+            drop_oversize(d, msgs[i].msg_len);
+        else
+            admit_vnet_frame(e, dir, iov[i].iov_base, msgs[i].msg_len, arrival);
+    }
     if (got < 0)
         return (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) ? 0 : (errno = err, -1);
     return got;
@@ -859,7 +983,9 @@ static PyObject *Engine_run(Engine *e, PyObject *args, PyObject *kw) {
     int epfd = epoll_create1(EPOLL_CLOEXEC);
     int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     int fatal_errno = 0;
-    if (!tx || !evs) {
+    if (e->vnet && e->rx_scratch == NULL)
+        e->rx_scratch = malloc((size_t)BATCH * (WX_VNET_HDR_LEN + WX_VNET_MAX_FRAME));
+    if (!tx || !evs || (e->vnet && e->rx_scratch == NULL)) {
         fatal_errno = ENOMEM;
     } else if (epfd < 0 || tfd < 0 || watch(epfd, e->efd, TAG_WAKE) < 0 || watch(epfd, tfd, TAG_TIMER) < 0) {
         fatal_errno = errno;
@@ -933,7 +1059,7 @@ static PyObject *Engine_run(Engine *e, PyObject *args, PyObject *kw) {
                 continue;
             /* A bounded number of batches per wake-up keeps releases on time. */
             for (int b = 0; b < 4; b++) {
-                int got = rx_batch(e, (int)tag);
+                int got = e->vnet ? rx_batch_vnet(e, (int)tag) : rx_batch(e, (int)tag);
                 if (got < 0) {
                     fatal_errno = errno;
                     break;
