@@ -173,10 +173,15 @@ def transfer_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dic
 
 def rank_figures(report: dict[str, Any]) -> dict[str, float]:
     """One all-reduce run's figures: its mean step and efficiency, and its ranks' CPU per GB
-    moved (the mean over ranks), in all and in each role's thread."""
+    moved (the mean over ranks), in all and in each role's thread; and, since the impairment
+    engine shares the host, its CPU seconds beside all ranks' over the same timed steps."""
     ranks = report["ranks"]
     out = {"mean_step_s": float(report["mean_step_s"]), "efficiency": float(report["efficiency"]),
-           "cpu_s_per_gb": statistics.fmean(r["cpu_s_per_gb"] for r in ranks)}
+           "cpu_s_per_gb": statistics.fmean(r["cpu_s_per_gb"] for r in ranks),
+           "ranks_step_cpu_s": sum(sum(steps) for steps in report["rank_step_cpu_s"])}
+    engine = (report.get("cpu_other") or {}).get("engine")
+    if engine is not None:
+        out["engine_cpu_s"] = float(engine)
     for role in ranks[0]["cpu"]:
         # a rank's CPU per GB in one role: its share of the rank's CPU times the rank's CPU per GB
         out[f"{role}_cpu_s_per_gb"] = statistics.fmean(
