@@ -95,7 +95,7 @@ int wx_gso_open(wx_gso *g, const unsigned char *frame, size_t len, const wx_vnet
     g->seg = h->gso_size;
     g->payload = len - l4 - UDP_HEADER;
     g->count = (g->payload + g->seg - 1) / g->seg;
-    return 0;
+    return g->count <= WX_GSO_MAX_SEGMENTS ? 0 : -1;
 }
 
 size_t wx_gso_datagram(const wx_gso *g, size_t i, unsigned char *out, size_t cap, wx_vnet_hdr *oh) {

@@ -23,6 +23,9 @@
 #define WX_VNET_GSO_UDP_L4 5
 /* The largest frame a super-frame can be: a 64 KB IP packet and its Ethernet header. */
 #define WX_VNET_MAX_FRAME (65535 + 14)
+/* The most datagrams one super-frame is cut into (the kernel's UDP_MAX_SEGMENTS is
+   128 or 256): a header claiming more is refused, not a 64 K-step loop. */
+#define WX_GSO_MAX_SEGMENTS 256
 
 /* The header in the byte order the kernel uses for an AF_PACKET socket (a legacy
    virtio header: the host's own). */
