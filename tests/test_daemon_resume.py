@@ -98,6 +98,27 @@ async def test_resume_holds_the_recorded_pieces_and_completes(tmp_path: Path) ->
     assert not partial.exists() and not partial.with_name(partial.name + ".state").exists()
 
 
+async def test_a_piece_opening_after_the_session_ended_leaves_the_kept_partial_alone(tmp_path: Path) -> None:
+    """A session ends (a full disk, say) with its pieces kept for a resume while the sender's
+    next ones are still in flight: one that opens after the end is drained into scratch and
+    answered aborted. Opening its file anew unlinked the kept partial and its state, and the
+    sender's resume then found nothing held and sent the whole file again."""
+    data = random.Random(3).randbytes(6 * PIECE + 9)
+    partial = _crashed_partial(tmp_path, "run/k.bin", data, [0, 1])
+    inbox = Inbox(tmp_path)
+    assert (await inbox.answer(_query("run/k.bin", data))).pieces == [0, 1]
+    inbox.discard_partials()
+    meta = json.dumps({"name": "run/k.bin", "offset": 2 * PIECE, "file_size": len(data)}).encode()
+    view = inbox.allocate(9, PIECE, meta)
+    view[:] = 1  # scratch memory: never the partial file
+    assert inbox.on_piece(9, True, PIECE) == ("aborted", [9])
+    assert inbox.reasons[9] == "the session ended"
+    state = read_state(partial.with_name(partial.name + ".state"))
+    assert state is not None and sorted(state["pieces"], key=int) == ["0", str(PIECE)]
+    assert partial.read_bytes() == data[:2 * PIECE] + bytes(len(data) - 2 * PIECE)
+    assert (await Inbox(tmp_path).answer(_query("run/k.bin", data))).pieces == [0, 1]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "zeroed", "missing"])
 async def test_a_bad_state_file_is_never_trusted_the_data_is_reverified(tmp_path: Path, damage: str) -> None:
     data = random.Random(2).randbytes(8 * PIECE)

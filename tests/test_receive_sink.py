@@ -37,6 +37,20 @@ def test_the_one_shot_sink_does_not_write_through_a_symlinked_name(tmp_path: Pat
     assert outside.read_bytes() == b"keep" and os.path.islink(out / "x.bin")
 
 
+def test_a_piece_opening_after_the_one_shot_sink_ended_leaves_no_file_behind(tmp_path: Path) -> None:
+    """Once the session ended and its partial files were removed, a piece still in flight
+    is drained into scratch memory: a partial file created now would never be finished
+    or removed."""
+    sink = FileSink(tmp_path)
+    sink.allocate(0, 10, _meta("a.bin", 20))
+    sink.discard_partials()
+    assert list(tmp_path.iterdir()) == []
+    scratch = sink.allocate(1, 10, _meta("a.bin", 20))
+    scratch[:] = 1
+    assert sink.on_piece(1, True, 10) == ("aborted", [1])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_inbox_refuses_an_empty_entry_through_a_symlink(tmp_path: Path) -> None:
     (tmp_path / "outside").mkdir()
     (tmp_path / "in").mkdir()

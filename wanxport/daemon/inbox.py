@@ -206,6 +206,11 @@ class Inbox(FileSink):
         session.resume_handler = self.answer
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
+        # After the session ended what is kept stays as it is: a piece still in flight
+        # that opened its file anew would unlink the partial and state kept for the resume.
+        if self._ended:
+            self.reasons[shard_id] = "the session ended"
+            return self._refuse(shard_id, size, "aborted")
         try:
             info = json.loads(meta)
             name = safe_relative(info.get("name"))
@@ -377,6 +382,7 @@ class Inbox(FileSink):
     def discard_partials(self) -> None:
         """The session ended: keep every partial file and its state for a resume, unless
         the sender ended it to cancel its transfer (then they go)."""
+        self._ended = True
         reason = self._session.end_reason if self._session is not None else None
         if self._session is not None and self._session.peer_reason == CANCELLED:
             self._remove_cancelled()
@@ -418,7 +424,7 @@ class Inbox(FileSink):
     async def answer(self, query: ResumeQuery) -> ResumeHave:
         """The pieces of ``query`` this gateway holds, by content (see the module doc)."""
         name = safe_relative(query.name)
-        if name is None:
+        if name is None or self._ended:  # (ended: the sender asks again on its next session)
             return ResumeHave(query.query_id, [])
         batch = []
         for i, digest in enumerate(query.digest):

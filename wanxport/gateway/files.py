@@ -476,9 +476,15 @@ class FileSink:
         self._by_shard: dict[int, str] = {}
         self._maps: dict[int, MappedRange] = {}  # shard id -> its piece, mapped while it arrives
         self._refused: set[int] = set()  # shards of such files, received into scratch memory
+        # The session ended (``discard_partials``): a piece still in flight that opens now
+        # is drained into scratch memory, never a file nobody will finish or remove.
+        self._ended = False
 
     def allocate(self, shard_id: int, size: int, meta: bytes) -> Any:
         """The data plane's allocator: the piece's range of its partial file, mapped alone."""
+        if self._ended:
+            self._refused.add(shard_id)
+            return np.empty(size, dtype=np.uint8)
         try:
             info = json.loads(meta)
             name = safe_name(info.get("name"), shard_id)
@@ -687,5 +693,6 @@ class FileSink:
 
     def discard_partials(self) -> None:
         """Remove every file that did not complete (session failed or ended early)."""
+        self._ended = True
         for incoming in list(self.files.values()):
             self._discard(incoming)
