@@ -16,6 +16,11 @@
  * state, the arrival time and the packet length, so it is exposed for tests in
  * virtual time (`Engine.admit`) and used unchanged by the forwarding loop.
  *
+ * With `vnet` the file descriptors carry frames with virtio-net headers (AF_PACKET
+ * sockets with PACKET_VNET_HDR on veths that keep their offloads): a UDP GSO
+ * super-frame is cut into the datagrams it stands for, each admitted on its own,
+ * and every frame leaves with its checksum still owed where it came so (offload.h).
+ *
  * `run()` releases the GIL; `set_params()` and `stop()` may be called from
  * another thread while it runs (a mutex guards pending parameter changes and an
  * eventfd wakes the loop).
@@ -1114,7 +1119,9 @@ static PyTypeObject EngineType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "emulation._engine.Engine",
     .tp_basicsize = sizeof(Engine),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Link-impairment engine: Engine(seed=0, header_bytes=14, frame_bytes=2048, max_memory_bytes=512MiB)",
+    .tp_doc = "Link-impairment engine: Engine(seed=0, header_bytes=14, frame_bytes=2048, max_memory_bytes=512MiB, "
+              "vnet=False); with vnet, frames carry virtio-net headers and UDP GSO super-frames are cut "
+              "into datagrams (offload.h)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Engine_init,
     .tp_dealloc = (destructor)Engine_dealloc,
