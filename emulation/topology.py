@@ -76,16 +76,13 @@ def build(plan: Plan, bridge: bool) -> None:
                     mid.link("set", index=mid.link_lookup(ifname=mid_if)[0], master=br_index)
                 mid.link("set", index=br_index, state="up")
     for p in plan.paths:
-        for end in p.ends:
+        ends = [(end, p.gw_ifname, True) for end in p.ends]
+        middle = [(plan.ns_mid, ifname, False) for ifname in (p.mid_a_ifname, p.mid_b_ifname)]
+        for ns, ifname, gateway in ends + middle:
             if bridge:
-                disable_offloads(end, p.gw_ifname)
+                disable_offloads(ns, ifname)
             else:
-                nic_offloads(end, p.gw_ifname, gateway=True)
-        for mid_if in (p.mid_a_ifname, p.mid_b_ifname):
-            if bridge:
-                disable_offloads(plan.ns_mid, mid_if)
-            else:
-                nic_offloads(plan.ns_mid, mid_if, gateway=False)
+                nic_offloads(ns, ifname, gateway=gateway)
     log.info("built %s: %d sites, %d paths", plan.prefix, len(plan.namespaces) - 1, len(plan.paths))
 
 

@@ -768,15 +768,29 @@ static void drop_oversize(imp_dir *d, size_t len) {
     d->c.drop_oversize++;
 }
 
+/* A datagram no packet buffer was left for: counted as received and dropped. */
+static void drop_nomem(imp_dir *d) {
+    d->c.rx_packets++;
+    d->c.drop_nomem++;
+}
+
 /* Out of packet memory: read one frame into a scratch buffer and count it. */
 static int drop_one_nomem(Engine *e, int dir) {
     unsigned char scratch[64];
     ssize_t r = recv(e->rx_fd[dir], scratch, sizeof(scratch), MSG_DONTWAIT | MSG_TRUNC);
     if (r < 0)
         return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
-    e->dirs[dir].c.rx_packets++;
-    e->dirs[dir].c.drop_nomem++;
+    drop_nomem(&e->dirs[dir]);
     return 1;
+}
+
+/* Message `m` reads into `iov` with room for a receive timestamp in `ctrl`. */
+static void prepare_msg(struct mmsghdr *m, struct iovec *iov, void *ctrl, size_t ctrl_len) {
+    memset(&m->msg_hdr, 0, sizeof(struct msghdr));
+    m->msg_hdr.msg_iov = iov;
+    m->msg_hdr.msg_iovlen = 1;
+    m->msg_hdr.msg_control = ctrl;
+    m->msg_hdr.msg_controllen = ctrl_len;
 }
 
 /* Receive one batch on direction `dir`; returns the number of frames read,
@@ -793,11 +807,7 @@ static int rx_batch(Engine *e, int dir) {
     while (n < BATCH && (bufs[n] = pkt_get(e)) != NULL) {
         iov[n].iov_base = bufs[n]->data;
         iov[n].iov_len = e->frame_bytes;
-        memset(&msgs[n].msg_hdr, 0, sizeof(struct msghdr));
-        msgs[n].msg_hdr.msg_iov = &iov[n];
-        msgs[n].msg_hdr.msg_iovlen = 1;
-        msgs[n].msg_hdr.msg_control = ctrl[n].buf;
-        msgs[n].msg_hdr.msg_controllen = sizeof(ctrl[n].buf);
+        prepare_msg(&msgs[n], &iov[n], ctrl[n].buf, sizeof(ctrl[n].buf));
         n++;
     }
     imp_dir *d = &e->dirs[dir];
@@ -839,15 +849,12 @@ static void admit_vnet_frame(Engine *e, int dir, const unsigned char *raw, size_
     const unsigned char *frame = raw + WX_VNET_HDR_LEN;
     len -= WX_VNET_HDR_LEN;
     if (h.gso_type == WX_VNET_GSO_NONE) {
-        pkt *k = pkt_get(e);
+        pkt *k = len > e->frame_bytes ? NULL : pkt_get(e);
         if (k == NULL) {
-            d->c.rx_packets++;
-            d->c.drop_nomem++;
-            return;
-        }
-        if (len > e->frame_bytes) {
-            drop_oversize(d, len);
-            pkt_put(e, k);
+            if (len > e->frame_bytes)
+                drop_oversize(d, len);
+            else
+                drop_nomem(d);
             return;
         }
         memcpy(k->data, frame, len);
@@ -864,8 +871,7 @@ static void admit_vnet_frame(Engine *e, int dir, const unsigned char *raw, size_
     for (size_t i = 0; i < g.count; i++) {
         pkt *k = pkt_get(e);
         if (k == NULL) {
-            d->c.rx_packets++;
-            d->c.drop_nomem++;
+            drop_nomem(d);
             continue;
         }
         wx_vnet_hdr oh;
@@ -894,11 +900,7 @@ static int rx_batch_vnet(Engine *e, int dir) {
     for (int n = 0; n < BATCH; n++) {
         iov[n].iov_base = e->rx_scratch + (size_t)n * (WX_VNET_HDR_LEN + WX_VNET_MAX_FRAME);
         iov[n].iov_len = WX_VNET_HDR_LEN + WX_VNET_MAX_FRAME;
-        memset(&msgs[n].msg_hdr, 0, sizeof(struct msghdr));
-        msgs[n].msg_hdr.msg_iov = &iov[n];
-        msgs[n].msg_hdr.msg_iovlen = 1;
-        msgs[n].msg_hdr.msg_control = ctrl[n].buf;
-        msgs[n].msg_hdr.msg_controllen = sizeof(ctrl[n].buf);
+        prepare_msg(&msgs[n], &iov[n], ctrl[n].buf, sizeof(ctrl[n].buf));
     }
     int got = recvmmsg(e->rx_fd[dir], msgs, BATCH, MSG_DONTWAIT, NULL);
     int err = errno;
