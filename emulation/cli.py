@@ -123,7 +123,7 @@ def _add_pipeline_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
 
 def _add_diloco_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """``diloco``: DiLoCo across the sites while they fail (emulation/diloco.py)."""
-    from emulation.faults import add_fault_arguments
+    from emulation.faults import add_fault_arguments, seconds
 
     dl = sub.add_parser("diloco", help="DiLoCo (examples/diloco_elastic.py) at the scenario's sites, a "
                                        "control network for the store, faults injected; prints a summary")
@@ -142,7 +142,11 @@ def _add_diloco_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
                          "example's, 0.5)")
     dl.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per collective (default 60)")
     dl.add_argument("--deadline", type=float, metavar="S",
-                    help="stop the run after S seconds from go (default 120 + 60 x outer steps)")
+                    help="stop the run after S seconds from go (default 120 + 60 x outer steps + "
+                         "the hold)")
+    dl.add_argument("--hold", type=seconds, default=120.0, metavar="S",
+                    help="past the last outer step, train on for up to S seconds while a site the "
+                         "faults bring back (restarted, or cut off and healed) is not back (default 120)")
     add_fault_arguments(dl)
     dl.add_argument("--backend", choices=("netem", "engine"))
     dl.add_argument("--json", metavar="FILE", help="write the run report (JSON) here")

@@ -53,13 +53,26 @@ class DilocoOptions:
     noise: float | None = None  # the targets' noise; None: the example's default
     timeout_s: float = 60.0
     deadline_s: float | None = None
+    hold_s: float = 120.0  # past the last outer step, how long the sites wait for one the faults bring back
     backend: str | None = None
     faults: tuple[Fault, ...] = field(default_factory=tuple)
     logs: str | None = None  # a directory for every process's stderr (LABEL.log), else not kept
 
     @property
     def run_deadline_s(self) -> float:
-        return self.deadline_s if self.deadline_s is not None else 120.0 + 60.0 * self.outer_steps
+        if self.deadline_s is not None:
+            return self.deadline_s
+        return 120.0 + 60.0 * self.outer_steps + self.hold_s
+
+    def awaited(self) -> list[str]:
+        """The sites the faults take out and bring back (a kill with a restart, a blackhole, a
+        partition's minority), unless a later kill takes them for good: past the last outer
+        step, the sites train on until these are back (``examples/diloco_elastic.py``)."""
+        back: dict[str, bool] = {}
+        for fault in self.faults:
+            for site in fault.cut_off():
+                back[site] = fault.kind != "kill" or fault.rejoin_after_s is not None
+        return [site for site, returns in back.items() if returns]
 
 
 def check_options(scenario: Scenario, sites: int, outer_steps: int, inner_steps: int, hidden: int,
@@ -96,6 +109,7 @@ def site_spec(emu: Emulation, sites: list[str], index: int, pki: str, options: D
             "store": f"{store_address(index)}:{STORE_PORT}", "outer_steps": options.outer_steps,
             "inner_steps": options.inner_steps, "hidden": options.hidden, "compress": options.compress,
             "seed": options.seed, "timeout": options.timeout_s, "no_go": restart,
+            "awaited": options.awaited(), "hold_s": options.hold_s,
             **({} if options.noise is None else {"noise": options.noise})}
 
 
@@ -239,7 +253,7 @@ def main_diloco(args: Any) -> int:
     options = DilocoOptions(sites=args.sites, outer_steps=args.outer_steps, inner_steps=args.inner_steps,
                             hidden=args.hidden, compress=None if args.compress == "none" else args.compress,
                             seed=args.seed, noise=args.noise, timeout_s=args.timeout,
-                            deadline_s=args.deadline,
+                            deadline_s=args.deadline, hold_s=args.hold,
                             backend=args.backend, faults=tuple(faults), logs=args.logs)
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)

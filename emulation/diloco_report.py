@@ -14,6 +14,8 @@
   imports torch) to its first completed step, the state transfer included; for a
   blackhole or partition, ``back_after_heal_s``: from the heal to the cut-off sites'
   first completed step.
+* ``held_from_step``: the outer step from which the sites trained past ``--outer-steps``
+  to wait for a site the faults bring back (null when none had to).
 * ``final_loss`` (the held-out loss of the global model at the lowest-index site that
   finished), ``final_excess_loss`` (its part above the targets' noise floor) and whether
   every finished site holds the same parameters.
@@ -43,6 +45,7 @@ class RunLog:
         self.done: dict[str, dict[str, Any]] = {}
         self.ends: dict[str, tuple[float, int | None, str]] = {}
         self.membership: list[dict[str, Any]] = []
+        self.holds: list[dict[str, Any]] = []
         self.kills: dict[str, float] = {}
         self.go_at: float | None = None
         self.faults: tuple[Fault, ...] = ()
@@ -64,6 +67,8 @@ class RunLog:
             self.outer[label].append(obj)
         elif event == "membership":
             self.membership.append({**obj, "label": label})
+        elif event == "hold":
+            self.holds.append({**obj, "label": label})
         elif event == "done":
             self.done[label] = obj
 
@@ -281,6 +286,7 @@ def build_diloco_report(scenario: Scenario, options: Any, log: RunLog, *, backen
         final_excess_loss=first.get("final_excess_loss") if first else None,
         final_loss_per_site={s: d["final_loss"] for s, d in finished.items()},
         membership_changes=membership_changes(log),
+        held_from_step=min((h["step"] for h in log.holds), default=None),
         site_cpu_s={label: d.get("cpu_s") for label, d in log.done.items()},
         lag_max_s=log.engine.get("lag_max_s"), cpu_other={"engine": log.engine.get("engine_cpu_s")},
         backend=backend, commit=commit, host=host, errors=errors)
@@ -300,6 +306,9 @@ def summary(report: dict[str, Any]) -> str:
                      f"{fault['recovery_s']} (of which after the inner steps {fault['recovery_sync_s']}), "
                      f"rejoin_s {fault['rejoin_s']} {fault['rejoin_phases_s'] or ''}, back_after_heal_s "
                      f"{fault['back_after_heal_s']}")
+    if report["held_from_step"] is not None:
+        lines.append(f"  trained on from outer step {report['held_from_step']} until the sites the faults "
+                     f"took out were back")
     lines.append(f"  engine lag_max_s {report['lag_max_s']}, engine CPU {report['cpu_other']['engine']} s")
     lines += [f"  error: {e}" for e in report["errors"]]
     return "\n".join(lines)

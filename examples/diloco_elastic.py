@@ -281,6 +281,42 @@ def finish_together(store: Any, membership: MembershipLog, spec: dict[str, Any])
         emit({"event": "finish_wait", "error": f"{type(exc).__name__}: {exc}"})
 
 
+class RejoinHold:
+    """Past the last outer step, the sites go on training while a site the run's faults take
+    out and bring back (``spec["awaited"]``) is not back, for up to ``spec["hold_s"]``.
+    Without it a restart slower than the rest of the run (a busy host importing torch) finds
+    the group ended, and the run measures nothing of the rejoin.
+
+    Every site must stop at the same step. A site is back once it is a member of the epoch in
+    force and that epoch began before this step (it has completed a step with the group), and
+    the members agree on the epoch. A site that has held for ``hold_s`` offers the step two
+    ahead of its own as the last one (the store keeps the first offer) and every site stops
+    there: the sites are at most one step apart, since each step's all-reduce needs them all.
+    """
+
+    KEY = "diloco/held_until"
+
+    def __init__(self, group: Any, store: Any, spec: dict[str, Any]) -> None:
+        self.group, self.store = group, store
+        self.awaited = {spec["names"].index(name) for name in spec.get("awaited", [])}
+        self.hold_s = float(spec.get("hold_s", 0.0))
+        self.since: float | None = None
+
+    def holding(self, step: int) -> bool:
+        """At the boundary of ``step``, past the last outer step: whether to train on."""
+        epoch = self.group.epoch
+        if self.awaited <= set(epoch.members) and epoch.start < step:
+            return False
+        if self.store.check([self.KEY]):
+            return step < int(self.store.get(self.KEY))
+        if self.since is None:
+            self.since = time.monotonic()
+            emit({"event": "hold", "t": self.since, "step": step})
+        if time.monotonic() - self.since < self.hold_s:
+            return True
+        return step < int(self.store.compare_set(self.KEY, "", str(step + 2)))
+
+
 def run_site(spec: dict[str, Any]) -> dict[str, Any]:
     """One site's whole run; emits ``ready``, one ``outer`` per step and returns ``done``."""
     torch.set_num_threads(1)
@@ -296,14 +332,15 @@ def run_site(spec: dict[str, Any]) -> dict[str, Any]:
     if not spec.get("no_go"):
         sys.stdin.readline()
     membership = MembershipLog(group, spec["names"])
+    hold = RejoinHold(group, store, spec) if elastic else None
     error = None
     try:
-        while trainer.step < spec["outer_steps"]:
+        while True:
             if elastic:
                 trainer.step = group.boundary(trainer.step, trainer)
                 membership.check()
-                if trainer.step >= spec["outer_steps"]:
-                    break
+            if trainer.step >= spec["outer_steps"] and not (hold and hold.holding(trainer.step)):
+                break
             t0 = time.monotonic()
             loss = trainer.inner_steps(seed, site, spec["inner_steps"])
             t_sync = time.monotonic()

@@ -185,3 +185,25 @@ def test_a_run_past_its_deadline_names_where_each_unfinished_site_stopped() -> N
                                  commit=None, host={}, wall_s=20.0)
     assert report["errors"][-1].endswith("unfinished: west#2 joined, before its first outer step, "
                                          "central after outer step 4")
+
+
+def test_the_sites_await_those_the_faults_bring_back_and_not_a_site_killed_for_good() -> None:
+    faults = parse("--kill", "west", "--at", "1", "--rejoin-after", "2",
+                   "--partition", "east,west|central", "--at", "9", "--for", "3")
+    assert DilocoOptions(sites=3, faults=tuple(faults)).awaited() == ["west", "central"]
+    faults = parse("--kill", "west", "--at", "1", "--rejoin-after", "2", "--kill", "west", "--at", "9")
+    assert DilocoOptions(sites=3, faults=tuple(faults)).awaited() == []
+    assert DilocoOptions(sites=3, faults=tuple(parse("--blackhole", "east", "--at", "1", "--for", "2"))
+                         ).awaited() == ["east"]
+
+
+def test_the_report_says_from_which_step_the_sites_held_for_a_site_to_come_back() -> None:
+    log = _log_with_a_kill()
+    report = build_diloco_report(SCENARIO, DilocoOptions(sites=3, outer_steps=4), log, backend="engine",
+                                 commit=None, host={}, wall_s=20.0)
+    assert report["held_from_step"] is None
+    log.line("central", {"event": "hold", "t": 106.0, "step": 4}, 106.0)
+    log.line("west#2", {"event": "hold", "t": 107.1, "step": 5}, 107.1)
+    report = build_diloco_report(SCENARIO, DilocoOptions(sites=3, outer_steps=4), log, backend="engine",
+                                 commit=None, host={}, wall_s=20.0)
+    assert report["held_from_step"] == 4

@@ -79,3 +79,45 @@ def test_three_loopback_sites_end_with_the_same_model(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["identical"] and result["errors"] == []
     assert result["params"] == 16 * 32 + 16 + 16 * 16 + 16 + 16 * 16 + 16 + 16 + 1
+
+
+class _Group:
+    """The one thing the hold reads of an elastic group: the epoch in force."""
+
+    def __init__(self, members: tuple[int, ...], start: int) -> None:
+        from wanxport.collective.membership import Epoch
+
+        self.epoch = Epoch(1, members, start)
+
+
+def _store() -> object:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=10))
+
+
+SPEC = {"names": ["p", "q", "r"], "awaited": ["r"]}
+
+
+def test_past_the_last_step_the_sites_hold_until_the_awaited_site_has_completed_a_step() -> None:
+    d = example()
+    store = _store()
+    assert d.RejoinHold(_Group((0, 1), -1), store, {**SPEC, "hold_s": 60.0}).holding(10)  # r is out
+    assert d.RejoinHold(_Group((0, 1, 2), 12), store, {**SPEC, "hold_s": 60.0}).holding(12)  # admitted at 12
+    assert not d.RejoinHold(_Group((0, 1, 2), 12), store, {**SPEC, "hold_s": 60.0}).holding(13)  # back
+    assert not d.RejoinHold(_Group((0, 1), -1), store, {"names": SPEC["names"], "hold_s": 60.0}).holding(10)
+
+
+def test_a_hold_that_runs_out_ends_every_site_at_the_step_the_first_offered() -> None:
+    d = example()
+    store = _store()
+    impatient = d.RejoinHold(_Group((0, 1), -1), store, {**SPEC, "hold_s": 0.0})
+    patient = d.RejoinHold(_Group((0, 1), -1), store, {**SPEC, "hold_s": 60.0})
+    assert patient.holding(10)  # its own wait has just begun
+    assert impatient.holding(11)  # gives up: the last step is 13 ...
+    late = d.RejoinHold(_Group((0, 1), -1), store, {**SPEC, "hold_s": 0.0})
+    assert [patient.holding(s) for s in (11, 12, 13)] == [True, True, False]  # ... for every site
+    assert [late.holding(s) for s in (12, 13)] == [True, False]  # a later offer does not move it
