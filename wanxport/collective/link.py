@@ -228,6 +228,7 @@ class SiteLink:
         ping: asyncio.Task[None] | None = None
         clock = self.session.endpoint.clock
         listening_since = clock()
+        heard_at, sent_then = float("-inf"), 0  # packets this site had sent when the peer was last heard
         while True:
             bound = self.liveness_bound_s()
             due = clock() + bound / 6
@@ -236,10 +237,13 @@ class SiteLink:
             if now - due > bound / 6:
                 listening_since = now
             _, at = self.last_heard()
+            if at != heard_at:
+                heard_at, sent_then = at, self.packets_sent()
             silent = now - max(at, listening_since)
             if silent >= bound:
                 self._fail(f"{self.who}: dead or cut off: nothing heard on any path for {silent:.1f} s "
-                           f"(liveness bound {bound:.1f} s); {self.describe_silence()}")
+                           f"(liveness bound {bound:.1f} s); {self.describe_silence()}; this site sent it "
+                           f"{self.packets_sent() - sent_then} packets since")
                 return
             if silent >= bound / 3 and (ping is None or ping.done()):
                 self.heartbeats += 1
@@ -248,6 +252,11 @@ class SiteLink:
     def path_stats(self) -> tuple[PathStats, ...]:
         """This session's paths now (payload bytes sent by us on each, RTT, state)."""
         return self.session.stats().paths
+
+    def packets_sent(self) -> int:
+        """Packets this site has sent on the session's paths: whether a silence was the peer's
+        alone (they went on) or this side's sending stalled too (they did not)."""
+        return sum(p.packets_sent for p in self.path_stats())
 
     def receiving_bytes(self) -> int:
         """Bytes placed so far in messages from the peer still arriving (not yet whole)."""
