@@ -17,7 +17,8 @@ outer momentum, Adam's moments, the step) bit-identical from a live site; a site
 from the majority waits, then rejoins the same way. ``local`` runs every site as a process on this
 machine over loopback paths, with the store in this process; ``python -m emulation diloco``
 starts ``store`` in its control namespace and one ``site`` per site namespace, then kills,
-blackholes or partitions sites while they train.
+blackholes or partitions sites while they train (past the last outer step the sites train on
+until a site the faults bring back is back: ``RejoinHold``).
 
 The sites learn a fixed function from inputs whose targets carry noise no model can predict
 (``--noise``, a standard deviation), as real data do: the held-out loss levels off near the

@@ -228,7 +228,7 @@ class SiteLink:
         ping: asyncio.Task[None] | None = None
         clock = self.session.endpoint.clock
         listening_since = clock()
-        heard_at, sent_then = float("-inf"), 0  # packets this site had sent when the peer was last heard
+        heard_at, sent_then = float("-inf"), 0  # packets sent by the first look after the peer was heard
         while True:
             bound = self.liveness_bound_s()
             due = clock() + bound / 6
