@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -66,3 +67,20 @@ def test_probe_queues_behind_data_and_ack_overtakes(link: tuple[object, socket.s
     order = packet_numbers(rx, DATAGRAMS + 2)
     assert order.index(DATAGRAMS) == DATAGRAMS + 1  # the probe: after every data datagram
     assert order.index(DATAGRAMS + 1) < order.index(DATAGRAMS - 1)  # the ACK: ahead of queued data
+
+
+def test_the_data_path_counts_the_datagrams_that_left(link: tuple[object, socket.socket]) -> None:
+    """Data through the pacer and an ACK sent past it both count once they left the socket."""
+    datapath, rx = link
+    buffer = memoryview(bytes(SEGMENT * DATAGRAMS))
+    assert datapath.datagrams_sent == 0 and datapath.datagrams_refused == 0  # type: ignore[attr-defined]
+    datapath.send([  # type: ignore[attr-defined]
+        DataPlan(0, 0, 1, buffer, 0, len(buffer), SEGMENT, 0.0),
+        ControlPlan(0, DATAGRAMS, [AckFrame(0, 0, ((0, 0),))], 0.0),
+    ])
+    packet_numbers(rx, DATAGRAMS + 1)
+    deadline = time.monotonic() + 10.0  # the pacer counts a datagram just after its send returns
+    while datapath.datagrams_sent < DATAGRAMS + 1 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    assert datapath.datagrams_sent == DATAGRAMS + 1  # type: ignore[attr-defined]
+    assert datapath.datagrams_refused == 0  # type: ignore[attr-defined]

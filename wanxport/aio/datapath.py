@@ -116,6 +116,18 @@ class Datapath(Protocol):
     def rejected(self) -> int: ...
 
     @property
+    def datagrams_sent(self) -> int:
+        """Datagrams handed to the kernel so far, data and control: what left, not what
+        the core queued (a stalled sender shows as the two parting)."""
+        ...
+
+    @property
+    def datagrams_refused(self) -> int:
+        """Datagrams the kernel would not send (a local firewall, no route, the peer's socket
+        gone): lost, as on the wire, and repaired by the core."""
+        ...
+
+    @property
     def counters(self) -> dict[str, int]: ...
 
     def close(self, drain_s: float = 0.2) -> None: ...

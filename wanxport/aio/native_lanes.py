@@ -84,6 +84,7 @@ class SendLane:
                                      spin_ns=spin_ns, burst_ns=burst_ns)
         self._pending: list[deque[_Pending]] = [deque() for _ in range(n)]
         self.local_send_errors = 0
+        self.sent_directly = 0  # control datagrams sent from this thread, past the pacer's ring
         self.plans = 0  # plans this lane sealed: a worker's share of the traffic
 
     def attach(self, path_id: int) -> None:
@@ -127,6 +128,7 @@ class SendLane:
                     self._sockets[path_id].send(datagram)
                 else:
                     self._sockets[path_id].sendto(datagram, dest)
+                self.sent_directly += 1
                 return
             except (BlockingIOError, InterruptedError):
                 pass

@@ -143,6 +143,17 @@ class NativeDatapath:
     def local_send_errors(self) -> int:
         return sum(lane.local_send_errors for lane in self._send_lanes)
 
+    @property
+    def datagrams_sent(self) -> int:
+        """Datagrams handed to the kernel: the pacers' releases and the ACKs sent past them."""
+        return sum(lane.sent_directly + sum(path.sent_datagrams for path in lane.pacer.stats())
+                   for lane in self._send_lanes)
+
+    @property
+    def datagrams_refused(self) -> int:
+        return sum(lane.local_send_errors + sum(path.send_errors for path in lane.pacer.stats())
+                   for lane in self._send_lanes)
+
     # -- receive -------------------------------------------------------------
 
     def _receivers(self) -> list[tuple[object, native.Receiver]]:

@@ -48,6 +48,7 @@ class PythonDatapath(PlacesShards):
         for sock in self._sockets:
             overflow.enable(sock)
         self.send_errors = 0
+        self.datagrams_sent = 0  # handed to the kernel
         self.key_phase = 0
         self.packets_under_key = 0  # sealed under the current sending key: the rotation trigger
         self.bytes_under_key = 0
@@ -96,12 +97,17 @@ class PythonDatapath(PlacesShards):
                 sock.send(datagram)
             else:
                 sock.sendto(datagram, dest)
-        except (BlockingIOError, ConnectionRefusedError):
+            self.datagrams_sent += 1
+        except OSError:  # a full buffer, the peer's socket gone, a local firewall: lost as on the wire
             self.send_errors += 1  # UDP semantics: the core repairs the loss
 
     @property
     def backlogged(self) -> bool:
         return False
+
+    @property
+    def datagrams_refused(self) -> int:
+        return self.send_errors
 
     def flush(self) -> None:
         """Nothing is ever held back."""

@@ -228,7 +228,7 @@ class SiteLink:
         ping: asyncio.Task[None] | None = None
         clock = self.session.endpoint.clock
         listening_since = clock()
-        heard_at, sent_then = float("-inf"), 0  # packets sent by the first look after the peer was heard
+        heard_at, sent_then = float("-inf"), (0, 0, 0)  # by the first look after the peer was heard
         while True:
             bound = self.liveness_bound_s()
             due = clock() + bound / 6
@@ -238,12 +238,14 @@ class SiteLink:
                 listening_since = now
             _, at = self.last_heard()
             if at != heard_at:
-                heard_at, sent_then = at, self.packets_sent()
+                heard_at, sent_then = at, self.sent()
             silent = now - max(at, listening_since)
             if silent >= bound:
+                packets, sent, refused = (n - then for n, then in zip(self.sent(), sent_then, strict=True))
                 self._fail(f"{self.who}: dead or cut off: nothing heard on any path for {silent:.1f} s "
-                           f"(liveness bound {bound:.1f} s); {self.describe_silence()}; this site sent it "
-                           f"{self.packets_sent() - sent_then} packets since")
+                           f"(liveness bound {bound:.1f} s); {self.describe_silence()}; since then this "
+                           f"site queued it {packets} packets, its sockets sent {sent} datagrams and "
+                           f"had {refused} refused")
                 return
             if silent >= bound / 3 and (ping is None or ping.done()):
                 self.heartbeats += 1
@@ -253,10 +255,14 @@ class SiteLink:
         """This session's paths now (payload bytes sent by us on each, RTT, state)."""
         return self.session.stats().paths
 
-    def packets_sent(self) -> int:
-        """Packets this site has sent on the session's paths: whether a silence was the peer's
-        alone (they went on) or this side's sending stalled too (they did not)."""
-        return sum(p.packets_sent for p in self.path_stats())
+    def sent(self) -> tuple[int, int, int]:
+        """Packets the core has queued on the session's paths, datagrams that left the sockets
+        and datagrams the kernel refused: whether a silence was the peer's alone (the packets
+        and datagrams went on), this side's sender stalled (packets, no datagrams), its host
+        drops what it sends (refusals: a local firewall) or its core stalled (nothing)."""
+        datapath = self.session.endpoint.datapath
+        return (sum(p.packets_sent for p in self.path_stats()), datapath.datagrams_sent,
+                datapath.datagrams_refused)
 
     def receiving_bytes(self) -> int:
         """Bytes placed so far in messages from the peer still arriving (not yet whole)."""
