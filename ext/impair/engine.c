@@ -68,6 +68,7 @@ typedef struct {
     uint64_t rx_packets, rx_bytes, tx_packets, tx_bytes;
     uint64_t drop_loss, drop_queue, drop_down, drop_nomem, drop_oversize, drop_txerr;
     uint64_t rx_stamped; /* arrivals timed by the kernel's receive timestamp */
+    uint64_t tx_batches; /* sends of what was due together: one sendmmsg batch each */
     double rx_lag_max_s; /* the longest a stamped packet waited for the engine to read it */
 } imp_counters;
 
@@ -636,11 +637,11 @@ static PyObject *Engine_stats(Engine *e, PyObject *args) {
         return NULL;
     const imp_counters *c = &e->dirs[idx].c;
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsd}", "rx_packets", c->rx_packets, "rx_bytes", c->rx_bytes,
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsd}", "rx_packets", c->rx_packets, "rx_bytes", c->rx_bytes,
         "tx_packets", c->tx_packets, "tx_bytes", c->tx_bytes, "drop_loss", c->drop_loss,
         "drop_queue", c->drop_queue, "drop_down", c->drop_down, "drop_nomem", c->drop_nomem,
         "drop_oversize", c->drop_oversize, "drop_txerr", c->drop_txerr, "rx_stamped",
-        c->rx_stamped, "rx_lag_max_s", c->rx_lag_max_s);
+        c->rx_stamped, "tx_batches", c->tx_batches, "rx_lag_max_s", c->rx_lag_max_s);
 }
 
 static PyObject *Engine_stop(Engine *e, PyObject *unused) {
@@ -665,6 +666,7 @@ typedef struct {
 
 static void tx_flush(Engine *e, int dir, txbatch *b) {
     int off = 0;
+    e->dirs[dir].c.tx_batches++;
     while (off < b->n) {
         int sent = sendmmsg(e->tx_fd[dir], b->msgs + off, (unsigned)(b->n - off), MSG_DONTWAIT);
         if (sent <= 0) {
