@@ -343,7 +343,7 @@ def test_timer_never_runs_the_session_before_its_deadline(
     """uvloop rounds timers to whole milliseconds (below 0.5 ms: the next iteration). An early
     run found nothing due and re-armed, so a paced sender spun through thousands of empty
     timer runs a second. Deadlines 0.1-2 ms ahead must reach the session at or after the
-    deadline, in at most a few timer runs."""
+    deadline, in at most a few timer runs, and only those count as the loop's timer wake-ups."""
 
     async def main() -> None:
         pair = Pair("python", 1, 1)
@@ -369,6 +369,7 @@ def test_timer_never_runs_the_session_before_its_deadline(
                 on_timer()
 
             endpoint._on_timer = counting  # type: ignore[method-assign]
+            wakes = endpoint.timer_wakes
             for k in range(20):
                 if endpoint._timer is not None:
                     endpoint._timer.cancel()
@@ -384,6 +385,10 @@ def test_timer_never_runs_the_session_before_its_deadline(
                     waited += 0.005
                 assert len(fired) == 1 and fired[0] >= target, (k, fired, target)
                 assert runs[0] <= 3
+            # The loop's count of timer wake-ups is of those that reached the session, not of
+            # early runs that only re-armed.
+            assert endpoint.timer_wakes - wakes == 20
+            assert endpoint.loop_events()["timer_wakes"] == endpoint.timer_wakes
         finally:
             pair.a.abort()
             pair.b.abort()

@@ -48,11 +48,13 @@ def test_loopback_transfer_report(capsys: pytest.CaptureFixture[str]) -> None:
         assert roles[end]["loop"] > 0 and roles[end]["digest"] > 0
     assert roles["sender"]["release"] > 0
     assert report["pacer_send_rounds_per_gb"] > 0  # type: ignore[operator]
-    # The loop's events: the sender decoded the receiver's ACKs and handed out at least
-    # one plan, and never more plans than datagrams.
+    # The loop's events: the sender decoded the receiver's ACKs in receive passes, handed out
+    # at least one plan, and never more plans than datagrams.
     events = report["sender_loop_events_per_gb"]
-    assert isinstance(events, dict) and set(events) == {"control_packets", "services", "plans"}
+    assert isinstance(events, dict)
+    assert set(events) == {"control_packets", "receive_passes", "services", "plans", "timer_wakes"}
     assert events["control_packets"] > 0 and events["services"] > 0 and events["plans"] > 0
+    assert 0 < events["receive_passes"] <= events["control_packets"]
     datagrams = sum(p["datagrams_sent"] for p in paths) / (4 << 20) * 1e9
     assert events["plans"] <= datagrams
 

@@ -233,6 +233,7 @@ def diagnostics(endpoint: Endpoint) -> dict[str, Any]:
                            "data_records": endpoint.intake.data_records,
                            "receive_passes": endpoint.receive_passes,
                            "holdoff_yields": endpoint.holdoff_yields,
+                           "loop_events": endpoint.loop_events(),
                            # what this gateway cost: its peak memory next to its receive budget
                            "max_rss_bytes": peak_rss_bytes(), "cpu_s": usage.ru_utime + usage.ru_stime,
                            "receive_budget_bytes": endpoint.config.session.receive_budget_bytes}

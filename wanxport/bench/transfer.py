@@ -368,13 +368,13 @@ def _report(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any], receiv
 def _sender_breakdown(spec: TransferSpec, endpoint: Endpoint, sent: dict[str, Any]) -> dict[str, Any]:
     """What the sender's threads did per GB (their CPU is ``cpu``): the release threads'
     wake-ups per GB tell a pacer that sleeps per datagram from one that sleeps per burst;
-    the loop's events per GB (ACKs decoded, services, plans) turn its CPU into CPU per event."""
+    the loop's events per GB (ACKs decoded, services, plans, timer wake-ups) turn its CPU into
+    CPU per event."""
     if not isinstance(endpoint.datapath, NativeDatapath):
         return {}
     pacer = endpoint.datapath.pacer_thread_stats()
     per_gb = 1e9 / spec.size
-    events = {"control_packets": endpoint.intake.control_records, "services": endpoint.services,
-              "plans": endpoint.plans_sent}
+    events = endpoint.loop_events()
     return {"sender_loop_events_per_gb": {k: round(v * per_gb) for k, v in events.items()},
             "pacer_sleeps_per_gb": round(pacer.sleeps * per_gb),
             "pacer_send_rounds_per_gb": round(pacer.send_rounds * per_gb)}
