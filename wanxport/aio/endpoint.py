@@ -135,21 +135,10 @@ class Endpoint(SessionWindow):
         # first): a session's liveness, read by whoever bounds how long a silent peer may be.
         self.last_heard = [float("-inf")] * len(config.sockets)
         self._all_heard: asyncio.Future[None] | None = None
-        # The loop's per-event work, counted so CPU per GB can be read as CPU per event:
-        # session services, plans handed to the data path (a data plan is one native seal call),
-        # timer wake-ups that reached the session (a pacing wake, an ACK or loss timer);
-        # the receive side counts its own (``intake``).
+        # The loop's per-event work (``loop_events``); the receive side counts its own (``intake``).
         self.services = 0
         self.plans_sent = 0
         self.timer_wakes = 0
-
-    def loop_events(self) -> dict[str, int]:
-        """The event loop's work so far, by kind: control packets decoded (at a sender, the
-        peer's ACKs), receive passes, session services, plans handed to the data path and
-        timer wake-ups. Divided into the loop thread's CPU they give its cost per event;
-        per second, whether the work follows the packet rate or the control interval."""
-        return {"control_packets": self.intake.control_records, "receive_passes": self.intake.passes,
-                "services": self.services, "plans": self.plans_sent, "timer_wakes": self.timer_wakes}
 
     def _pacing_factor(self, path_id: int) -> float:
         """Pacer rate per core rate: a core packet leaves as several datagrams, each with its

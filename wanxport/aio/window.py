@@ -26,6 +26,9 @@ class SessionWindow:
     clock: Callable[[], float]
     intake: Intake
     datapath: Any
+    services: int
+    plans_sent: int
+    timer_wakes: int
 
     # -- the window onto the session, for the layers above ---------------------
 
@@ -70,6 +73,15 @@ class SessionWindow:
     @property
     def receive_passes(self) -> int:
         return self.intake.passes
+
+    def loop_events(self) -> dict[str, int]:
+        """The event loop's work so far, by kind: control packets decoded (at a sender, the
+        peer's ACKs), receive passes, session services, plans handed to the data path (a data
+        plan is one native seal call) and timer wake-ups that reached the session (pacing, ACK
+        and loss timers). Divided into the loop thread's CPU they give its cost per event;
+        per second, whether the work follows the packet rate or the control interval."""
+        return {"control_packets": self.intake.control_records, "receive_passes": self.intake.passes,
+                "services": self.services, "plans": self.plans_sent, "timer_wakes": self.timer_wakes}
 
     # -- keys (rotation is the caller's policy; see wanxport.gateway.rekey) ----
 
