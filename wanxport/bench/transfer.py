@@ -114,6 +114,7 @@ def endpoint_config(spec: TransferSpec, send: DirectionKey, recv: DirectionKey, 
     sockets = tuple(PathSocket(("127.0.0.1", 0)) for _ in range(spec.paths))
     return EndpointConfig(session_config(spec), sockets, send, recv, local_conn_id=local,
                           remote_conn_id=remote, datapath=spec.datapath,
+                          receive_holdoff_s=spec_preset(spec).receive_holdoff_s,
                           pacer_spin_ns=spec.pacer_spin_ns, pacer_burst_ns=spec.pacer_burst_ns,
                           workers=spec.workers)
 
