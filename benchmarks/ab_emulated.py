@@ -12,7 +12,8 @@ Each checkout needs its own ``.venv`` (``./dev setup`` there); every run is
         --runs 5 hetero-8path failover-4path --out results/ab.json
 
 Prints, per scenario, each side's completion times, medians and B's median
-over A's; ``--out`` keeps every report.
+over A's, and each end's CPU per GB (in all and in the event loop's thread) with the
+engine's CPU beside them; ``--out`` keeps every report.
 
 ``--workload allreduce`` runs ``python -m emulation allreduce SCENARIO --comm
 wanxport --json`` instead (``-- --ranks-per-site 2 --steps 10`` and the like go
@@ -156,6 +157,8 @@ def bench_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[s
 
 
 def transfer_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per scenario: each side's completion times, their medians and B's over A's; and where
+    every report has each end's CPU, the CPU figures compared too (``cpu``, as ``compared``)."""
     summary = {}
     for scenario, by_side in reports.items():
         medians = {side: statistics.median(r["completion_s"] for r in runs) for side, runs in by_side.items()}
@@ -166,9 +169,31 @@ def transfer_summary(reports: dict[str, dict[str, list[dict[str, Any]]]]) -> dic
             "b_over_a": medians["b"] / medians["a"],
             "all_intact": all(r["intact"] for runs in by_side.values() for r in runs),
         }
-        print(f"{scenario}: A median {medians['a']:.2f} s, B median {medians['b']:.2f} s, "
-              f"B/A {medians['b'] / medians['a']:.3f}")
+        line = (f"{scenario}: A median {medians['a']:.2f} s, B median {medians['b']:.2f} s, "
+                f"B/A {medians['b'] / medians['a']:.3f}")
+        if all("cpu_s_per_gb" in r and "cpu" in r for runs in by_side.values() for r in runs):
+            cpu = compared({side: [transfer_cpu_figures(r) for r in runs] for side, runs in by_side.items()})
+            summary[scenario]["cpu"] = cpu
+            a, b = cpu["a_median"], cpu["b_median"]
+            line += (f"; CPU-s/GB sender {a['sender_cpu_s_per_gb']:.2f} -> {b['sender_cpu_s_per_gb']:.2f}, "
+                     f"receiver {a['receiver_cpu_s_per_gb']:.2f} -> {b['receiver_cpu_s_per_gb']:.2f}")
+        print(line)
     return summary
+
+
+def transfer_cpu_figures(report: dict[str, Any]) -> dict[str, float]:
+    """One emulated transfer's CPU per GB at each end, in all and in its event loop's thread
+    (the loop's share of the end's CPU times that), and the impairment engine's CPU seconds."""
+    out: dict[str, float] = {}
+    for end in ("sender", "receiver"):
+        per_gb, roles = float(report["cpu_s_per_gb"][end]), report["cpu"][end]
+        out[f"{end}_cpu_s_per_gb"] = per_gb
+        total = sum(roles.values())
+        out[f"{end}_loop_cpu_s_per_gb"] = roles["loop"] / total * per_gb if total else 0.0
+    engine = (report.get("cpu_other") or {}).get("engine")
+    if engine is not None:
+        out["engine_cpu_s"] = float(engine)
+    return out
 
 
 def rank_figures(report: dict[str, Any]) -> dict[str, float]:
