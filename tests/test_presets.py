@@ -36,7 +36,8 @@ def test_gateway_options_default_to_the_gateway_preset() -> None:
 
 def test_the_collective_reads_its_preset() -> None:
     assert overrides(COLLECTIVE, default_options().preset()) == {}
-    assert overrides(GATEWAY, COLLECTIVE) == {"segments": 64, "ack_delay_s": 0.010, "control_timeout_s": 10.0}
+    assert overrides(GATEWAY, COLLECTIVE) == {"segments": 64, "min_ack_delay_s": None,
+                                         "control_timeout_s": 10.0}
 
 
 def spec(**changes: object) -> TransferSpec:

@@ -9,15 +9,16 @@ of what users run. A run that needs other values derives them from a preset with
 Two presets exist because two workloads differ:
 
 - ``GATEWAY``: one-shot transfers and files, over any path from loopback to WAN.
-  Acknowledgements about once per core packet and within 1 ms: with the core's 5 ms
-  delayed-ACK timer a short path's window would follow the timer. Its endpoints, too,
-  run the session once per control interval on WAN paths: a receive hold-off of 1 ms
-  (at most its ACK delay), which turns itself off while any measured path's RTT is
-  under 8 ms (loopback, a LAN: ``core.holdoff``). Without it a receiver on the emulated
-  hetero-8path handled 7 datagrams a pass and spent 7.2 CPU-s per GB; with it 74 a
-  pass and 5.0 CPU-s per GB, completion unchanged.
+  Acknowledgements about once per core packet, or once an eighth of the path's RTT has
+  passed, from 1 ms up to 10 ms: a short path never waits on a WAN-sized delayed-ACK
+  timer, and a long one acknowledges once per control interval. Its endpoints run the
+  session once per control interval too: a receive hold-off from 1 ms, growing to an
+  eighth of the shortest RTT up to that 10 ms, which turns itself off while any measured
+  path's RTT is under 8 ms (loopback, a LAN: ``core.holdoff``). Without either, a
+  receiver on the emulated hetero-8path handled 7 datagrams a pass and spent 7.2 CPU-s
+  per GB, and its sender decoded an ACK a millisecond on every path.
 - ``COLLECTIVE``: a group's persistent sessions, which cross WAN paths only (tens of
-  ms), where a delayed ACK of 10 ms costs no window and saves Python work at both
+  ms), where a fixed delayed ACK of 10 ms costs no window and saves Python work at both
   ends; 64 datagrams per core packet halve the per-packet work again. The control
   channel shares the paths the collective saturates, so its idle timeout is longer.
   Its control interval (the receive hold-off from 1 ms) grows to an eighth of the
@@ -43,7 +44,10 @@ class Preset:
     mtu: int = 1500
     segments: int = 32  # datagrams per core packet (segmentation happens below the core)
     credit_bytes: int = 1 << 30  # the receiver's memory bound, granted to the sender
-    ack_delay_s: float = 0.001  # longest a receiver holds an acknowledgement back
+    ack_delay_s: float = 0.010  # longest a receiver holds an acknowledgement back
+    # None: always ack_delay_s; set: an eighth of the path's RTT, from this up to ack_delay_s
+    # (SessionConfig.min_ack_delay_s).
+    min_ack_delay_s: float | None = None
     congestion_control: str = "bbr"  # a wanxport.core.cc registered name
     fec: str = "auto"  # the sender's erasure-coded tail; a receiver always decodes
     control_timeout_s: float = 2.0  # QUIC idle timeout: how fast a dead control path is noticed
@@ -52,8 +56,8 @@ class Preset:
     receive_holdoff_s: float = 0.001
 
 
-GATEWAY = Preset("gateway")
-COLLECTIVE = Preset("collective", segments=64, ack_delay_s=0.010, control_timeout_s=10.0)
+GATEWAY = Preset("gateway", min_ack_delay_s=0.001)
+COLLECTIVE = Preset("collective", segments=64, control_timeout_s=10.0)
 
 
 def offload_chunk_bytes(paths: tuple[PathConfig, ...], segments: int, tag_bytes: int = 16) -> int:
@@ -78,10 +82,13 @@ def session_config(path_names: Sequence[str], preset: Preset = GATEWAY, *,
     paths = tuple(PathConfig(name, preset.mtu, max_rate_bps=cap)
                   for name, cap in zip(path_names, caps, strict=True))
     chunk = offload_chunk_bytes(paths, preset.segments) if preset.segments > 1 else None
+    # A delay set below the floor (a user's shorter ack_delay_s) is the floor too: fixed.
+    floor = None if preset.min_ack_delay_s is None else min(preset.min_ack_delay_s, preset.ack_delay_s)
     return SessionConfig(paths=paths, congestion_control=cc_config(preset.congestion_control),
                          chunk_bytes=chunk, receive_budget_bytes=preset.credit_bytes,
                          peer_credit_bytes=preset.credit_bytes, ack_threshold=max(2, preset.segments),
-                         max_ack_delay_s=preset.ack_delay_s, fec=preset.fec)
+                         max_ack_delay_s=preset.ack_delay_s, min_ack_delay_s=floor,
+                         fec=preset.fec)
 
 
 def overrides(preset: Preset, used: Preset | SessionConfig, base: SessionConfig | None = None

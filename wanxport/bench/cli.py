@@ -51,8 +51,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ack-every", type=int, default=None,
                         help="the receiver acknowledges every N datagrams (default: --segments)")
     parser.add_argument("--ack-delay-ms", type=float, default=GATEWAY.ack_delay_s * 1000,
-                        help=f"... or within this delay (default: the preset's, "
-                             f"{GATEWAY.ack_delay_s * 1000:g})")
+                        help=f"... or within this delay at most: an eighth of the path's RTT, "
+                             f"from the preset's {(GATEWAY.min_ack_delay_s or 0) * 1000:g} ms up to this "
+                             f"(default: the preset's, {GATEWAY.ack_delay_s * 1000:g})")
     parser.add_argument("--fresh-buffers", action="store_true",
                         help="receive into untouched memory and send from untouched pacer rings (a "
                              "first step: the kernel zeroes each page on first write) instead of "

@@ -60,6 +60,12 @@ class SessionConfig:
     # the offload's segment count.
     initial_cwnd_packets: int = 64
     max_ack_delay_s: float = 0.005
+    # None: every delayed ACK waits max_ack_delay_s. Set: a path's delayed ACK waits an
+    # eighth of its smoothed RTT (the control interval, core.holdoff), at least this and at
+    # most max_ack_delay_s; this until the path has an RTT sample. A thin short path (its
+    # window below ack_threshold datagrams) then never waits out a WAN-sized delay, and a
+    # long one acknowledges once per interval.
+    min_ack_delay_s: float | None = None
     ack_threshold: int = 8
     receive_budget_bytes: int = 1 << 30  # our receive memory bound; granted to the peer
     peer_credit_bytes: int = 1 << 30  # the peer's budget, agreed at setup
@@ -113,6 +119,9 @@ class SessionConfig:
             raise ValueError(f"max_packet_growth must be a power of two >= 1, got {self.max_packet_growth!r}")
         if self.ack_threshold < 1:
             raise ValueError("ack_threshold must be >= 1")
+        if self.min_ack_delay_s is not None and not 0 < self.min_ack_delay_s <= self.max_ack_delay_s:
+            raise ValueError(f"min_ack_delay_s must be > 0 and at most max_ack_delay_s "
+                             f"({self.max_ack_delay_s!r}), got {self.min_ack_delay_s!r}")
         for name in ("max_probe_interval_s", "failed_probe_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")

@@ -49,6 +49,7 @@ class GatewayOptions:
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     congestion_control: str = GATEWAY.congestion_control  # a wanxport.core.cc registered name
     ack_delay_s: float = GATEWAY.ack_delay_s  # SessionConfig.max_ack_delay_s
+    min_ack_delay_s: float | None = GATEWAY.min_ack_delay_s  # SessionConfig's: None, a fixed delay
     receive_holdoff_s: float = GATEWAY.receive_holdoff_s  # EndpointConfig's: the control interval
     # Our sending rate cap (bits/s) per path, in path order; None or a missing entry: no cap.
     rate_caps_bps: tuple[float | None, ...] = ()
@@ -70,6 +71,9 @@ class GatewayOptions:
             raise ValueError("control_timeout_s, connect_timeout_s and stall_timeout_s must be > 0")
         if not 0 < self.ack_delay_s <= 0.1:
             raise ValueError(f"ack_delay_s: {self.ack_delay_s} is not valid; use 0 < s <= 0.1")
+        if self.min_ack_delay_s is not None and not 0 < self.min_ack_delay_s <= 0.1:
+            raise ValueError(f"min_ack_delay_s: {self.min_ack_delay_s} is not valid; "
+                             "use 0 < s <= 0.1, or None for a fixed delay")
         if not 0 <= self.receive_holdoff_s <= 0.1:
             raise ValueError(f"receive_holdoff_s: {self.receive_holdoff_s} is not valid; use 0 <= s <= 0.1")
 
@@ -77,14 +81,16 @@ class GatewayOptions:
     def from_preset(cls, preset: Preset, **others: Any) -> GatewayOptions:
         """Options whose session tuning is ``preset``'s; ``others`` set the rest."""
         return cls(mtu=preset.mtu, segments=preset.segments, credit_bytes=preset.credit_bytes,
-                   ack_delay_s=preset.ack_delay_s, congestion_control=preset.congestion_control,
+                   ack_delay_s=preset.ack_delay_s, min_ack_delay_s=preset.min_ack_delay_s,
+                   congestion_control=preset.congestion_control,
                    fec=preset.fec, control_timeout_s=preset.control_timeout_s,
                    receive_holdoff_s=preset.receive_holdoff_s, **others)
 
     def preset(self) -> Preset:
         """These options' session tuning as a preset (for reports: ``presets.overrides``)."""
         return Preset("options", mtu=self.mtu, segments=self.segments, credit_bytes=self.credit_bytes,
-                      ack_delay_s=self.ack_delay_s, congestion_control=self.congestion_control,
+                      ack_delay_s=self.ack_delay_s, min_ack_delay_s=self.min_ack_delay_s,
+                      congestion_control=self.congestion_control,
                       fec=self.fec, control_timeout_s=self.control_timeout_s,
                       receive_holdoff_s=self.receive_holdoff_s)
 
@@ -92,14 +98,16 @@ class GatewayOptions:
 def session_config(n_paths: int, mtu: int, segments: int, credit_bytes: int,
                    fec: str = GATEWAY.fec, congestion_control: str = GATEWAY.congestion_control,
                    ack_delay_s: float = GATEWAY.ack_delay_s,
-                   rate_caps_bps: tuple[float | None, ...] = ()) -> SessionConfig:
+                   rate_caps_bps: tuple[float | None, ...] = (),
+                   min_ack_delay_s: float | None = GATEWAY.min_ack_delay_s) -> SessionConfig:
     """The core session config both sides derive from the agreed paths, MTU and credit
     (``wanxport.presets.session_config``, paths named ``p0``, ``p1``, ...).
 
     ``rate_caps_bps`` is ours alone (the pacer's ceiling per path), not agreed.
     """
     preset = Preset("agreed", mtu=mtu, segments=segments, credit_bytes=credit_bytes,
-                    ack_delay_s=ack_delay_s, congestion_control=congestion_control, fec=fec)
+                    ack_delay_s=ack_delay_s, min_ack_delay_s=min_ack_delay_s,
+                    congestion_control=congestion_control, fec=fec)
     return preset_session_config([f"p{i}" for i in range(n_paths)], preset, rate_caps_bps=rate_caps_bps)
 
 

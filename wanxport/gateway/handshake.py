@@ -234,7 +234,7 @@ async def _initiate_bound(channel: ControlChannel, paths: list[Address], name: s
     cfg = EndpointConfig(
         session_config(n, options.mtu, options.segments, credit, fec=options.fec,
                        congestion_control=options.congestion_control, ack_delay_s=options.ack_delay_s,
-                       rate_caps_bps=options.rate_caps_bps),
+                       min_ack_delay_s=options.min_ack_delay_s, rate_caps_bps=options.rate_caps_bps),
         tuple(PathSocket(locals_[i], remotes[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=conn_id, remote_conn_id=welcome.conn_id, datapath=options.datapath,
@@ -327,7 +327,7 @@ async def respond(channel: ControlChannel, listens: list[Address], name: str, op
     cfg = EndpointConfig(
         session_config(n, mtu, segments, options.credit_bytes, fec=options.fec,
                        congestion_control=options.congestion_control, ack_delay_s=options.ack_delay_s,
-                       rate_caps_bps=options.rate_caps_bps),
+                       min_ack_delay_s=options.min_ack_delay_s, rate_caps_bps=options.rate_caps_bps),
         tuple(PathSocket(listens[i], peers[i], dscp=options.dscp) for i in range(n)),
         send_key=direction_key(keys.current), recv_key=direction_key(peer_keys),
         local_conn_id=welcome.conn_id, remote_conn_id=hello.conn_id, datapath=options.datapath,
