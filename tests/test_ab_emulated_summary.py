@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ab_emulated.py"
-
-
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("ab_emulated", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import ab_emulated as ab  # noqa: E402 - a script beside the package, not installed
 
 
 def report(completion_s: float, sender: float, receiver: float, loop_share: float,
@@ -33,7 +26,6 @@ def report(completion_s: float, sender: float, receiver: float, loop_share: floa
 
 def test_transfers_compare_each_ends_cpu_beside_the_completion_times(
         capsys: pytest.CaptureFixture[str]) -> None:
-    ab = _module()
     reports = {"hetero-8path": {
         "a": [report(12.0, 7.0, 7.0, 0.5), report(12.4, 8.0, 9.0, 0.5), report(12.2, 7.5, 8.0, 0.5)],
         "b": [report(12.1, 6.0, 5.0, 0.25), report(12.0, 5.0, 4.0, 0.25), report(13.0, 7.0, 6.0, 0.25)],
@@ -51,7 +43,6 @@ def test_transfers_compare_each_ends_cpu_beside_the_completion_times(
 
 
 def test_transfers_without_cpu_figures_compare_completion_only() -> None:
-    ab = _module()
     plain = {"completion_s": 10.0, "intact": True}  # another transport's report: no CPU
     reports = {"clean-2path": {"a": [plain], "b": [dict(plain, completion_s=11.0)]}}
     entry = ab.transfer_summary(reports)["clean-2path"]
