@@ -232,8 +232,10 @@ async def test_group_sessions_acknowledge_at_the_wan_delay_on_both_sides(pki: Pa
     try:
         configs = [link.session.endpoint.config.session for g in groups for link in g.links.values()]
         assert [c.max_ack_delay_s for c in configs] == [COLLECTIVE.ack_delay_s] * 2
+        assert [c.min_ack_delay_s for c in configs] == [None] * 2  # fixed: WAN paths only
         assert [c.ack_threshold for c in configs] == [COLLECTIVE.segments] * 2  # an ACK per core packet
-        assert GatewayOptions().ack_delay_s == 0.001  # the gateway's own default is unchanged
+        # The gateway's own default serves any path: an eighth of the path's RTT, 1 to 10 ms.
+        assert (GatewayOptions().min_ack_delay_s, GatewayOptions().ack_delay_s) == (0.001, 0.010)
     finally:
         await close_all(groups)
     with pytest.raises(ValueError, match="ack_delay_s"):
