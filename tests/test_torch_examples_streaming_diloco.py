@@ -43,15 +43,18 @@ def test_streaming_int4_is_identical_at_both_sites_and_counts_its_bytes(tmp_path
         assert result["byte_ratio_vs_uncompressed"][mode] == per_period["diloco-None"] / per_period[mode]
     bounds = [(p * params // fragments, (p + 1) * params // fragments) for p in range(fragments)]
     int4_messages = sum(HEADER_BYTES + encoded_bytes("int4", b - a) for a, b in bounds)
-    # A session counts a message it sent once the peer's verdict is back, so a site's last
-    # message may still be uncounted when the example reads the counters: one message of slack.
+    # A session counts a message it sent once the peer's verdict is back, and a sync completes
+    # when the peer's fragment is in, not when its verdict on ours is: the example's last reads
+    # may miss the messages of the last syncs. On a busy host the last two streaming syncs'
+    # verdicts were both still out (DiLoCo's one outer sync per period leaves one).
     largest = max(b - a for a, b in bounds)
+    in_flight = 2
     for site in range(2):  # each site sends and receives every fragment once per period
-        assert counted["streaming-int4"][site] >= (2 * periods * int4_messages
-                                                   - HEADER_BYTES - encoded_bytes("int4", largest))
+        int4_largest = HEADER_BYTES + encoded_bytes("int4", largest)
+        assert counted["streaming-int4"][site] >= 2 * periods * int4_messages - in_flight * int4_largest
         assert counted["diloco-None"][site] >= (2 * periods - 1) * (HEADER_BYTES + 4 * params)
         assert counted["streaming-None"][site] >= (2 * periods * (fragments * HEADER_BYTES + 4 * params)
-                                                   - HEADER_BYTES - 4 * largest)
+                                                   - in_flight * (HEADER_BYTES + 4 * largest))
         int8_message = HEADER_BYTES + encoded_bytes("int8", params)
         assert counted["diloco-int8"][site] >= (2 * periods - 1) * int8_message
     assert 0 <= result["syncs_done_before_wait"] <= result["syncs"] == periods * fragments
