@@ -186,14 +186,19 @@ def transfer_cpu_figures(report: dict[str, Any]) -> dict[str, float]:
     (the loop's share of the end's CPU times that), and the impairment engine's CPU seconds."""
     out: dict[str, float] = {}
     for end in ("sender", "receiver"):
-        per_gb, roles = float(report["cpu_s_per_gb"][end]), report["cpu"][end]
+        per_gb = float(report["cpu_s_per_gb"][end])
         out[f"{end}_cpu_s_per_gb"] = per_gb
-        total = sum(roles.values())
-        out[f"{end}_loop_cpu_s_per_gb"] = roles["loop"] / total * per_gb if total else 0.0
+        out[f"{end}_loop_cpu_s_per_gb"] = role_cpu_s_per_gb(report["cpu"][end], "loop", per_gb)
     engine = (report.get("cpu_other") or {}).get("engine")
     if engine is not None:
         out["engine_cpu_s"] = float(engine)
     return out
+
+
+def role_cpu_s_per_gb(roles: dict[str, float], role: str, cpu_s_per_gb: float) -> float:
+    """A process's CPU per GB in one thread role: the role's share of its CPU times its CPU per GB."""
+    total = sum(roles.values())
+    return roles[role] / total * cpu_s_per_gb if total else 0.0
 
 
 def rank_figures(report: dict[str, Any]) -> dict[str, float]:
@@ -208,9 +213,8 @@ def rank_figures(report: dict[str, Any]) -> dict[str, float]:
     if engine is not None:
         out["engine_cpu_s"] = float(engine)
     for role in ranks[0]["cpu"]:
-        # a rank's CPU per GB in one role: its share of the rank's CPU times the rank's CPU per GB
         out[f"{role}_cpu_s_per_gb"] = statistics.fmean(
-            r["cpu"][role] / sum(r["cpu"].values()) * r["cpu_s_per_gb"] for r in ranks)
+            role_cpu_s_per_gb(r["cpu"], role, r["cpu_s_per_gb"]) for r in ranks)
     return out
 
 
